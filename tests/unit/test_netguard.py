@@ -1,0 +1,86 @@
+"""Every spelling of an inside address is recognised and refused unless a rule names it."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from proxy.netguard import AddressRefused, choose_address, classify, parse_ip_literal
+
+
+@pytest.mark.parametrize("spelling,canonical", [
+    ("127.0.0.1", "127.0.0.1"), ("127.1", "127.0.0.1"), ("0x7f000001", "127.0.0.1"),
+    ("2130706433", "127.0.0.1"), ("0177.0.0.1", "127.0.0.1"), ("0x7f.0.0.1", "127.0.0.1"),
+    ("127.0.0.1.", "127.0.0.1"), ("[::1]", "::1"), ("::1", "::1"),
+    ("[::ffff:127.0.0.1]", "::ffff:7f00:1"), ("[fe80::1%eth0]", "fe80::1"),
+    ("0", "0.0.0.0"), ("10.1", "10.0.0.1"),
+])
+def test_numeric_spellings_parse(spelling, canonical):
+    assert str(parse_ip_literal(spelling)) == canonical
+
+
+@pytest.mark.parametrize("name", ["example.com", "1.example", "0x7g.1", "api.anthropic.com",
+                                  "1.2.3.4.5", "", "[not-v6]"])
+def test_names_are_not_addresses(name):
+    assert parse_ip_literal(name) is None
+
+
+@pytest.mark.parametrize("addr,kind", [
+    ("127.0.0.1", "loopback"), ("10.0.0.1", "private"), ("172.16.5.4", "private"),
+    ("192.168.1.1", "private"), ("169.254.169.254", "link_local"), ("100.64.0.1", "cgnat"),
+    ("100.100.100.200", "cgnat"), ("0.0.0.0", "this_network"), ("224.0.0.1", "multicast"),
+    ("255.255.255.255", "reserved"), ("240.0.0.1", "reserved"), ("198.18.0.1", "benchmarking"),
+    ("192.0.2.1", "documentation"), ("::1", "loopback"), ("::", "unspecified"),
+    ("fe80::1", "link_local"), ("fd00::1", "ula"), ("fc00::1", "ula"), ("ff02::1", "multicast"),
+    ("::ffff:10.0.0.1", "ipv4_mapped:private"), ("::ffff:8.8.8.8", "ipv4_mapped:public"),
+    ("::7f00:1", "ipv4_compatible"), ("64:ff9b::7f00:1", "nat64"), ("64:ff9b:1::1", "nat64"),
+    ("2002:7f00:1::", "6to4"), ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "teredo"),
+    ("fec0::1", "site_local"), ("2001:db8::1", "reserved"),
+])
+def test_classify_inside(addr, kind):
+    assert classify(ipaddress.ip_address(addr)) == kind
+
+
+@pytest.mark.parametrize("addr", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "151.101.0.223"])
+def test_classify_public(addr):
+    assert classify(ipaddress.ip_address(addr)) is None
+
+
+def ips(*a: str):
+    return [ipaddress.ip_address(x) for x in a]
+
+
+def test_choose_refuses_inside_unless_named():
+    with pytest.raises(AddressRefused) as e:
+        choose_address("db.internal", 443, ips("10.20.1.5"), ())
+    assert e.value.code == "internal_address"
+    assert "10.20.1.5 is private" in str(e.value)
+    t = choose_address("db.internal", 443, ips("10.20.1.5"), [ipaddress.ip_network("10.20.0.0/16")])
+    assert str(t.ip) == "10.20.1.5"
+
+
+def test_mapped_address_matches_v4_range_and_is_dialled_as_v4():
+    t = choose_address("x", 443, ips("::ffff:10.20.1.5"), [ipaddress.ip_network("10.20.0.0/16")])
+    assert t.ip == ipaddress.ip_address("10.20.1.5")
+
+
+def test_mixed_answer_skips_inside_and_dials_public():
+    t = choose_address("x", 443, ips("127.0.0.1", "93.184.216.34"), ())
+    assert str(t.ip) == "93.184.216.34"
+
+
+def test_no_answer_is_unresolvable():
+    with pytest.raises(AddressRefused) as e:
+        choose_address("nx.example", 443, [], ())
+    assert e.value.code == "unresolvable"
+
+
+def test_never_dials_itself_even_when_range_is_named():
+    selves = [(ipaddress.ip_address("0.0.0.0"), 8080)]
+    with pytest.raises(AddressRefused) as e:
+        choose_address("x", 8080, ips("127.0.0.1"), [ipaddress.ip_network("127.0.0.0/8")], selves)
+    assert e.value.code == "self_address"
+    # same address, other port: not itself
+    t = choose_address("x", 443, ips("127.0.0.1"), [ipaddress.ip_network("127.0.0.0/8")], selves)
+    assert t.port == 443
