@@ -95,7 +95,12 @@ def find_leaks(
         ("url", req.path),
         ("body", req.raw_content or b""),
     ]
+    # A bound placeholder may contain an unbound one ("...-openai-admin" holds "...-openai"):
+    # take the bound ones out before looking for the others.
+    bound_texts = sorted((p for p, n in placeholders.items() if n in bound), key=len, reverse=True)
     for where, blob in parts:
+        for p in bound_texts:
+            blob = blob.replace(p, "") if isinstance(blob, str) else blob.replace(p.encode(), b"")
         text = blob if isinstance(blob, str) else None
         for placeholder, name in placeholders.items():
             if name in bound:

@@ -107,6 +107,9 @@ def compile_host_pattern(raw: str) -> HostPattern:
     if "/" in text:
         raise ValueError(f"host pattern {raw!r} contains a path; write the host only and use "
                          "`paths:`")
+    if text == "*":
+        raise ValueError("host pattern '*' would allow every host; name the hosts (or "
+                         "'*.example.com' for a domain's subdomains)")
     if text.startswith("*."):
         rest = text[2:]
         if "*" in rest:

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Make a Docker engine and the local sandbox base image available: idempotent, fresh Debian
+# bookworm as root. No image registry is needed: the base image is built with debootstrap.
+#
+#   1. apt-get install docker.io debootstrap   (only what is missing)
+#   2. start dockerd in the background          (only if `docker info` fails; waits <= 60 s)
+#   3. build sandgate-base:bookworm             (only if the image does not exist)
+#
+# Environment: SANDGATE_BASE_IMAGE (default sandgate-base:bookworm), DEBIAN_MIRROR
+# (default http://deb.debian.org/debian), DOCKERD_LOG (default /var/log/sandgate-dockerd.log),
+# DOCKERD_WAIT (seconds, default 60).
+set -euo pipefail
+
+BASE_IMAGE=${SANDGATE_BASE_IMAGE:-sandgate-base:bookworm}
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DOCKERD_LOG=${DOCKERD_LOG:-/var/log/sandgate-dockerd.log}
+DOCKERD_WAIT=${DOCKERD_WAIT:-60}
+SUITE=bookworm
+PACKAGES=python3,python3-pip,python3-venv,curl,ca-certificates,git,iproute2,dnsutils
+
+t_all=$SECONDS
+log() { echo "== docker-setup: $*"; }
+die() { echo "docker-setup: error: $*" >&2; exit 1; }
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (installs packages, starts dockerd, runs debootstrap)"
+
+# --- 1. packages -------------------------------------------------------------------------------
+t=$SECONDS
+need_apt=()
+command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
+command -v docker >/dev/null 2>&1 || need_apt+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+if ((${#need_apt[@]})); then
+  mapfile -t need_apt < <(printf '%s\n' "${need_apt[@]}" | sort -u)
+  log "installing ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+log "packages ok ($((SECONDS - t)) s)"
+
+# --- 2. dockerd --------------------------------------------------------------------------------
+t=$SECONDS
+if ! docker info >/dev/null 2>&1; then
+  if pgrep -x dockerd >/dev/null 2>&1; then
+    log "dockerd is running but not answering yet; waiting"
+  else
+    log "starting dockerd (log: $DOCKERD_LOG)"
+    mkdir -p "$(dirname "$DOCKERD_LOG")"
+    # setsid + nohup: dockerd outlives this script and the CI step that ran it.
+    setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  fi
+  deadline=$((SECONDS + DOCKERD_WAIT))
+  until docker info >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      echo "--- last lines of $DOCKERD_LOG:" >&2
+      tail -n 30 "$DOCKERD_LOG" >&2 || true
+      die "dockerd did not become ready within ${DOCKERD_WAIT} s"
+    fi
+    sleep 0.5
+  done
+fi
+log "docker ready: server $(docker version --format '{{.Server.Version}}' 2>/dev/null) ($((SECONDS - t)) s)"
+
+# --- 3. base image -----------------------------------------------------------------------------
+t=$SECONDS
+if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  log "base image $BASE_IMAGE exists"
+else
+  rootfs=$(mktemp -d /var/tmp/sandgate-rootfs.XXXXXX)
+  trap 'rm -rf "$rootfs"' EXIT
+  log "debootstrap $SUITE ($PACKAGES) from $MIRROR into $rootfs"
+  if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$MIRROR" \
+      >"$rootfs.log" 2>&1; then
+    tail -n 30 "$rootfs.log" >&2 || true
+    die "debootstrap failed (full log: $rootfs.log)"
+  fi
+  rm -f "$rootfs.log"
+  log "debootstrap done ($((SECONDS - t)) s); importing"
+  # Keep the image small: apt lists and caches are not needed to run sandboxes.
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  tar -C "$rootfs" -c . | docker import -c 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
+  rm -rf "$rootfs"
+  trap - EXIT
+  log "built $BASE_IMAGE ($((SECONDS - t)) s)"
+fi
+
+log "done ($((SECONDS - t_all)) s)"

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Build the sandbox images from the local base image (no registry, no network in `docker build`):
+#   sandgate-agent:dev      pattern 1: agent with the anthropic + openai SDKs, placeholder keys
+#   sandgate-bash-tool:dev  pattern 2: bash, curl, git, python3, pip for agent-host tool calls
+#
+# The agent's SDKs come from a wheelhouse (sandbox_images/agent/wheels, gitignored) that this
+# script fills on the host with `pip download` for the image's Python (cp311, glibc linux). It is
+# reused when it already holds both SDKs; --refresh downloads again. If PyPI is unreachable and
+# the wheelhouse is empty the agent image is built without the SDKs (a warning says so), unless
+# SANDGATE_REQUIRE_SDK=1 makes that an error.
+#
+#   sandbox_images/build.sh [--refresh] [--no-download] [agent|bash-tool ...]
+#
+# Environment: BASE_IMAGE (default sandgate-base:bookworm), AGENT_TAG, BASH_TOOL_TAG, PYTHON
+# (the interpreter whose pip downloads the wheels), SANDBOX_PY_VERSION (default 311).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(dirname "$HERE")
+BASE_IMAGE=${BASE_IMAGE:-sandgate-base:bookworm}
+AGENT_TAG=${AGENT_TAG:-sandgate-agent:dev}
+BASH_TOOL_TAG=${BASH_TOOL_TAG:-sandgate-bash-tool:dev}
+PY_VERSION=${SANDBOX_PY_VERSION:-311}
+WHEELS=$HERE/agent/wheels
+export DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0}  # the classic builder: no buildx plugin needed
+
+refresh=0 download=1 targets=()
+for arg in "$@"; do
+  case $arg in
+    --refresh) refresh=1 ;;
+    --no-download) download=0 ;;
+    agent|bash-tool) targets+=("$arg") ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "build.sh: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+((${#targets[@]})) || targets=(agent bash-tool)
+
+t_all=$SECONDS
+log() { echo "== build.sh: $*"; }
+die() { echo "build.sh: error: $*" >&2; exit 1; }
+
+docker info >/dev/null 2>&1 || die "Docker is not running or not reachable (run .ci/docker-setup.sh)"
+docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 \
+  || die "base image '$BASE_IMAGE' not found (build it with .ci/docker-setup.sh)"
+
+have_sdk_wheels() {
+  compgen -G "$WHEELS/anthropic-*.whl" >/dev/null && compgen -G "$WHEELS/openai-*.whl" >/dev/null
+}
+
+pick_python() {
+  local c
+  for c in "${PYTHON:-}" "$REPO/.venv/bin/python" python3; do
+    [[ -n $c ]] || continue
+    if "$c" -m pip --version >/dev/null 2>&1; then echo "$c"; return 0; fi
+  done
+  return 1
+}
+
+prepare_wheelhouse() {
+  mkdir -p "$WHEELS"
+  if ((refresh)); then rm -f "$WHEELS"/*.whl; fi
+  if have_sdk_wheels; then
+    log "wheelhouse has the SDKs ($(ls "$WHEELS"/*.whl | wc -l) wheels; --refresh to update)"
+    return 0
+  fi
+  ((download)) || { log "WARNING: --no-download and the wheelhouse lacks the SDKs"; return 0; }
+  local py tmpvenv=""
+  if ! py=$(pick_python); then
+    tmpvenv=$(mktemp -d)
+    python3 -m venv "$tmpvenv" || die "no pip available (install python3-venv)"
+    py=$tmpvenv/bin/python
+  fi
+  local arch
+  arch=$(uname -m)
+  local t=$SECONDS
+  log "pip download anthropic openai -> $WHEELS (cp$PY_VERSION, manylinux $arch; pip of $py)"
+  # Wheels for the image, not for the host: its Python (3.11) and glibc (2.36).
+  if "$py" -m pip download --quiet --disable-pip-version-check --dest "$WHEELS" \
+      --only-binary=:all: --implementation cp --python-version "$PY_VERSION" \
+      --abi "cp$PY_VERSION" --abi abi3 --abi none \
+      --platform "manylinux_2_36_$arch" --platform "manylinux2014_$arch" \
+      --platform "manylinux_2_17_$arch" --platform any \
+      anthropic openai; then
+    log "wheelhouse ready: $(ls "$WHEELS"/*.whl | wc -l) wheels ($((SECONDS - t)) s)"
+  else
+    log "WARNING: pip download failed ($((SECONDS - t)) s)"
+  fi
+  [[ -z $tmpvenv ]] || rm -rf "$tmpvenv"
+  if ! have_sdk_wheels; then
+    [[ ${SANDGATE_REQUIRE_SDK:-0} == 1 ]] && die "the wheelhouse lacks the anthropic/openai SDKs"
+    log "WARNING: building $AGENT_TAG WITHOUT the anthropic/openai SDKs"
+  fi
+}
+
+build() {  # build DIR TAG
+  local t=$SECONDS
+  log "docker build $2 from $BASE_IMAGE"
+  docker build --quiet --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$2" "$1" >/dev/null
+  log "built $2 ($((SECONDS - t)) s)"
+}
+
+for target in "${targets[@]}"; do
+  case $target in
+    agent) prepare_wheelhouse; build "$HERE/agent" "$AGENT_TAG" ;;
+    bash-tool) build "$HERE/bash-tool" "$BASH_TOOL_TAG" ;;
+  esac
+done
+log "done ($((SECONDS - t_all)) s)"

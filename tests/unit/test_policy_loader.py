@@ -1,0 +1,253 @@
+"""Loading policy files: every broken file names file, line, field and a fix; good files compile."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from proxy.policy.loader import (
+    PolicyError,
+    PolicyProblem,
+    load_policy_dir,
+    load_policy_files,
+    policy_json_schema,
+)
+from proxy.policy.model import SecretSlot
+
+FIX = Path(__file__).parents[1] / "fixtures" / "policies"
+ROOT = Path(__file__).parents[2]
+
+# (file in broken/, line, field, message fragment)
+BROKEN = [
+    ("yaml_syntax.yaml", 6, "", "YAML syntax error"),
+    ("not_mapping.yaml", 1, "", "not a mapping"),
+    ("empty.yaml", 1, "", "empty"),
+    ("missing_version.yaml", 1, "version", "missing `version`"),
+    ("bad_version.yaml", 1, "version", "unknown version 'v2'"),
+    ("unknown_top_key.yaml", 2, "identites", "unknown key 'identites'"),
+    ("unknown_rule_key.yaml", 7, "identities.a.rules[0].method", "unknown key 'method'"),
+    ("unknown_inject_key.yaml", 10, "identities.a.rules[0].inject.header", "unknown key"),
+    ("host_star.yaml", 6, "identities.a.rules[0].hosts[1]", "'*'"),
+    ("host_tld_wildcard.yaml", 8, "identities.a.rules[0].hosts[1]", "single label"),
+    ("host_middle_wildcard.yaml", 5, "identities.a.rules[0].hosts[0]", "whole leading label"),
+    ("host_partial_wildcard.yaml", 5, "identities.a.rules[0].hosts[0]", "whole leading label"),
+    ("host_double_star.yaml", 5, "identities.a.rules[0].hosts[0]", "whole leading label"),
+    ("host_scheme.yaml", 5, "identities.a.rules[0].hosts[0]", "scheme"),
+    ("host_port.yaml", 5, "identities.a.rules[0].hosts[0]", "port"),
+    ("host_path.yaml", 5, "identities.a.rules[0].hosts[0]", "path"),
+    ("host_space.yaml", 5, "identities.a.rules[0].hosts[0]", "spaces"),
+    ("hosts_empty.yaml", 5, "identities.a.rules[0].hosts", "must not be empty"),
+    ("hosts_missing.yaml", 5, "identities.a.rules[0].hosts", "required key `hosts`"),
+    ("path_double_star.yaml", 7, "identities.a.rules[0].paths[1]", "whole segment"),
+    ("path_relative.yaml", 7, "identities.a.rules[0].paths[0]", "must start with '/'"),
+    ("inject_http.yaml", 10, "identities.a.rules[0].inject", "only injected over TLS"),
+    ("substitute_http.yaml", 10, "identities.a.rules[0].substitute", "only injected over TLS"),
+    ("passthrough_l7.yaml", 8, "identities.a.rules[0].passthrough", "cannot see HTTP"),
+    ("deny_inject.yaml", 10, "identities.a.rules[0].inject", "deny rule cannot inject"),
+    ("undeclared_secret.yaml", 11, "identities.a.rules[0].inject.headers.authorization",
+     "secret 'anthropik' is not declared"),
+    ("undeclared_substitute.yaml", 7, "identities.a.rules[0].substitute[0]",
+     "secret 'ghost' is not declared"),
+    ("bad_template.yaml", 10, "identities.a.rules[0].inject.query.key", "'{{ s }}'"),
+    ("unquoted_template.yaml", 11, "", "YAML syntax error"),
+    ("bad_header_name.yaml", 11, "identities.a.rules[0].inject.headers.x api key",
+     "not a valid HTTP header name"),
+    ("dup_rule_name.yaml", 6, "identities.a.rules[1].name", "used twice"),
+    ("dup_key_same_file.yaml", 5, "identities.a", "appears twice"),
+    ("bad_port.yaml", 7, "identities.a.rules[0].ports[1]", "70000 is out of range"),
+    ("port_string.yaml", 7, "identities.a.rules[0].ports[0]", "expected an integer"),
+    ("bad_cidr.yaml", 7, "identities.a.rules[0].private_cidrs[1]", "not a valid CIDR"),
+    ("bad_scheme.yaml", 7, "identities.a.rules[0].schemes[0]", "'ftp' is not allowed"),
+    ("bad_method.yaml", 7, "identities.a.rules[0].methods[1]", "not a valid HTTP method"),
+    ("bad_action.yaml", 6, "identities.a.rules[0].action", "'block' is not allowed"),
+    ("vault_no_data.yaml", 4, "secrets.legacy.vault", "not a KV v2 API path"),
+    ("vault_and_mount.yaml", 3, "secrets.s.vault", "not both"),
+    ("secret_no_field.yaml", 3, "secrets.s.field", "required key `field`"),
+    ("secret_no_location.yaml", 3, "secrets.s", "neither `vault` nor `mount`"),
+    ("short_placeholder.yaml", 3, "secrets.s.placeholder", "shorter than 8"),
+    ("dup_placeholder.yaml", 4, "secrets.b.placeholder", "also used by secret 'a'"),
+    ("test_unknown_identity.yaml", 7, "tests[1].identity", "unknown identity 'b'"),
+    ("test_bad_request.yaml", 6, "tests[0].request", "not 'METHOD URL'"),
+    ("test_bad_url.yaml", 6, "tests[0].request", "https:// or http://"),
+    ("test_userinfo.yaml", 6, "tests[0].request", "userinfo"),
+    ("test_unknown_rule.yaml", 7, "tests[0].rule", "no rule 'rr'"),
+    ("test_bad_expect.yaml", 6, "tests[0].expect", "'maybe' is not allowed"),
+]
+
+
+def _problems(paths: list[Path]) -> list[PolicyProblem]:
+    with pytest.raises(PolicyError) as ei:
+        load_policy_files(paths)
+    return ei.value.problems
+
+
+@pytest.mark.parametrize(("name", "line", "field", "fragment"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_file(name, line, field, fragment):
+    path = FIX / "broken" / name
+    problems = _problems([path])
+    assert len(problems) == 1, problems
+    p = problems[0]
+    assert p.file == str(path)
+    assert (p.line, p.field) == (line, field)
+    assert fragment in p.message
+    assert p.fix
+    assert str(p).startswith(f"{path}:{line}: ")
+    assert "Fix: " in str(p)
+
+
+def test_every_broken_fixture_is_in_the_table():
+    assert {p.name for p in (FIX / "broken").iterdir()} == {b[0] for b in BROKEN}
+
+
+def test_vault_without_data_fix_mentions_kv_v1():
+    (p,) = _problems([FIX / "broken" / "vault_no_data.yaml"])
+    assert "kv_version: 1" in p.fix and "mount" in p.fix
+
+
+def test_unknown_key_fix_suggests_spelling():
+    (p,) = _problems([FIX / "broken" / "unknown_rule_key.yaml"])
+    assert "`methods`" in p.fix
+
+
+def test_undeclared_secret_fix_suggests_name():
+    (p,) = _problems([FIX / "broken" / "undeclared_secret.yaml"])
+    assert "'anthropic'" in p.fix
+
+
+def test_yaml_alias_fix_says_quote():
+    (p,) = _problems([FIX / "broken" / "yaml_syntax.yaml"])
+    assert "'*.example.com'" in p.fix
+
+
+def test_duplicate_identity_across_files_names_both():
+    problems = _problems([FIX / "dup_identity" / "one.yaml", FIX / "dup_identity" / "two.yaml"])
+    assert len(problems) == 1
+    p = problems[0]
+    assert (p.file, p.line, p.field) == (str(FIX / "dup_identity" / "two.yaml"), 6,
+                                         "identities.shared")
+    assert f"{FIX / 'dup_identity' / 'one.yaml'}:3" in p.message
+    assert f"{FIX / 'dup_identity' / 'two.yaml'}:6" in p.fix
+
+
+def test_duplicate_secret_across_files_names_both():
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(FIX / "dup_secret")
+    (p,) = ei.value.problems
+    assert (Path(p.file).name, p.line, p.field) == ("two.yaml", 4, "secrets.s")
+    assert "one.yaml:3" in p.message
+
+
+def test_all_errors_collected_across_files(tmp_path):
+    (tmp_path / "a.yaml").write_text(
+        "version: v1\nidentities:\n  a:\n    rules:\n"
+        "      - {name: r, hosts: ['*'], bogus: 1}\n"
+        "      - {name: s, hosts: [x.com], ports: [0]}\n")
+    (tmp_path / "b.yaml").write_text("version: v1\nsecrets:\n  s: {vault: kv/x, field: f}\n")
+    (tmp_path / "c.yml").write_text("version: v1\nidentities:\n  a: {rules: []}\n")
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(tmp_path)
+    got = {(Path(p.file).name, p.line, p.field) for p in ei.value.problems}
+    assert got == {
+        ("a.yaml", 5, "identities.a.rules[0].bogus"),
+        ("a.yaml", 5, "identities.a.rules[0].hosts[0]"),  # checked despite the unknown key
+        ("a.yaml", 6, "identities.a.rules[1].ports[0]"),
+        ("b.yaml", 3, "secrets.s.vault"),
+        ("c.yml", 3, "identities.a"),
+    }
+    assert len(str(ei.value).splitlines()) == 5
+
+
+def test_empty_and_missing_directory(tmp_path):
+    with pytest.raises(PolicyError, match=r"no \*\.yaml or \*\.yml files"):
+        load_policy_dir(FIX / "empty_dir")
+    with pytest.raises(PolicyError, match="does not exist"):
+        load_policy_dir(tmp_path / "nope")
+
+
+def test_yaml_tags_are_not_executed(tmp_path):
+    (tmp_path / "p.yaml").write_text(
+        "version: v1\nidentities: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(tmp_path)
+    assert ei.value.problems[0].line == 2
+
+
+def test_good_full_compiles():
+    pol = load_policy_files([FIX / "good" / "full.yaml"])
+    assert set(pol.identities) == {"coding-agent", "bash-tool", "idle"}
+    assert pol.identities["idle"].rules == ()
+    s = pol.secrets
+    assert (s["anthropic"].mount, s["anthropic"].path, s["anthropic"].field,
+            s["anthropic"].kv_version) == ("secret", "llm/anthropic", "api_key", 2)
+    assert s["anthropic"].placeholder == "sandgate-placeholder-anthropic"
+    assert (s["legacy"].mount, s["legacy"].path, s["legacy"].kv_version) == ("kv", "team/legacy", 1)
+    assert s["openai"].placeholder == "sk-sandgate-placeholder-openai"
+    assert (s["github"].mount, s["github"].path, s["github"].kv_version) == (
+        "secret", "ci/github", 2)
+    assert pol.placeholders["sk-sandgate-placeholder-openai"] == "openai"
+
+    llm, gh, plain, tunnel, no_admin = pol.identities["coding-agent"].rules
+    assert llm.name == "llm" and llm.identity == "coding-agent" and llm.action == "allow"
+    assert llm.schemes == {"https"} and llm.ports == {443}
+    assert llm.methods == {"POST"}
+    assert [h.text for h in llm.hosts] == ["api.anthropic.com"]
+    assert [p.text for p in llm.paths or ()] == ["/v1/messages", "/v1/messages/*"]
+    assert llm.inject is not None
+    ((hname, tmpl),) = llm.inject.headers
+    assert hname == "x-api-key" and tmpl.parts == (SecretSlot("anthropic"),)
+    assert llm.secrets == {"anthropic"}
+    assert llm.source.line == 11 and llm.source.file.endswith("full.yaml")
+
+    assert [h.text for h in gh.hosts] == ["*.github.com", "xn--bcher-kva.example"]
+    assert gh.ports == {443, 8443} and gh.methods is None
+    assert gh.inject is not None and gh.inject.basic is not None
+    assert gh.inject.basic[0].render({}) == "x-access-token"
+    assert gh.inject.query[0][1].render({"legacy": "V"}) == "pre-V-post"
+    assert gh.secrets == {"github", "legacy", "openai"}
+    assert gh.private_cidrs == (ipaddress.ip_network("10.1.2.0/24"),
+                                ipaddress.ip_network("fd00::/64"))
+
+    assert plain.schemes == {"http", "https"} and plain.ports == {80, 443}
+    assert [h.text for h in plain.hosts] == ["127.0.0.1"]
+    assert tunnel.passthrough and tunnel.ports == {5432}
+    assert no_admin.action == "deny"
+    assert [(t.identity, t.method, t.expect, t.rule) for t in pol.tests] == [
+        ("bash-tool", "POST", "deny", None),
+        ("coding-agent", "POST", "allow", "llm"),
+        ("coding-agent", "GET", "deny", "no-admin"),
+    ]
+
+
+def test_good_multi_merges_sorted_yaml_and_yml_only():
+    pol = load_policy_dir(FIX / "good_multi")
+    assert [Path(f).name for f in pol.files] == ["10-secrets.yaml", "20-agent.yml"]
+    (rule,) = pol.identities["agent"].rules
+    assert rule.secrets == {"s"}  # a secret declared in another file
+    assert len(pol.tests) == 1
+
+
+def test_shipped_policies_load():
+    pol = load_policy_dir(ROOT / "policies")
+    assert {"coding-agent", "web-fetch", "bash-tool"} <= set(pol.identities)
+    assert {"anthropic", "openai"} <= set(pol.secrets)
+
+
+def test_template_whitespace_optional(tmp_path):
+    (tmp_path / "p.yaml").write_text(
+        "version: v1\nsecrets:\n  s: {vault: secret/data/x, field: k}\nidentities:\n  a:\n"
+        "    rules:\n      - name: r\n        hosts: [x.com]\n"
+        "        inject: {headers: {A: '{{secrets.s}}', B: 'x {{   secrets.s   }} y'}}\n")
+    pol = load_policy_dir(tmp_path)
+    inj = pol.identities["a"].rules[0].inject
+    assert inj is not None
+    assert [(n, t.render({"s": "V"})) for n, t in inj.headers] == [("a", "V"), ("b", "x V y")]
+
+
+def test_json_schema():
+    schema = policy_json_schema()
+    assert schema["additionalProperties"] is False
+    assert set(schema["properties"]) == {"version", "secrets", "identities", "tests"}
+    assert schema["$defs"]["RuleSpec"]["additionalProperties"] is False
+    assert "hosts" in schema["$defs"]["RuleSpec"]["required"]
