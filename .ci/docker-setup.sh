@@ -8,7 +8,8 @@
 #
 # Environment: SANDGATE_BASE_IMAGE (default sandgate-base:bookworm), DEBIAN_MIRROR
 # (default http://deb.debian.org/debian), DOCKERD_LOG (default /var/log/sandgate-dockerd.log),
-# DOCKERD_WAIT (seconds, default 60).
+# DOCKERD_WAIT (seconds, default 60), DOCKERD_ARGS (extra dockerd arguments, word-split; e.g. a
+# second engine: -H unix:///x.sock --data-root ... with DOCKER_HOST=unix:///x.sock).
 set -euo pipefail
 
 BASE_IMAGE=${SANDGATE_BASE_IMAGE:-sandgate-base:bookworm}
@@ -42,13 +43,15 @@ log "packages ok ($((SECONDS - t)) s)"
 # --- 2. dockerd --------------------------------------------------------------------------------
 t=$SECONDS
 if ! docker info >/dev/null 2>&1; then
-  if pgrep -x dockerd >/dev/null 2>&1; then
+  if [[ -z ${DOCKERD_ARGS:-} ]] && pgrep -x dockerd >/dev/null 2>&1; then
     log "dockerd is running but not answering yet; waiting"
   else
     log "starting dockerd (log: $DOCKERD_LOG)"
     mkdir -p "$(dirname "$DOCKERD_LOG")"
     # setsid + nohup: dockerd outlives this script and the CI step that ran it.
-    setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    # shellcheck disable=SC2086  # DOCKERD_ARGS is deliberately word-split
+    setsid nohup dockerd ${DOCKERD_ARGS:-} >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    log "dockerd pid $!"
   fi
   deadline=$((SECONDS + DOCKERD_WAIT))
   until docker info >/dev/null 2>&1; do

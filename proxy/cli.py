@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--audit", type=Path, default=None, metavar="FILE",
                      help="append audit events here (default: stdout)")
     run.add_argument("--secret-ttl", type=float, default=300.0, metavar="SECONDS")
-    run.add_argument("--identity-cidr", action="append", default=[], metavar="CIDR=IDENTITY[/SANDBOX]",
+    run.add_argument("--identity-cidr", action="append", default=[],
+                     metavar="CIDR=IDENTITY[/SANDBOX]",
                      help="identify clients from this range without a token (VMs, namespaces)")
     run.add_argument("--docker-network", action="append", default=[], metavar="NAME",
                      help="identify clients on this Docker network by their container labels")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from mitmproxy import http
 
-from proxy.policy.model import Policy, Rule
+from proxy.policy.model import Rule
 
 _FORBIDDEN = ("\r", "\n", "\0")
 

@@ -37,7 +37,7 @@ if ((want_test)); then
     "$PY" -m venv .venv-clients
   fi
   if [[ ! -f .venv-clients/.installed ]]; then
-    .venv-clients/bin/pip install -q anthropic openai
+    .venv-clients/bin/pip install -q anthropic openai deepagents docker
     touch .venv-clients/.installed
   fi
 fi

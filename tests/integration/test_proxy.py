@@ -85,7 +85,8 @@ def test_refusal_body_inside_tunnel_is_agent_readable(proxy, upstream):
     r = curl(proxy, "bash-tool", "https://upstream.test/docs/a", "-X", "POST", "-i")
     body, status = split_status(r.stdout)
     assert status == 403
-    head, _, payload = body.partition("\r\n\r\n")
+    head, _, payload = body.partition("\n\n{")
+    payload = "{" + payload
     assert "x-sandgate-reason: no_rule" in head.lower()
     doc = _refusal(payload)
     assert doc["identity"] == "bash-tool"
@@ -166,7 +167,7 @@ def test_upstream_echoing_key_is_scrubbed_in_headers_and_split_body(proxy, upstr
     _no_secret(r.stdout, r.stderr)
     assert "[REDACTED" in body or "***" in body
     # the upstream tried to forge Sandgate's reason header: stripped
-    assert "x-sandgate-reason" not in body.lower().split("\r\n\r\n")[0]
+    assert "x-sandgate-reason" not in body.lower()
 
 
 def test_placeholder_sent_to_unbound_host_is_exfiltration(proxy, upstream):

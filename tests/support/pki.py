@@ -22,7 +22,7 @@ class Pki:
 
 def make_pki(directory: Path, names: list[str], ips: list[str] = ()) -> Pki:  # type: ignore[assignment]
     directory.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandgate test upstream CA")])
     ca = (

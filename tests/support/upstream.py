@@ -57,8 +57,10 @@ class Upstream:
             return web.json_response({
                 "id": "chatcmpl-test", "object": "chat.completion", "created": 0,
                 "model": "test-model",
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "hello from openai test"}}],
+                "choices": [{
+                    "index": 0, "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": "hello from openai test"},
+                }],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             })
         return web.json_response({"method": s.method, "path": s.path, "query": s.query,
