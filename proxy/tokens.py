@@ -137,15 +137,15 @@ def verify_token(key: bytes, token: str, now: float | None = None) -> TokenClaim
         raise TokenError("malformed proxy token") from None
     if not isinstance(payload, dict):
         raise TokenError("malformed proxy token")
-    for field in ("id", "exp"):
+    for field in ("id", "sbx", "iat", "exp"):
         if field not in payload:
             raise TokenError(f"proxy token is missing field {field!r}")
-    identity, sandbox, exp = payload["id"], payload.get("sbx"), payload["exp"]
+    identity, sandbox, exp = payload["id"], payload["sbx"], payload["exp"]
     if not isinstance(identity, str) or not identity:
         raise TokenError("proxy token has an invalid identity")
     if sandbox is not None and (not isinstance(sandbox, str) or not sandbox):
         raise TokenError("proxy token has an invalid sandbox id")
-    if not _is_int(exp) or ("iat" in payload and not _is_int(payload["iat"])):
+    if not _is_int(exp) or not _is_int(payload["iat"]):
         raise TokenError("proxy token has invalid timestamps")
     if _now(now) >= exp:
         when = datetime.fromtimestamp(exp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -309,7 +309,8 @@ class Sandbox:
         On timeout the command's process group is killed (coreutils `timeout`) and the result
         has timed_out=True (exit code 124, or 137 when it needed SIGKILL). Processes that left
         that group (setsid, nested `timeout`) and keep the output open are abandoned 10 s later
-        (timed_out=True, exit code -1); close() ends them.
+        (timed_out=True; exit_code is the command's own, or -1 while it still runs); close()
+        ends them.
         """
         if self._closed:
             raise SandboxError(f"sandbox {self.id} is closed")
@@ -337,7 +338,7 @@ class Sandbox:
                         room = max(_OUTPUT_LIMIT - len(buf), 0)
                         buf += chunk[:room]
                         dropped[i] += max(len(chunk) - room, 0)
-                except OSError:
+                except (OSError, ValueError):
                     pass  # the socket was shut down by the backstop below
 
             reader = threading.Thread(target=pump, name=f"sandbox-exec-{self.id}", daemon=True)

@@ -123,23 +123,32 @@ def test_unknown_version() -> None:
     with pytest.raises(TokenError, match="version"):
         verify_token(KEY, "sg2" + tok[3:], now=NOW)
     with pytest.raises(TokenError, match="version"):
-        verify_token(KEY, _forge({"id": "a", "exp": NOW + 60}, version="sg2"), now=NOW)
+        verify_token(KEY, _forge({"id": "a", "sbx": None, "iat": NOW, "exp": NOW + 60},
+                                 version="sg2"), now=NOW)
 
 
 @pytest.mark.parametrize("payload, match", [
     ({"sbx": None, "iat": NOW, "exp": NOW + 60}, "missing field 'id'"),
     ({"id": "a", "sbx": None, "iat": NOW}, "missing field 'exp'"),
-    ({"id": "", "exp": NOW + 60}, "identity"),
-    ({"id": 5, "exp": NOW + 60}, "identity"),
-    ({"id": "a", "sbx": 7, "exp": NOW + 60}, "sandbox"),
-    ({"id": "a", "exp": "later"}, "timestamps"),
-    ({"id": "a", "exp": True}, "timestamps"),
-    ({"id": "a", "iat": "x", "exp": NOW + 60}, "timestamps"),
+    ({"id": "a", "iat": NOW, "exp": NOW + 60}, "missing field 'sbx'"),
+    ({"id": "a", "sbx": None, "exp": NOW + 60}, "missing field 'iat'"),
+    ({"id": "", "sbx": None, "iat": NOW, "exp": NOW + 60}, "identity"),
+    ({"id": 5, "sbx": None, "iat": NOW, "exp": NOW + 60}, "identity"),
+    ({"id": "a", "sbx": 7, "iat": NOW, "exp": NOW + 60}, "sandbox"),
+    ({"id": "a", "sbx": "", "iat": NOW, "exp": NOW + 60}, "sandbox"),
+    ({"id": "a", "sbx": None, "iat": NOW, "exp": "later"}, "timestamps"),
+    ({"id": "a", "sbx": None, "iat": NOW, "exp": True}, "timestamps"),
+    ({"id": "a", "sbx": None, "iat": "x", "exp": NOW + 60}, "timestamps"),
     (["a"], "malformed"),
 ])
 def test_signed_but_invalid_payload(payload: object, match: str) -> None:
     with pytest.raises(TokenError, match=match):
         verify_token(KEY, _forge(payload), now=NOW)
+
+
+def test_forged_helper_makes_valid_tokens() -> None:
+    tok = _forge({"id": "a", "sbx": None, "iat": NOW, "exp": NOW + 60})
+    assert verify_token(KEY, tok, now=NOW) == TokenClaims("a", None, NOW + 60)
 
 
 def test_error_messages_never_echo_the_token() -> None:

@@ -401,3 +401,13 @@ def test_docker_unavailable() -> None:
     source = DockerLabelSource(["sandgate-sandboxes"], base_url="unix:///nonexistent/docker.sock")
     with pytest.raises(DockerUnavailable, match="not running or not reachable"):
         source.start()
+
+
+def test_exec_backstop_when_a_process_escapes_timeout(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launcher_mod, "_EXEC_GRACE", 1)
+    res = sandbox.exec("setsid sleep 60 &", timeout=1)  # its own session keeps stdout open
+    assert res.timed_out  # bash itself exited 0; the escaped child held the output open
+    assert res.duration < 6
+    assert sandbox.exec("echo still usable", timeout=10).stdout == "still usable\n"
