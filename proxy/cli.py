@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from proxy.identity.base import AddressIdentitySource
+
 DEFAULT_CONFDIR = Path(os.environ.get("SANDGATE_CONFDIR", "~/.sandgate")).expanduser()
 
 
@@ -206,7 +208,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for ca in args.upstream_ca:
         if not ca.is_file():
             return _err(f"--upstream-ca {ca}: no such file")
-    sources = []
+    sources: list[AddressIdentitySource] = []
     if args.identity_cidr:
         from proxy.identity.cidr import parse_cidr_map
 

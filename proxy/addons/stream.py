@@ -37,7 +37,7 @@ class ResponseScrubber:
     def __init__(self, secrets: Mapping[str, str], encoding: str, resp: http.Response) -> None:
         self.refuse_reason: str | None = None
         self._inner = StreamScrubber({k: v.encode() for k, v in secrets.items() if v})
-        self._decoder: zlib._Decompress | None = None  # type: ignore[name-defined]
+        self._decoder: zlib._Decompress | None = None
         self._active = bool(secrets)
         if not self._active:
             return

@@ -21,7 +21,7 @@ from tests.support.upstream import UpstreamServer
 HERE = Path(__file__).parent
 UPSTREAM_IP = "127.0.0.2"
 NAMES = ["api.anthropic.com", "api.openai.com", "upstream.test", "*.upstream.test",
-         "inside.test", "meta.test", "plain.test", "other.test"]
+         "inside.test", "meta.test", "plain.test", "other.test", "tunnel.test"]
 # Obvious fakes: what the upstream must see and no sandbox, log or output may contain.
 ANTHROPIC_KEY = "test-anthropic-REAL-key-7f3a9c1e5b"
 OPENAI_KEY = "test-openai-REAL-key-2d8e4f6a0c"
@@ -123,7 +123,7 @@ def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extr
     env.update(vault_env)
     resolve = [f"--resolve={n}={UPSTREAM_IP}" for n in
                ("api.anthropic.com", "api.openai.com", "upstream.test", "a.upstream.test",
-                "plain.test", "other.test")]
+                "plain.test", "other.test", "tunnel.test")]
     resolve += ["--resolve=inside.test=10.1.2.3", "--resolve=meta.test=169.254.169.254"]
     cmd = [*SANDGATE, "run", "--policies", str(policies), "--listen", f"127.0.0.1:{port}",
            "--confdir", str(confdir), "--audit", str(audit), "--upstream-ca", str(pki.ca_cert),

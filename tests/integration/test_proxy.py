@@ -370,3 +370,36 @@ def test_audit_event_fields(proxy):
         assert field in ev, field
     assert "abc123" not in json.dumps(ev)
     assert ev["path"] == "/docs/audit?token=REDACTED"
+
+
+def test_passthrough_tunnel_is_not_intercepted(proxy, upstream, pki):
+    # The client sees the upstream's own certificate (no interception) and the dial is pinned.
+    r = subprocess.run(["curl", "-sS", "--max-time", "15", "--proxy", proxy.url, "--proxy-user",
+                        f"coding-agent:{proxy.token('coding-agent')}", "--cacert",
+                        str(pki.ca_cert), "-w", "\n%{http_code}", "https://tunnel.test/anything"],
+                       capture_output=True, text=True)
+    assert split_status(r.stdout)[1] == 200, r.stderr
+    assert upstream.seen[-1].host == "tunnel.test"
+    # with Sandgate's CA instead, verification fails: it really was not intercepted
+    r = curl(proxy, "coding-agent", "https://tunnel.test/anything")
+    assert r.returncode != 0
+
+
+def test_raw_tcp_in_connect_without_passthrough_is_killed(proxy, upstream):
+    import base64
+
+    tok = proxy.token("coding-agent")
+    cred = base64.b64encode(f"coding-agent:{tok}".encode()).decode()
+    s = socket.create_connection((proxy.host, proxy.port), timeout=10)
+    s.sendall(f"CONNECT upstream.test:443 HTTP/1.1\r\nHost: upstream.test:443\r\n"
+              f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
+    assert b" 200 " in s.recv(4096)
+    before = len(upstream.seen)
+    s.sendall(b"\x00\x01binary-protocol-not-http\r\n\r\n")
+    try:
+        out = s.recv(4096)
+    except OSError:
+        out = b""
+    s.close()
+    assert b"200" not in out
+    assert len(upstream.seen) == before

@@ -1,0 +1,138 @@
+"""An exception inside a hook refuses the flow; nothing unapproved is dialled."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+from mitmproxy.proxy import server_hooks
+from mitmproxy.test import taddons, tflow
+
+from proxy import audit
+from proxy.addons import gate as gate_mod
+from proxy.addons.gate import Gate, GateConfig
+from proxy.identity.resolve import Identifier
+from proxy.policy.loader import load_policy_dir
+from proxy.secrets.vault import SecretBroker, VaultConfig
+from proxy.tokens import issue_token
+
+KEY = b"k" * 32
+POLICY = """
+version: v1
+identities:
+  agent:
+    rules:
+      - {name: docs, hosts: [docs.example], methods: [GET], schemes: [http],
+         private_cidrs: [127.0.0.0/8]}
+"""
+
+
+@pytest.fixture
+def gate(tmp_path: Path):
+    (tmp_path / "p.yaml").write_text(POLICY)
+    policy = load_policy_dir(tmp_path)
+    broker = SecretBroker(VaultConfig(addr="http://127.0.0.1:9", token="x", role_id=None,
+                                      secret_id=None, cacert=None, namespace=None),
+                          policy.secrets)
+    sink = audit.AuditLog(tmp_path / "audit.jsonl")
+    g = Gate(GateConfig(policy=policy, broker=broker, identifier=Identifier(KEY), audit=sink,
+                        resolve_overrides={"docs.example": "127.0.0.1"}))
+    g.audit_path = tmp_path / "audit.jsonl"  # type: ignore[attr-defined]
+    return g
+
+
+def plain_flow(path: str = "/x"):
+    f = tflow.tflow()
+    f.request.scheme = "http"
+    f.request.host = "docs.example"
+    f.request.port = 80
+    f.request.path = path
+    f.request.headers["host"] = "docs.example"
+    import base64
+
+    tok = issue_token(KEY, "agent", ttl_seconds=60)
+    f.request.headers["proxy-authorization"] = "Basic " + base64.b64encode(
+        f"agent:{tok}".encode()).decode()
+    return f
+
+
+async def test_allowed_plain_request_pins_checked_address(gate):
+    with taddons.context(gate):
+        f = plain_flow()
+        await gate.request(f)
+        assert f.response is None
+        assert f.request.host == "127.0.0.1"  # dial the checked address
+        assert f.request.headers["host"] == "docs.example"
+        assert "proxy-authorization" not in f.request.headers
+
+
+async def test_exception_in_request_hook_refuses(gate, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(gate_mod, "decide", boom)
+    with taddons.context(gate):
+        f = plain_flow()
+        await gate.request(f)
+        assert f.response is not None and f.response.status_code == 503
+        assert f.response.headers["x-sandgate-reason"] == "internal_error"
+        assert b"bug" not in f.response.content  # no internals to the sandbox
+
+
+async def test_exception_in_responseheaders_kills_flow(gate, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(gate_mod, "ResponseScrubber", boom)
+    with taddons.context(gate):
+        f = plain_flow()
+        await gate.request(f)
+        f.response = tflow.tresp()
+        await gate.responseheaders(f)
+        assert f.error is not None  # killed: nothing reaches the sandbox
+
+
+async def test_server_connect_refuses_unapproved_address(gate):
+    with taddons.context(gate):
+        f = tflow.tflow()
+        f.server_conn.address = ("10.9.9.9", 80)
+        data = server_hooks.ServerConnectionHookData(server=f.server_conn, client=f.client_conn)
+        await gate.server_connect(data)
+        assert data.server.error and "not approved" in data.server.error
+
+
+async def test_server_connect_allows_only_what_request_approved(gate):
+    with taddons.context(gate):
+        f = plain_flow()
+        await gate.request(f)
+        f.server_conn.address = (f.request.host, f.request.port)
+        data = server_hooks.ServerConnectionHookData(server=f.server_conn, client=f.client_conn)
+        await gate.server_connect(data)
+        assert not data.server.error
+        assert ipaddress.ip_address(data.server.address[0]).is_loopback
+
+
+async def test_unknown_identity_and_no_token(gate):
+    with taddons.context(gate):
+        f = plain_flow()
+        del f.request.headers["proxy-authorization"]
+        await gate.request(f)
+        assert f.response is not None and f.response.status_code == 407
+        assert "Proxy-Authenticate" in f.response.headers
+
+
+async def test_every_decision_audited_once(gate):
+    import json
+
+    with taddons.context(gate):
+        f = plain_flow("/y?token=abc")
+        del f.request.headers["proxy-authorization"]
+        await gate.request(f)
+        gate.response(f)
+        gate.response(f)
+    lines = gate.audit_path.read_text().splitlines()
+    assert len(lines) == 1
+    ev = json.loads(lines[0])
+    assert ev["decision"] == "deny" and ev["code"] == "auth_required"
+    assert ev["path"] == "/y?token=REDACTED"
