@@ -114,7 +114,8 @@ class Proxy:
 SANDGATE = [sys.executable, "-m", "proxy.cli"]
 
 
-def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extra: str) -> Proxy:
+def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extra: str,
+                listen_host: str = "127.0.0.1") -> Proxy:
     port = free_port()
     confdir = tmp / "conf"
     audit = tmp / "audit.jsonl"
@@ -125,18 +126,18 @@ def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extr
                ("api.anthropic.com", "api.openai.com", "upstream.test", "a.upstream.test",
                 "plain.test", "other.test", "tunnel.test")]
     resolve += ["--resolve=inside.test=10.1.2.3", "--resolve=meta.test=169.254.169.254"]
-    cmd = [*SANDGATE, "run", "--policies", str(policies), "--listen", f"127.0.0.1:{port}",
+    cmd = [*SANDGATE, "run", "--policies", str(policies), "--listen", f"{listen_host}:{port}",
            "--confdir", str(confdir), "--audit", str(audit), "--upstream-ca", str(pki.ca_cert),
            *resolve, *extra]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                             cwd=str(HERE.parent.parent))
-    p = Proxy("127.0.0.1", port, confdir, audit, log, proc)
+    p = Proxy(listen_host, port, confdir, audit, log, proc)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sandgate exited {proc.returncode}:\n{p.logs()[-3000:]}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((listen_host, port), timeout=0.5):
                 return p
         except OSError:
             time.sleep(0.1)
