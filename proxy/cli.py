@@ -252,6 +252,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     except ValueError as e:
         return _err(str(e))
+    except Exception as e:
+        from proxy.sandbox.errors import DockerUnavailable
+
+        if isinstance(e, DockerUnavailable):
+            return _err(str(e))
+        raise
     except KeyboardInterrupt:
         return 0
     finally:

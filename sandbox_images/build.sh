@@ -44,7 +44,8 @@ docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 \
   || die "base image '$BASE_IMAGE' not found (build it with .ci/docker-setup.sh)"
 
 have_sdk_wheels() {
-  compgen -G "$WHEELS/anthropic-*.whl" >/dev/null && compgen -G "$WHEELS/openai-*.whl" >/dev/null
+  compgen -G "$WHEELS/anthropic-*.whl" >/dev/null && compgen -G "$WHEELS/openai-*.whl" >/dev/null \
+    && compgen -G "$WHEELS/deepagents-*.whl" >/dev/null
 }
 
 pick_python() {
@@ -73,14 +74,14 @@ prepare_wheelhouse() {
   local arch
   arch=$(uname -m)
   local t=$SECONDS
-  log "pip download anthropic openai -> $WHEELS (cp$PY_VERSION, manylinux $arch; pip of $py)"
+  log "pip download anthropic openai deepagents -> $WHEELS (cp$PY_VERSION, manylinux $arch; pip of $py)"
   # Wheels for the image, not for the host: its Python (3.11) and glibc (2.36).
   if "$py" -m pip download --quiet --disable-pip-version-check --dest "$WHEELS" \
       --only-binary=:all: --implementation cp --python-version "$PY_VERSION" \
       --abi "cp$PY_VERSION" --abi abi3 --abi none \
       --platform "manylinux_2_36_$arch" --platform "manylinux2014_$arch" \
       --platform "manylinux_2_17_$arch" --platform any \
-      anthropic openai; then
+      anthropic openai deepagents; then
     log "wheelhouse ready: $(ls "$WHEELS"/*.whl | wc -l) wheels ($((SECONDS - t)) s)"
   else
     log "WARNING: pip download failed ($((SECONDS - t)) s)"

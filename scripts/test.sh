@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 scripts/setup.sh --test
+# CI must never build an agent image without its SDKs.
+export SANDGATE_REQUIRE_SDK=1
 scripts/docker-setup.sh
 echo "== setup took $((SECONDS - t0)) s"
 .venv/bin/ruff check proxy tests

@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -44,6 +45,28 @@ def _stop_all() -> None:
             pass
     for d in _DIRS:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """Linux: a preexec_fn making the child get SIGKILL when this process dies, even by SIGKILL
+    (atexit does not run then). libc is loaded here, so the child only calls prctl().
+    Linux ties this to the *thread* that spawned the child: start DevVault from a long-lived
+    thread (the main thread in `sandgate run` and in tests)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig, sigkill = 1, 9
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, sigkill, 0, 0, 0)
+
+    return preexec
 
 
 def _free_port() -> int:
@@ -101,7 +124,8 @@ class DevVault:
         env["HOME"] = str(self._dir)
         with self.log_path.open("ab") as logf:
             self._proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=env, cwd=str(self._dir))
+                                          stdin=subprocess.DEVNULL, env=env, cwd=str(self._dir),
+                                          preexec_fn=_die_with_parent())
         _LIVE.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -224,8 +224,11 @@ class SecretBroker:
         # requests' timeout bounds connect and each socket read; the outer deadline bounds the
         # whole call (a server dribbling bytes, DNS, a saturated pool).
         deadline = self.config.timeout * 2 + 1.0
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that races
+        # with the call finishing, which would keep the renewal task alive after aclose().
         try:
-            return await asyncio.wait_for(loop.run_in_executor(self._pool, fn), deadline)
+            async with asyncio.timeout(deadline):
+                return await loop.run_in_executor(self._pool, fn)
         except TimeoutError:
             raise _VaultFailure("timeout", "Vault timed out") from None
         except asyncio.CancelledError:
@@ -270,8 +273,11 @@ class SecretBroker:
         try:
             resp = await self._call(login)
         except _VaultFailure as f:
+            if f.kind in ("denied", "other") and "HTTP 4" in f.detail:
+                f = _VaultFailure("denied", "Vault rejected the AppRole login (invalid or "
+                                  "expired role_id / secret_id)")
             log.warning("AppRole login to Vault at %s failed: %s", self.config.addr, f.detail)
-            raise
+            raise f from None
         auth = (resp or {}).get("auth") or {}
         token = auth.get("client_token")
         if not isinstance(token, str) or not token:
@@ -283,7 +289,7 @@ class SecretBroker:
                  self.config.addr, auth.get("lease_duration"), auth.get("renewable"))
 
     async def _renew_loop(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 delay = await self._renew_once()
             except asyncio.CancelledError:
@@ -291,6 +297,8 @@ class SecretBroker:
             except Exception as e:  # never let the task die
                 log.warning("Vault token check failed unexpectedly (%s)", type(e).__name__)
                 delay = self.renew_interval
+            if self._closed:
+                return
             await asyncio.sleep(delay)
 
     async def _relogin(self) -> float:

@@ -92,7 +92,7 @@ def test_secret_error_fields():
     (42, "not a string"),
     (None, "not a string"),
     ("", "empty"),
-])
+], ids=["lf", "cr", "nul", "int", "none", "empty"])  # ids: never put a value in a test id
 def test_check_value_refuses(value, words):
     with pytest.raises(SecretError) as ei:
         check_value("s", value)
@@ -114,7 +114,7 @@ def test_check_value_accepts():
     (requests.exceptions.ReadTimeout(VALUE), "timeout", "timed out"),
     (requests.exceptions.ConnectTimeout(VALUE), "timeout", "timed out"),
     (RuntimeError(VALUE), "other", "RuntimeError"),
-])
+], ids=["403", "404", "503", "500", "refused", "read-timeout", "connect-timeout", "other"])
 def test_classify_never_echoes_exception_text(exc, kind, words):
     f = _classify(exc)
     assert f.kind == kind

@@ -137,3 +137,17 @@ def test_vault_and_proxy_internals_unreachable_from_sandbox(sandbox, gw_proxy, v
         r = tool.exec(f"curl -sS --max-time 10 -w '\\n%{{http_code}}' {url}", timeout=30)
         assert r.stdout.strip().endswith("403"), r.stdout + r.stderr
     _no_secret_inside(tool)
+
+
+def test_pattern1_deepagents_agent_in_container_calls_llm_without_key(sandbox, gw_proxy,
+                                                                      upstream):
+    agent = sandbox("coding-agent", image="sandgate-agent:dev",
+                    placeholders={"ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic"})
+    before = len(upstream.seen)
+    r = agent.exec(["python", "/opt/agent/run_deepagent.py", "--model", "claude-test",
+                    "say hello"], timeout=120)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    assert "hello from the test upstream" in r.stdout
+    llm_calls = [s for s in upstream.seen[before:] if s.path == "/v1/messages"]
+    assert llm_calls and all(s.headers["x-api-key"] == ANTHROPIC_KEY for s in llm_calls)
+    assert not any(s in r.stdout + r.stderr for s in SECRET_VALUES)
