@@ -65,6 +65,7 @@ class Gate:
     def __init__(self, config: GateConfig) -> None:
         self.cfg = config
         self.conns: dict[str, Conn] = {}
+        self._placeholders = dict(config.policy.placeholders)
 
     # The policy can be swapped whole (hot reload); a hook reads it once per flow.
     @property
@@ -72,6 +73,7 @@ class Gate:
         return self.cfg.policy
 
     def set_policy(self, policy: Policy) -> None:
+        self._placeholders = dict(policy.placeholders)
         self.cfg.policy = policy
         self.cfg.broker.update_secrets(policy.secrets)
 
@@ -219,7 +221,7 @@ class Gate:
             return
         assert info is not None
 
-        policy = self.policy
+        policy, placeholders = self.policy, self._placeholders
         d = decide(policy, caller.identity, info)
         rec.decision = d
         if not d.allowed:
@@ -228,7 +230,7 @@ class Gate:
         rule = d.rule
         assert rule is not None
 
-        leaks = find_leaks(req, policy.placeholders, self.cfg.broker.cached_values(), rule.secrets)
+        leaks = find_leaks(req, placeholders, self.cfg.broker.cached_values(), rule.secrets)
         if leaks:
             rec.exfiltration = sorted({f"{lk.secret}:{lk.kind}:{lk.where}" for lk in leaks})
             names = ", ".join(sorted({lk.secret for lk in leaks}))
@@ -262,9 +264,9 @@ class Gate:
                                            identity=caller.identity, target=info.target,
                                            hint="nothing was sent upstream; retry later"))
                 return
-            placeholders = {n: policy.secrets[n].placeholder for n in values}
+            bound_placeholders = {n: policy.secrets[n].placeholder for n in values}
             try:
-                apply(rule, req, values, placeholders)
+                apply(rule, req, values, bound_placeholders)
             except UnsafeValue as e:
                 self._refuse(flow, Refusal(Code.UNSAFE_INJECTION, str(e),
                                            identity=caller.identity, target=info.target))
