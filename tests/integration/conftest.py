@@ -16,6 +16,7 @@ import pytest
 
 from proxy.secrets.devserver import DevVault
 from tests.support.pki import make_pki
+from tests.support.secrets import assert_no_secret
 from tests.support.upstream import UpstreamServer
 
 HERE = Path(__file__).parent
@@ -161,8 +162,7 @@ def proxy(tmp_path_factory, vault, upstream, plain_upstream, pki) -> Iterator[Pr
     yield p
     stop_proxy(p)
     logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
-    leaked = [i for i, s in enumerate(SECRET_VALUES) if s in logs]
-    assert not leaked, f"secret value #{leaked} appeared in the proxy's logs or audit"
+    assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
 
 
 def curl(proxy: Proxy, identity: str | None, url: str, *args: str,

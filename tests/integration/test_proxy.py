@@ -18,14 +18,13 @@ from tests.integration.conftest import (
     curl,
     split_status,
 )
+from tests.support.secrets import assert_no_secret, assert_secret_equal, assert_secret_in
 
 pytestmark = pytest.mark.integration
 
 
 def _no_secret(*texts: str) -> None:
-    for t in texts:
-        for i, s in enumerate(SECRET_VALUES):
-            assert s not in t, f"secret value #{i} leaked to the client side"
+    assert_no_secret(texts, SECRET_VALUES, "the client side")
 
 
 def _refusal(body: str) -> dict:
@@ -44,7 +43,7 @@ def test_llm_call_gets_real_key_injected(proxy, upstream):
     assert "hello from the test upstream" in body
     seen = upstream.seen[before:]
     assert len(seen) == 1
-    assert seen[0].headers["x-api-key"] == ANTHROPIC_KEY, "upstream did not get the real key"
+    assert_secret_equal(seen[0].headers.get("x-api-key"), ANTHROPIC_KEY, "upstream x-api-key")
     assert "proxy-authorization" not in seen[0].headers
     assert seen[0].host == "api.anthropic.com"
     _no_secret(r.stdout, r.stderr)
@@ -62,7 +61,7 @@ def test_injection_replaces_client_header_never_duplicates(proxy, upstream):
              "-H", "X-Api-Key: whatever-the-client-had", "-d", "{}")
     assert split_status(r.stdout)[1] == 200
     seen = upstream.seen[before:][0]
-    assert seen.headers["x-api-key"] == ANTHROPIC_KEY
+    assert_secret_equal(seen.headers.get("x-api-key"), ANTHROPIC_KEY, "upstream x-api-key")
     raw = [k for k in seen.headers if k == "x-api-key"]
     assert len(raw) == 1
 
@@ -163,7 +162,8 @@ def test_upstream_echoing_key_is_scrubbed_in_headers_and_split_body(proxy, upstr
     r = curl(proxy, "coding-agent", "https://api.anthropic.com/echo-key", "-i")
     body, status = split_status(r.stdout)
     assert status == 200
-    assert upstream.seen[-1].headers["x-api-key"] == ANTHROPIC_KEY
+    assert_secret_equal(upstream.seen[-1].headers.get("x-api-key"), ANTHROPIC_KEY,
+                        "upstream x-api-key")
     _no_secret(r.stdout, r.stderr)
     assert "[REDACTED" in body or "***" in body
     # the upstream tried to forge Sandgate's reason header: stripped
@@ -197,7 +197,8 @@ def test_placeholder_substituted_on_bound_request(proxy, upstream):
     r = curl(proxy, "coding-agent", "https://api.openai.com/v1/chat/completions", "-d", "{}",
              "-H", "authorization: Bearer sandgate-placeholder-openai")
     assert split_status(r.stdout)[1] == 200
-    assert upstream.seen[before].headers["authorization"] == f"Bearer {OPENAI_KEY}"
+    assert_secret_equal(upstream.seen[before].headers.get("authorization"),
+                        f"Bearer {OPENAI_KEY}", "upstream authorization")
 
 
 def test_basic_and_query_injection_from_kv1(proxy, upstream):
@@ -208,11 +209,14 @@ def test_basic_and_query_injection_from_kv1(proxy, upstream):
     assert split_status(r.stdout)[1] == 200
     seen = upstream.seen[before]
     user, _, pw = base64.b64decode(seen.headers["authorization"][6:]).decode().partition(":")
-    assert (user, pw) == ("x-access-token", GITHUB_TOKEN)
-    assert f"access_token={GITHUB_TOKEN}" in seen.query and "x=1" in seen.query
+    assert user == "x-access-token"
+    assert_secret_equal(pw, GITHUB_TOKEN, "basic password")
+    assert_secret_in(seen.query, f"access_token={GITHUB_TOKEN}", "injected query")
+    assert "x=1" in seen.query
     assert "mine" not in seen.query
     ev = proxy.wait_audit(lambda e: e.get("rule") == "github")
-    assert "REDACTED" in ev["path"] and GITHUB_TOKEN not in json.dumps(ev)
+    assert "REDACTED" in ev["path"]
+    assert_no_secret([json.dumps(ev)], [GITHUB_TOKEN], "the audit event")
 
 
 def test_secret_missing_in_vault_gives_503_and_nothing_forwarded(proxy, upstream):

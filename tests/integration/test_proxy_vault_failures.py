@@ -18,6 +18,7 @@ from tests.integration.conftest import (
     start_proxy,
     stop_proxy,
 )
+from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +51,7 @@ def test_vault_down_before_first_use(tmp_path, own_vault, upstream, pki):
         assert len(upstream.seen) == before
     finally:
         stop_proxy(p)
-    assert ANTHROPIC_KEY not in p.logs()
+    assert_no_secret([p.logs()], [ANTHROPIC_KEY], "the proxy logs")
 
 
 def test_vault_down_after_cache_serves_until_ttl(tmp_path, own_vault, upstream, pki):
@@ -133,7 +134,8 @@ def test_approle_login(tmp_path, own_vault, upstream, pki):
     try:
         before = len(upstream.seen)
         assert _llm(p)[1] == 200
-        assert upstream.seen[before].headers["x-api-key"] == ANTHROPIC_KEY
+        assert_secret_equal(upstream.seen[before].headers.get("x-api-key"), ANTHROPIC_KEY,
+                            "upstream x-api-key")
     finally:
         stop_proxy(p)
-    assert secret_id not in p.logs()
+    assert_no_secret([p.logs()], [secret_id], "the proxy logs")

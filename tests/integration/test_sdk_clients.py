@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import ANTHROPIC_KEY, OPENAI_KEY, SECRET_VALUES
+from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +52,8 @@ def test_anthropic_sdk_with_placeholder_key(proxy, upstream):
     assert "TEXT: hello from the test upstream" in r.stdout
     seen = upstream.seen[before:]
     assert [s.path for s in seen] == ["/v1/messages"]
-    assert seen[0].headers["x-api-key"] == ANTHROPIC_KEY, "upstream did not get the real key"
-    for s in SECRET_VALUES:
-        assert s not in r.stdout and s not in r.stderr
+    assert_secret_equal(seen[0].headers.get("x-api-key"), ANTHROPIC_KEY, "upstream x-api-key")
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "the SDK output")
 
 
 def test_openai_sdk_with_placeholder_key(proxy, upstream):
@@ -63,9 +63,9 @@ def test_openai_sdk_with_placeholder_key(proxy, upstream):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "TEXT: hello from openai test" in r.stdout
     seen = upstream.seen[before:]
-    assert seen[0].headers["authorization"] == f"Bearer {OPENAI_KEY}"
-    for s in SECRET_VALUES:
-        assert s not in r.stdout and s not in r.stderr
+    assert_secret_equal(seen[0].headers.get("authorization"), f"Bearer {OPENAI_KEY}",
+                        "upstream authorization")
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "the SDK output")
 
 
 def test_anthropic_sdk_as_bash_tool_is_refused(proxy, upstream):

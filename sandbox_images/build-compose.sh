@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Build every image of docker-compose.yml from the local base image (no registry, no network in
+# `docker build`):
+#   1. sandbox_images/build.sh: the agent's SDK wheelhouse + sandgate-agent:dev, sandgate-bash-tool:dev
+#   2. the Sandgate wheelhouse sandbox_images/sandgate/wheels (gitignored): `pip wheel` of this
+#      repository (a copy of pyproject.toml, README.md and proxy/) and all its dependencies, for
+#      the host's CPython (3.11 on bookworm, the same as the image's)
+#   3. `<compose> build` (with docker-compose.ci.yml too when --ci is given)
+#
+#   sandbox_images/build-compose.sh [--ci] [--no-download]
+#
+# The compose command is `docker compose` (v2 plugin) if it works, else `docker-compose` (v1;
+# Debian bookworm's package, installed with apt-get when missing and running as root).
+# Environment: BASE_IMAGE (default sandgate-base:bookworm), PYTHON (whose pip builds the wheels).
+# Prints `COMPOSE=<command>` on its last line.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(dirname "$HERE")
+WHEELS=$HERE/sandgate/wheels
+export BASE_IMAGE=${BASE_IMAGE:-sandgate-base:bookworm}
+export DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0}  # the classic builder: no buildx plugin needed
+export COMPOSE_DOCKER_CLI_BUILD=${COMPOSE_DOCKER_CLI_BUILD:-0}
+
+ci=0 download=1
+for arg in "$@"; do
+  case $arg in
+    --ci) ci=1 ;;
+    --no-download) download=0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "build-compose.sh: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+t_all=$SECONDS
+log() { echo "== build-compose.sh: $*"; }
+die() { echo "build-compose.sh: error: $*" >&2; exit 1; }
+
+find_compose() {
+  if docker compose version >/dev/null 2>&1; then echo "docker compose"; return 0; fi
+  if command -v docker-compose >/dev/null 2>&1; then echo "docker-compose"; return 0; fi
+  return 1
+}
+
+# --- 0. compose -----------------------------------------------------------------------------------
+if ! COMPOSE=$(find_compose); then
+  [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1 \
+    || die "neither \`docker compose\` nor \`docker-compose\` is installed"
+  log "installing docker-compose (apt)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
+  COMPOSE=$(find_compose) || die "docker-compose installed but not usable"
+fi
+log "compose: $COMPOSE ($($COMPOSE version --short 2>/dev/null || $COMPOSE version | head -1))"
+
+# --- 1. sandbox images ------------------------------------------------------------------------------
+build_args=()
+((download)) || build_args+=(--no-download)
+"$HERE/build.sh" "${build_args[@]}"
+
+# --- 2. sandgate wheelhouse -------------------------------------------------------------------------
+pick_python() {
+  local c
+  for c in "${PYTHON:-}" "$REPO/.venv/bin/python" python3; do
+    [[ -n $c ]] || continue
+    if "$c" -m pip --version >/dev/null 2>&1; then echo "$c"; return 0; fi
+  done
+  return 1
+}
+# pip's noise about unusable find-links from a machine-wide pip.conf
+quiet_pip() { grep -v -e 'is ignored: it is neither a file nor a directory' || true; }
+t=$SECONDS
+mkdir -p "$WHEELS"
+py=$(pick_python) || die "no python with pip (set PYTHON, or install python3-pip)"
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+# Build from a copy: no build/ or egg-info in the work tree, no stray files in the wheel.
+cp "$REPO/pyproject.toml" "$REPO/README.md" "$src/"
+tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' -cf - proxy | tar -C "$src" -xf -
+rm -f "$WHEELS"/sandgate-*.whl
+pip_args=(--quiet --disable-pip-version-check wheel --wheel-dir "$WHEELS" --find-links "$WHEELS")
+if ((download)); then
+  log "pip wheel sandgate + dependencies -> $WHEELS (pip of $py)"
+  # setuptools too: the build backend, so that --no-download can build without an index.
+  "$py" -m pip "${pip_args[@]}" "setuptools>=68" "$src" 2> >(quiet_pip >&2) \
+    || die "pip wheel failed"
+else
+  log "pip wheel sandgate --no-index (the dependencies must already be in $WHEELS)"
+  "$py" -m pip "${pip_args[@]}" --no-index "$src" 2> >(quiet_pip >&2) \
+    || die "pip wheel --no-index failed (run once without --no-download)"
+fi
+rm -rf "$src"
+trap - EXIT
+log "wheelhouse ready: $(ls "$WHEELS"/*.whl | wc -l) wheels ($((SECONDS - t)) s)"
+
+# --- 3. compose build ---------------------------------------------------------------------------------
+t=$SECONDS
+files=(-f "$REPO/docker-compose.yml")
+((ci)) && files+=(-f "$REPO/docker-compose.ci.yml")
+log "$COMPOSE ${files[*]} build"
+out=$(mktemp)
+# shellcheck disable=SC2086  # COMPOSE is one or two words
+if ! (cd "$REPO" && $COMPOSE "${files[@]}" build --quiet) >"$out" 2>&1; then
+  cat "$out" >&2; rm -f "$out"; die "compose build failed"
+fi
+grep -v -i -e 'legacy builder' -e 'buildx' -e '^ *$' "$out" || true
+rm -f "$out"
+log "images built ($((SECONDS - t)) s); done ($((SECONDS - t_all)) s)"
+echo "COMPOSE=$COMPOSE"
