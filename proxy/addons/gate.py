@@ -159,7 +159,8 @@ class Gate:
             return
         key = (str(address[0]), int(address[1]))
         if key in conn.approved:
-            server.sni = conn.approved[key] if server.tls else server.sni
+            # We dial the checked IP; TLS must still verify the name the request was judged for.
+            server.sni = conn.approved[key]
             return
         tunnel = conn.tunnel
         if tunnel is not None and tunnel.passthrough and tunnel.rule is not None:

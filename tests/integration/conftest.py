@@ -38,7 +38,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory):
-    return make_pki(tmp_path_factory.mktemp("pki"), NAMES, [UPSTREAM_IP])
+    # names only, no IP SAN: upstream TLS must verify the name although Sandgate dials the IP
+    return make_pki(tmp_path_factory.mktemp("pki"), NAMES)
 
 
 @pytest.fixture(scope="session")
@@ -125,7 +126,7 @@ def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extr
     env.update(vault_env)
     resolve = [f"--resolve={n}={UPSTREAM_IP}" for n in
                ("api.anthropic.com", "api.openai.com", "upstream.test", "a.upstream.test",
-                "plain.test", "other.test", "tunnel.test")]
+                "plain.test", "other.test", "tunnel.test", "nocert.test")]
     resolve += ["--resolve=inside.test=10.1.2.3", "--resolve=meta.test=169.254.169.254"]
     cmd = [*SANDGATE, "run", "--policies", str(policies), "--listen", f"{listen_host}:{port}",
            "--confdir", str(confdir), "--audit", str(audit), "--upstream-ca", str(pki.ca_cert),

@@ -407,3 +407,12 @@ def test_raw_tcp_in_connect_without_passthrough_is_killed(proxy, upstream):
     s.close()
     assert b"200" not in out
     assert len(upstream.seen) == before
+
+
+def test_upstream_cert_not_matching_name_gets_no_key(proxy, upstream):
+    # nocert.test resolves to the upstream, whose certificate does not name it.
+    before = len(upstream.seen)
+    r = curl(proxy, "coding-agent", "https://nocert.test/x")
+    assert split_status(r.stdout)[1] == 502
+    assert len(upstream.seen) == before
+    _no_secret(r.stdout, r.stderr)
