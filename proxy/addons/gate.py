@@ -33,6 +33,9 @@ from proxy.secrets.vault import SecretBroker, SecretError
 
 log = logging.getLogger("sandgate")
 
+# Refusals of a CONNECT that are answered inside the tunnel instead (see Tunnel.refusal).
+_DEFERRABLE = frozenset({Code.NO_RULE, Code.DENIED_BY_RULE, Code.UNKNOWN_IDENTITY})
+
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 
 
@@ -111,7 +114,16 @@ class Gate:
         d = decide_connect(self.policy, caller.identity, host, req.port)
         rec.decision = d
         if not d.allowed:
-            self._refuse(flow, _refusal_for(d, caller, f"{host}:{req.port}"))
+            refusal = _refusal_for(d, caller, f"{host}:{req.port}")
+            if d.code in _DEFERRABLE:
+                rec.refusal = refusal
+                self._conn(flow.client_conn).tunnel = Tunnel(
+                    caller=caller, host=host, port=req.port, rule=None, passthrough=False,
+                    refusal=refusal,
+                )
+                self._audit(flow, event="connect")
+            else:
+                self._refuse(flow, refusal)
             return
         assert d.rule is not None
         self._conn(flow.client_conn).tunnel = Tunnel(
@@ -216,6 +228,9 @@ class Gate:
 
         info, problem = _request_info(flow, tunnel)
         rec.info = info
+        if tunnel is not None and tunnel.refusal is not None:
+            self._refuse(flow, tunnel.refusal)
+            return
         if problem is not None:
             self._refuse(flow, Refusal(Code(problem[0]), problem[1], identity=caller.identity,
                                        target=_target(req)))

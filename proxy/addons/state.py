@@ -22,6 +22,9 @@ class Tunnel:
     port: int
     rule: Rule | None
     passthrough: bool
+    # A CONNECT the policy refuses is still accepted and intercepted (never dialled) so that the
+    # inner request gets a refusal body the agent can read: most clients hide CONNECT answers.
+    refusal: Refusal | None = None
 
 
 @dataclass

@@ -69,8 +69,13 @@ def test_injection_replaces_client_header_never_duplicates(proxy, upstream):
 def test_bash_tool_refused_llm_host_with_readable_reason(proxy, upstream):
     before = len(upstream.seen)
     r = curl(proxy, "bash-tool", "https://api.anthropic.com/v1/messages", "-d", "{}")
-    # curl reports a refused CONNECT as an error with the proxy's status
-    assert r.returncode != 0 or split_status(r.stdout)[1] == 403
+    # The CONNECT is refused by policy, but answered inside the tunnel: curl (like most
+    # clients) would hide a CONNECT response body from the agent.
+    body, status = split_status(r.stdout)
+    assert status == 403
+    doc = _refusal(body)
+    assert doc["identity"] == "bash-tool" and doc["code"] == "no_rule"
+    assert "api.anthropic.com" in doc["reason"] and doc["hint"]
     assert len(upstream.seen) == before
     ev = proxy.wait_audit(lambda e: e.get("identity") == "bash-tool" and
                           e.get("host") == "api.anthropic.com")
