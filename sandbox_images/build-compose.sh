@@ -43,8 +43,9 @@ find_compose() {
 
 # --- 0. compose -----------------------------------------------------------------------------------
 if ! COMPOSE=$(find_compose); then
-  [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1 \
-    || die "neither \`docker compose\` nor \`docker-compose\` is installed"
+  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    die "neither \`docker compose\` nor \`docker-compose\` is installed"
+  fi
   log "installing docker-compose (apt)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -91,7 +92,7 @@ else
 fi
 rm -rf "$src"
 trap - EXIT
-log "wheelhouse ready: $(ls "$WHEELS"/*.whl | wc -l) wheels ($((SECONDS - t)) s)"
+log "wheelhouse ready: $(find "$WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheels ($((SECONDS - t)) s)"
 
 # --- 3. compose build ---------------------------------------------------------------------------------
 t=$SECONDS
