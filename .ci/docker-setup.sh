@@ -2,7 +2,7 @@
 # Make a Docker engine and the local sandbox base image available: idempotent, fresh Debian
 # bookworm as root. No image registry is needed: the base image is built with debootstrap.
 #
-#   1. apt-get install docker.io debootstrap   (only what is missing)
+#   1. apt-get install docker.io debootstrap docker-compose   (only what is missing)
 #   2. start dockerd in the background          (only if `docker info` fails; waits <= 60 s)
 #   3. build sandgate-base:bookworm             (only if the image does not exist)
 #
@@ -31,6 +31,9 @@ need_apt=()
 command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
 command -v docker >/dev/null 2>&1 || need_apt+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+# Compose: v2 plugin if present; Debian bookworm ships only v1 (docker-compose).
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 \
+  || need_apt+=(docker-compose)
 if ((${#need_apt[@]})); then
   mapfile -t need_apt < <(printf '%s\n' "${need_apt[@]}" | sort -u)
   log "installing ${need_apt[*]}"

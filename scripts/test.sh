@@ -7,7 +7,7 @@ t0=$SECONDS
 scripts/setup.sh --test
 # CI must never build an agent image without its SDKs.
 export SANDGATE_REQUIRE_SDK=1
-scripts/docker-setup.sh
+.ci/docker-setup.sh
 echo "== setup took $((SECONDS - t0)) s"
 .venv/bin/ruff check proxy tests
 .venv/bin/mypy
