@@ -20,8 +20,8 @@ BAO_TOKEN=$VAULT_TOKEN
 export BAO_ADDR BAO_TOKEN
 APPROLE_DIR=${SANDGATE_APPROLE_DIR:-/var/lib/sandgate/approle}
 WAIT=${SANDGATE_VAULT_WAIT:-60}
-ANTHROPIC=${SANDGATE_DEMO_ANTHROPIC_KEY:-sk-ant-FAKE-sandgate-demo-key-not-real}
-OPENAI=${SANDGATE_DEMO_OPENAI_KEY:-sk-FAKE-sandgate-demo-key-not-real}
+ANTHROPIC=${SANDGATE_DEMO_ANTHROPIC_KEY:-demo-anthropic-key-not-real-0001}
+OPENAI=${SANDGATE_DEMO_OPENAI_KEY:-demo-openai-key-not-real-0001}
 BOUND_CIDRS=${SANDGATE_BOUND_CIDRS:-}
 
 log() { echo "seed-vault: $*" >&2; }
