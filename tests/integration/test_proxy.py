@@ -268,17 +268,22 @@ def test_uppercase_and_trailing_dot_host_still_allowed(proxy, upstream):
     assert split_status(r.stdout)[1] == 200, r.stdout + r.stderr
 
 
-def _raw_tunnel(proxy, identity: str, connect_host: str, sni: str, host_header: str,
-                extra: bytes = b"") -> bytes:
-    tok = proxy.token(identity)
+def _open_tunnel(proxy, identity: str, connect_host: str) -> socket.socket:
+    """A raw CONNECT tunnel, authenticated, that the proxy accepted."""
     import base64
 
-    cred = base64.b64encode(f"{identity}:{tok}".encode()).decode()
+    cred = base64.b64encode(f"{identity}:{proxy.token(identity)}".encode()).decode()
     s = socket.create_connection((proxy.host, proxy.port), timeout=10)
     s.sendall(f"CONNECT {connect_host}:443 HTTP/1.1\r\nHost: {connect_host}:443\r\n"
               f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
     resp = s.recv(4096)
     assert b" 200 " in resp.split(b"\r\n")[0], resp
+    return s
+
+
+def _raw_tunnel(proxy, identity: str, connect_host: str, sni: str, host_header: str,
+                extra: bytes = b"") -> bytes:
+    s = _open_tunnel(proxy, identity, connect_host)
     ctx = ssl.create_default_context(cafile=str(proxy.ca))
     ctx.check_hostname = False
     tls = ctx.wrap_socket(s, server_hostname=sni)
@@ -319,14 +324,7 @@ def test_smuggling_content_length_with_transfer_encoding_refused(proxy, upstream
 
 
 def test_connect_without_tls_refused(proxy, upstream):
-    import base64
-
-    tok = proxy.token("coding-agent")
-    cred = base64.b64encode(f"coding-agent:{tok}".encode()).decode()
-    s = socket.create_connection((proxy.host, proxy.port), timeout=10)
-    s.sendall(f"CONNECT upstream.test:443 HTTP/1.1\r\nHost: upstream.test:443\r\n"
-              f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
-    assert b" 200 " in s.recv(4096)
+    s = _open_tunnel(proxy, "coding-agent", "upstream.test")
     before = len(upstream.seen)
     s.sendall(b"GET /docs/x HTTP/1.1\r\nHost: upstream.test:443\r\nConnection: close\r\n\r\n")
     out = s.recv(65536)
@@ -395,14 +393,7 @@ def test_passthrough_tunnel_is_not_intercepted(proxy, upstream, pki):
 
 
 def test_raw_tcp_in_connect_without_passthrough_is_killed(proxy, upstream):
-    import base64
-
-    tok = proxy.token("coding-agent")
-    cred = base64.b64encode(f"coding-agent:{tok}".encode()).decode()
-    s = socket.create_connection((proxy.host, proxy.port), timeout=10)
-    s.sendall(f"CONNECT upstream.test:443 HTTP/1.1\r\nHost: upstream.test:443\r\n"
-              f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
-    assert b" 200 " in s.recv(4096)
+    s = _open_tunnel(proxy, "coding-agent", "upstream.test")
     before = len(upstream.seen)
     s.sendall(b"\x00\x01binary-protocol-not-http\r\n\r\n")
     try:
