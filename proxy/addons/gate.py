@@ -317,6 +317,10 @@ class Gate:
         resp.headers.pop(REASON_HEADER, None)
         secrets = self.cfg.broker.cached_values()
         rec.redactions += scrub_headers(resp.headers, secrets)
+        if flow.request.method == "HEAD" or resp.status_code in (204, 304) or (
+            resp.status_code < 200
+        ):
+            return  # no body: nothing to stream or reframe
         encoding = resp.headers.get("content-encoding", "identity").strip().lower()
         scrubber = ResponseScrubber(secrets, encoding, resp)
         if scrubber.refuse_reason:

@@ -412,3 +412,10 @@ def test_upstream_cert_not_matching_name_gets_no_key(proxy, upstream):
     assert split_status(r.stdout)[1] == 502
     assert len(upstream.seen) == before
     _no_secret(r.stdout, r.stderr)
+
+
+def test_head_request_keeps_framing(proxy, upstream):
+    r = curl(proxy, "coding-agent", "https://upstream.test/page", "-I")
+    head, status = split_status(r.stdout)
+    assert status == 200
+    assert "transfer-encoding" not in head.lower()
