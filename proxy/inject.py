@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from urllib.parse import unquote
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -93,6 +94,7 @@ def find_leaks(
     parts: list[tuple[str, str | bytes]] = [
         ("header", "\n".join(f"{k}: {v}" for k, v in req.headers.items(multi=True))),
         ("url", req.path),
+        ("url", unquote(req.path)),  # percent-encoding must not hide a credential
         ("body", req.raw_content or b""),
     ]
     # A bound placeholder may contain an unbound one ("...-openai-admin" holds "...-openai"):
