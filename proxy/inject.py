@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
-from urllib.parse import unquote
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from mitmproxy import http
 
