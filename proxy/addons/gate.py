@@ -7,6 +7,7 @@ forwarding a request nobody judged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -29,6 +30,7 @@ from proxy.policy.hosts import normalise_host
 from proxy.policy.model import Policy, Rule
 from proxy.refusal import REASON_HEADER, Code, Refusal
 from proxy.request import RequestInfo
+from proxy.scrub import scrub_text
 from proxy.secrets.vault import SecretBroker, SecretError
 
 log = logging.getLogger("sandgate")
@@ -346,6 +348,13 @@ class Gate:
     # ---------------------------------------------------------------- refusals and audit
 
     def _refuse(self, flow: http.HTTPFlow, refusal: Refusal) -> None:
+        secrets = self.cfg.broker.cached_values()
+        if secrets:  # the reason may quote the request, and the request may quote a value
+            def clean(text: str | None) -> str | None:
+                return scrub_text(text, secrets)[0] if text else text
+
+            refusal = dataclasses.replace(refusal, reason=clean(refusal.reason) or "",
+                                          target=clean(refusal.target), hint=clean(refusal.hint))
         rec = _record(flow)
         rec.refusal = refusal
         flow.response = http.Response.make(refusal.status, refusal.body(), refusal.headers())
@@ -358,7 +367,14 @@ class Gate:
             return
         rec.audited = True
         try:
-            self.cfg.audit.emit(event, **_audit_fields(flow, rec))
+            fields = _audit_fields(flow, rec)
+            # A sandbox that somehow holds a real value may put it in a path or Host: the audit
+            # line must not carry it on.
+            secrets = self.cfg.broker.cached_values()
+            for key in (A.PATH, A.HOST, A.REASON, "error"):
+                if isinstance(fields.get(key), str):
+                    fields[key] = scrub_text(fields[key], secrets)[0]
+            self.cfg.audit.emit(event, **fields)
         except Exception:
             log.exception("sandgate: audit failed")
 

@@ -419,3 +419,13 @@ def test_head_request_keeps_framing(proxy, upstream):
     head, status = split_status(r.stdout)
     assert status == 200
     assert "transfer-encoding" not in head.lower()
+
+
+def test_real_value_in_a_denied_path_never_reaches_the_audit(proxy, upstream):
+    curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages", "-d", "{}")  # cache it
+    r = curl(proxy, "bash-tool", f"https://upstream.test/bot{ANTHROPIC_KEY}/x")
+    assert split_status(r.stdout)[1] == 403
+    _no_secret(r.stdout, r.stderr)
+    ev = proxy.wait_audit(lambda e: (e.get("path") or "").startswith("/bot"))
+    assert "REDACTED" in ev["path"]
+    _no_secret(proxy.audit_file.read_text())
