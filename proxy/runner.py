@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -159,6 +158,3 @@ def banner(cfg: RunConfig, conf: Path) -> str:
         "https://api.anthropic.com/v1/messages -d '{}'\n"
     )
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

@@ -49,7 +49,6 @@ class GateConfig:
     audit: A.AuditLog
     resolve_overrides: dict[str, str] = field(default_factory=dict)
     self_addresses: tuple[tuple[IPAddress, int], ...] = ()
-    allow_insecure_injection: bool = False  # only for tests of the refusal itself; never set
 
 
 def fail_closed(fn: F) -> F:
@@ -262,9 +261,7 @@ class Gate:
             return
 
         if rule.secrets:
-            if info.scheme != "https" or (
-                _upstream_unverified() and not self.cfg.allow_insecure_injection
-            ):
+            if info.scheme != "https" or _upstream_unverified():
                 self._refuse(flow, Refusal(
                     Code.UNSAFE_INJECTION,
                     "credentials are injected only over verified TLS to the upstream",

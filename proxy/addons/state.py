@@ -30,7 +30,7 @@ class Tunnel:
 @dataclass
 class Conn:
     tunnel: Tunnel | None = None
-    # (ip, port) this client may dial -> (host name for SNI, rule private ranges were checked for)
+    # (ip, port) this client may dial -> the host name it was checked for (the upstream SNI)
     approved: dict[tuple[str, int], str] = field(default_factory=dict)
     # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
     pinned: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
