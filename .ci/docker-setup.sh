@@ -7,13 +7,30 @@
 #   3. build sandgate-base:bookworm             (only if the image does not exist)
 #
 # Environment: SANDGATE_BASE_IMAGE (default sandgate-base:bookworm), DEBIAN_MIRROR
-# (default http://deb.debian.org/debian), DOCKERD_LOG (default /var/log/sandgate-dockerd.log),
+# (default: the Debian archive this machine's apt sources name), DOCKERD_LOG (default /var/log/sandgate-dockerd.log),
 # DOCKERD_WAIT (seconds, default 60), DOCKERD_ARGS (extra dockerd arguments, word-split; e.g. a
 # second engine: -H unix:///x.sock --data-root ... with DOCKER_HOST=unix:///x.sock).
 set -euo pipefail
 
 BASE_IMAGE=${SANDGATE_BASE_IMAGE:-sandgate-base:bookworm}
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian archive apt already uses here (first `deb` source that serves the suite's main
+# archive, not -security): debootstrap fetches from the same place as apt-get.
+apt_mirror() {
+  local f uri
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [[ -f $f ]] || continue
+    uri=$(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) { print $i; exit } }' \
+      "$f" | grep -v -- '-security' | head -n 1)
+    [[ -n $uri ]] && { echo "$uri"; return 0; }
+  done
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [[ -f $f ]] || continue
+    uri=$(awk '/^URIs:/ { print $2 }' "$f" | grep -v -- '-security' | head -n 1)
+    [[ -n $uri ]] && { echo "$uri"; return 0; }
+  done
+  return 1
+}
+MIRROR=${DEBIAN_MIRROR:-$(apt_mirror || true)}
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/sandgate-dockerd.log}
 DOCKERD_WAIT=${DOCKERD_WAIT:-60}
 SUITE=bookworm
@@ -73,6 +90,7 @@ t=$SECONDS
 if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   log "base image $BASE_IMAGE exists"
 else
+  [[ -n $MIRROR ]] || die "no Debian archive in this machine's apt sources; set DEBIAN_MIRROR"
   rootfs=$(mktemp -d /var/tmp/sandgate-rootfs.XXXXXX)
   trap 'rm -rf "$rootfs"' EXIT
   log "debootstrap $SUITE ($PACKAGES) from $MIRROR into $rootfs"

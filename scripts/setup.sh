@@ -2,10 +2,13 @@
 # Set up everything Sandgate needs on a fresh Debian machine (Python 3.11+): idempotent.
 #   scripts/setup.sh          the proxy: .venv with sandgate installed
 #   scripts/setup.sh --test   also test tools: curl, iproute2, the SDK client venv
+#   scripts/setup.sh --no-apt the proxy's .venv only, never apt (the fast lane; no root needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
+no_apt=0
 [[ "${1:-}" == "--test" ]] && want_test=1
+[[ "${1:-}" == "--no-apt" ]] && no_apt=1
 
 PY=${PYTHON:-python3}
 need_apt=()
@@ -14,7 +17,7 @@ if ((want_test)); then
   command -v ip >/dev/null || need_apt+=(iproute2)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
-if ((${#need_apt[@]})); then
+if ((${#need_apt[@]} && !no_apt)); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -36,8 +39,10 @@ if ((want_test)); then
   if [[ ! -x .venv-clients/bin/python ]]; then
     "$PY" -m venv .venv-clients
   fi
-  if [[ ! -f .venv-clients/.installed ]]; then
-    .venv-clients/bin/pip install -q anthropic openai deepagents docker
-    touch .venv-clients/.installed
+  # Pinned (tests/requirements-clients.txt): reinstalled when the pins move.
+  pins=tests/requirements-clients.txt
+  if [[ ! -f .venv-clients/.installed ]] || ! cmp -s "$pins" .venv-clients/.installed; then
+    .venv-clients/bin/pip install -q -r "$pins"
+    cp "$pins" .venv-clients/.installed
   fi
 fi

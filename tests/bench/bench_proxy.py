@@ -23,10 +23,9 @@ import aiohttp
 ROOT = Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT))
 
-from proxy.decision import decide  # noqa: E402
-from proxy.policy.fixtures import request_from_url  # noqa: E402
-from proxy.policy.loader import load_policy_dir  # noqa: E402
-from proxy.secrets.devserver import DevVault  # noqa: E402
+from sandgate.decision import decide  # noqa: E402
+from sandgate.policy.loader import load_policy_dir  # noqa: E402
+from sandgate.request import parse_url  # noqa: E402
 from tests.integration.conftest import (  # noqa: E402
     ANTHROPIC_KEY,
     NAMES,
@@ -34,6 +33,7 @@ from tests.integration.conftest import (  # noqa: E402
     start_proxy,
     stop_proxy,
 )
+from tests.support.bao import SeedableVault  # noqa: E402
 from tests.support.pki import make_pki  # noqa: E402
 from tests.support.upstream import UpstreamServer  # noqa: E402
 
@@ -68,9 +68,9 @@ def report(name: str, elapsed: float, lat: list[float]) -> None:
 
 def bench_decide(n: int = 200_000) -> None:
     policy = load_policy_dir(ROOT / "policies")
-    reqs = [request_from_url("POST", "https://api.anthropic.com/v1/messages"),
-            request_from_url("GET", "https://pypi.org/simple/requests/"),
-            request_from_url("POST", "https://evil.example/x")]
+    reqs = [parse_url("POST", "https://api.anthropic.com/v1/messages"),
+            parse_url("GET", "https://pypi.org/simple/requests/"),
+            parse_url("POST", "https://evil.example/x")]
     t0 = time.perf_counter()
     for i in range(n):
         decide(policy, "coding-agent" if i % 2 else "bash-tool", reqs[i % 3])
@@ -87,7 +87,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sandgate-bench-"))
     pki = make_pki(tmp / "pki", NAMES, [UPSTREAM_IP])
     up = UpstreamServer(UPSTREAM_IP, 443, str(pki.cert), str(pki.key)).start()
-    vault = DevVault()
+    vault = SeedableVault()
     vault.start()
     vault.put_kv2("llm/anthropic", {"api_key": ANTHROPIC_KEY})
     p = start_proxy(tmp, ROOT / "tests/integration/policies",

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.secrets.devserver import DevVault
+from sandgate.secrets.devserver import DevVault
+from tests.support.bao import SeedableVault
 from tests.support.pki import make_pki
 from tests.support.secrets import assert_no_secret
 from tests.support.upstream import UpstreamServer
@@ -58,7 +59,7 @@ def plain_upstream() -> Iterator[UpstreamServer]:
 
 @pytest.fixture(scope="session")
 def vault() -> Iterator[DevVault]:
-    v = DevVault()
+    v = SeedableVault()
     v.start()
     v.put_kv2("llm/anthropic", {"api_key": ANTHROPIC_KEY})
     v.put_kv2("llm/openai", {"api_key": OPENAI_KEY})
@@ -113,7 +114,7 @@ class Proxy:
         return self.log_file.read_text(errors="replace")
 
 
-SANDGATE = [sys.executable, "-m", "proxy.cli"]
+SANDGATE = [sys.executable, "-m", "sandgate.cli"]
 
 
 def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extra: str,

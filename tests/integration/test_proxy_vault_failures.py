@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from proxy.secrets.devserver import DevVault
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
     HERE,
@@ -18,6 +17,7 @@ from tests.integration.conftest import (
     start_proxy,
     stop_proxy,
 )
+from tests.support.bao import SeedableVault
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def own_vault():
-    v = DevVault()
+    v = SeedableVault()
     v.start()
     v.put_kv2("llm/anthropic", {"api_key": ANTHROPIC_KEY})
     yield v

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from proxy.refusal import Code
-from proxy.secrets.devserver import DevVault
-from proxy.secrets.vault import SecretBroker, SecretError, VaultConfig
+from sandgate.errors import Code, SecretError
+from sandgate.secrets.devserver import DevVault
+from sandgate.secrets.vault import SecretBroker, VaultConfig
 from tests.support.bao import (
     dev_vault_fixture,
     dev_vaults_fixture,

@@ -23,14 +23,57 @@ from typing import Any
 
 import pytest
 
-from proxy.policy.model import SecretRef, Source
-from proxy.secrets.devserver import DevVault
-
-Seed = Callable[[DevVault], None]
+from sandgate.policy.model import SecretRef, Source
+from sandgate.secrets.devserver import DevVault
 
 
-def start_dev_vault(seed: Seed | None = None, **kwargs: Any) -> DevVault:
-    v = DevVault(**kwargs)
+class SeedableVault(DevVault):
+    """A dev server with the admin calls tests need to set up mounts, policies and AppRole."""
+
+    def enable_kv1(self, mount: str = "kv") -> None:
+        c = self.client()
+        if f"{mount.strip('/')}/" in c.sys.list_mounted_secrets_engines()["data"]:
+            return
+        c.sys.enable_secrets_engine("kv", path=mount, options={"version": "1"})
+
+    def put_kv1(self, path: str, data: dict[str, Any], mount: str = "kv") -> None:
+        self.client().secrets.kv.v1.create_or_update_secret(path=path, secret=data,
+                                                            mount_point=mount)
+
+    def create_policy(self, name: str, policy_hcl: str) -> None:
+        self.client().sys.create_or_update_policy(name=name, policy=policy_hcl)
+
+    def create_approle(self, role: str, policy_hcl: str, *, token_ttl: str | None = None,
+                       token_max_ttl: str | None = None) -> tuple[str, str]:
+        """Enable AppRole if needed, create `role` with a policy of the same name.
+
+        Returns (role_id, secret_id).
+        """
+        c = self.client()
+        if "approle/" not in c.sys.list_auth_methods()["data"]:
+            c.sys.enable_auth_method("approle")
+        c.sys.create_or_update_policy(name=role, policy=policy_hcl)
+        c.auth.approle.create_or_update_approle(role_name=role, token_policies=[role],
+                                                token_ttl=token_ttl, token_max_ttl=token_max_ttl)
+        role_id = c.auth.approle.read_role_id(role_name=role)["data"]["role_id"]
+        secret_id = c.auth.approle.generate_secret_id(role_name=role)["data"]["secret_id"]
+        return str(role_id), str(secret_id)
+
+    def create_token(self, policies: list[str], ttl: str, *, renewable: bool = False) -> str:
+        """A child token of root with `policies` (plus `default`).
+
+        Not renewable unless asked: a token created with ttl="2s" really expires after 2 s even
+        while a SecretBroker's renewal task is running.
+        """
+        resp = self.client().auth.token.create(policies=policies, ttl=ttl, renewable=renewable)
+        return str(resp["auth"]["client_token"])
+
+
+Seed = Callable[[SeedableVault], None]
+
+
+def start_dev_vault(seed: Seed | None = None, **kwargs: Any) -> SeedableVault:
+    v = SeedableVault(**kwargs)
     v.start()
     try:
         if seed is not None:

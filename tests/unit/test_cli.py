@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy import tokens
-from proxy.confdir import token_key
+from sandgate import tokens
+from sandgate.confdir import token_key
 
 ROOT = Path(__file__).parents[2]
-SANDGATE = [sys.executable, "-m", "proxy.cli"]
+SANDGATE = [sys.executable, "-m", "sandgate.cli"]
 
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.decision import decide, decide_connect
-from proxy.policy.loader import load_policy_dir
-from proxy.refusal import Code
-from proxy.request import RequestInfo
+from sandgate.decision import decide, decide_connect
+from sandgate.errors import Code
+from sandgate.policy.loader import load_policy_dir
+from sandgate.request import RequestInfo
 
 POLICY = """
 version: v1
@@ -166,10 +166,20 @@ def test_hint_suggests_scheme_and_port_when_not_default(policy):
     assert "no rule of this identity names this host" in d.hint
 
 
-def test_unknown_identity_lists_known(policy):
+def test_unknown_identity_lists_known_only_to_operators(policy):
     d = decide(policy, "nobody", req("GET", "pypi.org"))
     assert d.code is Code.UNKNOWN_IDENTITY
-    assert d.hint is not None and "bash-tool, coding-agent" in d.hint
+    assert d.detail is not None and "bash-tool, coding-agent" in d.detail
+    # what a sandbox is shown names no other identity
+    refused = d.refused()
+    assert "bash-tool" not in refused.reason and "bash-tool" not in (refused.hint or "")
+
+
+def test_refusals_do_not_show_the_policy_layout(policy):
+    d = decide(policy, "coding-agent", req("GET", "docs.example.com", "/admin/x"))
+    assert d.code is Code.DENIED_BY_RULE and d.detail is not None and ".yaml:" in d.detail
+    refused = d.refused()
+    assert ".yaml" not in refused.reason and ".yaml" not in (refused.hint or "")
 
 
 def test_deny_reason_names_rule(policy):

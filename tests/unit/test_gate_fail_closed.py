@@ -9,13 +9,13 @@ import pytest
 from mitmproxy.proxy import server_hooks
 from mitmproxy.test import taddons, tflow
 
-from proxy import audit
-from proxy.addons import gate as gate_mod
-from proxy.addons.gate import Gate, GateConfig
-from proxy.identity.resolve import Identifier
-from proxy.policy.loader import load_policy_dir
-from proxy.secrets.vault import SecretBroker, VaultConfig
-from proxy.tokens import issue_token
+from sandgate import audit
+from sandgate.addons import gate as gate_mod
+from sandgate.addons.gate import Gate, GateConfig
+from sandgate.identity.resolve import Identifier
+from sandgate.policy.loader import load_policy_dir
+from sandgate.secrets.vault import SecretBroker, VaultConfig
+from sandgate.tokens import issue_token
 
 KEY = b"k" * 32
 POLICY = """

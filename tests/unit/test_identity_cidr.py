@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.identity.base import AddressIdentitySource, Caller
-from proxy.identity.cidr import StaticCidrSource, parse_cidr_entries, parse_cidr_map
+from sandgate.identity.base import AddressIdentitySource, Caller
+from sandgate.identity.cidr import StaticCidrSource, parse_cidr_entries, parse_cidr_map
 
 
 def test_is_an_address_identity_source() -> None:

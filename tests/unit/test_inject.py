@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from mitmproxy.test import tutils
 
-from proxy.inject import UnsafeValue, apply, find_leaks
-from proxy.policy.loader import load_policy_dir
+from sandgate.errors import UnsafeValue
+from sandgate.inject import apply, find_leaks
+from sandgate.policy.loader import load_policy_dir
+from sandgate.scrub import SecretSet
 
 POLICY = """
 version: v1
@@ -81,16 +83,17 @@ def test_substitution_of_bound_placeholder(policy):
 ])
 def test_unbound_placeholder_found(policy, where, kw):
     req = tutils.treq(**kw)
-    leaks = find_leaks(req, policy.placeholders, {}, frozenset())
+    leaks = find_leaks(req, policy.placeholders, SecretSet({}), frozenset())
     assert {(lk.secret, lk.kind, lk.where) for lk in leaks} == {("gh", "placeholder", where)}
 
 
 def test_bound_placeholder_containing_another_is_not_a_leak(policy):
     req = tutils.treq(headers=[(b"authorization", b"Bearer sandgate-placeholder-openai-admin")])
-    assert find_leaks(req, policy.placeholders, {}, frozenset({"openai-admin"})) == []
+    assert find_leaks(req, policy.placeholders, SecretSet({}), frozenset({"openai-admin"})) == []
 
 
 def test_real_value_anywhere_is_a_leak(policy):
     req = tutils.treq(content=b"token=cached-value-1")
-    leaks = find_leaks(req, policy.placeholders, {"gh": "cached-value-1"}, frozenset({"gh"}))
+    secrets = SecretSet({"gh": "cached-value-1"})
+    leaks = find_leaks(req, policy.placeholders, secrets, frozenset({"gh"}))
     assert [(lk.secret, lk.kind) for lk in leaks] == [("gh", "value")]

@@ -6,7 +6,8 @@ import ipaddress
 
 import pytest
 
-from proxy.netguard import AddressRefused, choose_address, classify, parse_ip_literal
+from sandgate.errors import AddressRefused
+from sandgate.netguard import choose_address, classify, parse_ip_literal
 
 
 @pytest.mark.parametrize("spelling,canonical", [

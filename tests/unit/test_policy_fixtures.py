@@ -1,4 +1,4 @@
-"""request_from_url and the `tests:` fixture runner."""
+"""parse_url and the `tests:` fixture runner."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.policy.fixtures import request_from_url, run_policy_tests
-from proxy.policy.loader import load_policy_dir
-from proxy.request import RequestInfo
+from sandgate.policy.fixtures import run_policy_tests
+from sandgate.policy.loader import load_policy_dir
+from sandgate.request import RequestInfo, parse_url
 
 ROOT = Path(__file__).parents[2]
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).parents[2]
     ],
 )
 def test_request_from_url(method, url, want):
-    assert request_from_url(method, url) == want
+    assert parse_url(method, url) == want
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_request_from_url(method, url, want):
 )
 def test_request_from_url_rejects(method, url):
     with pytest.raises(ValueError):
-        request_from_url(method, url)
+        parse_url(method, url)
 
 
 def _pol(tmp_path: Path, tests: str):

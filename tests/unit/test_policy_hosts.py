@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.policy.hosts import compile_host_pattern, normalise_host
+from sandgate.policy.hosts import compile_host_pattern, normalise_host
 
 
 @pytest.mark.parametrize(

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.policy.loader import (
+from sandgate.policy.loader import (
     PolicyError,
     PolicyProblem,
     load_policy_dir,
     load_policy_files,
     policy_json_schema,
 )
-from proxy.policy.model import SecretSlot
+from sandgate.policy.model import SecretSlot
 
 FIX = Path(__file__).parents[1] / "fixtures" / "policies"
 ROOT = Path(__file__).parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.policy.paths import compile_path_pattern, match_segments, normalise_path
+from sandgate.policy.paths import compile_path_pattern, match_segments, normalise_path
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import hvac.exceptions
 import pytest
 import requests
 
-from proxy.refusal import Code
-from proxy.secrets.vault import (
+from sandgate.errors import Code
+from sandgate.secrets.vault import (
     SecretBroker,
     SecretError,
     SecretValue,
@@ -163,7 +163,7 @@ async def test_single_flight_and_ttl():
 
 
 async def test_expired_value_not_served_but_kept_for_scrubbing():
-    from proxy.secrets.vault import _VaultFailure
+    from sandgate.secrets.vault import _VaultFailure
 
     b = FakeReadBroker({"p/a": VALUE}, ttl=10)
     try:

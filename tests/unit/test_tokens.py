@@ -10,9 +10,10 @@ import threading
 
 import pytest
 
-from proxy import confdir, tokens
-from proxy.identity.base import Caller, IdentityError
-from proxy.tokens import (
+from sandgate import confdir, tokens
+from sandgate.errors import IdentityError
+from sandgate.identity.base import Caller
+from sandgate.tokens import (
     TokenClaims,
     TokenError,
     authenticate_basic,

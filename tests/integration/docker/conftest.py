@@ -18,8 +18,8 @@ from typing import Any
 import docker
 import pytest
 
-from proxy.sandbox import SandboxSpec, connect
-from proxy.sandbox.network import SandboxNetwork, ensure_network_info
+from sandgate.sandbox import SandboxSpec, connect
+from sandgate.sandbox.network import SandboxNetwork, ensure_network_info
 from tests.support.pki import make_pki
 
 REPO = Path(__file__).resolve().parents[3]

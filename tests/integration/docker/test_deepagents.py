@@ -22,7 +22,7 @@ from typing import Any
 import docker
 import pytest
 
-from proxy.sandbox import LABEL_SANDBOX, SandboxSpec
+from sandgate.sandbox import LABEL_SANDBOX, SandboxSpec
 from tests.integration.conftest import SECRET_VALUES
 
 REPO = Path(__file__).resolve().parents[3]
@@ -41,8 +41,8 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-from proxy.integrations.deepagents_backend import SandgateSandboxBackend
-from proxy.sandbox import SandboxSpec, connect
+from sandgate.integrations.deepagents_backend import SandgateSandboxBackend
+from sandgate.sandbox import SandboxSpec, connect
 
 req = json.load(sys.stdin)
 marker = req["marker"]
@@ -119,8 +119,8 @@ print(json.dumps({
 # Runs in the client venv: the backend's protocol methods directly, no agent.
 BACKEND_SCRIPT = r'''
 import json, sys
-from proxy.integrations.deepagents_backend import SandgateSandboxBackend
-from proxy.sandbox import SandboxSpec, connect
+from sandgate.integrations.deepagents_backend import SandgateSandboxBackend
+from sandgate.sandbox import SandboxSpec, connect
 
 spec = SandboxSpec(**json.load(sys.stdin)["spec"])
 out = {}
@@ -251,7 +251,7 @@ def test_backend_module_imports_without_deepagents() -> None:
     using the backend says what is missing."""
     import importlib.util
 
-    from proxy.integrations import deepagents_backend
+    from sandgate.integrations import deepagents_backend
 
     if importlib.util.find_spec("deepagents") is not None:
         pytest.fail("deepagents is installed in the proxy's venv: it belongs in .venv-clients")

@@ -10,10 +10,10 @@ from typing import Any
 import docker
 import pytest
 
-from proxy.identity.base import AddressIdentitySource, Caller
-from proxy.identity.docker_labels import DockerLabelSource
-from proxy.sandbox import Sandbox, SandboxSpec
-from proxy.sandbox.network import SandboxNetwork
+from sandgate.identity.base import AddressIdentitySource, Caller
+from sandgate.identity.docker_labels import DockerLabelSource
+from sandgate.sandbox import Sandbox, SandboxSpec
+from sandgate.sandbox.network import SandboxNetwork
 from tests.integration.docker.conftest import SESSION, TEST_LABEL
 
 Spec = Callable[..., SandboxSpec]
@@ -54,7 +54,7 @@ def test_maps_a_started_sandbox_and_drops_it_after_removal(
     finally:
         sbx.close()
     assert source.wait_for(sbx.ip, present=False) is None
-    assert sbx.ip not in source.snapshot()
+    assert source.lookup(sbx.ip) is None
 
 
 def test_initial_listing_is_synchronous(
@@ -85,7 +85,7 @@ def test_container_without_identity_label_is_not_mapped(
     docker_client: docker.DockerClient, source: DockerLabelSource,
     sandbox_network: SandboxNetwork, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="proxy.identity.docker_labels")
+    caplog.set_level(logging.WARNING, logger="sandgate.identity.docker_labels")
     name = f"sandgate-test-anon-{SESSION}"
     c = _plain_container(docker_client, sandbox_network.name, {"sandgate.sandbox": "x"}, name)
     try:

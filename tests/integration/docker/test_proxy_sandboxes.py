@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.sandbox import Sandbox
+from sandgate.sandbox import Sandbox
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
     HERE,

@@ -13,8 +13,8 @@ import docker
 import pytest
 from docker.errors import NotFound
 
-from proxy.identity.docker_labels import DockerLabelSource
-from proxy.sandbox import (
+from sandgate.identity.docker_labels import DockerLabelSource
+from sandgate.sandbox import (
     DockerUnavailable,
     Sandbox,
     SandboxError,
@@ -23,9 +23,9 @@ from proxy.sandbox import (
     ensure_network,
     run_once,
 )
-from proxy.sandbox import launcher as launcher_mod
-from proxy.sandbox.launcher import CA_BUNDLE, CA_FILE, LABEL_IDENTITY, LABEL_SANDBOX
-from proxy.sandbox.network import SandboxNetwork, inspect_network
+from sandgate.sandbox import launcher as launcher_mod
+from sandgate.sandbox.launcher import CA_BUNDLE, CA_FILE, LABEL_IDENTITY, LABEL_SANDBOX
+from sandgate.sandbox.network import SandboxNetwork, inspect_network
 from tests.integration.conftest import SECRET_VALUES
 from tests.integration.docker.conftest import (
     CA_SUBJECT,

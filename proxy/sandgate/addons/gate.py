@@ -1,0 +1,374 @@
+"""The Sandgate addon: mitmproxy's hooks, in the order a request meets them.
+
+CONNECT: identify, decide on host and port. Request: identify (or take the tunnel's caller),
+parse, decide, check for leaks, fetch secrets, inject, pin the dialled address. Response: scrub
+headers and stream the body through the scrubber. Always: one audit event per flow.
+
+Every hook is wrapped by `guarded`: a `Refused` raised anywhere below becomes the sandbox's
+refusal here and nowhere else, and any other exception refuses too (internal_error). mitmproxy
+itself only logs a hook's exception and lets the flow continue, which for a security proxy would
+mean forwarding a request nobody judged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from mitmproxy import connection, ctx, http, tcp, tls, udp
+from mitmproxy.proxy import server_hooks
+
+from sandgate import audit as A
+from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord, Tunnel
+from sandgate.addons.stream import ResponseScrubber, scrub_headers
+from sandgate.decision import decide, decide_connect
+from sandgate.errors import BadRequest, Code, Refused
+from sandgate.identity.base import Caller
+from sandgate.identity.resolve import Identifier
+from sandgate.inject import apply, find_leaks, own_forms
+from sandgate.netguard import DialTarget, IPAddress, choose_address, may_dial, resolve
+from sandgate.policy.hosts import normalise_host
+from sandgate.policy.model import Policy, Rule
+from sandgate.refusal import REASON_HEADER, Refusal
+from sandgate.request import RequestInfo, check_tunnel, parse_proxied, same_host
+from sandgate.scrub import SecretSet
+from sandgate.secrets.vault import SecretBroker
+
+log = logging.getLogger("sandgate")
+
+# Refusals of a CONNECT that are answered inside the tunnel instead (see Tunnel.refusal).
+_DEFERRABLE = frozenset({Code.NO_RULE, Code.DENIED_BY_RULE, Code.UNKNOWN_IDENTITY})
+
+F = TypeVar("F", bound=Callable[..., Awaitable[None]])
+
+
+@dataclass
+class GateConfig:
+    policy: Policy
+    broker: SecretBroker
+    identifier: Identifier
+    audit: A.AuditLog
+    resolve_overrides: dict[str, str] = field(default_factory=dict)
+    self_addresses: tuple[tuple[IPAddress, int], ...] = ()
+
+
+def guarded(fn: F) -> F:
+    """Run a hook; a `Refused` becomes the refusal, any other exception refuses as well."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Gate, obj: Any) -> None:
+        try:
+            await fn(self, obj)
+        except Refused as e:
+            self._refused(obj, e)
+        except Exception:
+            log.exception("sandgate: %s hook failed; refusing", fn.__name__)
+            self._fail(obj)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Gate:
+    def __init__(self, config: GateConfig) -> None:
+        self.cfg = config
+        self.conns: dict[str, Conn] = {}
+        self._placeholders = dict(config.policy.placeholders)
+        self._secret_set = SecretSet({})
+        self._secret_generation = -1
+
+    @property
+    def policy(self) -> Policy:
+        return self.cfg.policy
+
+    def secrets(self) -> SecretSet:
+        """Every cached secret value and its encodings, compiled once per change of the cache."""
+        broker = self.cfg.broker
+        if broker.generation != self._secret_generation:
+            values = broker.cached_values()
+            self._secret_set = SecretSet(values, own_forms(self.policy, values))
+            self._secret_generation = broker.generation
+        return self._secret_set
+
+    # ---------------------------------------------------------------- connections
+
+    def _conn(self, client: connection.Client) -> Conn:
+        c = self.conns.get(client.id)
+        if c is None:
+            c = self.conns[client.id] = Conn()
+        return c
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self.conns.pop(client.id, None)
+
+    # ---------------------------------------------------------------- CONNECT
+
+    @guarded
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        rec = _record(flow)
+        req = flow.request
+        caller = rec.caller = self._identify(flow, req.headers.get("proxy-authorization"))
+        try:
+            host = normalise_host(req.host)
+        except ValueError as e:
+            raise BadRequest(Code.BAD_REQUEST, f"bad CONNECT host: {e}") from None
+        rec.info = RequestInfo("https", host, req.port, "CONNECT", "")
+        d = rec.decision = decide_connect(self.policy, caller.identity, host, req.port)
+        tunnel = Tunnel(caller=caller, host=host, port=req.port, rule=d.rule,
+                        passthrough=d.allowed and d.rule is not None and d.rule.passthrough)
+        if not d.allowed:
+            if d.code not in _DEFERRABLE:
+                raise d.refused()
+            tunnel.rule = None
+            tunnel.refusal = d.refused()
+            rec.refusal = self._refusal(flow, tunnel.refusal)
+        self._conn(flow.client_conn).tunnel = tunnel
+        self._audit(flow, event="connect")
+
+    def http_connect_error(self, flow: http.HTTPFlow) -> None:
+        self._audit(flow, event="connect")
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        try:
+            tunnel = self._conn(data.context.client).tunnel
+            if tunnel is None or not tunnel.passthrough:
+                return
+            sni = data.client_hello.sni
+            # Pass through only what the CONNECT named; otherwise intercept and let the request
+            # hook refuse the disagreement with a readable answer.
+            if sni is not None and same_host(sni, tunnel.host):
+                data.ignore_connection = True
+        except Exception:
+            log.exception("sandgate: tls_clienthello failed; intercepting instead")
+
+    @guarded
+    async def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        tunnel = self._conn(flow.client_conn).tunnel
+        if tunnel is None or not tunnel.passthrough:
+            # Raw bytes inside a CONNECT that no passthrough rule allows: nothing to judge.
+            flow.kill()
+
+    @guarded
+    async def udp_start(self, flow: udp.UDPFlow) -> None:
+        flow.kill()
+
+    # ---------------------------------------------------------------- dialling
+
+    @guarded
+    async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """The one place every upstream dial passes: only approved, checked addresses go."""
+        conn = self._conn(data.client)
+        server = data.server
+        address = server.address
+        if address is None:
+            server.error = "sandgate: no address"
+            return
+        key = (str(address[0]), int(address[1]))
+        if key in conn.approved:
+            # We dial the checked IP; TLS must still verify the name the request was judged for.
+            server.sni = conn.approved[key]
+            return
+        tunnel = conn.tunnel
+        if tunnel is not None and tunnel.passthrough and tunnel.rule is not None:
+            if same_host(str(address[0]), tunnel.host) and address[1] == tunnel.port:
+                target = await self._choose(tunnel.host, tunnel.port, tunnel.rule)
+                server.address = target.address
+                return
+        server.error = "sandgate: connection was not approved"
+
+    async def _choose(self, host: str, port: int, rule: Rule) -> DialTarget:
+        ips = await resolve(host, port, self.cfg.resolve_overrides)
+        return choose_address(host, port, ips, rule.private_cidrs, self.cfg.self_addresses)
+
+    # ---------------------------------------------------------------- requests
+
+    @guarded
+    async def request(self, flow: http.HTTPFlow) -> None:
+        rec = _record(flow)
+        req = flow.request
+        conn = self._conn(flow.client_conn)
+        auth = req.headers.pop("proxy-authorization", None)
+        req.headers.pop(REASON_HEADER, None)
+        tunnel = conn.tunnel
+        caller = rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
+
+        info = rec.info = self._parse(flow, tunnel)
+        policy, placeholders = self.policy, self._placeholders
+        d = rec.decision = decide(policy, caller.identity, info)
+        if not d.allowed:
+            raise d.refused()
+        rule = d.rule
+        assert rule is not None
+
+        leaks = find_leaks(req, placeholders, self.secrets(), rule.secrets)
+        if leaks:
+            rec.exfiltration = sorted({f"{lk.secret}:{lk.kind}:{lk.where}" for lk in leaks})
+            names = ", ".join(sorted({lk.secret for lk in leaks}))
+            raise Refused(
+                Code.EXFILTRATION,
+                f"the request carries a credential for secret(s) {names} that rule "
+                f"'{rule.name}' does not bind to this destination",
+                hint="placeholders are only honoured on the requests their rule binds",
+            )
+
+        if rule.secrets:
+            if info.scheme != "https" or ctx.options.ssl_insecure:
+                raise Refused(Code.UNSAFE_INJECTION,
+                              "credentials are injected only over verified TLS to the upstream")
+            values: dict[str, str] = {}
+            for name in sorted(rule.secrets):
+                sv = await self.cfg.broker.get(name)
+                values[name] = sv.value
+                rec.secrets.append(f"{name}@{sv.version}" if sv.version else name)
+            apply(rule, req, values, {n: policy.secrets[n].placeholder for n in values})
+
+        target = conn.pinned.get((info.host, info.port))
+        if target is None or not may_dial(target.ip, rule.private_cidrs):
+            target = await self._choose(info.host, info.port, rule)
+            conn.pinned[(info.host, info.port)] = target
+        rec.dialed = f"{target.ip}:{target.port}"
+        conn.approved[(str(target.ip), target.port)] = info.host
+        # Dial exactly the checked address; the Host header and SNI keep the name.
+        req.data.host = str(target.ip)
+        # Scrubbing needs plain bytes: ask the upstream not to compress.
+        req.headers["accept-encoding"] = "identity"
+
+    def _identify(self, flow: http.HTTPFlow, proxy_authorization: str | None) -> Caller:
+        return self.cfg.identifier.identify(proxy_authorization, flow.client_conn.peername[0])
+
+    def _parse(self, flow: http.HTTPFlow, tunnel: Tunnel | None) -> RequestInfo:
+        """The request as the policy sees it; refuses one that disagrees with its tunnel."""
+        req = flow.request
+        try:
+            info = parse_proxied(req.scheme, req.host, req.port, req.method, req.path,
+                                 req.host_header)
+            _record(flow).info = info
+            if tunnel is not None:
+                check_tunnel(info, tunnel.host, tunnel.port, flow.client_conn.tls_established,
+                             flow.client_conn.sni)
+            elif req.scheme == "https":
+                # https without a CONNECT (e.g. a TLS client talking to the proxy port directly)
+                raise BadRequest(Code.BAD_REQUEST, "https requests must arrive through CONNECT")
+        except BadRequest:
+            if tunnel is not None and tunnel.refusal is not None:
+                raise tunnel.refusal from None  # the CONNECT's refusal comes first
+            raise
+        if tunnel is not None and tunnel.refusal is not None:
+            raise tunnel.refusal
+        return info
+
+    # ---------------------------------------------------------------- responses
+
+    @guarded
+    async def responseheaders(self, flow: http.HTTPFlow) -> None:
+        rec = _record(flow)
+        resp = flow.response
+        if resp is None or rec.refused:
+            return
+        resp.headers.pop(REASON_HEADER, None)
+        secrets = self.secrets()
+        rec.redactions += scrub_headers(resp.headers, secrets)
+        if flow.request.method == "HEAD" or resp.status_code in (204, 304) or (
+            resp.status_code < 200
+        ):
+            return  # no body: nothing to stream or reframe
+        encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+        scrubber = ResponseScrubber(secrets, encoding, resp)
+        if scrubber.refuse_reason:
+            flow.kill()
+            rec.refusal = Refusal(Code.INTERNAL_ERROR, scrubber.refuse_reason)
+            return
+
+        def stream(chunk: bytes) -> bytes | list[bytes]:
+            out = scrubber(chunk)
+            rec.redactions = scrubber.replacements
+            rec.bytes_out += sum(len(c) for c in out)
+            return out
+
+        resp.stream = stream
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._audit(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._audit(flow)
+
+    # ---------------------------------------------------------------- refusals and audit
+
+    def _refused(self, obj: Any, error: Refused) -> None:
+        """The one place a raised refusal becomes what the sandbox (or the dialler) sees."""
+        if isinstance(obj, http.HTTPFlow):
+            self._refuse(obj, self._refusal(obj, error))
+        elif isinstance(obj, server_hooks.ServerConnectionHookData):
+            obj.server.error = f"sandgate: {error.code}: {error.reason}"
+        else:
+            self._fail(obj)
+
+    def _refusal(self, flow: http.HTTPFlow, error: Refused) -> Refusal:
+        rec = _record(flow)
+        target = rec.info.target if rec.info is not None and flow.request.method != "CONNECT" \
+            else _target(flow.request)
+        identity = rec.caller.identity if rec.caller is not None else None
+        refusal = Refusal.from_error(error, identity=identity, target=target)
+        secrets = self.secrets()
+        if secrets.empty:
+            return refusal
+        # The reason may quote the request, and the request may quote a value.
+        return dataclasses.replace(
+            refusal,
+            reason=secrets.scrub_text(refusal.reason)[0],
+            target=secrets.scrub_text(refusal.target)[0] if refusal.target else None,
+            hint=secrets.scrub_text(refusal.hint)[0] if refusal.hint else None,
+        )
+
+    def _refuse(self, flow: http.HTTPFlow, refusal: Refusal) -> None:
+        _record(flow).refusal = refusal
+        flow.response = http.Response.make(refusal.status, refusal.body(), refusal.headers())
+        if refusal.status == 407 or flow.request.method == "CONNECT":
+            flow.response.headers["connection"] = "close"
+
+    def _fail(self, obj: Any) -> None:
+        if isinstance(obj, http.HTTPFlow):
+            if obj.response is None or not _record(obj).refused:
+                try:
+                    self._refuse(obj, Refusal(Code.INTERNAL_ERROR,
+                                              "Sandgate hit an internal error; nothing was sent",
+                                              target=_target(obj.request)))
+                except Exception:
+                    obj.kill()
+            if obj.live and obj.killable:
+                obj.kill()
+            return
+        if isinstance(obj, server_hooks.ServerConnectionHookData):
+            obj.server.error = "sandgate: internal error"
+            return
+        kill = getattr(obj, "kill", None)
+        if callable(kill) and getattr(obj, "killable", False):
+            kill()
+
+    def _audit(self, flow: http.HTTPFlow, event: str = "request") -> None:
+        rec = _record(flow)
+        if rec.audited:
+            return
+        rec.audited = True
+        try:
+            self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), self.secrets()))
+        except Exception:
+            log.exception("sandgate: audit failed")
+
+
+def _record(flow: http.HTTPFlow) -> FlowRecord:
+    rec = flow.metadata.get(METADATA_KEY)
+    if rec is None:
+        rec = flow.metadata[METADATA_KEY] = FlowRecord()
+    assert isinstance(rec, FlowRecord)
+    return rec
+
+
+def _target(req: http.Request) -> str:
+    if req.method == "CONNECT":
+        return f"{req.host}:{req.port}"
+    return f"{req.scheme}://{req.pretty_host}:{req.port}{A.redact_path(req.path)}"

@@ -1,0 +1,61 @@
+"""Per-connection and per-flow state the hooks share. Nothing here outlives its connection."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sandgate.decision import Decision
+from sandgate.errors import Refused
+from sandgate.identity.base import Caller
+from sandgate.netguard import DialTarget
+from sandgate.policy.model import Rule
+from sandgate.refusal import Refusal
+from sandgate.request import RequestInfo
+
+
+@dataclass
+class Tunnel:
+    """What a CONNECT established: every request inside is held to it."""
+
+    caller: Caller
+    host: str
+    port: int
+    rule: Rule | None
+    passthrough: bool
+    # A CONNECT the policy refuses is still accepted and intercepted (never dialled) so that the
+    # inner request gets a refusal body the agent can read: most clients hide CONNECT answers.
+    refusal: Refused | None = None
+
+
+@dataclass
+class Conn:
+    tunnel: Tunnel | None = None
+    # (ip, port) this client may dial -> the host name it was checked for (the upstream SNI)
+    approved: dict[tuple[str, int], str] = field(default_factory=dict)
+    # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
+    pinned: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
+
+
+@dataclass
+class FlowRecord:
+    """Everything the audit event of one flow needs, filled as the flow advances."""
+
+    started: float = field(default_factory=time.monotonic)
+    caller: Caller | None = None
+    info: RequestInfo | None = None
+    decision: Decision | None = None
+    refusal: Refusal | None = None
+    secrets: list[str] = field(default_factory=list)  # "name@version", never values
+    dialed: str | None = None
+    exfiltration: list[str] = field(default_factory=list)
+    redactions: int = 0
+    bytes_out: int = 0
+    audited: bool = False
+
+    @property
+    def refused(self) -> bool:
+        return self.refusal is not None
+
+
+METADATA_KEY = "sandgate"

@@ -1,0 +1,74 @@
+"""Scrub secret values from what an upstream sends back, without buffering the body."""
+
+from __future__ import annotations
+
+import zlib
+
+from mitmproxy import http
+
+from sandgate.scrub import SecretSet
+
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def scrub_headers(headers: http.Headers, secrets: SecretSet) -> int:
+    """Scrub header values as the bytes they are (a non-ASCII secret is matched as UTF-8)."""
+    if secrets.empty:
+        return 0
+    count = 0
+    fields = list(headers.fields)
+    for i, (k, v) in enumerate(fields):
+        clean, n = secrets.scrub(v)
+        if n:
+            fields[i] = (k, clean)
+            count += n
+    if count:
+        headers.fields = tuple(fields)
+    return count
+
+
+class ResponseScrubber:
+    """A `flow.response.stream` callable: scrubbed chunks out, the end flushed on b"".
+
+    Never returns an empty chunk (mitmproxy would frame it as the end of a chunked body); an
+    empty list means "nothing to send yet".
+    """
+
+    def __init__(self, secrets: SecretSet, encoding: str, resp: http.Response) -> None:
+        self.refuse_reason: str | None = None
+        self._inner = secrets.scrubber()
+        self._decoder: zlib._Decompress | None = None
+        self._active = not secrets.empty
+        if not self._active:
+            return
+        # The replacement changes the body's length: let the framing follow the new body.
+        resp.headers.pop("content-length", None)
+        if resp.http_version == "HTTP/1.1" and "chunked" not in resp.headers.get(
+            "transfer-encoding", ""
+        ).lower():
+            resp.headers["transfer-encoding"] = "chunked"
+        if encoding in ("identity", ""):
+            return
+        wbits = _DECODERS.get(encoding)
+        if wbits is None:
+            self.refuse_reason = (
+                f"the upstream sent a {encoding!r}-encoded body that Sandgate cannot scrub"
+            )
+            return
+        self._decoder = zlib.decompressobj(wbits)
+        resp.headers.pop("content-encoding", None)
+
+    @property
+    def replacements(self) -> int:
+        return self._inner.replacements
+
+    def __call__(self, chunk: bytes) -> list[bytes]:
+        if not self._active:
+            return [chunk] if chunk else []
+        if chunk:
+            data = self._decoder.decompress(chunk) if self._decoder else chunk
+            out = self._inner.feed(data)
+        else:
+            tail = self._decoder.flush() if self._decoder else b""
+            out = self._inner.feed(tail) + self._inner.flush()
+        return [out] if out else []

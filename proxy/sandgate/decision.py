@@ -1,0 +1,213 @@
+"""The decision: a pure function of (identity, request, policy).
+
+The proxy, `sandgate check`, `sandgate explain` and later tools all call these and nothing else
+to judge a request, so they can never disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sandgate.errors import Code, Refused
+from sandgate.policy.hosts import normalise_host
+from sandgate.policy.model import Identity, Policy, Rule
+from sandgate.policy.paths import normalise_path
+from sandgate.request import RequestInfo, default_port
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    code: Code | None  # None when allowed; otherwise why not
+    reason: str  # one human sentence, always set
+    rule: Rule | None = None  # the rule that allowed, or the deny rule that refused
+    hint: str | None = None  # how to fix the policy, for refusals: safe to show the sandbox
+    # For operators only (explain, audit): where rules are defined, other identities' names.
+    # Never part of a refusal body: a sandbox learns nothing about the policy's layout.
+    detail: str | None = None
+
+    @property
+    def rule_name(self) -> str | None:
+        return self.rule.name if self.rule else None
+
+    def refused(self) -> Refused:
+        """This refusal as the error the proxy raises (the addon answers it in one place)."""
+        assert self.code is not None, "an allowing decision refuses nothing"
+        return Refused(self.code, self.reason, self.hint)
+
+
+def _unknown_identity(policy: Policy, identity: str) -> Decision:
+    known = ", ".join(sorted(policy.identities)) or "(none)"
+    return Decision(
+        False, Code.UNKNOWN_IDENTITY,
+        f"identity '{identity}' is not defined in the policy",
+        hint=f"the operator must add identities.{identity} to the policy, or issue the token for "
+        "an identity that exists",
+        detail=f"known identities: {known}",
+    )
+
+
+def _host(raw: str) -> str | None:
+    try:
+        return normalise_host(raw)
+    except ValueError:
+        return None
+
+
+def _l7_matches(rule: Rule, scheme: str, host: str, port: int, method: str, path: str) -> bool:
+    return (
+        not rule.passthrough
+        and scheme in rule.schemes
+        and port in rule.ports
+        and (rule.methods is None or method in rule.methods)
+        and rule.matches_host(host)
+        and (rule.paths is None or any(p.matches(path) for p in rule.paths))
+    )
+
+
+def decide(policy: Policy, identity: str, req: RequestInfo) -> Decision:
+    ident = policy.identities.get(identity)
+    if ident is None:
+        return _unknown_identity(policy, identity)
+    host = _host(req.host)
+    if host is None:
+        return Decision(False, Code.BAD_REQUEST, f"the host {req.host[:100]!r} is not valid")
+    try:
+        path = normalise_path(req.path)
+    except ValueError as e:
+        return Decision(False, Code.BAD_REQUEST, f"the request path cannot be judged: {e}")
+    scheme = req.scheme.lower()
+    method = req.method.upper()
+    target = f"{method} {scheme}://{host}:{req.port}{path}"
+
+    allow: Rule | None = None
+    for rule in ident.rules:
+        if not _l7_matches(rule, scheme, host, req.port, method, path):
+            continue
+        if rule.action == "deny":
+            return Decision(
+                False, Code.DENIED_BY_RULE,
+                f"deny rule '{rule.name}' of identity '{identity}' matches {target}",
+                rule=rule,
+                hint=f"deny rules win over allow rules; narrow or remove rule '{rule.name}' "
+                "if this request should pass",
+                detail=f"rule '{rule.name}' is defined at {rule.source}",
+            )
+        if allow is None:
+            allow = rule
+    if allow is not None:
+        return Decision(True, None, f"allowed by rule '{allow.name}' of identity '{identity}' "
+                        f"({allow.source})", rule=allow)
+    return Decision(
+        False, Code.NO_RULE,
+        f"identity '{identity}' has no rule allowing {target}",
+        hint=_no_rule_hint(ident, scheme, host, req.port, method, path),
+    )
+
+
+def decide_connect(policy: Policy, identity: str, host: str, port: int) -> Decision:
+    """Judge a CONNECT to host:port, before any request inside the tunnel is visible."""
+    ident = policy.identities.get(identity)
+    if ident is None:
+        return _unknown_identity(policy, identity)
+    h = _host(host)
+    if h is None:
+        return Decision(False, Code.BAD_REQUEST, f"the CONNECT host {host[:100]!r} is not valid")
+    target = f"CONNECT {h}:{port}"
+    reach = [r for r in ident.rules if "https" in r.schemes and port in r.ports
+             and r.matches_host(h)]
+    l7_denies: list[Rule] = []
+    for r in reach:
+        if r.action != "deny":
+            continue
+        if r.methods is None and r.paths is None:
+            return Decision(
+                False, Code.DENIED_BY_RULE,
+                f"deny rule '{r.name}' of identity '{identity}' matches {target}", rule=r,
+                hint=f"deny rules win over allow rules; narrow or remove rule '{r.name}' "
+                "if this host should be reachable",
+                detail=f"rule '{r.name}' is defined at {r.source}",
+            )
+        l7_denies.append(r)
+    allows = [r for r in reach if r.action == "allow"]
+    passthrough = [r for r in allows if r.passthrough]
+    intercepted = [r for r in allows if not r.passthrough]
+    if passthrough and not l7_denies:
+        r = passthrough[0]
+        return Decision(True, None, f"tunnel allowed without interception by passthrough rule "
+                        f"'{r.name}' of identity '{identity}' ({r.source})", rule=r)
+    if intercepted:
+        r = intercepted[0]
+        return Decision(True, None, f"tunnel allowed by rule '{r.name}' of identity "
+                        f"'{identity}' ({r.source}); each request inside is judged again",
+                        rule=r)
+    if passthrough:
+        # Only passthrough allows it, but a deny rule needs to see requests on this host.
+        d = l7_denies[0]
+        return Decision(
+            False, Code.DENIED_BY_RULE,
+            f"passthrough rule '{passthrough[0].name}' cannot be used for {target}: deny rule "
+            f"'{d.name}' must inspect requests to this host", rule=d,
+            hint=f"drop passthrough from rule '{passthrough[0].name}' so the deny rule can apply",
+            detail=f"rule '{passthrough[0].name}' is defined at {passthrough[0].source}",
+        )
+    return Decision(
+        False, Code.NO_RULE,
+        f"identity '{identity}' has no rule allowing {target}",
+        hint=_no_rule_hint(ident, "https", h, port, None, None),
+    )
+
+
+def _names(values: Iterable[object]) -> str:
+    items = sorted(values, key=lambda v: (0, v, "") if isinstance(v, int) else (1, 0, str(v)))
+    return ", ".join(str(v) for v in items)
+
+
+def _no_rule_hint(ident: Identity, scheme: str, host: str, port: int, method: str | None,
+                  path: str | None) -> str:
+    """What the identity's rules for this host do allow, and a rule that would allow this."""
+    notes: list[str] = []
+    for r in ident.rules:
+        if r.action != "allow" or not r.matches_host(host):
+            continue
+        if r.passthrough and method is not None:
+            notes.append(f"rule '{r.name}' tunnels this host without interception "
+                         "(passthrough), so it never matches an inspected request")
+            continue
+        limits: list[str] = []
+        if scheme not in r.schemes:
+            limits.append(f"schemes {_names(r.schemes)}")
+        if port not in r.ports:
+            limits.append(f"ports {_names(r.ports)}")
+        if method is not None and r.methods is not None and method not in r.methods:
+            limits.append(f"methods {_names(r.methods)}")
+        if path is not None and r.paths is not None and not any(
+                p.matches(path) for p in r.paths):
+            limits.append(f"paths {', '.join(p.text for p in r.paths)}")
+        if limits:
+            notes.append(f"rule '{r.name}' allows this host for {'; '.join(limits)}")
+    parts = [f"hosts: [{_yaml_host(host)}]"]
+    if scheme != "https":
+        parts.append(f"schemes: [{scheme}]")
+    if port != default_port(scheme):
+        parts.append(f"ports: [{port}]")
+    if method is not None:
+        parts.append(f"methods: [{method}]")
+    if path is not None:
+        parts.append(f"paths: [{_yaml_path(path)}]")
+    name = "allow-" + re.sub(r"[^a-z0-9]+", "-", host).strip("-")
+    snippet = f"- {{name: {name}, {', '.join(parts)}}}"
+    prefix = ("; ".join(notes) + ". ") if notes else "no rule of this identity names this host. "
+    return f"{prefix}To allow it, add under identities.{ident.name}.rules: {snippet}"
+
+
+def _yaml_host(host: str) -> str:
+    return f"'{host}'" if ":" in host else host
+
+
+def _yaml_path(path: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9/_.\-~]*", path):
+        return path
+    return "'" + path.replace("'", "''") + "'"

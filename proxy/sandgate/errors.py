@@ -1,0 +1,135 @@
+"""Why Sandgate refuses: the closed set of codes, the status of each, and one exception tree.
+
+Every error Sandgate raises on purpose derives from `SandgateError`. Those that stop a request
+derive from `Refused`, which carries a `Code` (never a free string: the type checker sees a typo)
+and a reason and hint that are safe to show the sandbox::
+
+    SandgateError
+    ├── Refused(code, reason, hint)      a request must not go on; STATUS[code] is its status
+    │   ├── IdentityError                auth_required, auth_invalid     (identity/, tokens.py)
+    │   ├── BadRequest                   bad_request, not_tls, too_large  (request.py)
+    │   ├── AddressRefused               internal_address, self_address, unresolvable
+    │   │                                                                 (netguard.py)
+    │   ├── SecretError                  secret_unavailable               (secrets/vault.py)
+    │   └── UnsafeValue                  unsafe_injection                 (inject.py)
+    └── PolicyError                      policy files are broken          (policy/loader.py)
+
+Policy refusals (`unknown_identity`, `no_rule`, `denied_by_rule`) are not exceptions: `decide()`
+returns them as a Decision. The addon turns a `Refused` or a refusing Decision into the answer a
+sandbox sees in one place (`sandgate.refusal.Refusal`); any other exception inside a hook is
+`internal_error` (fail closed).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+
+class Code(StrEnum):
+    AUTH_REQUIRED = "auth_required"  # no credentials at all
+    AUTH_INVALID = "auth_invalid"  # bad, expired or mismatched token; unknown source address
+    UNKNOWN_IDENTITY = "unknown_identity"  # authenticated, but the policy has no such identity
+    NO_RULE = "no_rule"  # deny by default: nothing allows this
+    DENIED_BY_RULE = "denied_by_rule"  # an explicit deny rule matched
+    BAD_REQUEST = "bad_request"  # malformed, or CONNECT / SNI / Host disagree
+    TOO_LARGE = "too_large"  # a request body over the limit
+    NOT_TLS = "not_tls"  # a CONNECT tunnel that does not carry TLS
+    INTERNAL_ADDRESS = "internal_address"  # resolves to a non-public address the rule does not name
+    SELF_ADDRESS = "self_address"  # would dial the proxy itself
+    UNRESOLVABLE = "unresolvable"  # DNS gave no usable answer
+    EXFILTRATION = "exfiltration"  # a placeholder or secret value sent where it is not bound
+    UNSAFE_INJECTION = "unsafe_injection"  # injection asked for over unverified TLS / bad value
+    UPSTREAM_ERROR = "upstream_error"  # the upstream failed or answered something unforwardable
+    SECRET_UNAVAILABLE = "secret_unavailable"  # Vault down, secret missing, auth to Vault failed
+    INTERNAL_ERROR = "internal_error"  # an exception inside Sandgate: fail closed
+
+
+STATUS: dict[Code, int] = {
+    Code.AUTH_REQUIRED: 407,
+    Code.AUTH_INVALID: 407,
+    Code.UNKNOWN_IDENTITY: 403,
+    Code.NO_RULE: 403,
+    Code.DENIED_BY_RULE: 403,
+    Code.BAD_REQUEST: 400,
+    Code.TOO_LARGE: 413,
+    Code.NOT_TLS: 403,
+    Code.INTERNAL_ADDRESS: 403,
+    Code.SELF_ADDRESS: 403,
+    Code.UNRESOLVABLE: 502,
+    Code.EXFILTRATION: 403,
+    Code.UNSAFE_INJECTION: 502,
+    Code.UPSTREAM_ERROR: 502,
+    Code.SECRET_UNAVAILABLE: 503,
+    Code.INTERNAL_ERROR: 503,
+}
+
+
+class SandgateError(Exception):
+    """Base of every error Sandgate raises on purpose. Messages never contain a secret value."""
+
+
+class Refused(SandgateError):
+    """A request must not go on. `reason` and `hint` are safe to show the sandbox."""
+
+    # The codes a subclass may carry; empty means any.
+    codes: ClassVar[frozenset[Code]] = frozenset()
+
+    def __init__(self, code: Code, reason: str, hint: str | None = None) -> None:
+        if self.codes and code not in self.codes:
+            raise TypeError(f"{type(self).__name__} cannot carry code {code!s}")
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+        self.hint = hint
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.code]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code!s}, {self.reason!r})"
+
+
+class IdentityError(Refused):
+    """The caller could not be identified."""
+
+    codes = frozenset({Code.AUTH_REQUIRED, Code.AUTH_INVALID})
+
+
+class BadRequest(Refused, ValueError):
+    """The request is malformed, disagrees with its tunnel, or cannot be judged as sent.
+
+    Also a ValueError: the request parser is used at load time and by the CLI too.
+    """
+
+    codes = frozenset({Code.BAD_REQUEST, Code.NOT_TLS, Code.TOO_LARGE})
+
+
+class AddressRefused(Refused):
+    """The destination resolves to an address the rule may not dial, or to nothing."""
+
+    codes = frozenset({Code.INTERNAL_ADDRESS, Code.SELF_ADDRESS, Code.UNRESOLVABLE})
+
+
+class SecretError(Refused):
+    """A secret could not be provided (Vault down, denied, missing, unusable value)."""
+
+    codes = frozenset({Code.SECRET_UNAVAILABLE})
+
+    def __init__(self, secret: str, message: str) -> None:
+        super().__init__(Code.SECRET_UNAVAILABLE, message,
+                         hint="nothing was sent upstream; retry later")
+        self.secret = secret
+
+    def __repr__(self) -> str:
+        return f"SecretError(secret={self.secret!r}, message={str(self)!r})"
+
+
+class UnsafeValue(Refused):
+    """A rendered credential would corrupt the request (CR, LF or NUL)."""
+
+    codes = frozenset({Code.UNSAFE_INJECTION})
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(Code.UNSAFE_INJECTION, reason)

@@ -1,0 +1,137 @@
+"""Put credentials into an allowed request, and catch them where they do not belong."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from mitmproxy import http
+
+from sandgate.errors import UnsafeValue
+from sandgate.policy.model import Policy, Rule
+from sandgate.scrub import SecretSet
+from sandgate.secrets.forms import basic_auth_form, query_forms
+from sandgate.text import breaks_header
+
+
+def _checked(name: str, value: str) -> str:
+    if breaks_header(value):
+        raise UnsafeValue(f"the rendered value for '{name}' contains CR, LF or NUL; not injected")
+    return value
+
+
+def apply(
+    rule: Rule, req: http.Request, values: Mapping[str, str], placeholders: Mapping[str, str]
+) -> None:
+    """Inject the rule's credentials and swap its bound placeholders for values.
+
+    `values` maps secret name -> value for every secret in `rule.secrets`; `placeholders` maps
+    secret name -> its placeholder text. Injected headers replace whatever the client sent
+    under that name (in any case); they never duplicate it.
+    """
+    _substitute(req, values, placeholders)
+    inj = rule.inject
+    if inj is None:
+        return
+    for name, template in inj.headers:
+        req.headers[name] = _checked(name, template.render(values))
+    if inj.basic is not None:
+        user = _checked("basic.username", inj.basic[0].render(values))
+        password = _checked("basic.password", inj.basic[1].render(values))
+        req.headers["authorization"] = "Basic " + basic_auth_form(user, password).decode("ascii")
+    if inj.query:
+        query = req.query
+        for param, template in inj.query:
+            query[param] = _checked(param, template.render(values))
+        req.query = query
+
+
+def _substitute(
+    req: http.Request, values: Mapping[str, str], placeholders: Mapping[str, str]
+) -> None:
+    """Swap placeholders of the bound secrets in header values: SDKs send what they hold."""
+    swaps = [(placeholders[n], v) for n, v in values.items() if n in placeholders]
+    if not swaps:
+        return
+    fields = list(req.headers.fields)
+    changed = False
+    for i, (key, raw) in enumerate(fields):
+        text = raw.decode("latin-1")
+        new = text
+        for placeholder, secret in swaps:
+            if placeholder in new:
+                new = new.replace(placeholder, _checked(key.decode("latin-1"), secret))
+        if new != text:
+            fields[i] = (key, new.encode("latin-1"))
+            changed = True
+    if changed:
+        req.headers.fields = tuple(fields)
+
+
+def own_forms(policy: Policy, values: Mapping[str, str]) -> dict[str, list[bytes]]:
+    """The exact encodings Sandgate itself produces from cached values on the way out.
+
+    A Basic pair is sent as base64 of "user:password" and a query value percent-encoded; an
+    upstream that echoes either must be scrubbed although neither is a form of the value alone.
+    """
+    out: dict[str, list[bytes]] = {}
+    for ident in policy.identities.values():
+        for rule in ident.rules:
+            inj = rule.inject
+            if inj is None:
+                continue
+            if inj.basic is not None:
+                user, password = inj.basic
+                need = user.secrets | password.secrets
+                if need and need <= values.keys():
+                    form = basic_auth_form(user.render(values), password.render(values))
+                    for name in sorted(need):
+                        out.setdefault(name, []).append(form)
+            for _, template in inj.query:
+                if template.secrets and template.secrets <= values.keys():
+                    forms = query_forms(template.render(values))
+                    for name in sorted(template.secrets):
+                        out.setdefault(name, []).extend(sorted(forms))
+    return out
+
+
+@dataclass(frozen=True)
+class Leak:
+    secret: str
+    kind: str  # "placeholder" or "value"
+    where: str  # "header", "url" or "body"
+
+
+def find_leaks(
+    req: http.Request,
+    placeholders: Mapping[str, str],
+    secrets: SecretSet,
+    bound: frozenset[str],
+) -> list[Leak]:
+    """Placeholders of secrets the rule does not bind, and any real secret value, in a request.
+
+    `placeholders` maps placeholder text -> secret name; `secrets` holds every cached value
+    with its encodings (a sandbox must never hold a real value, bound or not).
+    """
+    leaks: list[Leak] = []
+    parts: list[tuple[str, bytes]] = [
+        ("header", b"\n".join(k + b": " + v for k, v in req.headers.fields)),
+        ("url", req.path.encode("utf-8", "surrogateescape")),
+        ("url", unquote(req.path).encode("utf-8", "surrogateescape")),  # percent-encoding
+        ("body", req.raw_content or b""),
+    ]
+    # A bound placeholder may contain an unbound one ("...-openai-admin" holds "...-openai"):
+    # take the bound ones out before looking for the others.
+    bound_texts = sorted((p.encode() for p, n in placeholders.items() if n in bound), key=len,
+                         reverse=True)
+    unbound = [(p.encode(), n) for p, n in placeholders.items() if n not in bound]
+    for where, blob in parts:
+        for hit in secrets.find(blob):
+            leaks.append(Leak(hit.name, "value", where))
+        for p in bound_texts:
+            blob = blob.replace(p, b"")
+        for placeholder, name in unbound:
+            if placeholder in blob:
+                leaks.append(Leak(name, "placeholder", where))
+    return leaks

@@ -1,0 +1,386 @@
+"""File-format models (sandgate.policy.schema) -> compiled types (sandgate.policy.model).
+
+Every check that needs meaning rather than shape lives here. Problems are reported through a
+callback with the location (a pydantic-style `loc` tuple inside the file) so the loader can turn
+them into file:line: field messages; compilation carries on to find every problem.
+Cross-file checks (duplicates, undeclared secrets, fixtures naming identities) are the loader's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sandgate.policy import hosts as H
+from sandgate.policy import paths as P
+from sandgate.policy.model import (
+    HostPattern,
+    Injection,
+    IPNetwork,
+    PolicyTest,
+    Rule,
+    SecretRef,
+    SecretSlot,
+    Source,
+    Template,
+)
+from sandgate.policy.paths import PathPattern
+from sandgate.policy.schema import RuleSpec, SecretSpec, TestSpec
+from sandgate.request import parse_url
+from sandgate.text import has_control_chars
+
+Loc = tuple[str | int, ...]
+Report = Callable[[Loc, str, str], None]  # (loc, message, fix)
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+SECRET_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+_SLOT_RE = re.compile(r"\{\{\s*secrets\.([A-Za-z0-9_][A-Za-z0-9_-]*)\s*\}\}")
+_TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# Headers an injection may not set: framing, routing and Sandgate's own.
+_NO_INJECT = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer",
+    "keep-alive", "proxy-authorization", "proxy-connection", "x-sandgate-reason",
+})
+MIN_PLACEHOLDER = 8
+
+
+def is_token(s: str) -> bool:
+    return bool(s) and all(c in _TCHARS for c in s)
+
+
+@dataclass
+class SecretUse:
+    """A secret named somewhere in a file, checked against the merged declarations later."""
+
+    name: str
+    loc: Loc
+
+
+@dataclass
+class CompiledIdentity:
+    rules: list[Rule] = field(default_factory=list)
+    uses: list[SecretUse] = field(default_factory=list)
+
+
+def parse_template(text: str) -> Template:
+    """Literal text plus `{{ secrets.NAME }}` slots; any other `{{`/`}}` is an error."""
+    parts: list[str | SecretSlot] = []
+    pos = 0
+    for m in _SLOT_RE.finditer(text):
+        lit = text[pos : m.start()]
+        _check_literal(lit, text)
+        if lit:
+            parts.append(lit)
+        parts.append(SecretSlot(m.group(1)))
+        pos = m.end()
+    lit = text[pos:]
+    _check_literal(lit, text)
+    if lit:
+        parts.append(lit)
+    return Template(tuple(parts))
+
+
+def _check_literal(lit: str, whole: str) -> None:
+    if "{{" in lit or "}}" in lit or "{%" in lit:
+        raise ValueError(f"template {whole!r} uses '{{{{' or '}}}}' other than "
+                         "'{{ secrets.NAME }}'")
+    if has_control_chars(lit):
+        raise ValueError(f"template {whole!r} contains control characters (CR, LF, NUL...)")
+
+
+_TEMPLATE_FIX = ("write literal text plus `{{ secrets.NAME }}` slots only, "
+                 "e.g. \"Bearer {{ secrets.openai }}\"")
+
+
+def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> SecretRef | None:
+    ok = True
+    if not SECRET_NAME_RE.fullmatch(name):
+        report(("secrets", name), f"secret name {name!r} is not a valid name",
+               "use letters, digits, '_' and '-' only, so `{{ secrets.NAME }}` can name it")
+        ok = False
+    mount = path = ""
+    kv_version = spec.kv_version
+    if spec.vault is not None and (spec.mount is not None or spec.path is not None):
+        report(("secrets", name, "vault"), "give either `vault` or `mount` + `path`, not both",
+               "keep `vault: <mount>/data/<path>` for KV v2, or `mount`/`path` alone")
+        return None
+    if spec.vault is not None:
+        if "kv_version" in spec.model_fields_set and spec.kv_version != 2:
+            report(("secrets", name, "kv_version"),
+                   "`vault:` is a KV v2 API path; kv_version must not be 1 with it",
+                   f"for a KV v1 secret write `mount: ..., path: ..., kv_version: 1` "
+                   f"under secrets.{name}")
+            return None
+        v = spec.vault.strip().strip("/")
+        if "/data/" not in v:
+            report(("secrets", name, "vault"),
+                   f"vault path {spec.vault!r} is not a KV v2 API path (no '/data/')",
+                   "write the KV v2 API path, e.g. secret/data/llm/anthropic; for a KV v1 "
+                   "mount write `mount: <mount>, path: <path>, kv_version: 1` instead")
+            return None
+        mount, _, path = v.partition("/data/")
+        kv_version = 2
+        if not mount or not path.strip("/"):
+            report(("secrets", name, "vault"),
+                   f"vault path {spec.vault!r} needs a mount before and a path after '/data/'",
+                   "e.g. secret/data/llm/anthropic")
+            return None
+    elif spec.mount is not None or spec.path is not None:
+        if spec.mount is None or spec.path is None:
+            missing = "mount" if spec.mount is None else "path"
+            report(("secrets", name), f"secret {name!r} has no `{missing}`",
+                   "give both `mount` and `path` (or a KV v2 `vault:` path)")
+            return None
+        mount, path = spec.mount.strip().strip("/"), spec.path.strip().strip("/")
+        if not mount or not path:
+            report(("secrets", name, "mount" if not mount else "path"), "empty mount or path",
+                   "name the KV mount and the path inside it")
+            return None
+    else:
+        report(("secrets", name), f"secret {name!r} says neither `vault` nor `mount` + `path`",
+               "add `vault: secret/data/<path>` (KV v2) or `mount`, `path` and kv_version")
+        return None
+    if not spec.field.strip():
+        report(("secrets", name, "field"), "empty field", "name the key inside the secret's data")
+        ok = False
+    placeholder = spec.placeholder if spec.placeholder is not None else (
+        f"sandgate-placeholder-{name}")
+    if len(placeholder) < MIN_PLACEHOLDER:
+        report(("secrets", name, "placeholder"),
+               f"placeholder is shorter than {MIN_PLACEHOLDER} characters",
+               "use a longer, distinctive placeholder, e.g. sandgate-placeholder-" + name)
+        ok = False
+    elif any(c.isspace() for c in placeholder) or has_control_chars(placeholder):
+        report(("secrets", name, "placeholder"), "placeholder contains whitespace or controls",
+               "use printable characters without spaces")
+        ok = False
+    if not ok:
+        return None
+    return SecretRef(name=name, mount=mount, path=path.strip("/"), field=spec.field,
+                     kv_version=kv_version, placeholder=placeholder, source=src)
+
+
+def compile_identity(
+    name: str, rules: Sequence[tuple[int, RuleSpec]], file: str, line_of: Callable[[Loc], int],
+    report: Report,
+) -> CompiledIdentity:
+    """Compile an identity's rules: (index in the file's list, validated spec) pairs; rules that
+    failed validation are left out by the caller and reported there."""
+    out = CompiledIdentity()
+    base: Loc = ("identities", name)
+    if not NAME_RE.fullmatch(name):
+        report(base, f"identity name {name!r} is not a valid name",
+               "use letters, digits, '.', '_' and '-', starting with a letter or digit")
+    seen: dict[str, int] = {}
+    for i, rs in rules:
+        loc: Loc = (*base, "rules", i)
+        src = Source(file, line_of(loc))
+        if rs.name in seen:
+            report((*loc, "name"), f"rule name {rs.name!r} is used twice in identity {name!r} "
+                   f"(first at line {seen[rs.name]})", "give each rule of an identity its own name")
+        else:
+            seen[rs.name] = src.line
+        rule = _compile_rule(name, rs, loc, src, report, out.uses)
+        if rule is not None:
+            out.rules.append(rule)
+    return out
+
+
+def _compile_rule(
+    identity: str, rs: RuleSpec, loc: Loc, src: Source, report: Report, uses: list[SecretUse]
+) -> Rule | None:
+    n_before = _Counter(report)
+    rep = n_before.report
+    if not NAME_RE.fullmatch(rs.name):
+        rep((*loc, "name"), f"rule name {rs.name!r} is not a valid name",
+            "use letters, digits, '.', '_' and '-', starting with a letter or digit")
+
+    host_patterns: list[HostPattern] = []
+    for j, h in enumerate(rs.hosts):
+        try:
+            host_patterns.append(H.compile_host_pattern(h))
+        except ValueError as e:
+            rep((*loc, "hosts", j), str(e),
+                "write an exact host (api.example.com) or a leading wildcard over a registered "
+                "domain ('*.example.com', quoted in YAML); no scheme, port, path or spaces")
+
+    schemes = frozenset(rs.schemes or ["https"])
+
+    if rs.ports is None:
+        ports = frozenset(({443} if "https" in schemes else set()) |
+                          ({80} if "http" in schemes else set()))
+    else:
+        good: set[int] = set()
+        for j, p in enumerate(rs.ports):
+            if not 1 <= p <= 65535:
+                rep((*loc, "ports", j), f"port {p} is out of range",
+                    "use a TCP port between 1 and 65535")
+            else:
+                good.add(p)
+        ports = frozenset(good)
+
+    methods: frozenset[str] | None = None
+    if rs.methods is not None:
+        ms: set[str] = set()
+        for j, m in enumerate(rs.methods):
+            mu = m.strip().upper()
+            if not is_token(mu):
+                rep((*loc, "methods", j), f"method {m!r} is not a valid HTTP method",
+                    "use method names such as GET, HEAD, POST")
+            else:
+                ms.add(mu)
+        methods = frozenset(ms)
+
+    paths: tuple[PathPattern, ...] | None = None
+    if rs.paths is not None:
+        ps: list[PathPattern] = []
+        for j, pat in enumerate(rs.paths):
+            try:
+                ps.append(P.compile_path_pattern(pat))
+            except ValueError as e:
+                rep((*loc, "paths", j), str(e),
+                    "write a path starting with '/', using '*' within a segment and '**' as a "
+                    "whole segment, e.g. /v1/messages/* or /v1/**")
+        paths = tuple(ps)
+
+    inject = _compile_inject(rs, loc, rep, uses) if rs.inject is not None else None
+
+    for j, s in enumerate(rs.substitute):
+        uses.append(SecretUse(s, (*loc, "substitute", j)))
+
+    cidrs: list[IPNetwork] = []
+    for j, c in enumerate(rs.private_cidrs):
+        try:
+            net = ipaddress.ip_network(c.strip(), strict=False)
+        except ValueError as e:
+            rep((*loc, "private_cidrs", j), f"{c!r} is not a valid CIDR: {e}",
+                "write a network such as 10.1.2.0/24 or fd00::/64")
+            continue
+        if net.prefixlen == 0:
+            rep((*loc, "private_cidrs", j), f"{c!r} covers every address",
+                "name only the private range this rule needs, e.g. 10.1.2.0/24")
+            continue
+        cidrs.append(net)
+
+    # Combinations.
+    l7 = [k for k in ("methods", "paths", "inject") if getattr(rs, k) is not None]
+    if rs.substitute:
+        l7.append("substitute")
+    if rs.passthrough:
+        if l7:
+            rep((*loc, "passthrough"),
+                f"a passthrough rule cannot also set {', '.join(l7)} (passthrough cannot see "
+                "HTTP requests)",
+                "drop passthrough to inspect requests, or move the HTTP-level settings to a "
+                "separate, intercepted rule")
+        if "http" in schemes:
+            rep((*loc, "passthrough"), "passthrough only applies to https (CONNECT) tunnels",
+                "remove http from schemes or drop passthrough")
+        if rs.action == "deny":
+            rep((*loc, "passthrough"), "passthrough is meaningless on a deny rule",
+                "remove passthrough from the deny rule")
+    secret_keys = [k for k in ("inject", "substitute") if (k == "inject" and rs.inject is not None)
+                   or (k == "substitute" and rs.substitute)]
+    if rs.action == "deny" and secret_keys:
+        rep((*loc, secret_keys[0]), f"a deny rule cannot {secret_keys[0]} credentials",
+            "remove it, or make this an allow rule")
+    if "http" in schemes and secret_keys:
+        rep((*loc, secret_keys[0]),
+            f"{secret_keys[0]} on a rule whose schemes include http: credentials are only "
+            "injected over TLS",
+            "set `schemes: [https]` on this rule (or drop the credentials)")
+
+    if n_before.count:
+        return None
+    return Rule(
+        name=rs.name, identity=identity, action=rs.action, schemes=schemes,
+        hosts=tuple(host_patterns), ports=ports, methods=methods, paths=paths, inject=inject,
+        substitute=frozenset(rs.substitute), private_cidrs=tuple(cidrs),
+        passthrough=rs.passthrough, source=src,
+    )
+
+
+class _Counter:
+    def __init__(self, report: Report) -> None:
+        self._report = report
+        self.count = 0
+
+    def report(self, loc: Loc, msg: str, fix: str) -> None:
+        self.count += 1
+        self._report(loc, msg, fix)
+
+
+def _template(text: str, loc: Loc, report: Report, uses: list[SecretUse]) -> Template | None:
+    try:
+        t = parse_template(text)
+    except ValueError as e:
+        report(loc, str(e), _TEMPLATE_FIX)
+        return None
+    uses.extend(SecretUse(s, loc) for s in sorted(t.secrets))
+    return t
+
+
+def _compile_inject(rs: RuleSpec, loc: Loc, report: Report, uses: list[SecretUse]) -> Injection:
+    assert rs.inject is not None
+    spec = rs.inject
+    iloc: Loc = (*loc, "inject")
+    headers: list[tuple[str, Template]] = []
+    seen: set[str] = set()
+    for hname, text in spec.headers.items():
+        hl = hname.strip().lower()
+        hloc: Loc = (*iloc, "headers", hname)
+        if not is_token(hl):
+            report(hloc, f"header name {hname!r} is not a valid HTTP header name",
+                   "use letters, digits and '-' (e.g. x-api-key)")
+            continue
+        if hl in _NO_INJECT:
+            report(hloc, f"header {hl!r} cannot be injected", "inject an auth header instead")
+            continue
+        if hl in seen:
+            report(hloc, f"header {hl!r} is given twice (names are case-insensitive)",
+                   "keep one")
+            continue
+        seen.add(hl)
+        t = _template(text, hloc, report, uses)
+        if t is not None:
+            headers.append((hl, t))
+    basic: tuple[Template, Template] | None = None
+    if spec.basic is not None:
+        if "authorization" in seen:
+            report((*iloc, "basic"), "`basic` and an `authorization` header both set "
+                   "Authorization", "keep one of them")
+        u = _template(spec.basic.username, (*iloc, "basic", "username"), report, uses)
+        p = _template(spec.basic.password, (*iloc, "basic", "password"), report, uses)
+        if u is not None and p is not None:
+            basic = (u, p)
+    query: list[tuple[str, Template]] = []
+    for qname, text in spec.query.items():
+        qloc: Loc = (*iloc, "query", qname)
+        if not qname or any(c in qname for c in "&=#?% ") or not qname.isprintable():
+            report(qloc, f"query parameter name {qname!r} is not a plain name",
+                   "use a name without '&', '=', '#', '?', '%' or spaces")
+            continue
+        t = _template(text, qloc, report, uses)
+        if t is not None:
+            query.append((qname, t))
+    return Injection(headers=tuple(headers), basic=basic, query=tuple(query))
+
+
+def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report) -> PolicyTest | None:
+    parts = spec.request.split()
+    if len(parts) != 2:
+        report((*loc, "request"), f"request {spec.request!r} is not 'METHOD URL'",
+               "write e.g. `request: GET https://pypi.org/simple/`")
+        return None
+    method, url = parts
+    try:
+        parse_url(method, url)
+    except ValueError as e:
+        report((*loc, "request"), f"bad request {spec.request!r}: {e}",
+               "write an absolute http(s) URL without credentials, e.g. "
+               "https://api.example.com/v1/x")
+        return None
+    return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
+                      expect=spec.expect, rule=spec.rule, source=src)

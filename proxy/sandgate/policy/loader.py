@@ -1,0 +1,528 @@
+"""Load policy files: YAML -> file-format models -> compiled Policy, or every problem at once.
+
+Each problem names the file, the 1-based line, the dotted field, what is wrong and how to fix
+it. Lines come from the composed YAML node tree; a field that is absent falls back to its
+nearest parent that exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from sandgate.errors import SandgateError
+from sandgate.policy.compiler import (
+    CompiledIdentity,
+    Loc,
+    SecretUse,
+    compile_identity,
+    compile_secret,
+    compile_test,
+)
+from sandgate.policy.model import Identity, Policy, PolicyTest, SecretRef, Source
+from sandgate.policy.schema import IdentitySpec, PolicyFile, RuleSpec, SecretSpec, TestSpec
+
+SCHEMA_FIX = "see `sandgate schema` for the file format"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyProblem:
+    file: str
+    line: int
+    field: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}: "
+        fld = f"{self.field}: " if self.field else ""
+        return f"{where}{fld}{self.message.rstrip('.')}. Fix: {self.fix}"
+
+
+class PolicyError(SandgateError, ValueError):
+    """Policy files could not be loaded: every problem, each located and with a fix."""
+
+    def __init__(self, problems: Sequence[PolicyProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    def __str__(self) -> str:
+        return "\n".join(str(p) for p in self.problems)
+
+
+def policy_json_schema() -> dict[str, Any]:
+    """JSON Schema of the v1 file format."""
+    schema = PolicyFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Sandgate policy file (v1)"
+    return schema
+
+
+def load_policy_dir(path: str | Path) -> Policy:
+    """Load every *.yaml and *.yml file of a directory (sorted) as one policy."""
+    d = Path(path)
+    if not d.is_dir():
+        raise PolicyError([PolicyProblem(str(d), 0, "", "policy directory does not exist"
+                                         if not d.exists() else "not a directory",
+                                         "point at a directory of *.yaml policy files")])
+    files = sorted(p for p in d.iterdir()
+                   if p.suffix in (".yaml", ".yml") and p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise PolicyError([PolicyProblem(str(d), 0, "", "the policy directory has no *.yaml or "
+                                         "*.yml files", "add at least one policy file "
+                                         "(see policies/sandgate.yaml)")])
+    return load_policy_files(files)
+
+
+def load_policy_files(paths: Sequence[Path]) -> Policy:
+    if not paths:
+        raise PolicyError([PolicyProblem("-", 0, "", "no policy files given",
+                                         "give at least one policy file")])
+    problems: list[PolicyProblem] = []
+    parts = [_load_file(Path(p), problems) for p in paths]
+    policy = _merge([p for p in parts if p is not None], problems)
+    if problems:
+        order = {str(Path(p)): i for i, p in enumerate(paths)}
+        problems.sort(key=lambda pr: (order.get(pr.file, len(order)), pr.line))
+        raise PolicyError(problems)
+    return policy
+
+
+# --- one file -----------------------------------------------------------------------------
+
+
+@dataclass
+class _FilePart:
+    file: str
+    root: yaml.Node
+    secrets: dict[str, SecretRef]
+    identities: dict[str, tuple[Identity, CompiledIdentity]]
+    tests: list[tuple[PolicyTest, Loc]]
+    secret_sources: dict[str, Source] = field(default_factory=dict)  # including broken ones
+    identity_sources: dict[str, Source] = field(default_factory=dict)
+    uses: list[SecretUse] = field(default_factory=list)
+
+    def line(self, loc: Loc) -> int:
+        return line_of(self.root, loc)
+
+    def problem(self, loc: Loc, message: str, fix: str) -> PolicyProblem:
+        return PolicyProblem(self.file, self.line(loc), field_path(loc), message, fix)
+
+
+def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
+    file = str(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        problems.append(PolicyProblem(file, 0, "", f"cannot read file: {e.strerror}",
+                                      "check the path and permissions"))
+        return None
+    except UnicodeDecodeError:
+        problems.append(PolicyProblem(file, 1, "", "the file is not UTF-8 text",
+                                      "save it as UTF-8"))
+        return None
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        dupes = _duplicate_keys(root) if root is not None else []
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 1
+        what = " ".join(x for x in (e.context, e.problem) if x)
+        problems.append(PolicyProblem(
+            file, line, "", f"YAML syntax error: {what}",
+            "check indentation and quoting near this line; quote values that start with '*', "
+            "'{', '[', '&', '!' or '%', e.g. hosts: ['*.example.com'] and "
+            "x-api-key: \"{{ secrets.NAME }}\""))
+        return None
+    except yaml.YAMLError as e:
+        problems.append(PolicyProblem(file, 1, "", f"YAML error: {e}", "fix the YAML syntax"))
+        return None
+    finally:
+        loader.dispose()
+
+    if root is None:
+        problems.append(PolicyProblem(file, 1, "", "the file is empty",
+                                      "start it with `version: v1`, or delete it"))
+        return None
+    if not isinstance(data, dict):
+        problems.append(PolicyProblem(
+            file, root.start_mark.line + 1, "", f"the file is a YAML {type(data).__name__}, "
+            "not a mapping", "write a mapping with `version: v1` and `secrets`, `identities`, "
+            "`tests` keys"))
+        return None
+    part = _FilePart(file, root, {}, {}, [])
+    for dloc, first in dupes:
+        problems.append(part.problem(dloc, f"key {dloc[-1]!r} appears twice in this mapping "
+                                     f"(first at line {first})",
+                                     "keep one; YAML would silently use the last"))
+
+    report = _reporter(part, problems)
+    if "version" not in data:
+        problems.append(PolicyProblem(file, 1, "version", "missing `version`",
+                                      "add `version: v1` as the first line"))
+    elif data["version"] != "v1":
+        problems.append(part.problem(("version",), f"unknown version {data['version']!r}",
+                                     "this Sandgate reads `version: v1`"))
+        return None
+    allowed = list(PolicyFile.model_fields)
+    for key in data:
+        if key not in allowed:
+            report((key,), f"unknown key {key!r}", _unknown_key_fix(str(key), allowed))
+
+    secrets = _section(data, "secrets", dict, report)
+    for name, raw in secrets.items():
+        part.secret_sources[str(name)] = Source(file, part.line(("secrets", name)))
+        spec = _validate(SecretSpec, raw, ("secrets", name), report)
+        if spec is None:
+            continue
+        ref = compile_secret(str(name), spec, Source(file, part.line(("secrets", name))), report)
+        if ref is not None:
+            part.secrets[str(name)] = ref
+
+    identities = _section(data, "identities", dict, report)
+    for name, raw in identities.items():
+        loc: Loc = ("identities", name)
+        src = Source(file, part.line(loc))
+        part.identity_sources[str(name)] = src
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            report(loc, f"identity {name!r} must be a mapping, not a {_yaml_type(raw)}",
+                   "write `rules:` (and optionally `description:`) under it")
+            continue
+        # Validate each rule on its own so one broken rule does not hide the others' problems.
+        raw_rules = raw.get("rules")
+        top = {k: v for k, v in raw.items() if k != "rules"}
+        ispec = _validate(IdentitySpec, top, loc, report)
+        rules: list[tuple[int, RuleSpec]] = []
+        if raw_rules is not None and not isinstance(raw_rules, list):
+            report((*loc, "rules"), f"`rules` must be a list, not a {_yaml_type(raw_rules)}",
+                   "write a YAML list of rules, each starting with `- name: ...`")
+        else:
+            for i, rraw in enumerate(raw_rules or []):
+                # A rule with shape errors is still checked for meaning (without the broken
+                # keys); the policy fails to load either way.
+                rs, _ok = _validate_lenient(RuleSpec, rraw, (*loc, "rules", i), report)
+                if rs is not None:
+                    rules.append((i, rs))
+        comp = compile_identity(str(name), rules, file, part.line, report)
+        part.uses.extend(comp.uses)
+        if ispec is None:
+            continue
+        part.identities[str(name)] = (Identity(name=str(name), rules=tuple(comp.rules),
+                                               source=src), comp)
+
+    tests = _section(data, "tests", list, report)
+    for i, raw in enumerate(tests):
+        tloc: Loc = ("tests", i)
+        tspec = _validate(TestSpec, raw, tloc, report)
+        if tspec is None:
+            continue
+        t = compile_test(tspec, tloc, Source(file, part.line(tloc)), report)
+        if t is not None:
+            part.tests.append((t, tloc))
+    return part
+
+
+def _reporter(part: _FilePart, problems: list[PolicyProblem]) -> Callable[[Loc, str, str], None]:
+    def report(loc: Loc, message: str, fix: str) -> None:
+        problems.append(part.problem(loc, message, fix))
+
+    return report
+
+
+def _section(data: dict[str, Any], key: str, kind: type, report: Callable[..., None]) -> Any:
+    val = data.get(key)
+    if val is None:
+        return kind()
+    if not isinstance(val, kind):
+        what = "a mapping of name -> entry" if kind is dict else "a list"
+        report((key,), f"`{key}` must be {what}, not a {_yaml_type(val)}", SCHEMA_FIX)
+        return kind()
+    return val
+
+
+def _validate(model: type[BaseModel], raw: Any, base: Loc,
+              report: Callable[[Loc, str, str], None]) -> Any:
+    """Validate, reporting every error. Returns the model, or None when it is invalid."""
+    spec, ok = _validate_lenient(model, raw, base, report)
+    return spec if ok else None
+
+
+def _validate_lenient(model: type[BaseModel], raw: Any, base: Loc,
+                      report: Callable[[Loc, str, str], None]) -> tuple[Any, bool]:
+    """Validate, reporting every error; (model, True) when valid.
+
+    When invalid, retry without the offending optional keys so that the rest can still be
+    checked for meaning: (model built from the rest, False), or (None, False).
+    """
+    try:
+        return model.model_validate(raw), True
+    except ValidationError as e:
+        bad: set[str] = set()
+        for err in e.errors():
+            rel: Loc = tuple(x for x in err["loc"] if x != "[key]")
+            msg, fix = _explain(model, err, rel)
+            report((*base, *rel), msg, fix)
+            if rel and isinstance(rel[0], str):
+                bad.add(rel[0])
+    if not isinstance(raw, dict):
+        return None, False
+    required = {n for n, f in model.model_fields.items() if f.is_required()}
+    if bad & required:
+        return None, False
+    try:
+        return model.model_validate({k: v for k, v in raw.items() if k not in bad}), False
+    except ValidationError:
+        return None, False
+
+
+def _explain(model: type[BaseModel], err: Any, rel: Loc) -> tuple[str, str]:
+    t = err["type"]
+    inp = err.get("input")
+    last = rel[-1] if rel else ""
+    if t == "extra_forbidden":
+        allowed = _allowed_keys(model, rel[:-1])
+        return f"unknown key {last!r}", _unknown_key_fix(str(last), allowed)
+    if t == "missing":
+        return f"required key `{last}` is missing", f"add `{last}`"
+    if t == "too_short":
+        return f"`{last}` must not be empty", f"list at least one value, or remove `{last}`"
+    if t == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        return f"{inp!r} is not allowed here", f"use one of {expected}"
+    if t == "string_type":
+        fix = "write it as a string"
+        if isinstance(inp, dict) and "inject" in rel:
+            fix = ("quote templates in YAML: x-api-key: \"{{ secrets.NAME }}\" (unquoted "
+                   "braces are a YAML mapping)")
+        elif isinstance(inp, (int, float, bool)):
+            fix = "quote it"
+        return f"expected a string, got a {_yaml_type(inp)}", fix
+    if t in ("int_type", "int_parsing"):
+        return f"expected an integer, got a {_yaml_type(inp)}", "write a plain number, unquoted"
+    if t in ("bool_type", "bool_parsing"):
+        return f"expected true or false, got a {_yaml_type(inp)}", "write true or false"
+    if t in ("list_type",):
+        return f"expected a list, got a {_yaml_type(inp)}", "write a YAML list, e.g. [a, b]"
+    if t in ("dict_type", "model_type", "model_attributes_type"):
+        return f"expected a mapping, got a {_yaml_type(inp)}", SCHEMA_FIX
+    return str(err.get("msg", "invalid value")), SCHEMA_FIX
+
+
+def _yaml_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int | float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "list"
+    if isinstance(v, dict):
+        return "mapping"
+    return type(v).__name__
+
+
+def _unknown_key_fix(key: str, allowed: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"did you mean `{close[0]}`? " if close else ""
+    return f"{hint}remove it; keys allowed here: {', '.join(allowed)}"
+
+
+def _allowed_keys(model: type[BaseModel], rel: Loc) -> list[str]:
+    """The keys of the model found at `rel` inside `model` (walking field annotations)."""
+    ann: Any = model
+    for step in rel:
+        ann = _unwrap(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            f = ann.model_fields.get(str(step))
+            if f is None:
+                return []
+            ann = f.annotation
+            continue
+        origin = typing.get_origin(ann)
+        args = typing.get_args(ann)
+        if origin is list and args:
+            ann = args[0]
+        elif origin is dict and len(args) == 2:
+            ann = args[1]
+        else:
+            return []
+    ann = _unwrap(ann)
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return list(ann.model_fields)
+    return []
+
+
+def _unwrap(ann: Any) -> Any:
+    origin = typing.get_origin(ann)
+    if origin is typing.Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return ann
+
+
+# --- YAML node locations --------------------------------------------------------------------
+
+
+def line_of(root: yaml.Node, loc: Loc) -> int:
+    """1-based line of the node at `loc`, or of its nearest existing parent.
+
+    For a mapping entry this is the line of its key.
+    """
+    node: yaml.Node = root
+    line = root.start_mark.line + 1
+    for step in loc:
+        if isinstance(node, yaml.MappingNode):
+            found: tuple[yaml.Node, yaml.Node] | None = None
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == str(step):
+                    found = (k, v)
+            if found is None:
+                break
+            line = found[0].start_mark.line + 1
+            node = found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int):
+            if not 0 <= step < len(node.value):
+                break
+            node = node.value[step]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def field_path(loc: Loc) -> str:
+    out = ""
+    for step in loc:
+        if isinstance(step, int):
+            out += f"[{step}]"
+        else:
+            out += ("." if out else "") + str(step)
+    return out
+
+
+def _duplicate_keys(root: yaml.Node) -> list[tuple[Loc, int]]:
+    """Keys given twice in one mapping: YAML keeps the last silently; a policy must not."""
+    out: list[tuple[Loc, int]] = []
+    seen_nodes: set[int] = set()
+
+    def walk(node: yaml.Node, loc: Loc) -> None:
+        if id(node) in seen_nodes:
+            return
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    if k.value in first and k.value != "<<":
+                        out.append(((*loc, k.value), first[k.value]))
+                    first.setdefault(k.value, k.start_mark.line + 1)
+                    walk(v, (*loc, k.value))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, (*loc, i))
+
+    walk(root, ())
+    return out
+
+
+# --- merging files ----------------------------------------------------------------------------
+
+
+def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
+    secrets: dict[str, SecretRef] = {}
+    identities: dict[str, Identity] = {}
+    secret_first: dict[str, Source] = {}
+    identity_first: dict[str, Source] = {}
+    for part in parts:
+        for name, src in part.secret_sources.items():
+            prev = secret_first.get(name)
+            if prev is not None:
+                problems.append(part.problem(
+                    ("secrets", name), f"secret {name!r} is also defined in {prev}",
+                    f"define each secret once; rename or remove one of {prev} and {src}"))
+                continue
+            secret_first[name] = src
+            if name in part.secrets:
+                secrets[name] = part.secrets[name]
+        for name, src in part.identity_sources.items():
+            prev = identity_first.get(name)
+            if prev is not None:
+                problems.append(part.problem(
+                    ("identities", name), f"identity {name!r} is also defined in {prev}",
+                    f"define each identity in one file; merge the rules of {prev} and {src}, "
+                    "or rename one"))
+                continue
+            identity_first[name] = src
+            if name in part.identities:
+                identities[name] = part.identities[name][0]
+
+    by_placeholder: dict[str, SecretRef] = {}
+    for ref in secrets.values():
+        other = by_placeholder.get(ref.placeholder)
+        if other is not None:
+            problems.append(_at_secret(parts, ref, "placeholder",
+                                       f"placeholder {ref.placeholder!r} is also used by secret "
+                                       f"{other.name!r} ({other.source})",
+                                       "give each secret its own placeholder"))
+            continue
+        by_placeholder[ref.placeholder] = ref
+
+    for part in parts:
+        _check_uses(part, part.uses, secret_first, problems)
+
+    tests: list[PolicyTest] = []
+    for part in parts:
+        for t, tloc in part.tests:
+            tident = identities.get(t.identity)
+            if t.identity in identity_first and tident is None:
+                continue  # the identity itself is broken and reported
+            if tident is None:
+                problems.append(part.problem(
+                    (*tloc, "identity"), f"test names unknown identity {t.identity!r}",
+                    f"use one of: {', '.join(sorted(identities)) or '(none defined)'}"))
+                continue
+            if t.rule is not None and t.rule not in {r.name for r in tident.rules}:
+                problems.append(part.problem(
+                    (*tloc, "rule"), f"identity {t.identity!r} has no rule {t.rule!r}",
+                    f"use one of: {', '.join(r.name for r in tident.rules) or '(no rules)'}"))
+                continue
+            tests.append(t)
+
+    return Policy(identities=dict(identities), secrets=dict(secrets), tests=tuple(tests),
+                  files=tuple(p.file for p in parts))
+
+
+def _at_secret(parts: list[_FilePart], ref: SecretRef, key: str, msg: str,
+               fix: str) -> PolicyProblem:
+    for part in parts:
+        if part.file == ref.source.file:
+            return part.problem(("secrets", ref.name, key), msg, fix)
+    return PolicyProblem(ref.source.file, ref.source.line, f"secrets.{ref.name}.{key}", msg, fix)
+
+
+def _check_uses(part: _FilePart, uses: list[SecretUse], secrets: Mapping[str, object],
+                problems: list[PolicyProblem]) -> None:
+    for use in uses:
+        if use.name not in secrets:
+            close = difflib.get_close_matches(use.name, list(secrets), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(part.problem(
+                use.loc, f"secret {use.name!r} is not declared",
+                f"{hint}declare it under `secrets:` (in any policy file) or fix the name; "
+                f"declared: {', '.join(sorted(secrets)) or '(none)'}"))

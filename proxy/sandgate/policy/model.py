@@ -1,0 +1,148 @@
+"""Compiled, internal policy types.
+
+These are what the proxy and every tool work with; they are built once at load time from the
+file-format models in sandgate.policy.schema and never change afterwards. Nothing here parses.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sandgate.policy.paths import PathPattern
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a thing was defined, for error messages and audit: file and 1-based line."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRef:
+    name: str
+    mount: str  # KV mount point, e.g. "secret"
+    path: str  # path inside the mount, e.g. "llm/anthropic"
+    field: str  # key inside the secret's data
+    kv_version: Literal[1, 2]
+    placeholder: str  # what a sandbox may hold instead of the value (SDKs refuse an empty key)
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class SecretSlot:
+    """A `{{ secrets.NAME }}` hole inside a template."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A parsed injection template: literal strings and secret slots, in order."""
+
+    parts: tuple[str | SecretSlot, ...]
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.parts if isinstance(p, SecretSlot))
+
+    def render(self, values: Mapping[str, str]) -> str:
+        return "".join(values[p.name] if isinstance(p, SecretSlot) else p for p in self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    headers: tuple[tuple[str, Template], ...] = ()  # header names lower-cased
+    basic: tuple[Template, Template] | None = None  # (user, password) -> Authorization: Basic
+    query: tuple[tuple[str, Template], ...] = ()
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        out: set[str] = set()
+        for _, t in self.headers:
+            out |= t.secrets
+        for _, t in self.query:
+            out |= t.secrets
+        if self.basic:
+            out |= self.basic[0].secrets | self.basic[1].secrets
+        return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True)
+class HostPattern:
+    """An exact host or a leading `*.` wildcard (matches one or more labels, not the apex)."""
+
+    text: str  # normalised pattern as written, e.g. "*.github.com"
+    wildcard: bool
+    suffix: str  # for wildcards ".github.com"; for exact hosts the host itself
+
+    def matches(self, host: str) -> bool:
+        if self.wildcard:
+            return host.endswith(self.suffix) and len(host) > len(self.suffix)
+        return host == self.suffix
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    identity: str
+    action: Literal["allow", "deny"]
+    schemes: frozenset[str]  # {"https"} unless the rule says otherwise
+    hosts: tuple[HostPattern, ...]
+    ports: frozenset[int]  # resolved at load time: default 443 for https, 80 for http
+    methods: frozenset[str] | None  # None: any method
+    paths: tuple[PathPattern, ...] | None  # None: any path
+    inject: Injection | None
+    substitute: frozenset[str]  # secrets whose placeholders are swapped for values on this rule
+    private_cidrs: tuple[IPNetwork, ...]  # non-public ranges this rule may dial
+    passthrough: bool  # tunnel without interception: no L7 match, no injection, no scrubbing
+    source: Source
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        """Every secret this rule binds: the only ones whose placeholders it honours."""
+        return (self.inject.secrets if self.inject else frozenset()) | self.substitute
+
+    def matches_host(self, host: str) -> bool:
+        return any(p.matches(host) for p in self.hosts)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    name: str
+    rules: tuple[Rule, ...]
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyTest:
+    """A fixture from a file's `tests:` list, run by `sandgate check`."""
+
+    identity: str
+    method: str
+    url: str
+    expect: Literal["allow", "deny"]
+    rule: str | None  # when set, the decision must name this rule
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    identities: Mapping[str, Identity]
+    secrets: Mapping[str, SecretRef]
+    tests: tuple[PolicyTest, ...] = ()
+    files: tuple[str, ...] = field(default=())
+
+    @property
+    def placeholders(self) -> Mapping[str, str]:
+        """placeholder text -> secret name."""
+        return {s.placeholder: s.name for s in self.secrets.values()}

@@ -1,0 +1,51 @@
+"""The answer a sandbox gets when Sandgate refuses: built here, from a Code, and nowhere else."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from sandgate.errors import STATUS, Code, Refused
+
+# Response header naming the reason code. Sandgate strips it from upstream responses, so a
+# sandbox can trust that only Sandgate set it.
+REASON_HEADER = "X-Sandgate-Reason"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A refusal as the sandbox sees it. Every text here must be free of secret values."""
+
+    code: Code
+    reason: str
+    identity: str | None = None
+    target: str | None = None
+    hint: str | None = None
+
+    @classmethod
+    def from_error(cls, error: Refused, identity: str | None = None,
+                   target: str | None = None) -> Refusal:
+        """The one mapping from a raised refusal to the answer the sandbox sees."""
+        return cls(error.code, error.reason, identity=identity, target=target, hint=error.hint)
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.code]
+
+    def body(self) -> bytes:
+        doc = {
+            "error": "sandgate_refused",
+            "code": str(self.code),
+            "status": self.status,
+            "identity": self.identity,
+            "target": self.target,
+            "reason": self.reason,
+            "hint": self.hint,
+        }
+        return (json.dumps(doc, indent=1) + "\n").encode()
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json", REASON_HEADER: str(self.code)}
+        if self.status == 407:
+            h["Proxy-Authenticate"] = 'Basic realm="sandgate"'
+        return h

@@ -1,0 +1,183 @@
+"""The one request parser: what a caller asked for, as every judge of it sees it.
+
+The proxy, `sandgate check`, `sandgate explain` and the admin API build `RequestInfo` only
+through the functions here and judge it only with `sandgate.decision.decide`, so they cannot
+disagree on a spelling. The addon passes the fields mitmproxy parsed; mitmproxy's own pure
+authority parser splits `host:port`, so that it is split exactly as mitmproxy splits it.
+
+Failures raise `BadRequest`, which is both a refusal (`bad_request` / `not_tls`) for the proxy
+and a ValueError for the load-time and CLI callers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from mitmproxy.net.http import url
+
+from sandgate.errors import BadRequest, Code
+from sandgate.netguard import parse_ip_literal
+from sandgate.policy.hosts import normalise_host
+from sandgate.text import has_control_chars
+
+DEFAULT_PORTS: dict[str, int] = {"https": 443, "http": 80}
+
+_TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+def default_port(scheme: str) -> int:
+    return DEFAULT_PORTS[scheme]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What a caller asked for.
+
+    `host` is already normalised (see sandgate.policy.hosts.normalise_host); `path` is the raw
+    request path without the query string: the decision normalises it itself so that every
+    consumer judges the same spelling the same way.
+    """
+
+    scheme: str  # "https" or "http"
+    host: str
+    port: int
+    method: str  # upper case
+    path: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}{self.path}"
+
+
+def _bad(reason: str) -> BadRequest:
+    return BadRequest(Code.BAD_REQUEST, reason)
+
+
+def parse_method(method: str) -> str:
+    m = method.strip().upper()
+    if not m or not all(c in _TCHARS for c in m):
+        raise _bad(f"{method[:40]!r} is not an HTTP method")
+    return m
+
+
+def parse_url(method: str, url: str) -> RequestInfo:
+    """`METHOD URL` as the proxy would see the request (for check, explain, fixtures, the API).
+
+    Default port by scheme, host normalised, path raw (without query or fragment; "/" when
+    empty). Refuses anything that is not an absolute http(s) URL without userinfo.
+    """
+    m = parse_method(method)
+    if not url or any(c.isspace() for c in url) or has_control_chars(url):
+        raise _bad(f"URL {url[:200]!r} is empty or contains spaces or control characters")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        raise _bad(f"URL {url!r} must start with https:// or http://")
+    if not parts.netloc:
+        raise _bad(f"URL {url!r} has no host")
+    if "@" in parts.netloc:
+        raise _bad(f"URL {url!r} contains userinfo ('user@'); credentials never go in URLs")
+    try:
+        port = parts.port
+    except ValueError as e:
+        raise _bad(f"URL {url!r} has a bad port: {e}") from None
+    if port is None:
+        if parts.netloc.endswith(":"):
+            raise _bad(f"URL {url!r} has an empty port")
+        port = default_port(scheme)
+    if not 1 <= port <= 65535:
+        raise _bad(f"URL {url!r} has port {port} out of range")
+    hostname = parts.hostname
+    if not hostname:
+        raise _bad(f"URL {url!r} has no host")
+    host = _host(f"[{hostname}]" if ":" in hostname else hostname, "host")
+    path = parts.path or "/"
+    if not path.startswith("/"):
+        raise _bad(f"URL {url!r} has a relative path")
+    return RequestInfo(scheme=scheme, host=host, port=port, method=m, path=path)
+
+
+def _host(raw: str, what: str) -> str:
+    try:
+        return normalise_host(raw)
+    except ValueError as e:
+        raise _bad(f"bad {what}: {e}") from None
+
+
+def split_authority(authority: str, scheme: str) -> tuple[str, int]:
+    """`host[:port]` (IPv6 in brackets) -> (normalised host, port or the scheme's default)."""
+    try:
+        host, port = url.parse_authority(authority, check=True)
+    except ValueError:
+        raise _bad(f"bad authority {authority[:100]!r}") from None
+    return _host(host, "host"), port or default_port(scheme)
+
+
+def parse_proxied(scheme: str, host: str, port: int, method: str, path_and_query: str,
+                  host_header: str | None) -> RequestInfo:
+    """The request the proxy received, as the policy sees it; refuses an inconsistent one.
+
+    `host`/`port` are the request target's; `host_header` (Host or :authority) must name the
+    same origin, or the upstream could route on something that was never judged.
+    """
+    h = _host(host, "host")
+    if host_header is not None:
+        hh_host, hh_port = split_authority(host_header, scheme)
+        if hh_host != h or hh_port != port:
+            raise _bad(f"the Host header ({host_header[:100]}) disagrees with the request "
+                       f"target ({h}:{port})")
+    path = path_and_query.split("?", 1)[0]
+    return RequestInfo(scheme, h, port, parse_method(method), path)
+
+
+def check_tunnel(info: RequestInfo, tunnel_host: str, tunnel_port: int, tls: bool,
+                 sni: str | None) -> None:
+    """A request inside a CONNECT tunnel must stay what the CONNECT (and the SNI) named."""
+    if not tls:
+        raise BadRequest(Code.NOT_TLS, f"the CONNECT tunnel to {tunnel_host}:{tunnel_port} does "
+                         "not carry TLS")
+    if info.host != tunnel_host or info.port != tunnel_port:
+        raise _bad(f"the request for {info.host}:{info.port} disagrees with the CONNECT target "
+                   f"{tunnel_host}:{tunnel_port}")
+    if sni is None:
+        if parse_ip_literal(tunnel_host) is None:
+            raise _bad("the TLS handshake carried no SNI")
+    elif not same_host(sni, tunnel_host):
+        raise _bad(f"the TLS SNI ({sni[:100]}) disagrees with the CONNECT target ({tunnel_host})")
+
+
+def same_host(a: str, b: str) -> bool:
+    """Do two spellings name the same host? Unparseable spellings name nothing."""
+    try:
+        return normalise_host(a) == normalise_host(b)
+    except ValueError:
+        return False
+
+
+# RFC 9110 5.1 / 5.5: a field name is a token; a field value is VCHAR, obs-text, SP and HTAB.
+_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# A request target re-serialised into an HTTP/1 request line must not split it.
+_TARGET_BAD = re.compile(r"[\x00-\x20\x7f]")
+
+
+def check_head(method: str, path: str, fields: Iterable[tuple[bytes, bytes]]) -> None:
+    """Refuse a request whose head would not re-serialise to exactly what was judged.
+
+    mitmproxy parses a request (HTTP/1, HTTP/2) and serialises it again for the upstream,
+    possibly as HTTP/1: a CR or LF that HTTP/2 let through in a header value or the path would
+    end the line there, and the upstream would read a second request nobody judged.
+    """
+    if not method or not all(c in _TCHARS for c in method):
+        raise _bad(f"the method {method[:40]!r} is not an HTTP token")
+    if _TARGET_BAD.search(path):
+        raise _bad("the request target contains a space or a control character")
+    for name, value in fields:
+        if not _FIELD_NAME.fullmatch(name):
+            raise _bad(f"the header name {name[:60]!r} is not a valid HTTP field name")
+        if _FIELD_VALUE_BAD.search(value):
+            raise _bad(f"the value of header {name[:60].decode('ascii')!r} contains CR, LF, NUL "
+                       "or another control character")

@@ -1,0 +1,140 @@
+"""`sandgate sandbox ...`: run commands in sandboxes whose only way out is Sandgate.
+
+    sandgate sandbox network [--proxy-port 8080]       create the internal network, print gateway
+    sandgate sandbox run --identity NAME [...] -- CMD   one command in a fresh sandbox, then remove
+    sandgate sandbox ls                                 sandboxes the launcher created
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
+from sandgate.sandbox.errors import DockerUnavailable, SandboxError, connect
+from sandgate.sandbox.launcher import (
+    DEFAULT_IMAGE,
+    SandboxSpec,
+    list_sandboxes,
+    run_once,
+)
+from sandgate.sandbox.network import DEFAULT_SUBNET, NETWORK_NAME, ensure_network_info
+
+
+def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("sandbox", help="run commands in Docker sandboxes behind Sandgate")
+    ssub = p.add_subparsers(dest="sandbox_command", required=True)
+
+    def net_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--network", default=NETWORK_NAME)
+        sp.add_argument("--subnet", default=DEFAULT_SUBNET)
+        sp.add_argument("--proxy-port", type=int, default=8080,
+                        help="the port Sandgate listens on at the gateway (default %(default)s)")
+        sp.add_argument("--only-proxy-port", action="store_true",
+                        help="host firewall: sandboxes may reach only the proxy port")
+
+    net = ssub.add_parser("network", help="create the internal sandbox network; print gateway")
+    net_args(net)
+
+    run = ssub.add_parser("run", help="run one command in a fresh sandbox, then remove it")
+    run.add_argument("--identity", required=True)
+    run.add_argument("--image", default=DEFAULT_IMAGE)
+    run.add_argument("--proxy-url", default=None,
+                     help="default: http://<gateway of the network>:<proxy-port>")
+    run.add_argument("--ttl", default="1h", help="proxy token lifetime (30s, 15m, 1h)")
+    run.add_argument("--no-token", action="store_true",
+                     help="no proxy token: rely on the proxy's --docker-network identification")
+    run.add_argument("--placeholder", action="append", default=[], metavar="NAME=VALUE",
+                     help="environment placeholder, e.g. ANTHROPIC_API_KEY=sandgate-placeholder-"
+                          "anthropic")
+    run.add_argument("--memory", default="512m")
+    run.add_argument("--cpus", type=float, default=1.0)
+    run.add_argument("--pids-limit", type=int, default=256)
+    run.add_argument("--timeout", type=float, default=120)
+    net_args(run)
+    confdir_arg(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    ssub.add_parser("ls", help="list sandboxes the launcher created")
+
+
+def _err(msg: str) -> int:
+    print(f"sandgate: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.sandbox_command == "network":
+            client = connect()
+            info = ensure_network_info(
+                client, args.network, args.subnet,
+                allowed_ports=[args.proxy_port] if args.only_proxy_port else None,
+            )
+            if not info.host_firewall:
+                print("sandgate: warning: no host firewall (not root?): sandboxes can reach "
+                      "every address of this host", file=sys.stderr)
+            print(info.gateway)
+            return 0
+        if args.sandbox_command == "ls":
+            for c in list_sandboxes(connect()):
+                labels = c.labels
+                print(f"{labels.get(LABEL_SANDBOX, '-')}\t{labels.get(LABEL_IDENTITY, '-')}\t"
+                      f"{c.status}\t{c.name}")
+            return 0
+        if args.sandbox_command == "run":
+            return _run(args)
+    except DockerUnavailable as e:
+        return _err(str(e))
+    except SandboxError as e:
+        return _err(str(e))
+    return _err(f"unknown sandbox command {args.sandbox_command!r}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import secrets
+
+    from sandgate import confdir
+    from sandgate.tokens import issue_token, parse_ttl
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        return _err("sandbox run: no command (sandgate sandbox run --identity X -- CMD ...)")
+    placeholders: dict[str, str] = {}
+    for item in args.placeholder:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            return _err(f"--placeholder {item!r}: expected NAME=VALUE")
+        placeholders[name] = value
+    client = connect()
+    info = ensure_network_info(
+        client, args.network, args.subnet,
+        allowed_ports=[args.proxy_port] if args.only_proxy_port else None,
+    )
+    directory = confdir.ensure_confdir(Path(args.confdir))
+    ca_pem = Path(confdir.ensure_ca(directory)).read_text()
+    sandbox_id = f"sbx-{secrets.token_hex(6)}"
+    token = None
+    if not args.no_token:
+        try:
+            ttl = parse_ttl(args.ttl)
+        except ValueError as e:
+            return _err(str(e))
+        token = issue_token(confdir.token_key(directory), args.identity, sandbox_id, ttl)
+    spec = SandboxSpec(
+        identity=args.identity, image=args.image, sandbox_id=sandbox_id,
+        proxy_url=args.proxy_url or f"http://{info.gateway}:{args.proxy_port}",
+        ca_pem=ca_pem, token=token, placeholders=placeholders, memory=args.memory,
+        cpus=args.cpus, pids_limit=args.pids_limit, network=args.network,
+    )
+    res = run_once(client, spec, cmd if len(cmd) > 1 else cmd[0], timeout=args.timeout)
+    sys.stdout.write(res.stdout)
+    sys.stderr.write(res.stderr)
+    if res.timed_out:
+        print(f"sandgate: timed out after {args.timeout:g} s", file=sys.stderr)
+    return res.exit_code if res.exit_code >= 0 else 124

@@ -1,0 +1,304 @@
+"""Keep secret values from leaking back to a sandbox: replace them in what flows to it.
+
+A `SecretSet` compiles every form of every secret value (raw, base64, hex, percent-encoded,
+JSON-escaped: see `sandgate.secrets.forms`) into one Aho-Corasick automaton, built once per set
+of cached secrets rather than per request. Each occurrence becomes ``[REDACTED:<name>]``.
+Matching is leftmost, at a position the longest needle wins (one may be a prefix of another),
+non-overlapping, and scanning goes on after each replacement.
+
+`StreamScrubber` gives byte-identical output to `SecretSet.scrub` of the whole body however the
+body is chunked, and holds back only what could still turn into a needle: for random API keys
+that is nearly always nothing, so a server-sent event leaves as soon as it arrives.
+
+`SecretSet.find` and `StreamDetector` report which secrets occur in what a sandbox sends
+(exfiltration), ignoring ASCII case because a client may change it on purpose.
+
+Bytes are mapped to ``str`` through latin-1 (one code point per byte) for pyahocorasick, so
+every index into the text is an index into the bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import ahocorasick
+
+from sandgate.secrets.forms import FormKind, classified_forms
+
+REDACTED_TEMPLATE = "[REDACTED:{name}]"
+
+_NO_EXTRA: Mapping[str, Iterable[bytes]] = MappingProxyType({})
+
+# A needle longer than this is only a candidate for an unfinished match at position q if its
+# first _PROBE_LEN characters occur at q: a second small automaton finds those candidates, so
+# deciding what to hold back costs a pass over the last max_len - 1 bytes, not one trie walk
+# per position.
+_PROBE_LEN = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One secret seen in outgoing data, and in which form (never the value itself)."""
+
+    name: str
+    form: FormKind
+
+
+@dataclass(frozen=True, slots=True)
+class _Needle:
+    length: int
+    replacement: bytes
+
+
+def _automaton(words: Mapping[str, object]) -> Any:
+    """A compiled automaton over `words` (key -> value), or None when there are none."""
+    if not words:
+        return None
+    auto = ahocorasick.Automaton()
+    for key, value in words.items():
+        auto.add_word(key, value)
+    auto.make_automaton()
+    return auto
+
+
+class SecretSet:
+    """All forms of a set of secret values, compiled for scrubbing and for detection.
+
+    `secrets` maps name -> value; a ``str`` value is matched as its UTF-8 encoding. `extra`
+    adds exact byte forms under a name (the base64 of a Basic pair, the query spelling that
+    Sandgate injected: `sandgate.secrets.forms.basic_auth_form`, `query_forms`); they are not
+    encoded further. Empty values and forms are skipped. When two names share a needle, the
+    first name wins.
+
+    Complexity: building is about linear in the total length of all forms (some 25 forms, at most
+    six times the value's length, per secret). Scrubbing and detection are one automaton pass,
+    O(n + m log m) for n bytes with m raw matches; a stream chunk adds O(max_len) to decide
+    what to hold back.
+    """
+
+    def __init__(
+        self,
+        secrets: Mapping[str, str | bytes],
+        extra: Mapping[str, Iterable[bytes]] = _NO_EXTRA,
+    ) -> None:
+        exact: dict[str, _Needle] = {}
+        folded: dict[str, Hit] = {}
+
+        def add(name: str, form: bytes, kind: FormKind) -> None:
+            key = form.decode("latin-1")
+            if key in exact:
+                return
+            marker = REDACTED_TEMPLATE.format(name=name).encode("utf-8", "backslashreplace")
+            exact[key] = _Needle(len(key), marker)
+            folded.setdefault(form.lower().decode("latin-1"), Hit(name, kind))
+
+        for name, value in secrets.items():
+            raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+            for form, kind in classified_forms(bytes(raw)).items():
+                add(name, form, kind)
+        for name, forms in extra.items():
+            for form in forms:
+                if form:
+                    add(name, bytes(form), "own")
+
+        self.max_len: int = max((n.length for n in exact.values()), default=0)
+        self._exact = _automaton(exact)
+        self._folded = _automaton(folded)
+        self._probe = _automaton({k[:_PROBE_LEN]: None for k in exact if len(k) > _PROBE_LEN})
+        # Needles that are proper prefixes of other needles: in sorted order, the strings that
+        # extend a string come right after it, so the next distinct key tells.
+        ordered = sorted(exact)
+        self._extendable = frozenset(
+            a for a, b in itertools.pairwise(ordered) if b.startswith(a)
+        )
+
+    @property
+    def empty(self) -> bool:
+        """True when there is nothing to look for: scrubbing is the identity."""
+        return self._exact is None
+
+    def scrub(self, data: bytes) -> tuple[bytes, int]:
+        """`data` with every occurrence of every form replaced, and how many there were."""
+        if self._exact is None:
+            return bytes(data), 0
+        pieces, count, _ = self._scan(bytes(data), final=True)
+        return b"".join(pieces), count
+
+    def scrub_text(self, text: str) -> tuple[str, int]:
+        """`text` (a header value, a refusal body, an audit field) scrubbed as UTF-8 bytes.
+
+        Needles are whole encoded forms, which begin and end on character boundaries of valid
+        UTF-8, so the result decodes cleanly; a lossy decode is kept only as a guard against
+        `extra` forms that are not UTF-8, and never raises (its message could quote text).
+        """
+        if self._exact is None:
+            return text, 0
+        out, count = self.scrub(text.encode("utf-8", "surrogatepass"))
+        if not count:
+            return text, 0
+        try:
+            return out.decode("utf-8", "surrogatepass"), count
+        except UnicodeDecodeError:
+            return out.decode("utf-8", "replace"), count
+
+    def scrubber(self) -> StreamScrubber:
+        """A fresh streaming scrubber over this set."""
+        return StreamScrubber(self)
+
+    def find(self, data: bytes) -> list[Hit]:
+        """Which secrets occur in `data`, in which form, ignoring ASCII case; each hit once.
+
+        Hits are in the order their first occurrence ends. Overlapping occurrences all count:
+        this answers "did it leak", not "what to replace".
+        """
+        return self.detector().feed(data)
+
+    def detector(self) -> StreamDetector:
+        """A fresh streaming `find`."""
+        return StreamDetector(self)
+
+    def _scan(self, data: bytes, *, final: bool) -> tuple[list[bytes], int, int]:
+        """Scrub `data` as far as it can be decided: (output pieces, replacements, stop).
+
+        With `final`, `data` is everything and `stop` is its length. Otherwise more data may
+        follow, and the scan stops at the first position (on the path the whole-buffer scrub
+        takes) whose remaining bytes are a proper prefix of some needle: only there can more
+        data change the decision. Everything before `stop` is output exactly as a scrub of the
+        whole stream would output it; the caller holds ``data[stop:]`` back.
+        """
+        text = data.decode("latin-1")
+        longest: dict[int, _Needle] = {}
+        for end, needle in self._exact.iter(text):
+            start = end + 1 - needle.length
+            best = longest.get(start)
+            if best is None or best.length < needle.length:
+                longest[start] = needle
+        blocked = [] if final else self._unfinished(text)
+        pieces: list[bytes] = []
+        count = pos = b = 0
+        for start in sorted(longest):
+            if start < pos:
+                continue  # inside the previous replacement
+            while b < len(blocked) and blocked[b] < pos:
+                b += 1
+            if b < len(blocked) and blocked[b] <= start:
+                break  # a longer needle may yet start at blocked[b]: decide nothing from there
+            needle = longest[start]
+            pieces.append(data[pos:start])
+            pieces.append(needle.replacement)
+            count += 1
+            pos = start + needle.length
+        while b < len(blocked) and blocked[b] < pos:
+            b += 1
+        stop = blocked[b] if b < len(blocked) else len(data)
+        pieces.append(data[pos:stop])
+        return pieces, count, stop
+
+    def _unfinished(self, text: str) -> list[int]:
+        """Ascending positions q where ``text[q:]`` is a proper prefix of some needle.
+
+        Such a suffix is shorter than max_len, so only the last max_len - 1 positions qualify.
+        Of these, a suffix of at least _PROBE_LEN characters must start with the first
+        _PROBE_LEN characters of a longer needle (the probe automaton finds those); shorter
+        suffixes are few and checked directly.
+        """
+        n = len(text)
+        low = max(0, n - (self.max_len - 1))
+        candidates = set(range(max(low, n - _PROBE_LEN + 1), n))
+        if self._probe is not None:
+            candidates.update(end + 1 - _PROBE_LEN for end, _ in self._probe.iter(text, low))
+        return sorted(q for q in candidates if self._is_proper_prefix(text[q:]))
+
+    def _is_proper_prefix(self, s: str) -> bool:
+        if s in self._extendable:
+            return True
+        return bool(self._exact.match(s)) and not self._exact.exists(s)
+
+
+class StreamScrubber:
+    """Scrub a byte stream chunk by chunk: `feed` what arrives, `flush` at the end.
+
+    `feed` returns everything a whole-body scrub would already have decided, and holds back
+    only the bytes from the first undecided position on: a suffix that is a proper prefix of
+    some needle (so fewer than max_len bytes). Any chunking, flushed, gives exactly
+    ``secrets.scrub(whole)``.
+    """
+
+    def __init__(self, secrets: SecretSet) -> None:
+        self._set = secrets
+        self._held = b""
+        self.replacements = 0
+
+    @property
+    def held(self) -> int:
+        """How many bytes are held back right now (always < max_len)."""
+        return len(self._held)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The scrubbed bytes that can be sent now."""
+        if self._set.empty:
+            return bytes(chunk)
+        if not chunk:
+            return b""  # nothing new can settle what is held
+        data = self._held + chunk if self._held else bytes(chunk)
+        pieces, count, stop = self._set._scan(data, final=False)
+        self._held = data[stop:]
+        self.replacements += count
+        return b"".join(pieces)
+
+    def flush(self) -> bytes:
+        """Everything still held back, scrubbed. The scrubber may be reused afterwards."""
+        held, self._held = self._held, b""
+        if not held:
+            return b""
+        out, count = self._set.scrub(held)
+        self.replacements += count
+        return out
+
+
+class StreamDetector:
+    """`SecretSet.find` over a stream, keeping only the last max_len - 1 bytes seen.
+
+    `feed` returns the hits not reported before by this detector. An occurrence is counted
+    (`occurrences`) when the chunk holding its last byte arrives, so one that straddles chunks
+    is counted once; the kept tail is long enough for any needle ending in the new chunk.
+    """
+
+    def __init__(self, secrets: SecretSet) -> None:
+        self._set = secrets
+        self._tail = b""
+        self._seen: dict[Hit, None] = {}
+        self.occurrences = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes kept from earlier chunks (always < max_len)."""
+        return len(self._tail)
+
+    @property
+    def hits(self) -> list[Hit]:
+        """Every hit so far, in the order first reported."""
+        return list(self._seen)
+
+    def feed(self, chunk: bytes) -> list[Hit]:
+        folded = self._set._folded
+        if folded is None or not chunk:
+            return []
+        data = self._tail + chunk.lower()  # bytes.lower() folds ASCII only, as needles were
+        fresh = len(self._tail)
+        new: list[Hit] = []
+        for end, hit in folded.iter(data.decode("latin-1")):
+            if end < fresh:
+                continue  # ended in the tail: counted with an earlier chunk
+            self.occurrences += 1
+            if hit not in self._seen:
+                self._seen[hit] = None
+                new.append(hit)
+        keep = self._set.max_len - 1
+        self._tail = data[max(0, len(data) - keep):] if keep else b""
+        return new
+

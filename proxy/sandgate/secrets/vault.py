@@ -1,0 +1,463 @@
+"""The secret broker: reads secrets from Vault / OpenBao on first need and caches them briefly.
+
+Rules this module keeps:
+
+* hvac is synchronous, so every hvac call runs in a small dedicated thread pool, with a socket
+  timeout (``VaultConfig.timeout``) and an outer asyncio deadline; a slow Vault gives a
+  ``SecretError`` after about ``timeout`` seconds and never blocks the event loop.
+* A secret is read when first needed, then cached for ``ttl`` seconds. Concurrent ``get()`` calls
+  for the same uncached secret share one Vault read. Failures are not cached, and an expired
+  value is never served, even when Vault is down.
+* Secret values never reach a log line, an exception message or a repr. hvac exceptions may
+  carry Vault's response body, so their text is never propagated: ``SecretError`` messages are
+  built here from the secret name, the Vault path and the kind of failure only, and are raised
+  ``from None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import hvac
+import hvac.exceptions
+import requests
+
+from sandgate.errors import SecretError
+from sandgate.policy.model import SecretRef
+from sandgate.text import breaks_header
+
+log = logging.getLogger("sandgate.vault")
+
+T = TypeVar("T")
+
+@dataclass(frozen=True)
+class SecretValue:
+    name: str
+    value: str = field(repr=False)
+    version: int | None = None
+
+
+@dataclass(frozen=True)
+class VaultConfig:
+    addr: str
+    token: str | None = field(default=None, repr=False)
+    role_id: str | None = None
+    secret_id: str | None = field(default=None, repr=False)
+    cacert: str | None = None
+    namespace: str | None = None
+    timeout: float = 5.0
+
+    @property
+    def approle(self) -> bool:
+        return bool(self.role_id)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> VaultConfig:
+        addr = env.get("VAULT_ADDR", "").strip()
+        if not addr:
+            raise ValueError("VAULT_ADDR is not set")
+
+        def opt(key: str) -> str | None:
+            v = env.get(key, "").strip()
+            return v or None
+
+        token, role_id, secret_id = opt("VAULT_TOKEN"), opt("VAULT_ROLE_ID"), opt("VAULT_SECRET_ID")
+        if bool(role_id) != bool(secret_id):
+            missing = "VAULT_SECRET_ID" if role_id else "VAULT_ROLE_ID"
+            raise ValueError(f"VAULT_ADDR is set with AppRole auth, but {missing} is not set "
+                             "(AppRole needs both VAULT_ROLE_ID and VAULT_SECRET_ID)")
+        if not token and not role_id:
+            raise ValueError("VAULT_ADDR is set but no Vault credentials are: set VAULT_TOKEN, "
+                             "or VAULT_ROLE_ID and VAULT_SECRET_ID for AppRole")
+        if token and role_id:
+            log.info("both VAULT_TOKEN and AppRole credentials are set; using AppRole")
+            token = None
+        return cls(addr=addr, token=token, role_id=role_id, secret_id=secret_id,
+                   cacert=opt("VAULT_CACERT"), namespace=opt("VAULT_NAMESPACE"))
+
+
+@dataclass
+class _Entry:
+    key: tuple[str, str, str, int]
+    value: SecretValue
+    expires: float  # monotonic
+
+
+def _ref_key(ref: SecretRef) -> tuple[str, str, str, int]:
+    """What identifies the secret's location; a change of `placeholder` or `source` keeps cache."""
+    return (ref.mount, ref.path, ref.field, ref.kv_version)
+
+
+def _where(ref: SecretRef) -> str:
+    return f"{ref.mount.strip('/')}/{ref.path.strip('/')}"
+
+
+class _VaultFailure(Exception):
+    """Internal: a classified, message-safe failure of one Vault call."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind  # "unreachable" | "timeout" | "denied" | "notfound" | "server" | "other"
+        self.detail = detail
+
+
+def _classify(e: BaseException) -> _VaultFailure:
+    """Map an exception from hvac/requests to a safe description. Never uses the exception text."""
+    if isinstance(e, _VaultFailure):
+        return e
+    if isinstance(e, requests.exceptions.Timeout | TimeoutError):
+        return _VaultFailure("timeout", "Vault timed out")
+    if isinstance(e, requests.exceptions.SSLError):
+        return _VaultFailure("unreachable", "TLS handshake with Vault failed")
+    if isinstance(e, requests.exceptions.ConnectionError):
+        text = repr(e).lower()  # inspected, not propagated
+        if "refused" in text:
+            return _VaultFailure("unreachable", "Vault is unreachable (connection refused)")
+        return _VaultFailure("unreachable", "Vault is unreachable (connection failed)")
+    if isinstance(e, hvac.exceptions.Forbidden):
+        return _VaultFailure("denied", "Vault denied access (HTTP 403: permission denied; the "
+                             "Vault token may be expired or revoked, or lacks a policy for "
+                             "this path)")
+    if isinstance(e, hvac.exceptions.Unauthorized):
+        return _VaultFailure("denied", "Vault refused the credentials (HTTP 401)")
+    if isinstance(e, hvac.exceptions.InvalidPath):
+        return _VaultFailure("notfound", "not found in Vault (HTTP 404)")
+    if isinstance(e, hvac.exceptions.VaultDown):
+        return _VaultFailure("server", "Vault is sealed or unavailable (HTTP 503)")
+    if isinstance(e, hvac.exceptions.VaultNotInitialized):
+        return _VaultFailure("server", "Vault is not initialized (HTTP 501)")
+    if isinstance(e, hvac.exceptions.InternalServerError | hvac.exceptions.BadGateway):
+        return _VaultFailure("server", "Vault had a server error (HTTP 5xx)")
+    if isinstance(e, hvac.exceptions.RateLimitExceeded):
+        return _VaultFailure("server", "Vault rate-limited the request (HTTP 429)")
+    if isinstance(e, hvac.exceptions.InvalidRequest):
+        return _VaultFailure("other", "Vault rejected the request (HTTP 400)")
+    if isinstance(e, hvac.exceptions.VaultError):
+        return _VaultFailure("other", "Vault returned an unexpected error")
+    if isinstance(e, requests.exceptions.RequestException):
+        return _VaultFailure("other", f"request to Vault failed ({type(e).__name__})")
+    return _VaultFailure("other", f"unexpected error talking to Vault ({type(e).__name__})")
+
+
+def check_value(name: str, value: object) -> str:
+    """Validate a value read from Vault before it may be injected. Never echoes the value."""
+    if not isinstance(value, str):
+        raise SecretError(name, f"secret '{name}' is unusable: its value is not a string "
+                                f"(Vault returned a {type(value).__name__})")
+    if not value:
+        raise SecretError(name, f"secret '{name}' is unusable: its value is empty")
+    if breaks_header(value):
+        raise SecretError(name, f"secret '{name}' is unusable: refusing to inject a value with "
+                                "control characters (CR, LF or NUL)")
+    return value
+
+
+class SecretBroker:
+    """Reads, caches and hands out secret values. One per proxy process, used from one loop."""
+
+    def __init__(
+        self,
+        config: VaultConfig,
+        secrets: Mapping[str, SecretRef],
+        *,
+        ttl: float = 300.0,
+        renew_interval: float = 60.0,
+        max_workers: int = 8,
+    ) -> None:
+        self.config = config
+        self.ttl = ttl
+        self.renew_interval = renew_interval  # upper bound between token checks
+        self.vault_reads = 0  # number of secret reads sent to Vault (for tests and benchmarks)
+        self.logins = 0  # number of AppRole logins performed
+        self._refs: dict[str, SecretRef] = dict(secrets)
+        self._cache: dict[str, _Entry] = {}
+        # Bumped whenever a cached value appears, changes or goes: consumers that compile the
+        # values (the scrubber's automaton) rebuild only then.
+        self.generation = 0
+        self._inflight: dict[tuple[str, tuple[str, str, str, int]], asyncio.Task[SecretValue]] = {}
+        self._login_task: asyncio.Task[None] | None = None
+        self._renew_task: asyncio.Task[None] | None = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="sandgate-vault")
+        self._client = self._new_client(config.token or "")
+        self._logged_in = not config.approle
+        self._closed = False
+
+    # ----------------------------------------------------------------------------- plumbing
+
+    def _new_client(self, token: str) -> hvac.Client:
+        session = requests.Session()
+        # Vault traffic goes direct: never through HTTP(S)_PROXY from the environment (which may
+        # even point at this proxy), and TLS is verified against VAULT_CACERT or the system store.
+        session.trust_env = False
+        session.verify = self.config.cacert or True
+        # token="" (never None): hvac would otherwise pick up VAULT_TOKEN or ~/.vault-token.
+        return hvac.Client(url=self.config.addr, token=token, verify=self.config.cacert or True,
+                           timeout=self.config.timeout, namespace=self.config.namespace,
+                           session=session)
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        """Run a blocking hvac call in the pool with an outer deadline; classify failures."""
+        if self._closed:
+            raise _VaultFailure("other", "the secret broker is closed")
+        loop = asyncio.get_running_loop()
+        # requests' timeout bounds connect and each socket read; the outer deadline bounds the
+        # whole call (a server dribbling bytes, DNS, a saturated pool).
+        deadline = self.config.timeout * 2 + 1.0
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that races
+        # with the call finishing, which would keep the renewal task alive after aclose().
+        try:
+            async with asyncio.timeout(deadline):
+                return await loop.run_in_executor(self._pool, fn)
+        except TimeoutError:
+            raise _VaultFailure("timeout", "Vault timed out") from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            raise _classify(e) from None
+
+    # ----------------------------------------------------------------------------- auth
+
+    async def start(self) -> None:
+        """Log in (AppRole) and start the token-renewal task.
+
+        With token auth nothing blocks: the renewal task checks the token in the background.
+        Raises SecretError if the AppRole login fails; the broker stays usable and retries the
+        login on the next `get()`.
+        """
+        if self._renew_task is None:
+            self._renew_task = asyncio.create_task(self._renew_loop(), name="sandgate-vault-renew")
+        if self.config.approle:
+            try:
+                await self._login()
+            except _VaultFailure as f:
+                raise SecretError("", f"cannot log in to Vault with AppRole: {f.detail}") from None
+
+    async def _login(self) -> None:
+        """AppRole login, single flight."""
+        if self._login_task is None or self._login_task.done():
+            self._login_task = asyncio.create_task(self._do_login())
+        await asyncio.shield(self._login_task)
+
+    async def _do_login(self) -> None:
+        role_id, secret_id = self.config.role_id, self.config.secret_id
+        fresh = self._new_client("")
+
+        def login() -> Any:
+            try:
+                return fresh.auth.approle.login(role_id=role_id, secret_id=secret_id,
+                                                use_token=False)
+            finally:
+                fresh.adapter.close()
+
+        try:
+            resp = await self._call(login)
+        except _VaultFailure as f:
+            if f.kind in ("denied", "other") and "HTTP 4" in f.detail:
+                f = _VaultFailure("denied", "Vault rejected the AppRole login (invalid or "
+                                  "expired role_id / secret_id)")
+            log.warning("AppRole login to Vault at %s failed: %s", self.config.addr, f.detail)
+            raise f from None
+        auth = (resp or {}).get("auth") or {}
+        token = auth.get("client_token")
+        if not isinstance(token, str) or not token:
+            raise _VaultFailure("other", "AppRole login returned no token")
+        self._client.token = token
+        self._logged_in = True
+        self.logins += 1
+        log.info("logged in to Vault at %s with AppRole (token ttl %ss, renewable %s)",
+                 self.config.addr, auth.get("lease_duration"), auth.get("renewable"))
+
+    async def _renew_loop(self) -> None:
+        while not self._closed:
+            try:
+                delay = await self._renew_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # never let the task die
+                log.warning("Vault token check failed unexpectedly (%s)", type(e).__name__)
+                delay = self.renew_interval
+            if self._closed:
+                return
+            await asyncio.sleep(delay)
+
+    async def _relogin(self) -> float:
+        """AppRole login from the renewal task; returns the delay before the next check."""
+        try:
+            await self._login()
+        except _VaultFailure:
+            return min(self.renew_interval, 5.0)  # logged by _do_login; retry soon
+        return 1.0  # check the new token soon
+
+    async def _renew_once(self) -> float:
+        """Check the token; renew or re-login when needed. Returns seconds until next check."""
+        if not self._logged_in:
+            if self.config.approle:
+                try:
+                    await self._login()
+                except _VaultFailure:
+                    return min(self.renew_interval, 5.0)
+            else:
+                return self.renew_interval
+        try:
+            info = await self._call(lambda: self._client.auth.token.lookup_self())
+        except _VaultFailure as f:
+            if f.kind == "denied":
+                if self.config.approle:
+                    log.warning("Vault token no longer valid; logging in again with AppRole")
+                    return await self._relogin()
+                log.warning("Vault token is expired or revoked (%s); requests needing secrets "
+                            "will be refused until VAULT_TOKEN is replaced", f.detail)
+            else:
+                log.warning("cannot check the Vault token: %s", f.detail)
+            return min(self.renew_interval, 5.0) if f.kind != "denied" else self.renew_interval
+        data = (info or {}).get("data") or {}
+        ttl = int(data.get("ttl") or 0)
+        creation_ttl = int(data.get("creation_ttl") or ttl)
+        renewable = bool(data.get("renewable"))
+        if ttl <= 0:  # a token that does not expire (e.g. root)
+            return self.renew_interval
+        if renewable and ttl < creation_ttl / 2:
+            try:
+                resp = await self._call(lambda: self._client.auth.token.renew_self())
+                new_ttl = int(((resp or {}).get("auth") or {}).get("lease_duration") or 0)
+                log.info("renewed the Vault token (ttl now %ss)", new_ttl)
+                ttl = new_ttl or ttl
+                if self.config.approle and ttl < max(creation_ttl / 4, 2.0):
+                    # capped by the token's max TTL: renewing no longer helps, log in afresh
+                    log.info("Vault token near its max TTL; logging in again with AppRole")
+                    return await self._relogin()
+            except _VaultFailure as f:
+                log.warning("renewing the Vault token failed: %s", f.detail)
+                if self.config.approle:
+                    return await self._relogin()
+        elif not renewable and self.config.approle and ttl < max(creation_ttl / 4, 2.0):
+            log.info("Vault token near expiry (%ss left); logging in again with AppRole", ttl)
+            return await self._relogin()
+        elif not renewable and ttl < self.renew_interval:
+            log.warning("Vault token expires in %ss and cannot be renewed", ttl)
+        return max(0.5, min(self.renew_interval, ttl / 3))
+
+    # ----------------------------------------------------------------------------- secrets
+
+    def update_secrets(self, secrets: Mapping[str, SecretRef]) -> None:
+        """Adopt a reloaded policy's secrets; forget cached values whose location changed."""
+        new = dict(secrets)
+        for name in list(self._cache):
+            ref = new.get(name)
+            if ref is None or _ref_key(ref) != self._cache[name].key:
+                del self._cache[name]
+                self.generation += 1
+        self._refs = new
+
+    def cached_values(self) -> dict[str, str]:
+        """name -> value of every cached value, expired ones included (no I/O).
+
+        Expired entries are never served, but they are still real credentials, so they stay
+        here for response scrubbing and exfiltration checks until replaced or dropped.
+        """
+        return {name: e.value.value for name, e in self._cache.items()}
+
+    async def get(self, name: str) -> SecretValue:
+        ref = self._refs.get(name)
+        if ref is None:
+            raise SecretError(name, f"secret '{name}' is not defined in the policy")
+        key = _ref_key(ref)
+        entry = self._cache.get(name)
+        if entry is not None and entry.key == key and self._clock() < entry.expires:
+            return entry.value
+        flight_key = (name, key)
+        task = self._inflight.get(flight_key)
+        if task is None:
+            task = asyncio.create_task(self._fetch(ref), name=f"sandgate-vault-read-{name}")
+            self._inflight[flight_key] = task
+
+            def done(t: asyncio.Task[SecretValue], k: Any = flight_key) -> None:
+                if self._inflight.get(k) is t:
+                    del self._inflight[k]
+                if not t.cancelled():
+                    t.exception()  # mark retrieved even if every waiter was cancelled
+
+            task.add_done_callback(done)
+        return await asyncio.shield(task)
+
+    async def _fetch(self, ref: SecretRef) -> SecretValue:
+        name, where = ref.name, _where(ref)
+        try:
+            if not self._logged_in:
+                await self._login()
+            try:
+                raw = await self._read(ref)
+            except _VaultFailure as f:
+                if f.kind != "denied" or not self.config.approle:
+                    raise
+                log.info("Vault denied reading secret '%s'; logging in again with AppRole", name)
+                await self._login()
+                raw = await self._read(ref)
+        except _VaultFailure as f:
+            if f.kind == "notfound":
+                msg = f"secret '{name}' unavailable: path {where} not found in Vault"
+            elif f.kind == "denied":
+                msg = f"secret '{name}' unavailable: {f.detail} (reading {where})"
+            else:
+                msg = f"secret '{name}' unavailable: {f.detail}"
+            log.warning("%s [vault %s]", msg, self.config.addr)
+            raise SecretError(name, msg) from None
+
+        data, version = raw
+        if not isinstance(data, Mapping) or ref.field not in data:
+            msg = f"secret '{name}' unavailable: field '{ref.field}' missing in {where}"
+            log.warning("%s", msg)
+            raise SecretError(name, msg)
+        try:
+            value = check_value(name, data[ref.field])
+        except SecretError as e:
+            log.warning("%s (at %s, field '%s')", e, where, ref.field)
+            raise
+        sv = SecretValue(name=name, value=value, version=version)
+        current = self._refs.get(name)
+        if current is not None and _ref_key(current) == _ref_key(ref):
+            old = self._cache.get(name)
+            self._cache[name] = _Entry(_ref_key(ref), sv, self._clock() + self.ttl)
+            if old is None or old.value.value != value:
+                self.generation += 1
+        log.debug("fetched secret '%s' from %s (version %s)", name, where, version)
+        return sv
+
+    async def _read(self, ref: SecretRef) -> tuple[Any, int | None]:
+        client = self._client
+        self.vault_reads += 1
+        if ref.kv_version == 2:
+            resp = await self._call(lambda: client.secrets.kv.v2.read_secret_version(
+                path=ref.path, mount_point=ref.mount, raise_on_deleted_version=True))
+            body = (resp or {}).get("data") or {}
+            meta = body.get("metadata") or {}
+            version = meta.get("version")
+            return body.get("data"), version if isinstance(version, int) else None
+        resp = await self._call(lambda: client.secrets.kv.v1.read_secret(
+            path=ref.path, mount_point=ref.mount))
+        return (resp or {}).get("data"), None
+
+    # ----------------------------------------------------------------------------- shutdown
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for t in (self._renew_task, self._login_task, *self._inflight.values())
+                 if t is not None and not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.adapter.close()
+        self._cache.clear()
+        self.generation += 1

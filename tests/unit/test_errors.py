@@ -1,0 +1,88 @@
+"""The one error tree and the one mapping from an error to the answer a sandbox sees."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sandgate.errors import (
+    STATUS,
+    AddressRefused,
+    BadRequest,
+    Code,
+    IdentityError,
+    Refused,
+    SandgateError,
+    SecretError,
+    UnsafeValue,
+)
+from sandgate.policy.loader import PolicyError, PolicyProblem
+from sandgate.refusal import REASON_HEADER, Refusal
+
+# Every class with every code it may carry, and the status the sandbox must get.
+CASES = [
+    (IdentityError(Code.AUTH_REQUIRED, "r"), 407),
+    (IdentityError(Code.AUTH_INVALID, "r"), 407),
+    (BadRequest(Code.BAD_REQUEST, "r"), 400),
+    (BadRequest(Code.NOT_TLS, "r"), 403),
+    (BadRequest(Code.TOO_LARGE, "r"), 413),
+    (AddressRefused(Code.INTERNAL_ADDRESS, "r"), 403),
+    (AddressRefused(Code.SELF_ADDRESS, "r"), 403),
+    (AddressRefused(Code.UNRESOLVABLE, "r"), 502),
+    (SecretError("name", "r"), 503),
+    (UnsafeValue("r"), 502),
+    (Refused(Code.EXFILTRATION, "r"), 403),
+    (Refused(Code.NO_RULE, "r"), 403),
+    (Refused(Code.DENIED_BY_RULE, "r"), 403),
+    (Refused(Code.UNKNOWN_IDENTITY, "r"), 403),
+    (Refused(Code.UPSTREAM_ERROR, "r"), 502),
+    (Refused(Code.INTERNAL_ERROR, "r"), 503),
+]
+
+
+def test_every_code_has_a_status():
+    assert set(STATUS) == set(Code)
+
+
+def test_cases_cover_every_code():
+    assert {e.code for e, _ in CASES} == set(Code)
+
+
+@pytest.mark.parametrize("error,status", CASES, ids=lambda c: getattr(c, "code", str(c)))
+def test_error_maps_to_one_status_in_one_place(error, status):
+    assert isinstance(error, SandgateError) and isinstance(error, Refused)
+    assert error.status == status
+    r = Refusal.from_error(error, identity="agent", target="https://h.example:443/x")
+    assert r.status == status and r.code is error.code
+    body = json.loads(r.body())
+    assert body["code"] == str(error.code) and body["status"] == status
+    assert r.headers()[REASON_HEADER] == str(error.code)
+    assert ("Proxy-Authenticate" in r.headers()) == (status == 407)
+
+
+@pytest.mark.parametrize("cls,code", [
+    (IdentityError, Code.NO_RULE),
+    (BadRequest, Code.AUTH_INVALID),
+    (AddressRefused, Code.BAD_REQUEST),
+])
+def test_a_class_cannot_carry_a_foreign_code(cls, code):
+    with pytest.raises(TypeError):
+        cls(code, "r")
+
+
+def test_bad_request_is_also_a_value_error():
+    # The request parser serves load time and the CLI (ValueError) and the proxy (a refusal).
+    assert isinstance(BadRequest(Code.BAD_REQUEST, "r"), ValueError)
+
+
+def test_secret_error_keeps_the_name_and_a_retry_hint():
+    e = SecretError("anthropic", "secret 'anthropic' unavailable")
+    assert e.secret == "anthropic" and e.hint and "retry" in e.hint
+    assert "anthropic" in repr(e)
+
+
+def test_policy_error_is_in_the_tree():
+    e = PolicyError([PolicyProblem("f.yaml", 3, "identities.a", "bad", "fix it")])
+    assert isinstance(e, SandgateError) and isinstance(e, ValueError)
+    assert str(e) == "f.yaml:3: identities.a: bad. Fix: fix it"
