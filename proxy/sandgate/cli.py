@@ -23,6 +23,18 @@ def _listen(spec: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _size(spec: str) -> str:
+    from mitmproxy.utils import human
+
+    try:
+        if human.parse_size(spec) is None:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a size like 512k, 32m or 1g, got {spec!r}") from None
+    return spec
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sandgate", description=__doc__)
     p.add_argument("--version", action="version", version=f"sandgate {__version__}")
@@ -45,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--audit", type=Path, default=None, metavar="FILE",
                      help="append audit events here (default: stdout)")
     run.add_argument("--secret-ttl", type=float, default=300.0, metavar="SECONDS")
+    run.add_argument("--max-request-body", type=_size, default="32m", metavar="SIZE",
+                     help="refuse request bodies larger than this with 413 (default %(default)s; "
+                     "bodies are buffered to be inspected before anything is sent)")
     run.add_argument("--identity-cidr", action="append", default=[],
                      metavar="CIDR=IDENTITY[/SANDBOX]",
                      help="identify clients from this range without a token (VMs, namespaces)")
@@ -212,12 +227,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from sandgate.addons.pinned import check_sets
     from sandgate.policy.loader import PolicyError
     from sandgate.runner import RunConfig, banner, parse_resolve, serve
     from sandgate.secrets.vault import VaultConfig
 
     try:
         resolve = parse_resolve(args.resolve)
+        check_sets(args.sets)
     except ValueError as e:
         return _err(str(e))
     for ca in args.upstream_ca:
@@ -260,6 +277,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             listen_port=args.listen[1], sets=args.sets, resolve=resolve,
             upstream_cas=args.upstream_ca, audit_file=args.audit, vault=vault,
             secret_ttl=args.secret_ttl, address_sources=sources,
+            max_request_body=args.max_request_body,
         )
         print(banner(cfg, args.confdir), file=sys.stderr, end="")
         asyncio.run(serve(cfg))

@@ -30,7 +30,7 @@ def apply(
     secret name -> its placeholder text. Injected headers replace whatever the client sent
     under that name (in any case); they never duplicate it.
     """
-    _substitute(req, values, placeholders)
+    _substitute(rule, req, values, placeholders)
     inj = rule.inject
     if inj is None:
         return
@@ -47,23 +47,27 @@ def apply(
         req.query = query
 
 
-def _substitute(
-    req: http.Request, values: Mapping[str, str], placeholders: Mapping[str, str]
-) -> None:
-    """Swap placeholders of the bound secrets in header values: SDKs send what they hold."""
-    swaps = [(placeholders[n], v) for n, v in values.items() if n in placeholders]
+def _substitute(rule: Rule, req: http.Request, values: Mapping[str, str],
+                placeholders: Mapping[str, str]) -> None:
+    """Swap the placeholders of the rule's `substitute` secrets for their values, only in the
+    headers the rule names (`substitute_headers`): SDKs send the key they hold there. A
+    placeholder anywhere else stays a placeholder, so an upstream endpoint that reflects some
+    other header can never hand the value back."""
+    swaps = [(placeholders[n].encode(), n, values[n].encode("utf-8"))
+             for n in sorted(rule.substitute) if n in values and n in placeholders]
     if not swaps:
         return
     fields = list(req.headers.fields)
     changed = False
     for i, (key, raw) in enumerate(fields):
-        text = raw.decode("latin-1")
-        new = text
-        for placeholder, secret in swaps:
+        if key.lower().decode("latin-1") not in rule.substitute_headers:
+            continue
+        new = raw
+        for placeholder, name, secret in swaps:
             if placeholder in new:
-                new = new.replace(placeholder, _checked(key.decode("latin-1"), secret))
-        if new != text:
-            fields[i] = (key, new.encode("latin-1"))
+                new = new.replace(placeholder, _checked(name, secret.decode("utf-8")).encode())
+        if new != raw:
+            fields[i] = (key, new)
             changed = True
     if changed:
         req.headers.fields = tuple(fields)
@@ -105,33 +109,39 @@ class Leak:
 
 def find_leaks(
     req: http.Request,
+    body: bytes,
     placeholders: Mapping[str, str],
     secrets: SecretSet,
     bound: frozenset[str],
 ) -> list[Leak]:
-    """Placeholders of secrets the rule does not bind, and any real secret value, in a request.
+    """Placeholders of secrets the rule does not bind, and any real secret value (in any of its
+    encodings, in any case), in a request's headers, target and (decoded) body.
 
     `placeholders` maps placeholder text -> secret name; `secrets` holds every cached value
     with its encodings (a sandbox must never hold a real value, bound or not).
     """
-    leaks: list[Leak] = []
     parts: list[tuple[str, bytes]] = [
         ("header", b"\n".join(k + b": " + v for k, v in req.headers.fields)),
         ("url", req.path.encode("utf-8", "surrogateescape")),
         ("url", unquote(req.path).encode("utf-8", "surrogateescape")),  # percent-encoding
-        ("body", req.raw_content or b""),
+        ("body", body),
     ]
+    leaks: list[Leak] = []
+    for where, blob in parts:
+        leaks += find_leaks_in(blob, where, placeholders, secrets, bound)
+    return leaks
+
+
+def find_leaks_in(blob: bytes, where: str, placeholders: Mapping[str, str], secrets: SecretSet,
+                  bound: frozenset[str]) -> list[Leak]:
+    """The leaks in one piece of outgoing data (a header block, a body, a WebSocket message)."""
+    leaks = [Leak(hit.name, "value", where) for hit in secrets.find(blob)]
     # A bound placeholder may contain an unbound one ("...-openai-admin" holds "...-openai"):
     # take the bound ones out before looking for the others.
-    bound_texts = sorted((p.encode() for p, n in placeholders.items() if n in bound), key=len,
-                         reverse=True)
-    unbound = [(p.encode(), n) for p, n in placeholders.items() if n not in bound]
-    for where, blob in parts:
-        for hit in secrets.find(blob):
-            leaks.append(Leak(hit.name, "value", where))
-        for p in bound_texts:
-            blob = blob.replace(p, b"")
-        for placeholder, name in unbound:
-            if placeholder in blob:
-                leaks.append(Leak(name, "placeholder", where))
+    for p in sorted((p.encode() for p, n in placeholders.items() if n in bound), key=len,
+                    reverse=True):
+        blob = blob.replace(p, b"")
+    for placeholder, name in placeholders.items():
+        if name not in bound and placeholder.encode() in blob:
+            leaks.append(Leak(name, "placeholder", where))
     return leaks

@@ -19,6 +19,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_V4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
 _THIS_NET = ipaddress.ip_network("0.0.0.0/8")
 _V4_CLASSES: tuple[tuple[str, IPNetwork], ...] = tuple(
     (name, ipaddress.ip_network(net))
@@ -84,6 +85,9 @@ def classify(ip: IPAddress) -> str | None:
     mapped = ip.ipv4_mapped
     if mapped is not None:
         return "ipv4_mapped:" + (classify(mapped) or "public")
+    if ip in _V4_TRANSLATED:  # ::ffff:0:a.b.c.d (RFC 2765 SIIT): a translator dials a.b.c.d
+        embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        return "ipv4_translated:" + (classify(embedded) or "public")
     if ip.packed[:12] == bytes(12):
         # ::a.b.c.d (IPv4-compatible, deprecated), :: and ::1
         if ip == ipaddress.IPv6Address("::1"):

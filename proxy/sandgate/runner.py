@@ -15,7 +15,9 @@ from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
 
 from sandgate import audit, confdir
+from sandgate.addons import patches
 from sandgate.addons.gate import Gate, GateConfig
+from sandgate.addons.pinned import Pinned, check_sets, pinned
 from sandgate.identity.base import AddressIdentitySource
 from sandgate.identity.resolve import Identifier
 from sandgate.netguard import IPAddress
@@ -24,12 +26,7 @@ from sandgate.secrets.vault import SecretBroker, VaultConfig
 
 log = logging.getLogger("sandgate")
 
-# Options Sandgate owns: an operator's --set may not weaken them.
-FORCED_OPTIONS = {
-    "connection_strategy": "lazy",  # never dial before the request is judged
-    "onboarding": False,  # mitm.it would answer outside the policy
-    "upstream_cert": False,
-}
+DEFAULT_MAX_REQUEST_BODY = "32m"
 
 
 @dataclass
@@ -45,6 +42,7 @@ class RunConfig:
     vault: VaultConfig | None = None
     secret_ttl: float = 300.0
     address_sources: Sequence[AddressIdentitySource] = ()
+    max_request_body: str = DEFAULT_MAX_REQUEST_BODY
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -125,13 +123,14 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     m.addons.add(*default_addons())
     m.addons.add(errorcheck.ErrorCheck())
     m.addons.add(gate)
+    check_sets(cfg.sets)
     if cfg.sets:
         opts.set(*cfg.sets)
     bundle = upstream_bundle(conf, cfg.upstream_cas)
-    forced = dict(FORCED_OPTIONS)
-    if bundle is not None:
-        forced["ssl_verify_upstream_trusted_ca"] = str(bundle)
-    opts.update(**forced)
+    values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None)
+    opts.update(**values)
+    m.addons.add(Pinned(values))
+    patches.install()
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

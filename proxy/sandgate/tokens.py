@@ -193,3 +193,16 @@ def authenticate_basic(header_value: str | None, key: bytes, now: float | None =
         # Never echo something that may be (part of) a token pasted into the user field.
         raise IdentityError(Code.AUTH_INVALID, "the Basic user does not match the token")
     return Caller(identity=claims.identity, sandbox=claims.sandbox, source="token")
+
+
+CANARY_PREFIX = "sandgate-canary-"
+
+
+def canary(key: bytes, identity: str) -> str:
+    """The decoy credential for `identity`: derived from the token key, so every replica and
+    `sandgate canary` agree without state. Plant it where a real key would be; with
+    `sandgate run --canary` any request carrying it (in any encoding) is refused and audited as
+    an exfiltration attempt, and any response carrying it is scrubbed."""
+    _check_key(key)
+    mac = hmac.new(key, f"canary:{identity}".encode(), hashlib.sha256).hexdigest()[:32]
+    return f"{CANARY_PREFIX}{mac}"

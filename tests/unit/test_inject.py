@@ -83,17 +83,19 @@ def test_substitution_of_bound_placeholder(policy):
 ])
 def test_unbound_placeholder_found(policy, where, kw):
     req = tutils.treq(**kw)
-    leaks = find_leaks(req, policy.placeholders, SecretSet({}), frozenset())
+    leaks = find_leaks(req, req.raw_content or b"", policy.placeholders, SecretSet({}),
+                       frozenset())
     assert {(lk.secret, lk.kind, lk.where) for lk in leaks} == {("gh", "placeholder", where)}
 
 
 def test_bound_placeholder_containing_another_is_not_a_leak(policy):
     req = tutils.treq(headers=[(b"authorization", b"Bearer sandgate-placeholder-openai-admin")])
-    assert find_leaks(req, policy.placeholders, SecretSet({}), frozenset({"openai-admin"})) == []
+    bound = frozenset({"openai-admin"})
+    assert find_leaks(req, b"", policy.placeholders, SecretSet({}), bound) == []
 
 
 def test_real_value_anywhere_is_a_leak(policy):
     req = tutils.treq(content=b"token=cached-value-1")
     secrets = SecretSet({"gh": "cached-value-1"})
-    leaks = find_leaks(req, policy.placeholders, secrets, frozenset({"gh"}))
+    leaks = find_leaks(req, req.raw_content or b"", policy.placeholders, secrets, frozenset({"gh"}))
     assert [(lk.secret, lk.kind) for lk in leaks] == [("gh", "value")]

@@ -19,22 +19,30 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from mitmproxy import connection, ctx, http, tcp, tls, udp
+from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
+from mitmproxy.net.dns import response_codes
 from mitmproxy.proxy import server_hooks
 
 from sandgate import audit as A
+from sandgate.addons.forward import (
+    check_authority,
+    check_upgrade,
+    inspectable_body,
+    is_websocket_upgrade,
+    prepare,
+)
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord, Tunnel
-from sandgate.addons.stream import ResponseScrubber, scrub_headers
+from sandgate.addons.stream import ResponseScrubber, clean_head, scrub_headers
 from sandgate.decision import decide, decide_connect
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
-from sandgate.inject import apply, find_leaks, own_forms
+from sandgate.inject import Leak, apply, find_leaks, find_leaks_in, own_forms
 from sandgate.netguard import DialTarget, IPAddress, choose_address, may_dial, resolve
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import Policy, Rule
-from sandgate.refusal import REASON_HEADER, Refusal
-from sandgate.request import RequestInfo, check_tunnel, parse_proxied, same_host
+from sandgate.refusal import Refusal
+from sandgate.request import RequestInfo, check_head, check_tunnel, parse_proxied, same_host
 from sandgate.scrub import SecretSet
 from sandgate.secrets.vault import SecretBroker
 
@@ -54,6 +62,9 @@ class GateConfig:
     audit: A.AuditLog
     resolve_overrides: dict[str, str] = field(default_factory=dict)
     self_addresses: tuple[tuple[IPAddress, int], ...] = ()
+    max_request_body: int = 32 * 1024 * 1024
+    # secret-like name -> decoy value (`sandgate run --canary`): refused in requests, scrubbed
+    canaries: dict[str, str] = field(default_factory=dict)
 
 
 def guarded(fn: F) -> F:
@@ -89,7 +100,8 @@ class Gate:
         broker = self.cfg.broker
         if broker.generation != self._secret_generation:
             values = broker.cached_values()
-            self._secret_set = SecretSet(values, own_forms(self.policy, values))
+            self._secret_set = SecretSet({**self.cfg.canaries, **values},
+                                         own_forms(self.policy, values))
             self._secret_generation = broker.generation
         return self._secret_set
 
@@ -144,16 +156,27 @@ class Gate:
         except Exception:
             log.exception("sandgate: tls_clienthello failed; intercepting instead")
 
-    @guarded
-    async def tcp_start(self, flow: tcp.TCPFlow) -> None:
-        tunnel = self._conn(flow.client_conn).tunnel
-        if tunnel is None or not tunnel.passthrough:
-            # Raw bytes inside a CONNECT that no passthrough rule allows: nothing to judge.
+    def tcp_message(self, flow: tcp.TCPFlow) -> None:
+        # Raw bytes inside a CONNECT that no passthrough rule allows: nothing to judge, nothing
+        # relayed (mitmproxy ignores kill() in tcp_start; server_connect refuses the dial too).
+        try:
+            tunnel = self._conn(flow.client_conn).tunnel
+            if tunnel is not None and tunnel.passthrough:
+                return
+        except Exception:
+            log.exception("sandgate: tcp_message failed; dropping")
+        flow.messages[-1].content = b""
+        if flow.killable:
             flow.kill()
 
-    @guarded
-    async def udp_start(self, flow: udp.UDPFlow) -> None:
-        flow.kill()
+    def udp_message(self, flow: udp.UDPFlow) -> None:
+        flow.messages[-1].content = b""
+        if flow.killable:
+            flow.kill()
+
+    def dns_request(self, flow: dns.DNSFlow) -> None:
+        # A CONNECT to port 53 carrying raw DNS would be resolved by mitmproxy itself.
+        flow.response = flow.request.fail(response_codes.REFUSED)
 
     # ---------------------------------------------------------------- dialling
 
@@ -186,34 +209,61 @@ class Gate:
     # ---------------------------------------------------------------- requests
 
     @guarded
-    async def request(self, flow: http.HTTPFlow) -> None:
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """Judge the head before any body is read: nothing unbounded before identity is known."""
+        if flow.error is not None:
+            return  # mitmproxy is refusing it already (invalid head, body over the limit)
+        try:
+            self._judge_head(flow)
+        except Refused as e:
+            self._refused(flow, e)
+            if _body_expected(flow.request) > _SMALL_BODY:
+                flow.kill()  # do not read (and buffer) a large body only to refuse it
+
+    def _judge_head(self, flow: http.HTTPFlow) -> None:
         rec = _record(flow)
         req = flow.request
-        conn = self._conn(flow.client_conn)
         auth = req.headers.pop("proxy-authorization", None)
-        req.headers.pop(REASON_HEADER, None)
-        tunnel = conn.tunnel
+        tunnel = self._conn(flow.client_conn).tunnel
         caller = rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
-
+        check_head(req.data.method.decode("latin-1"), req.data.path.decode("latin-1"),
+                   req.headers.fields)
         info = rec.info = self._parse(flow, tunnel)
-        policy, placeholders = self.policy, self._placeholders
-        d = rec.decision = decide(policy, caller.identity, info)
+        d = rec.decision = decide(self.policy, caller.identity, info)
         if not d.allowed:
             raise d.refused()
-        rule = d.rule
-        assert rule is not None
+        check_authority(req, info)
+        check_upgrade(req)
+        if _body_expected(req) > self.cfg.max_request_body:
+            raise BadRequest(Code.TOO_LARGE, "the request body is larger than this proxy "
+                             f"accepts ({self.cfg.max_request_body} bytes)")
 
-        leaks = find_leaks(req, placeholders, self.secrets(), rule.secrets)
+    @guarded
+    async def request(self, flow: http.HTTPFlow) -> None:
+        rec = _record(flow)
+        if rec.refused:
+            return  # answered at requestheaders
+        req = flow.request
+        if rec.decision is None:
+            self._judge_head(flow)  # never forward what requestheaders did not judge
+        info, d = rec.info, rec.decision
+        assert info is not None and d is not None and d.rule is not None
+        rule = d.rule
+        # The body is complete now: check the head again (nothing may have changed it since)
+        # and the body's size as received (chunked bodies have no length up front).
+        check_head(req.data.method.decode("latin-1"), req.data.path.decode("latin-1"),
+                   req.headers.fields)
+        if len(req.raw_content or b"") > self.cfg.max_request_body:
+            raise BadRequest(Code.TOO_LARGE, "the request body is larger than this proxy "
+                             f"accepts ({self.cfg.max_request_body} bytes)")
+        body = inspectable_body(req, self.cfg.max_request_body)
+        leaks = find_leaks(req, body, self._placeholders, self.secrets(), rule.secrets)
         if leaks:
             rec.exfiltration = sorted({f"{lk.secret}:{lk.kind}:{lk.where}" for lk in leaks})
-            names = ", ".join(sorted({lk.secret for lk in leaks}))
-            raise Refused(
-                Code.EXFILTRATION,
-                f"the request carries a credential for secret(s) {names} that rule "
-                f"'{rule.name}' does not bind to this destination",
-                hint="placeholders are only honoured on the requests their rule binds",
-            )
+            raise _exfiltration(leaks, rule)
 
+        websocket = is_websocket_upgrade(req)
+        prepare(req, websocket)
         if rule.secrets:
             if info.scheme != "https" or ctx.options.ssl_insecure:
                 raise Refused(Code.UNSAFE_INJECTION,
@@ -223,8 +273,9 @@ class Gate:
                 sv = await self.cfg.broker.get(name)
                 values[name] = sv.value
                 rec.secrets.append(f"{name}@{sv.version}" if sv.version else name)
-            apply(rule, req, values, {n: policy.secrets[n].placeholder for n in values})
+            apply(rule, req, values, {n: self.policy.secrets[n].placeholder for n in values})
 
+        conn = self._conn(flow.client_conn)
         target = conn.pinned.get((info.host, info.port))
         if target is None or not may_dial(target.ip, rule.private_cidrs):
             target = await self._choose(info.host, info.port, rule)
@@ -268,9 +319,15 @@ class Gate:
         resp = flow.response
         if resp is None or rec.refused:
             return
-        resp.headers.pop(REASON_HEADER, None)
+        if resp.status_code == 101 and not (
+                is_websocket_upgrade(flow.request)
+                and resp.headers.get("upgrade", "").strip().lower() == "websocket"):
+            self._drop_response(flow, Refused(
+                Code.UPSTREAM_ERROR, "the upstream switched to a protocol other than the "
+                "WebSocket that was asked for"))
+            return
         secrets = self.secrets()
-        rec.redactions += scrub_headers(resp.headers, secrets)
+        rec.redactions += clean_head(resp, secrets)
         if flow.request.method == "HEAD" or resp.status_code in (204, 304) or (
             resp.status_code < 200
         ):
@@ -278,8 +335,7 @@ class Gate:
         encoding = resp.headers.get("content-encoding", "identity").strip().lower()
         scrubber = ResponseScrubber(secrets, encoding, resp)
         if scrubber.refuse_reason:
-            flow.kill()
-            rec.refusal = Refusal(Code.INTERNAL_ERROR, scrubber.refuse_reason)
+            self._drop_response(flow, Refused(Code.UPSTREAM_ERROR, scrubber.refuse_reason))
             return
 
         def stream(chunk: bytes) -> bytes | list[bytes]:
@@ -291,10 +347,53 @@ class Gate:
         resp.stream = stream
 
     def response(self, flow: http.HTTPFlow) -> None:
+        try:
+            resp = flow.response
+            if resp is not None and resp.trailers and not _record(flow).refused:
+                if flow.client_conn.alpn == b"h2":
+                    _record(flow).redactions += scrub_headers(resp.trailers, self.secrets())
+                else:  # HTTP/1 clients get no trailers (mitmproxy cannot send them anyway)
+                    resp.trailers = None
+        except Exception:
+            log.exception("sandgate: response hook failed; killing")
+            self._fail(flow)
         self._audit(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
         self._audit(flow)
+
+    # ---------------------------------------------------------------- WebSocket
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """Scrub what the upstream sends; drop, and stop the stream, on anything leaving that
+        carries a credential. Messages arrive whole (mitmproxy reassembles fragments)."""
+        assert flow.websocket is not None
+        message = flow.websocket.messages[-1]
+        rec = _record(flow)
+        try:
+            if rec.websocket_closed:
+                message.drop()
+                return
+            secrets = self.secrets()
+            if not message.from_client:
+                clean, n = secrets.scrub(message.content)
+                if n:
+                    message.content = clean
+                    rec.redactions += n
+                return
+            rule = rec.decision.rule if rec.decision is not None else None
+            bound = rule.secrets if rule is not None else frozenset()
+            leaks = find_leaks_in(message.content, "websocket", self._placeholders, secrets,
+                                  bound)
+            if leaks:
+                message.drop()
+                rec.websocket_closed = True
+                rec.exfiltration = sorted({f"{lk.secret}:{lk.kind}:{lk.where}" for lk in leaks})
+                self._audit_event(flow, "websocket", _exfiltration(leaks, rule))
+        except Exception:
+            log.exception("sandgate: websocket_message failed; dropping the stream")
+            rec.websocket_closed = True
+            message.drop()
 
     # ---------------------------------------------------------------- refusals and audit
 
@@ -324,6 +423,11 @@ class Gate:
             hint=secrets.scrub_text(refusal.hint)[0] if refusal.hint else None,
         )
 
+    def _drop_response(self, flow: http.HTTPFlow, error: Refused) -> None:
+        """An upstream answer that cannot be forwarded: nothing of it reaches the sandbox."""
+        _record(flow).refusal = self._refusal(flow, error)
+        flow.kill()
+
     def _refuse(self, flow: http.HTTPFlow, refusal: Refusal) -> None:
         _record(flow).refusal = refusal
         flow.response = http.Response.make(refusal.status, refusal.body(), refusal.headers())
@@ -349,6 +453,18 @@ class Gate:
         if callable(kill) and getattr(obj, "killable", False):
             kill()
 
+    def _audit_event(self, flow: http.HTTPFlow, event: str, error: Refused) -> None:
+        """An event of its own (after the flow's request event was written)."""
+        rec = _record(flow)
+        refusal = self._refusal(flow, error)
+        saved, rec.refusal = rec.refusal, refusal
+        try:
+            self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), self.secrets()))
+        except Exception:
+            log.exception("sandgate: audit failed")
+        finally:
+            rec.refusal = saved
+
     def _audit(self, flow: http.HTTPFlow, event: str = "request") -> None:
         rec = _record(flow)
         if rec.audited:
@@ -366,6 +482,30 @@ def _record(flow: http.HTTPFlow) -> FlowRecord:
         rec = flow.metadata[METADATA_KEY] = FlowRecord()
     assert isinstance(rec, FlowRecord)
     return rec
+
+
+_SMALL_BODY = 64 * 1024
+
+
+def _body_expected(req: http.Request) -> int:
+    """How many body bytes the head announces (a chunked body: unknown, so "large")."""
+    if "transfer-encoding" in req.headers:
+        return 1 << 62
+    try:
+        return int(req.headers.get("content-length", "0") or 0)
+    except ValueError:
+        return 1 << 62
+
+
+def _exfiltration(leaks: list[Leak], rule: Rule | None) -> Refused:
+    names = ", ".join(sorted({lk.secret for lk in leaks}))
+    where = f"rule '{rule.name}'" if rule is not None else "no rule"
+    return Refused(
+        Code.EXFILTRATION,
+        f"the request carries a credential for secret(s) {names} that {where} does not bind "
+        "to this destination",
+        hint="placeholders are only honoured on the requests their rule binds",
+    )
 
 
 def _target(req: http.Request) -> str:

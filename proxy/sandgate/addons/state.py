@@ -52,6 +52,7 @@ class FlowRecord:
     redactions: int = 0
     bytes_out: int = 0
     audited: bool = False
+    websocket_closed: bool = False  # a message carried a credential: drop everything after it
 
     @property
     def refused(self) -> bool:

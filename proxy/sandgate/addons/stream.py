@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 
 from mitmproxy import http
+from mitmproxy.net.http import status_codes
 
+from sandgate.refusal import REASON_HEADER
 from sandgate.scrub import SecretSet
 
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def clean_head(resp: http.Response, secrets: SecretSet) -> int:
+    """The response head as the sandbox may see it; returns the number of redactions.
+
+    The reason phrase is the standard one for the status (an upstream can put anything there,
+    a secret included); Sandgate's own reason header is removed (only Sandgate sets it); a header
+    whose value holds a control character (a bare CR would split the line for an HTTP/1 client)
+    is dropped; every other value is scrubbed.
+    """
+    resp.reason = status_codes.RESPONSES.get(resp.status_code, "")
+    reserved = REASON_HEADER.lower().encode()
+    resp.headers.fields = tuple(
+        (k, v) for k, v in resp.headers.fields
+        if k.lower() != reserved and not _CONTROL.search(v))
+    return scrub_headers(resp.headers, secrets)
 
 
 def scrub_headers(headers: http.Headers, secrets: SecretSet) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from sandgate.policy import hosts as H
 from sandgate.policy import paths as P
 from sandgate.policy.model import (
+    DEFAULT_SUBSTITUTE_HEADERS,
     HostPattern,
     Injection,
     IPNetwork,
@@ -249,6 +250,20 @@ def _compile_rule(
 
     for j, s in enumerate(rs.substitute):
         uses.append(SecretUse(s, (*loc, "substitute", j)))
+    sub_headers = DEFAULT_SUBSTITUTE_HEADERS
+    if rs.substitute_headers is not None:
+        if not rs.substitute:
+            rep((*loc, "substitute_headers"), "substitute_headers without substitute does nothing",
+                "add the secrets to `substitute`, or remove substitute_headers")
+        names: set[str] = set()
+        for j, hname in enumerate(rs.substitute_headers):
+            hl = hname.strip().lower()
+            if not is_token(hl):
+                rep((*loc, "substitute_headers", j), f"header name {hname!r} is not a valid HTTP "
+                    "header name", "use letters, digits and '-' (e.g. x-api-key)")
+                continue
+            names.add(hl)
+        sub_headers = frozenset(names)
 
     cidrs: list[IPNetwork] = []
     for j, c in enumerate(rs.private_cidrs):
@@ -265,7 +280,8 @@ def _compile_rule(
         cidrs.append(net)
 
     # Combinations.
-    l7 = [k for k in ("methods", "paths", "inject") if getattr(rs, k) is not None]
+    l7 = [k for k in ("methods", "paths", "inject", "substitute_headers")
+          if getattr(rs, k) is not None]
     if rs.substitute:
         l7.append("substitute")
     if rs.passthrough:
@@ -297,7 +313,8 @@ def _compile_rule(
     return Rule(
         name=rs.name, identity=identity, action=rs.action, schemes=schemes,
         hosts=tuple(host_patterns), ports=ports, methods=methods, paths=paths, inject=inject,
-        substitute=frozenset(rs.substitute), private_cidrs=tuple(cidrs),
+        substitute=frozenset(rs.substitute), substitute_headers=sub_headers,
+        private_cidrs=tuple(cidrs),
         passthrough=rs.passthrough, source=src,
     )
 

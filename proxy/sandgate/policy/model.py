@@ -91,6 +91,11 @@ class HostPattern:
         return host == self.suffix
 
 
+# Where the official SDKs carry an API key: OpenAI (authorization: Bearer), Anthropic (x-api-key),
+# Azure OpenAI (api-key).
+DEFAULT_SUBSTITUTE_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     name: str
@@ -103,6 +108,7 @@ class Rule:
     paths: tuple[PathPattern, ...] | None  # None: any path
     inject: Injection | None
     substitute: frozenset[str]  # secrets whose placeholders are swapped for values on this rule
+    substitute_headers: frozenset[str]  # ...only in these request headers (lower case)
     private_cidrs: tuple[IPNetwork, ...]  # non-public ranges this rule may dial
     passthrough: bool  # tunnel without interception: no L7 match, no injection, no scrubbing
     source: Source

@@ -62,7 +62,15 @@ class RuleSpec(_Strict):
     )
     inject: InjectSpec | None = None
     substitute: list[str] = Field(
-        default_factory=list, description="Secrets whose placeholders this rule swaps for values."
+        default_factory=list, description="Secrets whose placeholders this rule swaps for values, "
+        "only in the headers named by substitute_headers."
+    )
+    substitute_headers: list[str] | None = Field(
+        default=None, min_length=1,
+        description="The request headers in which `substitute` placeholders are swapped. "
+        "Default: authorization, x-api-key, api-key (where the official SDKs carry keys). A "
+        "placeholder anywhere else is sent as it is, so an upstream that reflects a request "
+        "header never sees (or echoes) the value.",
     )
     private_cidrs: list[str] = Field(
         default_factory=list, description="Non-public ranges this rule may dial."

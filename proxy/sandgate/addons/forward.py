@@ -1,0 +1,111 @@
+"""What is judged is what is forwarded: the request head as the upstream will receive it.
+
+mitmproxy parses a request and serialises it again for the upstream, possibly in another HTTP
+version. These functions make the re-serialisation carry nothing the decision did not see:
+origin-form targets, no hop-by-hop or reserved headers, framing recomputed from the body that
+was inspected, no trailers, and only the protocol switch that is judged (WebSocket).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from mitmproxy import http
+
+from sandgate.errors import BadRequest, Code
+from sandgate.request import RequestInfo, split_authority
+
+RESERVED_PREFIX = b"x-sandgate-"
+
+# RFC 9110 7.6.1: meaningful for one connection only; never forwarded as the client sent them.
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te",
+                         b"transfer-encoding", b"upgrade", b"http2-settings", b"trailer",
+                         b"proxy-authorization", b"proxy-authenticate"})
+
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def is_websocket_upgrade(req: http.Request) -> bool:
+    return (req.method == "GET"
+            and req.headers.get("upgrade", "").strip().lower() == "websocket"
+            and "upgrade" in req.headers.get("connection", "").lower())
+
+
+def check_upgrade(req: http.Request) -> None:
+    """Only WebSocket may switch protocols: its messages are scrubbed and checked; h2c and any
+    other protocol would be a raw relay to the upstream that no hook judges."""
+    if "upgrade" in req.headers or "http2-settings" in req.headers:
+        if not is_websocket_upgrade(req):
+            raise BadRequest(Code.BAD_REQUEST, "protocol upgrades other than WebSocket are not "
+                             "allowed through Sandgate")
+
+
+def check_authority(req: http.Request, info: RequestInfo) -> None:
+    """An absolute-form target must name the judged origin; it is then sent in origin form.
+
+    A front end shared by many sites routes on the absolute URI rather than on Host, so a
+    request judged for one host must not name another in its target.
+    """
+    authority = req.authority
+    if authority:
+        host, port = split_authority(authority, info.scheme)
+        if (host, port) != (info.host, info.port):
+            raise BadRequest(Code.BAD_REQUEST, f"the request target names {host}:{port}, not the "
+                             f"judged origin {info.host}:{info.port}")
+    if not req.path.startswith("/") and not (req.method == "OPTIONS" and req.path == "*"):
+        raise BadRequest(Code.BAD_REQUEST, "the request target must be a path (origin form)")
+
+
+def inspectable_body(req: http.Request, limit: int) -> bytes:
+    """The request body as the upstream will interpret it, decoded for the leak scan.
+
+    gzip and deflate are decoded (at most `limit` bytes of output: no decompression bomb);
+    any other content-encoding cannot be inspected and is refused.
+    """
+    raw = req.raw_content or b""
+    encoding = req.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity") or not raw:
+        return raw
+    wbits = _DECODERS.get(encoding)
+    if wbits is None:
+        raise BadRequest(Code.BAD_REQUEST, f"request bodies with content-encoding {encoding!r} "
+                         "cannot be inspected; send identity, gzip or deflate")
+    decoder = zlib.decompressobj(wbits)
+    try:
+        out = decoder.decompress(raw, limit + 1)
+    except zlib.error:
+        raise BadRequest(Code.BAD_REQUEST, f"the {encoding} request body is corrupt") from None
+    if len(out) > limit or decoder.unconsumed_tail:
+        raise BadRequest(Code.TOO_LARGE, "the decoded request body is larger than this proxy "
+                         "accepts")
+    return out
+
+
+def prepare(req: http.Request, websocket: bool) -> None:
+    """Make the head the upstream receives exactly the one that was judged.
+
+    Called after the decision and before injection: origin form, hop-by-hop headers (and the
+    ones `Connection` nominates) and reserved `X-Sandgate-*` headers removed, trailers dropped,
+    framing recomputed from the buffered body.
+    """
+    nominated = {t.strip().lower().encode() for t in req.headers.get("connection", "").split(",")}
+    keep = {b"connection", b"upgrade"} if websocket else set()
+    fields = []
+    for name, value in req.headers.fields:
+        low = name.lower()
+        if low.startswith(RESERVED_PREFIX):
+            continue
+        if (low in _HOP_BY_HOP or low in nominated) and low not in keep:
+            continue
+        fields.append((name, value))
+    req.headers.fields = tuple(fields)
+    if websocket:
+        req.headers["connection"] = "Upgrade"
+    if req.http_version.startswith("HTTP/1"):
+        req.authority = ""  # origin form; check_authority made sure it named the judged origin
+    req.trailers = None
+    # The body was read whole; say exactly how long it is (an HTTP/2 body without a length
+    # would otherwise reach an HTTP/1 upstream unframed, and be read as the next request).
+    body = req.raw_content
+    if body or "content-length" in req.headers or req.method in ("POST", "PUT", "PATCH"):
+        req.headers["content-length"] = str(len(body or b""))
