@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-request-body", type=_size, default="32m", metavar="SIZE",
                      help="refuse request bodies larger than this with 413 (default %(default)s; "
                      "bodies are buffered to be inspected before anything is sent)")
+    run.add_argument("--canary", action="store_true",
+                     help="refuse and audit any request carrying an identity's decoy credential "
+                     "(see `sandgate canary`); scrub it from responses")
     run.add_argument("--identity-cidr", action="append", default=[],
                      metavar="CIDR=IDENTITY[/SANDBOX]",
                      help="identify clients from this range without a token (VMs, namespaces)")
@@ -82,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     issue.add_argument("--sandbox", default=None)
     issue.add_argument("--ttl", default="1h", help="30s, 15m, 1h, 7d")
     confdir_arg(issue)
+
+    can = sub.add_parser("canary", help="print an identity's decoy credential (for --canary)")
+    can.add_argument("--identity", required=True)
+    confdir_arg(can)
 
     ca = sub.add_parser("ca", help="print the CA certificate sandboxes must trust")
     confdir_arg(ca)
@@ -115,6 +122,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "explain": cmd_explain,
         "token": cmd_token,
         "ca": cmd_ca,
+        "canary": cmd_canary,
         "schema": cmd_schema,
     }.get(args.command)
     if getattr(args, "missing_extra", None):
@@ -211,6 +219,14 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_canary(args: argparse.Namespace) -> int:
+    from sandgate import confdir
+    from sandgate.tokens import canary
+
+    print(canary(confdir.token_key(confdir.ensure_confdir(args.confdir)), args.identity))
+    return 0
+
+
 def cmd_ca(args: argparse.Namespace) -> int:
     from sandgate import confdir
 
@@ -277,7 +293,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             listen_port=args.listen[1], sets=args.sets, resolve=resolve,
             upstream_cas=args.upstream_ca, audit_file=args.audit, vault=vault,
             secret_ttl=args.secret_ttl, address_sources=sources,
-            max_request_body=args.max_request_body,
+            max_request_body=args.max_request_body, canary=args.canary,
         )
         print(banner(cfg, args.confdir), file=sys.stderr, end="")
         asyncio.run(serve(cfg))

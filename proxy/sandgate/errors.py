@@ -41,6 +41,7 @@ class Code(StrEnum):
     EXFILTRATION = "exfiltration"  # a placeholder or secret value sent where it is not bound
     UNSAFE_INJECTION = "unsafe_injection"  # injection asked for over unverified TLS / bad value
     UPSTREAM_ERROR = "upstream_error"  # the upstream failed or answered something unforwardable
+    UPSTREAM_TIMEOUT = "upstream_timeout"  # the upstream did not answer in time
     SECRET_UNAVAILABLE = "secret_unavailable"  # Vault down, secret missing, auth to Vault failed
     INTERNAL_ERROR = "internal_error"  # an exception inside Sandgate: fail closed
 
@@ -60,6 +61,7 @@ STATUS: dict[Code, int] = {
     Code.EXFILTRATION: 403,
     Code.UNSAFE_INJECTION: 502,
     Code.UPSTREAM_ERROR: 502,
+    Code.UPSTREAM_TIMEOUT: 504,
     Code.SECRET_UNAVAILABLE: 503,
     Code.INTERNAL_ERROR: 503,
 }

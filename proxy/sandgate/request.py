@@ -113,7 +113,11 @@ def split_authority(authority: str, scheme: str) -> tuple[str, int]:
         host, port = url.parse_authority(authority, check=True)
     except ValueError:
         raise _bad(f"bad authority {authority[:100]!r}") from None
-    return _host(host, "host"), port or default_port(scheme)
+    if port is None:
+        port = default_port(scheme)
+    elif not 0 < port < 65536:
+        raise _bad(f"bad authority {authority[:100]!r}: port out of range")
+    return _host(host, "host"), port
 
 
 def parse_proxied(scheme: str, host: str, port: int, method: str, path_and_query: str,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
+from mitmproxy.utils import human
 
 from sandgate import audit, confdir
 from sandgate.addons import patches
@@ -23,6 +24,7 @@ from sandgate.identity.resolve import Identifier
 from sandgate.netguard import IPAddress
 from sandgate.policy.loader import load_policy_dir
 from sandgate.secrets.vault import SecretBroker, VaultConfig
+from sandgate.tokens import canary
 
 log = logging.getLogger("sandgate")
 
@@ -43,6 +45,7 @@ class RunConfig:
     secret_ttl: float = 300.0
     address_sources: Sequence[AddressIdentitySource] = ()
     max_request_body: str = DEFAULT_MAX_REQUEST_BODY
+    canary: bool = False
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -114,6 +117,9 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         audit=sink,
         resolve_overrides=dict(cfg.resolve),
         self_addresses=self_addresses(cfg.listen_host, cfg.listen_port),
+        max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
+        canaries={f"canary:{name}": canary(key, name) for name in policy.identities}
+        if cfg.canary else {},
     ))
 
     opts = options.Options(listen_host=cfg.listen_host, listen_port=cfg.listen_port,

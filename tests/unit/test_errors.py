@@ -37,6 +37,7 @@ CASES = [
     (Refused(Code.DENIED_BY_RULE, "r"), 403),
     (Refused(Code.UNKNOWN_IDENTITY, "r"), 403),
     (Refused(Code.UPSTREAM_ERROR, "r"), 502),
+    (Refused(Code.UPSTREAM_TIMEOUT, "r"), 504),
     (Refused(Code.INTERNAL_ERROR, "r"), 503),
 ]
 

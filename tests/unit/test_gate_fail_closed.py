@@ -136,3 +136,39 @@ async def test_every_decision_audited_once(gate):
     ev = json.loads(lines[0])
     assert ev["decision"] == "deny" and ev["code"] == "auth_required"
     assert ev["path"] == "/y?token=REDACTED"
+
+
+async def test_canary_in_any_encoding_is_refused_and_audited(gate):
+    import base64
+    import json
+
+    from sandgate.tokens import canary
+
+    decoy = canary(KEY, "agent")
+    assert decoy == canary(KEY, "agent") and decoy != canary(KEY, "other")
+    gate.cfg.canaries = {"canary:agent": decoy}
+    gate._secret_generation = -1  # the set is rebuilt on the next use
+    with taddons.context(gate):
+        for body in (decoy.encode(), base64.b64encode(decoy.encode()), decoy.upper().encode()):
+            f = plain_flow()
+            f.request.content = b"data=" + body
+            await gate.requestheaders(f)
+            await gate.request(f)
+            assert f.response is not None and f.response.status_code == 403
+            assert f.response.headers["x-sandgate-reason"] == "exfiltration"
+            assert decoy.encode() not in f.response.content
+            gate.response(f)
+    events = [json.loads(line) for line in gate.audit_path.read_text().splitlines()]
+    assert len(events) == 3
+    assert all(e["code"] == "exfiltration" and any(x.startswith("canary:agent:")
+                                                    for x in e["exfiltration"]) for e in events)
+
+
+async def test_requestheaders_refuses_before_the_body(gate):
+    with taddons.context(gate):
+        f = plain_flow()
+        del f.request.headers["proxy-authorization"]
+        f.request.headers["content-length"] = str(10 * 1024 * 1024)
+        await gate.requestheaders(f)
+        assert f.response is not None and f.response.status_code == 407
+        assert f.error is not None  # killed: the large body is never read

@@ -9,7 +9,7 @@ import pytest
 from mitmproxy.test import tutils
 
 from sandgate.errors import UnsafeValue
-from sandgate.inject import apply, find_leaks
+from sandgate.inject import apply, find_leaks, own_forms
 from sandgate.policy.loader import load_policy_dir
 from sandgate.scrub import SecretSet
 
@@ -33,6 +33,10 @@ identities:
       - name: sub
         hosts: [s.example]
         substitute: [openai-admin]
+      - name: sub-custom
+        hosts: [c.example]
+        substitute: [openai-admin]
+        substitute_headers: [X-Custom-Key]
 """
 
 
@@ -99,3 +103,38 @@ def test_real_value_anywhere_is_a_leak(policy):
     secrets = SecretSet({"gh": "cached-value-1"})
     leaks = find_leaks(req, req.raw_content or b"", policy.placeholders, secrets, frozenset({"gh"}))
     assert [(lk.secret, lk.kind) for lk in leaks] == [("gh", "value")]
+
+
+def test_placeholder_is_substituted_only_in_the_named_headers(policy):
+    ph = b"sandgate-placeholder-openai-admin"
+    req = tutils.treq(headers=[(b"authorization", b"Bearer " + ph), (b"x-echo", ph),
+                               (b"x-api-key", ph)])
+    apply(rule(policy, "sub"), req, {"openai-admin": "real-admin"},
+          {"openai-admin": ph.decode()})
+    assert req.headers["authorization"] == "Bearer real-admin"
+    assert req.headers["x-api-key"] == "real-admin"
+    assert req.headers["x-echo"] == ph.decode()  # a reflecting upstream never sees the value
+
+    req = tutils.treq(headers=[(b"authorization", ph), (b"x-custom-key", ph)])
+    apply(rule(policy, "sub-custom"), req, {"openai-admin": "real-admin"},
+          {"openai-admin": ph.decode()})
+    assert req.headers["x-custom-key"] == "real-admin"
+    assert req.headers["authorization"] == ph.decode()
+
+
+def test_non_latin1_value_is_substituted_as_utf8(policy):
+    ph = b"sandgate-placeholder-openai-admin"
+    req = tutils.treq(headers=[(b"authorization", b"Bearer " + ph)])
+    apply(rule(policy, "sub"), req, {"openai-admin": "FAKE-\u00e9\u4e2d"},
+          {"openai-admin": ph.decode()})
+    assert req.headers.fields[0][1] == "Bearer FAKE-\u00e9\u4e2d".encode()
+
+
+def test_own_forms_are_what_injection_sends(policy):
+    values = {"gh": "FAKE-gh-token-1"}
+    forms = own_forms(policy, values)
+    req = tutils.treq(path=b"/x")
+    apply(rule(policy, "basicq"), req, values, {"gh": "sandgate-placeholder-gh"})
+    sent_basic = req.headers["authorization"][len("Basic "):].encode()
+    assert sent_basic in forms["gh"]
+    assert any(f in req.path.encode() for f in forms["gh"])

@@ -33,11 +33,12 @@ from sandgate.refusal import REASON_HEADER, Refusal
 
 _MARK = "_sandgate_patched"
 
-_CODE_FOR_STATUS = {400: Code.BAD_REQUEST, 413: Code.TOO_LARGE}
+_CODE_FOR_STATUS = {400: Code.BAD_REQUEST, 413: Code.TOO_LARGE, 504: Code.UPSTREAM_TIMEOUT}
 _REASONS = {
     Code.BAD_REQUEST: "the request could not be parsed or is not valid HTTP",
     Code.TOO_LARGE: "the request body is larger than this proxy accepts",
     Code.UPSTREAM_ERROR: "the upstream failed, or sent a response Sandgate will not forward",
+    Code.UPSTREAM_TIMEOUT: "the upstream did not answer in time",
 }
 
 

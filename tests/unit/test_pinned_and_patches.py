@@ -1,0 +1,100 @@
+"""Pinned mitmproxy options and the patches to mitmproxy 11.0.2 that no hook can make."""
+
+from __future__ import annotations
+
+import json
+
+import h11
+import pytest
+from mitmproxy import exceptions, options
+from mitmproxy.proxy.layers import http as http_layer
+from mitmproxy.proxy.layers.http import _http1, _http2, _http3
+from mitmproxy.test import taddons
+
+from sandgate.addons import patches
+from sandgate.addons.pinned import _PINNED, Pinned, check_sets, pinned
+from sandgate.refusal import REASON_HEADER
+
+
+async def test_every_pinned_option_exists_in_this_mitmproxy():
+    # A rename in a mitmproxy upgrade must fail here, not silently unpin an option.
+    from mitmproxy import master
+    from mitmproxy.addons import default_addons
+
+    m = master.Master(options.Options())
+    m.addons.add(*default_addons())
+    assert set(_PINNED) <= set(m.options.keys())
+
+
+@pytest.mark.parametrize("spec", ["stream_large_bodies=1k", "mode=socks5",
+                                  "validate_inbound_headers=false", "connection_strategy=eager",
+                                  "ssl_insecure=true", "ignore_hosts=.*", " scripts = x.py"])
+def test_set_of_a_pinned_option_is_refused(spec):
+    with pytest.raises(ValueError, match="pinned by Sandgate"):
+        check_sets([spec])
+
+
+def test_set_of_other_options_is_allowed():
+    check_sets(["termlog_verbosity=warn", "http2=false"])
+
+
+async def test_pinned_values_cannot_change_at_run_time():
+    from mitmproxy.addons import default_addons
+
+    values = pinned("1m", None)
+    addon = Pinned(values)
+    extra = [a for a in default_addons() if type(a).__name__ != "Core"]
+    with taddons.context(*extra, addon) as tctx:
+        tctx.options.update(**{k: v for k, v in values.items() if k in tctx.options})
+        with pytest.raises(exceptions.OptionsError):
+            tctx.options.update(stream_large_bodies="1k")
+        assert tctx.options.stream_large_bodies is None
+        with pytest.raises(exceptions.OptionsError):
+            tctx.options.update(connection_strategy="eager")
+        assert tctx.options.connection_strategy == "lazy"
+
+
+def test_patches_install_once_and_replace_error_pages():
+    patches.install()
+    patches.install()
+    assert patches.installed()
+    for status, code in [(400, "bad_request"), (413, "too_large"), (502, "upstream_error"),
+                         (504, "upstream_timeout")]:
+        raw = _http1.make_error_response(status, "Bad HTTP response line: b'FAKE-SECRET'")
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert b"FAKE-SECRET" not in raw and b"<html>" not in raw
+        assert REASON_HEADER.lower().encode() in head.lower()
+        doc = json.loads(body)
+        assert doc["code"] == code and doc["status"] == status
+        for mod in (_http2, _http3):
+            assert b"FAKE-SECRET" not in mod.format_error(status, "FAKE-SECRET")
+
+
+def test_http1_trailers_are_dropped_not_fatal():
+    patches.install()
+    reader = _http1.make_body_reader(None)  # chunked
+    from h11._receivebuffer import ReceiveBuffer
+
+    buf = ReceiveBuffer()
+    buf += b"5\r\nhello\r\n0\r\nX-Trailer: FAKE-SECRET\r\n\r\n"
+    events = []
+    while True:
+        ev = reader(buf)
+        if ev is None:
+            break
+        events.append(ev)
+        if isinstance(ev, h11.EndOfMessage):
+            break
+    assert isinstance(events[-1], h11.EndOfMessage) and not events[-1].headers
+
+
+def test_body_size_limit_is_for_requests_only():
+    patches.install()
+
+    class Stream:
+        pass
+
+    gen = http_layer.HttpStream.check_body_size(Stream(), False)
+    with pytest.raises(StopIteration) as stop:
+        next(gen)
+    assert stop.value.value is False
