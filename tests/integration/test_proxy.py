@@ -359,6 +359,26 @@ def test_sse_stream_arrives_unbuffered(proxy, upstream):
     assert "data: second" in rest
 
 
+def test_sse_event_is_whole_at_once_with_secrets_cached(proxy, upstream):
+    """A small event (shorter than any secret) and its closing blank line reach the client
+    while the upstream still holds the stream: the scrubber holds back only bytes that could
+    start a secret (it used to hold len(secret)-1 bytes, so this event came only at the end)."""
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages", "-d", "{}")
+    assert split_status(r.stdout)[1] == 200  # the anthropic key is cached now
+    upstream.upstream.sse_release.clear()
+    tok = proxy.token("coding-agent")
+    p = subprocess.Popen(["curl", "-sSN", "--max-time", "20", "--proxy", proxy.url,
+                          "--proxy-user", f"coding-agent:{tok}", "--cacert", str(proxy.ca),
+                          "https://api.anthropic.com/sse"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline() == "data: first\n"
+        assert p.stdout.readline() == "\n"  # the event is complete before the next one exists
+    finally:
+        upstream.upstream.sse_release.set()
+        p.wait(10)
+
+
 def test_large_body_streams(proxy, upstream):
     r = subprocess.run(["curl", "-sS", "--max-time", "30", "--proxy", proxy.url, "--proxy-user",
                         f"coding-agent:{proxy.token('coding-agent')}", "--cacert", str(proxy.ca),

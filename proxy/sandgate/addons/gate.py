@@ -226,17 +226,14 @@ class Gate:
         auth = req.headers.pop("proxy-authorization", None)
         tunnel = self._conn(flow.client_conn).tunnel
         caller = rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
-        check_head(req.data.method.decode("latin-1"), req.data.path.decode("latin-1"),
-                   req.headers.fields)
+        _check_wire(req)
         info = rec.info = self._parse(flow, tunnel)
         d = rec.decision = decide(self.policy, caller.identity, info)
         if not d.allowed:
             raise d.refused()
         check_authority(req, info)
         check_upgrade(req)
-        if _body_expected(req) > self.cfg.max_request_body:
-            raise BadRequest(Code.TOO_LARGE, "the request body is larger than this proxy "
-                             f"accepts ({self.cfg.max_request_body} bytes)")
+        self._check_size(_body_expected(req))
 
     @guarded
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -249,13 +246,10 @@ class Gate:
         info, d = rec.info, rec.decision
         assert info is not None and d is not None and d.rule is not None
         rule = d.rule
-        # The body is complete now: check the head again (nothing may have changed it since)
-        # and the body's size as received (chunked bodies have no length up front).
-        check_head(req.data.method.decode("latin-1"), req.data.path.decode("latin-1"),
-                   req.headers.fields)
-        if len(req.raw_content or b"") > self.cfg.max_request_body:
-            raise BadRequest(Code.TOO_LARGE, "the request body is larger than this proxy "
-                             f"accepts ({self.cfg.max_request_body} bytes)")
+        # The body is complete now: the head once more (this is the authoritative point) and the
+        # body's size as received (a chunked body has no length up front).
+        _check_wire(req)
+        self._check_size(len(req.raw_content or b""))
         body = inspectable_body(req, self.cfg.max_request_body)
         leaks = find_leaks(req, body, self._placeholders, self.secrets(), rule.secrets)
         if leaks:
@@ -286,6 +280,11 @@ class Gate:
         req.data.host = str(target.ip)
         # Scrubbing needs plain bytes: ask the upstream not to compress.
         req.headers["accept-encoding"] = "identity"
+
+    def _check_size(self, size: int) -> None:
+        if size > self.cfg.max_request_body:
+            raise BadRequest(Code.TOO_LARGE, "the request body is larger than this proxy "
+                             f"accepts ({self.cfg.max_request_body} bytes)")
 
     def _identify(self, flow: http.HTTPFlow, proxy_authorization: str | None) -> Caller:
         return self.cfg.identifier.identify(proxy_authorization, flow.client_conn.peername[0])
@@ -485,6 +484,11 @@ def _record(flow: http.HTTPFlow) -> FlowRecord:
 
 
 _SMALL_BODY = 64 * 1024
+
+
+def _check_wire(req: http.Request) -> None:
+    check_head(req.data.method.decode("latin-1"), req.data.path.decode("latin-1"),
+               req.headers.fields)
 
 
 def _body_expected(req: http.Request) -> int:
