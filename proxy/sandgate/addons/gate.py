@@ -32,7 +32,13 @@ from sandgate.addons.forward import (
     prepare,
 )
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord, Tunnel
-from sandgate.addons.stream import ResponseScrubber, clean_head, scrub_headers
+from sandgate.addons.stream import (
+    ResponseScrubber,
+    clean_head,
+    scrub_headers,
+    scrub_whole,
+    scrub_whole_candidate,
+)
 from sandgate.decision import decide, decide_connect
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.identity.base import Caller
@@ -331,8 +337,11 @@ class Gate:
             resp.status_code < 200
         ):
             return  # no body: nothing to stream or reframe
+        if scrub_whole_candidate(resp, secrets):
+            rec.scrub_whole = True  # small and of known length: buffered, scrubbed in response
+            return
         encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-        scrubber = ResponseScrubber(secrets, encoding, resp)
+        scrubber = ResponseScrubber(secrets, encoding, resp, flow.request.http_version)
         if scrubber.refuse_reason:
             self._drop_response(flow, Refused(Code.UPSTREAM_ERROR, scrubber.refuse_reason))
             return
@@ -348,14 +357,21 @@ class Gate:
     def response(self, flow: http.HTTPFlow) -> None:
         try:
             resp = flow.response
-            if resp is not None and resp.trailers and not _record(flow).refused:
+            rec = _record(flow)
+            if resp is not None and rec.scrub_whole and not rec.refused:
+                rec.redactions += scrub_whole(resp, self.secrets())
+                rec.bytes_out = len(resp.raw_content or b"")
+            if resp is not None and resp.trailers and not rec.refused:
                 if flow.client_conn.alpn == b"h2":
                     _record(flow).redactions += scrub_headers(resp.trailers, self.secrets())
                 else:  # HTTP/1 clients get no trailers (mitmproxy cannot send them anyway)
                     resp.trailers = None
         except Exception:
             log.exception("sandgate: response hook failed; killing")
-            self._fail(flow)
+            _record(flow).refusal = Refusal(Code.UPSTREAM_ERROR, "the upstream's response "
+                                            "could not be scrubbed; nothing of it was sent")
+            if flow.killable:
+                flow.kill()
         self._audit(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:

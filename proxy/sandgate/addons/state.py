@@ -52,6 +52,7 @@ class FlowRecord:
     redactions: int = 0
     bytes_out: int = 0
     audited: bool = False
+    scrub_whole: bool = False  # a small body of known length: buffered, scrubbed at once
     websocket_closed: bool = False  # a message carried a credential: drop everything after it
 
     @property

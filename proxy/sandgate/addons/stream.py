@@ -54,19 +54,22 @@ class ResponseScrubber:
     empty list means "nothing to send yet".
     """
 
-    def __init__(self, secrets: SecretSet, encoding: str, resp: http.Response) -> None:
+    def __init__(self, secrets: SecretSet, encoding: str, resp: http.Response,
+                 client_version: str = "HTTP/1.1") -> None:
         self.refuse_reason: str | None = None
         self._inner = secrets.scrubber()
         self._decoder: zlib._Decompress | None = None
         self._active = not secrets.empty
         if not self._active:
             return
-        # The replacement changes the body's length: let the framing follow the new body.
+        # The replacement changes the body's length: let the framing follow the new body. An
+        # HTTP/1.1 client gets it chunked even from an HTTP/1.0 upstream: a close-delimited body
+        # ends with a connection close that TLS clients such as wget report as truncation.
         resp.headers.pop("content-length", None)
-        if resp.http_version == "HTTP/1.1" and "chunked" not in resp.headers.get(
-            "transfer-encoding", ""
-        ).lower():
-            resp.headers["transfer-encoding"] = "chunked"
+        if client_version == "HTTP/1.1" and resp.http_version in ("HTTP/1.0", "HTTP/1.1"):
+            resp.http_version = "HTTP/1.1"
+            if "chunked" not in resp.headers.get("transfer-encoding", "").lower():
+                resp.headers["transfer-encoding"] = "chunked"
         if encoding in ("identity", ""):
             return
         wbits = _DECODERS.get(encoding)
@@ -92,3 +95,46 @@ class ResponseScrubber:
             tail = self._decoder.flush() if self._decoder else b""
             out = self._inner.feed(tail) + self._inner.flush()
         return [out] if out else []
+
+
+# A response with a known length up to this size is read whole, scrubbed and sent with its exact
+# new length: its framing never changes (clients that check lengths stay happy) and it costs one
+# pass. Larger or unknown-length bodies stream (server-sent events must not wait).
+WHOLE_BODY_LIMIT = 1024 * 1024
+_DECODED_LIMIT = 64 * 1024 * 1024
+
+
+def scrub_whole_candidate(resp: http.Response, secrets: SecretSet) -> bool:
+    if secrets.empty or "transfer-encoding" in resp.headers:
+        return False
+    try:
+        length = int(resp.headers.get("content-length", ""))
+    except ValueError:
+        return False
+    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+    return 0 <= length <= WHOLE_BODY_LIMIT and (encoding in ("", "identity")
+                                                  or encoding in _DECODERS)
+
+
+def scrub_whole(resp: http.Response, secrets: SecretSet) -> int:
+    """Scrub a buffered body (decoded if gzip/deflate) and set its exact length; the count.
+
+    Raises ValueError when the body cannot be decoded within bounds (the caller drops it).
+    """
+    raw = resp.raw_content or b""
+    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+    wbits = _DECODERS.get(encoding)
+    if wbits is not None and raw:
+        decoder = zlib.decompressobj(wbits)
+        try:
+            raw = decoder.decompress(raw, _DECODED_LIMIT)
+        except zlib.error:
+            raise ValueError(f"the upstream's {encoding} body is corrupt") from None
+        if decoder.unconsumed_tail:
+            raise ValueError(f"the upstream's {encoding} body decodes to more than Sandgate "
+                             "inspects")
+        resp.headers.pop("content-encoding", None)
+    clean, count = secrets.scrub(raw)
+    resp.raw_content = clean
+    resp.headers["content-length"] = str(len(clean))
+    return count
