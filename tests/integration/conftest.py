@@ -22,7 +22,8 @@ from tests.support.upstream import UpstreamServer
 
 HERE = Path(__file__).parent
 UPSTREAM_IP = "127.0.0.2"
-NAMES = ["api.anthropic.com", "api.openai.com", "upstream.test", "*.upstream.test",
+OLD_SERVER_IP = "127.0.0.10"  # an HTTP/1.0 server (Python's http.server), see test_clients.py
+NAMES = ["api.anthropic.com", "api.openai.com", "upstream.test", "*.upstream.test", "old.test",
          "inside.test", "meta.test", "plain.test", "other.test", "tunnel.test"]
 # Obvious fakes: what the upstream must see and no sandbox, log or output may contain.
 ANTHROPIC_KEY = "test-anthropic-REAL-key-7f3a9c1e5b"
@@ -128,7 +129,8 @@ def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extr
     resolve = [f"--resolve={n}={UPSTREAM_IP}" for n in
                ("api.anthropic.com", "api.openai.com", "upstream.test", "a.upstream.test",
                 "plain.test", "other.test", "tunnel.test", "nocert.test")]
-    resolve += ["--resolve=inside.test=10.1.2.3", "--resolve=meta.test=169.254.169.254"]
+    resolve += ["--resolve=inside.test=10.1.2.3", "--resolve=meta.test=169.254.169.254",
+                f"--resolve=old.test={OLD_SERVER_IP}"]
     cmd = [*SANDGATE, "run", "--policies", str(policies), "--listen", f"{listen_host}:{port}",
            "--confdir", str(confdir), "--audit", str(audit), "--upstream-ca", str(pki.ca_cert),
            *resolve, *extra]
