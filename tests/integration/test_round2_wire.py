@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.conftest import (
@@ -35,6 +35,7 @@ from tests.support.round2 import (
     audit_mark,
     r2_proxy_running,
     refusal_doc,
+    seen_count,
     token,
     vault_env,
     wait_new_audit,
@@ -80,8 +81,9 @@ def _warm_cache(proxy) -> None:
 def _assert_h2_bad_request(proxy, upstream, before: int, mark: int, res) -> None:
     time.sleep(0.2)  # anything forwarded would have been recorded by now
     new = upstream.seen[before:]
-    assert not new, f"upstream received {len(new)} request(s): " \
-                    f"{[(s.method, s.path, sorted(s.headers)) for s in new]}"
+    n_new = len(new)
+    assert n_new == 0, f"upstream received {n_new} request(s): " \
+                       f"{[(s.method, s.path, sorted(s.headers)) for s in new]}"
     assert res.status == 400, (res.status, res.reset, res.terminated, res.body[:200])
     assert res.header("x-sandgate-reason") == "bad_request"
     assert refusal_doc(res.body)["code"] == "bad_request"
@@ -104,7 +106,7 @@ H2_BAD_VALUES = {
 
 @pytest.mark.parametrize("value", list(H2_BAD_VALUES.values()), ids=list(H2_BAD_VALUES))
 def test_h2_header_value_with_control_bytes_refused(proxy, upstream, value):
-    before, mark = len(upstream.seen), audit_mark(proxy)
+    before, mark = seen_count(upstream), audit_mark(proxy)
     res = h2_request(proxy, "coding-agent", token(proxy), "api.anthropic.com:443",
                      _llm_h2_headers([(b"x-a", value)]), b"{}")
     _assert_h2_bad_request(proxy, upstream, before, mark, res)
@@ -116,7 +118,7 @@ def test_h2_header_value_with_control_bytes_refused(proxy, upstream, value):
     b"/v1/messages x",
 ], ids=["crlf-request-line", "crlf", "space"])
 def test_h2_path_with_crlf_or_space_refused(proxy, upstream, path):
-    before, mark = len(upstream.seen), audit_mark(proxy)
+    before, mark = seen_count(upstream), audit_mark(proxy)
     res = h2_request(proxy, "coding-agent", token(proxy), "api.anthropic.com:443",
                      _llm_h2_headers(path=path), b"{}")
     _assert_h2_bad_request(proxy, upstream, before, mark, res)
@@ -128,13 +130,14 @@ _FORBIDDEN = st.sampled_from([b"\r", b"\n", b"\x00", b"\r\n", b"\n\r"])
 
 
 @settings(max_examples=20, deadline=None, derandomize=True,
+          phases=[Phase.explicit, Phase.generate],  # no shrinking: keeps a failure bounded
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.tuples(_VISIBLE, st.lists(st.tuples(_FORBIDDEN, _VISIBLE), min_size=1, max_size=3)))
 def test_h2_generated_header_values_with_forbidden_bytes_refused(proxy, upstream, parts):
-    """Bounded: 20 generated values, one h2 request each (about 5 s in all)."""
+    """Bounded: 20 generated values, one h2 request each, no shrinking (about 5 s)."""
     head, rest = parts
     value = head + b"".join(f + v for f, v in rest)
-    before, mark = len(upstream.seen), audit_mark(proxy)
+    before, mark = seen_count(upstream), audit_mark(proxy)
     res = h2_request(proxy, "coding-agent", token(proxy), "api.anthropic.com:443",
                      _llm_h2_headers([(b"x-generated", value)]), b"{}")
     _assert_h2_bad_request(proxy, upstream, before, mark, res)
@@ -147,7 +150,7 @@ def test_h2_generated_header_values_with_forbidden_bytes_refused(proxy, upstream
     b'{"model":"m","messages":[]}' * 40,
 ], ids=["body-looks-like-a-request", "json"])
 def test_h2_body_without_content_length_stays_one_request(proxy, upstream, body):
-    before = len(upstream.seen)
+    before = seen_count(upstream)
     res = h2_request(proxy, "coding-agent", token(proxy), "api.anthropic.com:443",
                      _llm_h2_headers(content_length=None), body)
     time.sleep(0.2)
@@ -205,7 +208,7 @@ def test_absolute_form_naming_the_tunnel_host_goes_out_in_origin_form(r2_proxy, 
 @pytest.mark.parametrize("url", ["https://upstream.test/page", "http://plain.test/page"])
 def test_client_x_sandgate_headers_never_reach_upstream(proxy, upstream, plain_upstream, url):
     server = upstream if url.startswith("https") else plain_upstream
-    before = len(server.seen)
+    before = seen_count(server)
     r = curl(proxy, "coding-agent", url, "-H", "X-Sandgate-Anything: 1",
              "-H", "x-sandgate-identity: admin", "-H", "X-SANDGATE-RULE: everything",
              "-H", "X-SandGate-Reason: forged")
@@ -219,12 +222,13 @@ def test_client_x_sandgate_headers_never_reach_upstream(proxy, upstream, plain_u
 
 @pytest.mark.parametrize("header", ["x-echo", "authorization"])
 def test_bound_placeholder_in_another_header_is_not_substituted(proxy, upstream, header):
-    before = len(upstream.seen)
+    before = seen_count(upstream)
     r = curl(proxy, "coding-agent", "https://api.anthropic.com/echo-key",
              "-H", f"{header}: {PLACEHOLDER}")
     assert split_status(r.stdout)[1] == 200, r.stderr
     seen = upstream.seen[before:]
-    assert len(seen) == 1
+    n = len(seen)
+    assert n == 1
     # the injected header carries the key; the other header still the placeholder
     assert_secret_equal(seen[0].headers.get("x-api-key"), ANTHROPIC_KEY, "injected x-api-key")
     assert_secret_equal(seen[0].headers.get(header), PLACEHOLDER, f"upstream {header}")
@@ -250,12 +254,12 @@ def _forms() -> dict[str, bytes]:
 @pytest.mark.parametrize("form", list(_forms()))
 def test_encoded_cached_value_in_body_is_exfiltration(proxy, upstream, form):
     _warm_cache(proxy)
-    before, mark = len(upstream.seen), audit_mark(proxy)
+    before, mark = seen_count(upstream), audit_mark(proxy)
     body = b'{"messages":[{"role":"user","content":"' + _forms()[form] + b'"}]}'
     r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
              "--data-binary", body.decode(), "-H", "content-type: application/json")
     text, status = split_status(r.stdout)
-    assert len(upstream.seen) == before, "the request reached the upstream"
+    assert seen_count(upstream) == before, "the request reached the upstream"
     assert status == 403
     assert refusal_doc(text)["code"] == "exfiltration"
     wait_new_audit(proxy, mark, lambda e: e.get("code") == "exfiltration")
@@ -265,12 +269,12 @@ def test_gzip_body_with_cached_value_is_exfiltration(proxy, upstream, tmp_path):
     _warm_cache(proxy)
     f = tmp_path / "body.gz"
     f.write_bytes(gzip.compress(b'{"content":"' + ANTHROPIC_KEY.encode() + b'"}'))
-    before = len(upstream.seen)
+    before = seen_count(upstream)
     r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
              "--data-binary", f"@{f}", "-H", "content-encoding: gzip",
              "-H", "content-type: application/json")
     text, status = split_status(r.stdout)
-    assert len(upstream.seen) == before, "the request reached the upstream"
+    assert seen_count(upstream) == before, "the request reached the upstream"
     assert status == 403
     assert refusal_doc(text)["code"] == "exfiltration"
 
@@ -286,7 +290,7 @@ def _rss_kb(pid: int) -> int:
 
 def test_unauthenticated_huge_chunked_post_is_not_buffered(r2_proxy, plain_upstream):
     """Bounds: one connection, at most 300 MB offered, at most 20 s; RSS polled every 20 ms."""
-    before = len(plain_upstream.seen)
+    before = seen_count(plain_upstream)
     base = _rss_kb(r2_proxy.proc.pid)
     s = socket.create_connection((r2_proxy.host, r2_proxy.port), timeout=10)
     s.sendall(b"POST http://plain.test/ HTTP/1.1\r\nHost: plain.test\r\n"
@@ -317,7 +321,7 @@ def test_unauthenticated_huge_chunked_post_is_not_buffered(r2_proxy, plain_upstr
     s.close()
     peak = max(peak, _rss_kb(r2_proxy.proc.pid))
     grew_mb = (peak - base) / 1024
-    assert len(plain_upstream.seen) == before
+    assert seen_count(plain_upstream) == before
     assert grew_mb < 64, f"RSS grew by {grew_mb:.0f} MB while {state['sent_mb']} MB were " \
                          f"offered without authentication"
     assert state["closed"] or out.startswith(b"HTTP/1.1 407") or out == b"", out[:200]
@@ -331,17 +335,17 @@ def test_declared_length_over_limit_is_413(vault, pki, upstream, tmp_path):
         small, big = tmp_path / "small", tmp_path / "big"
         small.write_bytes(b"x" * 512 * 1024)
         big.write_bytes(b"x" * 2 * 1024 * 1024)
-        before = len(upstream.seen)
+        before = seen_count(upstream)
         r = curl(p, "coding-agent", "https://api.anthropic.com/v1/messages",
                  "--data-binary", f"@{big}", "-H", "Expect:")
         text, status = split_status(r.stdout)
         assert status == 413, r.stdout[-300:] + r.stderr
         assert refusal_doc(text)["code"] == "too_large"
-        assert len(upstream.seen) == before
+        assert seen_count(upstream) == before
         r = curl(p, "coding-agent", "https://api.anthropic.com/v1/messages",
                  "--data-binary", f"@{small}", "-H", "Expect:")
         assert split_status(r.stdout)[1] == 200
-        assert upstream.seen[-1].body == small.read_bytes()
+        assert upstream.seen[-1].body == small.read_bytes(), "the body arrived changed"
     finally:
         stop_proxy(p)
 

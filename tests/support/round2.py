@@ -69,6 +69,12 @@ def token(proxy: Proxy, identity: str = "coding-agent") -> str:
     return _TOKENS[key]
 
 
+def seen_count(server) -> int:
+    """How many requests an upstream recorded. Compare counts, never lists: pytest would print
+    the recorded requests, and they hold the injected key."""
+    return len(server.seen)
+
+
 def audit_mark(proxy: Proxy) -> int:
     return len(proxy.audit())
 

@@ -123,6 +123,11 @@ class H2Result:
     terminated: int | None = None  # GOAWAY error code
     connect_head: bytes = b""
 
+    def __repr__(self) -> str:  # short, and never the headers or body (they may hold a value)
+        return (f"H2Result(status={self.status}, body_len={len(self.body)}, "
+                f"trailers={len(self.trailers)}, ended={self.ended}, reset={self.reset}, "
+                f"terminated={self.terminated})")
+
     def header(self, name: str) -> str | None:
         for k, v in self.headers:
             if k.decode().lower() == name.lower():
