@@ -184,7 +184,8 @@ def test_reason_phrase_quoting_secret_is_not_forwarded(r2_proxy, raw_server):
 
 
 def test_reason_phrase_seen_by_curl_has_no_secret(r2_proxy, raw_server):
-    r = curl(r2_proxy, "coding-agent", "https://raw.r2.test/reason", "-v")
+    # HTTP/1.1 to the proxy: over h2 curl would never see a reason phrase at all
+    r = curl(r2_proxy, "coding-agent", "https://raw.r2.test/reason", "-v", "--http1.1")
     _no_secret(r.stdout, r.stderr)
     assert split_status(r.stdout)[1] == 200
 
@@ -367,34 +368,60 @@ def _dns_query(name: str, qid: int = 0x5347) -> bytes:
 
 
 def test_dns_over_connect_53_is_not_answered(proxy):
-    """Bounds: one CONNECT, one query, 3 s wait for an answer."""
+    """Bounds: one CONNECT, one query, 3 s wait for an answer.
+
+    plain.test resolves to 127.0.0.2; a DNS listener there (TCP and UDP port 53) shows whether
+    anything was dialled. The answer, if any, must be REFUSED with no records.
+    """
+    tcp = socket.socket()
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind(("127.0.0.2", 53))
+    tcp.listen(4)
+    tcp.settimeout(0)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.2", 53))
+    udp.settimeout(0)
     mark = audit_mark(proxy)
-    s, head = open_tunnel(proxy.host, proxy.port, "plain.test:53",
-                          proxy_auth("coding-agent", token(proxy)))
     answer = b""
     try:
-        if b" 200 " in head.split(b"\r\n")[0]:
-            q = _dns_query("localhost")
-            s.sendall(struct.pack("!H", len(q)) + q)
-            s.settimeout(3)
-            try:
-                while len(answer) < 2 or len(answer) < 2 + struct.unpack("!H", answer[:2])[0]:
-                    d = s.recv(4096)
-                    if not d:
-                        break
-                    answer += d
-            except OSError:
-                pass
+        s, head = open_tunnel(proxy.host, proxy.port, "plain.test:53",
+                              proxy_auth("coding-agent", token(proxy)))
+        try:
+            if b" 200 " in head.split(b"\r\n")[0]:
+                q = _dns_query("localhost")
+                s.sendall(struct.pack("!H", len(q)) + q)
+                s.settimeout(3)
+                try:
+                    while len(answer) < 2 or len(answer) < 2 + struct.unpack("!H", answer[:2])[0]:
+                        d = s.recv(4096)
+                        if not d:
+                            break
+                        answer += d
+                except OSError:
+                    pass
+        finally:
+            s.close()
+        time.sleep(0.2)
+        dialled = []
+        try:
+            dialled.append(tcp.accept()[1])
+        except BlockingIOError:
+            pass
+        try:
+            dialled.append(udp.recvfrom(4096)[1])
+        except BlockingIOError:
+            pass
     finally:
-        s.close()
+        tcp.close()
+        udp.close()
+    assert not dialled, f"the DNS server at 127.0.0.2:53 was contacted from {dialled}"
+    assert not [e for e in proxy.audit()[mark:] if (e.get("dialed") or "").endswith(":53")]
     if len(answer) >= 14:
         msg = answer[2:]
         rcode = msg[3] & 0x0F
         ancount = struct.unpack("!H", msg[6:8])[0]
-        assert ancount == 0 and rcode == 5, f"DNS answered: rcode {rcode}, {ancount} answer(s)"
-    time.sleep(0.2)
-    dialled = [e for e in proxy.audit()[mark:] if (e.get("dialed") or "").endswith(":53")]
-    assert not dialled, dialled
+        assert ancount == 0 and rcode == 5, \
+            f"DNS answered (rcode {rcode}, {ancount} record(s)); expected REFUSED (5) or nothing"
 
 
 def test_round2_policy_loads():
