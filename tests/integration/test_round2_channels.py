@@ -48,6 +48,7 @@ from tests.support.round2 import (
     audit_mark,
     r2_proxy_running,
     refusal_doc,
+    seen_count,
     token,
     vault_env,
     wait_new_audit,
@@ -320,13 +321,15 @@ def test_harmless_option_still_starts(vault, tmp_path):
 
 # ---------------------------------------------------------------- 10. refusal bodies
 
-def test_unknown_identity_refusal_names_no_other_identity(proxy, upstream):
-    tok = proxy.token("nobody")
-    before = len(upstream.seen)
-    r = curl(proxy, "nobody", "https://upstream.test/docs/x", "-i", token=tok)
+@pytest.mark.parametrize("url", ["https://upstream.test/docs/x", "http://plain.test/x"])
+def test_unknown_identity_refusal_names_no_other_identity(proxy, upstream, plain_upstream, url):
+    tok = token(proxy, "nobody")
+    server = upstream if url.startswith("https") else plain_upstream
+    before = seen_count(server)
+    r = curl(proxy, "nobody", url, "-i", token=tok)
     body, status = split_status(r.stdout)
     assert status == 403, r.stdout[-300:]
-    assert len(upstream.seen) == before
+    assert seen_count(server) == before
     payload = body[body.index("{"):]
     assert refusal_doc(payload)["code"] == "unknown_identity"
     for other in ("coding-agent", "web-fetch", "bash-tool"):
