@@ -15,6 +15,8 @@ need_apt=()
 command -v curl >/dev/null || need_apt+=(curl)
 if ((want_test)); then
   command -v ip >/dev/null || need_apt+=(iproute2)
+  # nginx: a real virtual-host server for the round-2 routing tests (tests/support/nginx.py)
+  command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need_apt+=(nginx-light)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then

@@ -1,0 +1,59 @@
+"""A real WebSocket server (aiohttp, TLS) that records every message and can leak its key.
+
+`/ws`: on the text message "send-key" it answers "your key is <the x-api-key it was given>";
+any other message is recorded and acknowledged with "ack <n>" (n = messages received so far),
+so a client can tell which of its messages arrived without seeing their content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import threading
+
+from aiohttp import WSMsgType, web
+
+
+class WsServer:
+    def __init__(self, host: str, port: int, cert: str, key: str) -> None:
+        self.host, self.port = host, port
+        self.received: list[str] = []
+        self.upgrade_headers: list[dict[str, str]] = []
+        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._ctx.load_cert_chain(cert, key)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+        self.upgrade_headers.append({k.lower(): v for k, v in request.headers.items()})
+        key = request.headers.get("x-api-key", "")
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue
+            self.received.append(msg.data)
+            if msg.data == "send-key":
+                await ws.send_str(f"your key is {key}")
+            else:
+                await ws.send_str(f"ack {len(self.received)}")
+        return ws
+
+    def start(self) -> WsServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/ws", self._ws)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ctx).start()
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
