@@ -22,6 +22,7 @@ from tests.support.upstream import UpstreamServer
 
 HERE = Path(__file__).parent
 UPSTREAM_IP = "127.0.0.2"
+OLD_SERVER_IP = "127.0.0.10"  # an HTTP/1.0 server (Python's http.server), see test_clients.py
 NAMES = ["api.anthropic.com", "api.openai.com", "upstream.test", "*.upstream.test", "old.test",
          "inside.test", "meta.test", "plain.test", "other.test", "tunnel.test",
          "*.r2.test"]  # the round-2 servers (tests/support/round2.py)
