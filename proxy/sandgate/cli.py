@@ -244,13 +244,17 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sandgate.addons.pinned import check_sets
+
+    try:
+        check_sets(args.sets)  # before anything heavy is imported or started
+    except ValueError as e:
+        return _err(str(e))
     from sandgate.policy.loader import PolicyError
     from sandgate.runner import RunConfig, banner, parse_resolve, serve
     from sandgate.secrets.vault import VaultConfig
 
     try:
         resolve = parse_resolve(args.resolve)
-        check_sets(args.sets)
     except ValueError as e:
         return _err(str(e))
     for ca in args.upstream_ca:

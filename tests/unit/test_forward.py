@@ -100,3 +100,10 @@ def test_inspectable_body_decodes_bounded():
     with pytest.raises(BadRequest):
         inspectable_body(tutils.treq(headers=[(b"content-encoding", b"gzip")],
                                      content=b"not gzip"), 99)
+
+
+def test_prepare_keeps_the_clients_wish_to_close():
+    req = tutils.treq(headers=[(b"host", b"h"), (b"connection", b"close, x-a"), (b"x-a", b"1")],
+                      content=b"")
+    prepare(req, websocket=False)
+    assert req.headers["connection"] == "close" and "x-a" not in req.headers

@@ -101,6 +101,10 @@ def prepare(req: http.Request, websocket: bool) -> None:
     req.headers.fields = tuple(fields)
     if websocket:
         req.headers["connection"] = "Upgrade"
+    elif b"close" in nominated:
+        # mitmproxy reads the client's wish to close from this same header; the upstream may
+        # as well close too.
+        req.headers["connection"] = "close"
     if req.http_version.startswith("HTTP/1"):
         req.authority = ""  # origin form; check_authority made sure it named the judged origin
     req.trailers = None
