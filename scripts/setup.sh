@@ -17,6 +17,8 @@ if ((want_test)); then
   command -v ip >/dev/null || need_apt+=(iproute2)
   # nginx: a real virtual-host server for the round-2 routing tests (tests/support/nginx.py)
   command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need_apt+=(nginx-light)
+  # wget: a real client strict about framing and TLS shutdown (tests/integration/test_clients.py)
+  command -v wget >/dev/null || need_apt+=(wget)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then
