@@ -107,7 +107,7 @@ def test_would_be_refused_reaches_upstream_without_secret(admin, public_upstream
     before = len(public_upstream.seen)
     r = curl(admin.proxy, "auditor", f"https://other.test{path}", "-X", method,
              "-H", "authorization: Bearer whatever-the-client-had")
-    body, status = split_status(r.stdout)
+    _, status = split_status(r.stdout)
     assert status == 200, r.stdout + r.stderr
     seen = public_upstream.seen[before:]
     assert [s.path for s in seen] == [path]
