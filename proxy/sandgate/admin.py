@@ -43,6 +43,8 @@ class AdminState:
     listener_up: Callable[[], bool]
     draining: Callable[[], bool]
     max_token_ttl: int = DEFAULT_MAX_TOKEN_TTL
+    # writes an audit event (event, **fields); tokens issued here are audited (never the token)
+    audit: Callable[..., None] | None = None
 
 
 def _json(status: int, body: Any) -> web.Response:
@@ -177,6 +179,9 @@ def build_app(state: AdminState) -> web.Application:
             return _error(400, "ttl_too_long", f"ttl {ttl}s is over the cap of "
                           f"{state.max_token_ttl}s (--admin-max-token-ttl)")
         token = issue_token(state.token_key, identity, sandbox, ttl)
+        if state.audit is not None:
+            state.audit("token", identity=identity, sandbox=sandbox, ttl=ttl,
+                        issued_by="admin_api")
         log.info("issued a proxy token for identity %s (sandbox %s, ttl %ss) via the admin API",
                  identity, sandbox, ttl)
         return _json(200, {"token": token, "identity": identity, "sandbox": sandbox,

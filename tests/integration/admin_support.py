@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import time
 import urllib.error
@@ -25,11 +26,16 @@ OWN_NAMES = ("api.anthropic.com", "api.openai.com", "upstream.test", "a.upstream
              "plain.test", "other.test", "tunnel.test", "nocert.test")
 
 
+_OWN: list[UpstreamServer] = []
+
+
 @pytest.fixture(scope="session", name="own_upstream")
 def own_upstream_fixture(pki) -> Iterator[UpstreamServer]:
-    server = UpstreamServer(OWN_IP, 443, str(pki.cert), str(pki.key)).start()
-    yield server
-    server.stop()
+    # Imported into several modules, which pytest treats as separate fixtures: share one server.
+    if not _OWN:
+        _OWN.append(UpstreamServer(OWN_IP, 443, str(pki.cert), str(pki.key)).start())
+        atexit.register(_OWN[0].stop)
+    yield _OWN[0]
 
 
 @dataclass

@@ -113,6 +113,9 @@ def test_tokens_issue_a_working_token(admin, own_upstream):
     assert split_status(r.stdout)[1] == 200
     ev = admin.proxy.wait_audit(lambda e: e.get("path") == "/docs/via-api-token")
     assert ev["sandbox"] == "sb-1"
+    ev = admin.proxy.wait_audit(lambda e: e["event"] == "token" and e["sandbox"] == "sb-1")
+    assert ev["identity"] == "bash-tool" and ev["ttl"] == 900
+    assert doc["token"] not in admin.proxy.audit_file.read_text()
     # default TTL, unknown identity, over the cap, junk
     assert admin.post("/v1/tokens", {"identity": "bash-tool"})[1]["ttl"] == 3600
     status, doc = admin.post("/v1/tokens", {"identity": "nobody"})
