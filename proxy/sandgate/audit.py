@@ -7,11 +7,12 @@ secrets appear as "name@version", query values are replaced by REDACTED.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
     from sandgate.addons.state import FlowRecord
     from sandgate.scrub import SecretSet
+
+_logger = logging.getLogger("sandgate")
 
 TIME = "time"
 EVENT = "event"
@@ -36,7 +39,7 @@ HOST = "host"
 PORT = "port"
 PATH = "path"
 RULE = "rule"
-DECISION = "decision"  # "allow" / "deny"
+DECISION = "decision"  # "allow" / "deny" / "report" (refused by the rules, forwarded uninjected)
 CODE = "code"
 REASON = "reason"
 SECRETS = "secrets"  # list of "name@version"
@@ -89,6 +92,8 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
     refusal = rec.refusal
     decision = "allow" if refusal is None and rec.decision is not None and rec.decision.allowed \
         else "deny"
+    if refusal is None and rec.reported:
+        decision = "report"
     code = refusal.code if refusal else (rec.decision.code if rec.decision else None)
     if flow.error and not refusal and decision == "allow":
         code = None
@@ -171,6 +176,7 @@ class AuditLog:
         self._stream = stream
         self._lock = threading.Lock()
         self._closed = False
+        self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self._log = structlog.wrap_logger(
             structlog.WriteLogger(stream),
             processors=[_canonical, structlog.processors.JSONRenderer(default=str)],
@@ -185,6 +191,16 @@ class AuditLog:
             if self._closed:
                 raise ValueError("audit log is closed")
             self._log.msg(event, **fields)
+        for listener in self._listeners:
+            try:
+                listener(event, fields)
+            except Exception:  # a metric must never cost a request or an audit line
+                _logger.exception("sandgate: audit listener failed")
+
+    def add_listener(self, fn: Callable[[str, dict[str, Any]], None]) -> None:
+        """Call fn(event, fields) after each event is written: the one point that sees every
+        decision (metrics count from here)."""
+        self._listeners.append(fn)
 
     def close(self) -> None:
         """Close the file this log opened (a stream passed in, or stdout, is only flushed)."""

@@ -68,6 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="identify clients from this range without a token (VMs, namespaces)")
     run.add_argument("--docker-network", action="append", default=[], metavar="NAME",
                      help="identify clients on this Docker network by their container labels")
+    run.add_argument("--admin", type=_listen, default=None, metavar="HOST:PORT",
+                     help="serve the admin API (health, readiness, metrics, policy, reload) "
+                     "here; off unless given")
+    run.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
+                     help="the admin API's bearer token (default: env SANDGATE_ADMIN_TOKEN)")
+    run.add_argument("--admin-max-token-ttl", default="24h", metavar="TTL",
+                     help="longest proxy token POST /v1/tokens issues (default %(default)s)")
+    run.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="on SIGTERM, wait this long for in-flight requests and streams "
+                     "(default %(default)s)")
+    run.add_argument("--no-watch", action="store_true",
+                     help="do not reload when a policy file changes (SIGHUP and "
+                     "POST /v1/reload still do)")
+    run.add_argument("--log-format", choices=("json", "text"), default=None,
+                     help="process log format on stderr (default: json unless stderr is a "
+                     "terminal)")
 
     check = sub.add_parser("check", help="validate policies and run their tests: fixtures")
     check.add_argument("policies", type=Path)
@@ -156,6 +172,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url} "
               f"-> {'allow' if r.decision.allowed else 'deny'}"
               f" ({r.decision.rule_name or r.decision.code}){'' if r.passed else ': ' + r.message}")
+    report = sorted(n for n, i in policy.identities.items() if i.mode == "report")
+    if report:
+        print(f"report mode (policy refusals forwarded without credentials and audited, not "
+              f"enforced): {', '.join(report)}")
     ids = len(policy.identities)
     print(f"{len(policy.files)} file(s), {ids} identities, {len(policy.secrets)} secrets; "
           f"{len(results) - len(failed)} passed, {len(failed)} failed")
@@ -163,9 +183,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from sandgate.decision import decide
+    from sandgate.explain import explain
     from sandgate.policy.loader import PolicyError, load_policy_dir
-    from sandgate.request import parse_url
 
     try:
         policy = load_policy_dir(args.policies)
@@ -173,37 +192,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return 1
     try:
-        req = parse_url(args.method, args.url)
+        out, allowed = explain(policy, args.identity, args.method, args.url)
     except ValueError as e:
         return _err(f"bad request: {e}")
-    d = decide(policy, args.identity, req)
-    out: dict[str, object] = {
-        "identity": args.identity,
-        "request": f"{req.method} {req.target}",
-        "decision": "allow" if d.allowed else "deny",
-        "rule": d.rule_name,
-        "rule_source": str(d.rule.source) if d.rule else None,
-        "code": str(d.code) if d.code else None,
-        "reason": d.reason,
-        "hint": d.hint,
-        "detail": d.detail,
-    }
-    if d.allowed and d.rule is not None:
-        inj = d.rule.inject
-        would: list[str] = []
-        if inj is not None:
-            would += [f"header {n}: from secret(s) {', '.join(sorted(t.secrets)) or '-'}"
-                      for n, t in inj.headers]
-            if inj.basic is not None:
-                s = inj.basic[0].secrets | inj.basic[1].secrets
-                would.append(f"basic auth: from secret(s) {', '.join(sorted(s))}")
-            would += [f"query {n}: from secret(s) {', '.join(sorted(t.secrets))}"
-                      for n, t in inj.query]
-        out["inject"] = would
-        out["placeholders_honoured"] = sorted(d.rule.secrets)
-        out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
     print(json.dumps(out, indent=2))
-    return 0 if d.allowed else 1
+    return 0 if allowed else 1
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -242,16 +235,60 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin_token(args: argparse.Namespace) -> str | None:
+    if args.admin_token_file is not None:
+        try:
+            token = str(args.admin_token_file.read_text()).strip()
+        except OSError as e:
+            raise ValueError(f"--admin-token-file {args.admin_token_file}: {e.strerror}") from None
+        if not token:
+            raise ValueError(f"--admin-token-file {args.admin_token_file} is empty")
+        return token
+    return os.environ.get("SANDGATE_ADMIN_TOKEN", "").strip() or None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    import logging
+
     from sandgate.addons.pinned import check_sets
 
     try:
         check_sets(args.sets)  # before anything heavy is imported or started
     except ValueError as e:
         return _err(str(e))
+    from sandgate.lifecycle import configure_logging, default_log_format
+    from sandgate.policy import live
     from sandgate.policy.loader import PolicyError
-    from sandgate.runner import RunConfig, banner, parse_resolve, serve
+    from sandgate.runner import RunConfig, banner, parse_resolve, same_address, serve
     from sandgate.secrets.vault import VaultConfig
+    from sandgate.tokens import parse_ttl
+
+    # The policy first: a broken one is reported (located) before anything binds or prints.
+    try:
+        loaded = live.load(args.policies)
+    except PolicyError as e:
+        print(f"sandgate: not starting: {len(e.problems)} problem(s) in {args.policies}:",
+              file=sys.stderr)
+        print(str(e), file=sys.stderr)
+        return 1
+    admin_token = None
+    try:
+        if args.admin is not None:
+            admin_token = _admin_token(args)
+            if admin_token is None:
+                raise ValueError("--admin needs a token: set SANDGATE_ADMIN_TOKEN or give "
+                                 "--admin-token-file")
+            if same_address(args.admin, args.listen):
+                raise ValueError(f"--admin {args.admin[0]}:{args.admin[1]} is the proxy "
+                                 "listener's address; give the admin listener its own port")
+        max_ttl = parse_ttl(args.admin_max_token_ttl)
+        if args.drain_timeout < 0:
+            raise ValueError("--drain-timeout must not be negative")
+    except ValueError as e:
+        return _err(str(e))
+    log_format = args.log_format or default_log_format()
+    configure_logging(log_format)
+    log = logging.getLogger("sandgate")
 
     try:
         resolve = parse_resolve(args.resolve)
@@ -278,8 +315,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             dev = DevVault()
             dev.start()
             seed_demo(dev)
-            print(f"sandgate: no VAULT_ADDR set; started an embedded OpenBao dev server at "
-                  f"{dev.addr} with demo secrets", file=sys.stderr)
+            log.info("sandgate: no VAULT_ADDR set; started an embedded OpenBao dev server at "
+                     "%s with demo secrets", dev.addr)
             vault = VaultConfig(addr=dev.addr, token=dev.root_token, role_id=None,
                                 secret_id=None, cacert=None, namespace=None)
         if args.docker_network:
@@ -298,8 +335,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             upstream_cas=args.upstream_ca, audit_file=args.audit, vault=vault,
             secret_ttl=args.secret_ttl, address_sources=sources,
             max_request_body=args.max_request_body, canary=args.canary,
+            loaded=loaded, admin=args.admin, admin_token=admin_token,
+            admin_max_token_ttl=max_ttl, drain_timeout=args.drain_timeout,
+            watch_interval=None if args.no_watch else 0.5, log_format=log_format,
         )
-        print(banner(cfg, args.confdir), file=sys.stderr, end="")
+        for line in banner(cfg, args.confdir).splitlines():
+            log.info("%s", line)
+        log.info("sandgate: policy version %s (%d identities; report mode: %s)", loaded.version,
+                 len(loaded.policy.identities),
+                 ", ".join(n for n, i in sorted(loaded.policy.identities.items())
+                           if i.mode == "report") or "none")
         asyncio.run(serve(cfg))
         return 0
     except PolicyError as e:

@@ -38,6 +38,19 @@ class Decision:
         return Refused(self.code, self.reason, self.hint)
 
 
+# Refusals an identity in `mode: report` only reports: what the rules say, nothing else.
+REPORTABLE = frozenset({Code.NO_RULE, Code.DENIED_BY_RULE})
+
+
+def reported(policy: Policy, identity: str, d: Decision) -> bool:
+    """True when this refusal is only reported (the identity is in report mode and the rules,
+    not an identity, address or safety check, refused): the request goes out uninjected."""
+    if d.allowed or d.code not in REPORTABLE:
+        return False
+    ident = policy.identities.get(identity)
+    return ident is not None and ident.mode == "report"
+
+
 def _unknown_identity(policy: Policy, identity: str) -> Decision:
     known = ", ".join(sorted(policy.identities)) or "(none)"
     return Decision(

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
@@ -21,8 +23,11 @@ from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, pinned
 from sandgate.identity.base import AddressIdentitySource
 from sandgate.identity.resolve import Identifier
+from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
+from sandgate.metrics import Metrics
 from sandgate.netguard import IPAddress
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy import live as livepolicy
+from sandgate.policy.model import Policy
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
 
@@ -46,6 +51,14 @@ class RunConfig:
     address_sources: Sequence[AddressIdentitySource] = ()
     max_request_body: str = DEFAULT_MAX_REQUEST_BODY
     canary: bool = False
+    # the policy `sandgate run` validated before printing or binding anything (else loaded here)
+    loaded: livepolicy.LoadedPolicy | None = None
+    admin: tuple[str, int] | None = None  # --admin HOST:PORT
+    admin_token: str | None = field(default=None, repr=False)
+    admin_max_token_ttl: int = 24 * 3600
+    drain_timeout: float = 30.0
+    watch_interval: float | None = 0.5  # None: no file watching (SIGHUP and the API still work)
+    log_format: str = "text"
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -96,13 +109,29 @@ def self_addresses(host: str, port: int) -> tuple[tuple[IPAddress, int], ...]:
     return tuple(out)
 
 
+def same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
+    """Would these two listeners collide (same port, and the same or an unspecified host)?"""
+    if a[1] != b[1]:
+        return False
+    unspecified = {"", "0.0.0.0", "::"}
+    return a[0] == b[0] or a[0] in unspecified or b[0] in unspecified
+
+
 async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     conf = confdir.ensure_confdir(cfg.confdir)
     confdir.ensure_ca(conf)
     key = confdir.token_key(conf)
-    policy = load_policy_dir(cfg.policies)
+    loaded = cfg.loaded or livepolicy.load(cfg.policies)
+    policy = loaded.policy
     if cfg.vault is None:
         raise ValueError("no Vault configured")
+    if cfg.admin is not None:
+        if same_address(cfg.admin, (cfg.listen_host, cfg.listen_port)):
+            raise ValueError(f"--admin {cfg.admin[0]}:{cfg.admin[1]} is the proxy listener's "
+                             "address; give the admin listener its own port")
+        if not cfg.admin_token:
+            raise ValueError("--admin needs a token: set SANDGATE_ADMIN_TOKEN or give "
+                             "--admin-token-file")
     broker = SecretBroker(cfg.vault, policy.secrets, ttl=cfg.secret_ttl)
     try:
         await broker.start()
@@ -110,17 +139,49 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         log.warning("sandgate: Vault not ready at start (%s); requests needing secrets get 503",
                     type(e).__name__)
     sink = audit.AuditLog(cfg.audit_file)
+
+    def canaries(p: Policy) -> dict[str, str]:
+        return {f"canary:{name}": canary(key, name) for name in p.identities} \
+            if cfg.canary else {}
+
+    selves = self_addresses(cfg.listen_host, cfg.listen_port)
+    if cfg.admin is not None:  # a sandbox must never reach the admin API through the proxy
+        selves += self_addresses(*cfg.admin)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
         identifier=Identifier(key, tuple(cfg.address_sources)),
         audit=sink,
         resolve_overrides=dict(cfg.resolve),
-        self_addresses=self_addresses(cfg.listen_host, cfg.listen_port),
+        self_addresses=selves,
         max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
-        canaries={f"canary:{name}": canary(key, name) for name in policy.identities}
-        if cfg.canary else {},
+        canaries=canaries(policy),
     ))
+    live = livepolicy.LivePolicy(cfg.policies, loaded)
+    metrics = Metrics(lambda: live.policy)
+    broker.observer = metrics
+    sink.add_listener(metrics.on_audit)
+
+    def swap(new: livepolicy.LoadedPolicy) -> None:
+        broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
+        gate.set_policy(new.policy, canaries(new.policy))
+        metrics.policy_swapped(new.version, new.loaded_at)
+
+    def outcome(o: livepolicy.ReloadOutcome) -> None:
+        metrics.reload_outcome(o.outcome, o.trigger, o.at)
+        _audit_policy(sink, o, live.current)
+        if o.outcome == "error":
+            log.error("sandgate: policy reload (%s) failed; version %s keeps serving:\n%s",
+                      o.trigger, o.version, "\n".join(o.problems))
+        else:
+            log.info("sandgate: policy reload (%s): %s, version %s (was %s)", o.trigger,
+                     o.outcome, o.version, o.previous)
+
+    live.on_swap.append(swap)
+    live.on_outcome.append(outcome)
+    metrics.policy_swapped(loaded.version, loaded.loaded_at)
+    _audit_policy(sink, livepolicy.ReloadOutcome("ok", "start", loaded.version, "",
+                                                 loaded.loaded_at), loaded)
 
     opts = options.Options(listen_host=cfg.listen_host, listen_port=cfg.listen_port,
                            confdir=str(conf))
@@ -129,6 +190,15 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     m.addons.add(*default_addons())
     m.addons.add(errorcheck.ErrorCheck())
     m.addons.add(gate)
+    lifecycle = Lifecycle()
+    m.addons.add(lifecycle)  # after the gate: a flow leaves it only once audited
+    metrics.open_connections.set_function(lambda: open_connections(m))
+    metrics.open_tunnels.set_function(
+        lambda: sum(1 for c in list(gate.conns.values()) if c.tunnel is not None))
+    metrics.inflight.set_function(lambda: len(lifecycle.inflight))
+    for h in logging.getLogger().handlers:  # mitmproxy's own log lines, in the same format
+        if isinstance(h, termlog.TermLogHandler):
+            h.setFormatter(formatter(cfg.log_format))
     check_sets(cfg.sets)
     if cfg.sets:
         opts.set(*cfg.sets)
@@ -139,18 +209,78 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     patches.install()
 
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    tasks: set[asyncio.Task[Any]] = set()
+    drained: dict[str, Any] = {}
+
+    def spawn(coro: Coroutine[Any, Any, Any]) -> None:
+        t = loop.create_task(coro)
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
+
+    async def graceful() -> None:
+        if lifecycle.draining:
+            return
+        metrics.draining.set(1)
+        log.info("sandgate: SIGTERM: no new connections; draining for up to %gs",
+                 cfg.drain_timeout)
+        drained.update(await drain(m, lifecycle, cfg.drain_timeout))
+
+    def on_term() -> None:
+        if lifecycle.draining:  # a second SIGTERM: stop now
+            m.shutdown()
+            return
+        spawn(graceful())
+
+    handlers: dict[signal.Signals, Callable[[], None]] = {
+        signal.SIGINT: m.shutdown,
+        signal.SIGTERM: on_term,
+        signal.SIGHUP: lambda: spawn(live.reload("signal")),
+    }
+    for sig, fn in handlers.items():
         try:
-            loop.add_signal_handler(sig, m.shutdown)
+            loop.add_signal_handler(sig, fn)
         except (NotImplementedError, RuntimeError):
             pass
+    admin_runner = None
+    if cfg.admin is not None:
+        from sandgate.admin import AdminState, start_admin
+
+        assert cfg.admin_token is not None
+        admin_runner = await start_admin(AdminState(
+            live=live, broker=broker, metrics=metrics, token_key=key,
+            admin_token=cfg.admin_token, listener_up=lambda: listener_up(m),
+            draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
+            audit=sink.emit,
+        ), *cfg.admin)
+    if cfg.watch_interval:
+        spawn(live.watch(cfg.watch_interval))
     if ready is not None:
         loop.call_soon(ready.set)
     try:
         await m.run()
     finally:
+        for t in list(tasks):
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if admin_runner is not None:
+            await admin_runner.cleanup()
+        with contextlib.suppress(Exception):
+            sink.emit("shutdown", policy_version=live.current.version,
+                      drained=drained.get("drained"), unfinished=drained.get("unfinished"),
+                      drain_seconds=drained.get("seconds"))
         await broker.aclose()
         sink.close()
+
+
+def _audit_policy(sink: audit.AuditLog, o: livepolicy.ReloadOutcome,
+                  current: livepolicy.LoadedPolicy) -> None:
+    """The `policy` audit event: what is serving, and whether a reload took effect."""
+    try:
+        sink.emit("policy", outcome=o.outcome, trigger=o.trigger, version=o.version,
+                  previous=o.previous or None, files=list(current.files),
+                  problems=list(o.problems))
+    except Exception:
+        log.exception("sandgate: audit failed")
 
 
 def banner(cfg: RunConfig, conf: Path) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -39,12 +39,19 @@ from sandgate.addons.stream import (
     scrub_whole,
     scrub_whole_candidate,
 )
-from sandgate.decision import decide, decide_connect
+from sandgate.decision import decide, decide_connect, reported
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.inject import Leak, apply, find_leaks, find_leaks_in, own_forms
-from sandgate.netguard import DialTarget, IPAddress, choose_address, may_dial, resolve
+from sandgate.netguard import (
+    DialTarget,
+    IPAddress,
+    IPNetwork,
+    choose_address,
+    may_dial,
+    resolve,
+)
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
@@ -101,6 +108,24 @@ class Gate:
     def policy(self) -> Policy:
         return self.cfg.policy
 
+    def set_policy(self, policy: Policy, canaries: dict[str, str] | None = None) -> None:
+        """Swap in a reloaded (fully built and validated) policy. Flows already judged keep the
+        policy they started with (FlowRecord.policy); every new flow, and every new request in
+        an open tunnel, is judged by this one."""
+        placeholders = dict(policy.placeholders)
+        if canaries is not None:
+            self.cfg.canaries = canaries
+        self._placeholders = placeholders
+        self.cfg.policy = policy
+        self._secret_generation = -1  # own_forms depend on the policy: rebuild the automaton
+
+    def _flow_policy(self, rec: FlowRecord) -> Policy:
+        """The one policy a flow is judged by, read at its first hook."""
+        if rec.policy is None:
+            rec.policy = self.cfg.policy
+            rec.placeholders = self._placeholders
+        return rec.policy
+
     def secrets(self) -> SecretSet:
         """Every cached secret value and its encodings, compiled once per change of the cache."""
         broker = self.cfg.broker
@@ -134,15 +159,20 @@ class Gate:
         except ValueError as e:
             raise BadRequest(Code.BAD_REQUEST, f"bad CONNECT host: {e}") from None
         rec.info = RequestInfo("https", host, req.port, "CONNECT", "")
-        d = rec.decision = decide_connect(self.policy, caller.identity, host, req.port)
+        policy = self._flow_policy(rec)
+        d = rec.decision = decide_connect(policy, caller.identity, host, req.port)
         tunnel = Tunnel(caller=caller, host=host, port=req.port, rule=d.rule,
-                        passthrough=d.allowed and d.rule is not None and d.rule.passthrough)
+                        passthrough=d.allowed and d.rule is not None and d.rule.passthrough,
+                        policy=policy)
         if not d.allowed:
             if d.code not in _DEFERRABLE:
                 raise d.refused()
             tunnel.rule = None
-            tunnel.refusal = d.refused()
-            rec.refusal = self._refusal(flow, tunnel.refusal)
+            if reported(policy, caller.identity, d):
+                rec.reported = True  # intercepted; each request inside is judged (and reported)
+            else:
+                tunnel.refusal = d.refused()
+                rec.refusal = self._refusal(flow, tunnel.refusal)
         self._conn(flow.client_conn).tunnel = tunnel
         self._audit(flow, event="connect")
 
@@ -203,14 +233,15 @@ class Gate:
         tunnel = conn.tunnel
         if tunnel is not None and tunnel.passthrough and tunnel.rule is not None:
             if same_host(str(address[0]), tunnel.host) and address[1] == tunnel.port:
-                target = await self._choose(tunnel.host, tunnel.port, tunnel.rule)
+                target = await self._choose(tunnel.host, tunnel.port, tunnel.rule.private_cidrs)
                 server.address = target.address
                 return
         server.error = "sandgate: connection was not approved"
 
-    async def _choose(self, host: str, port: int, rule: Rule) -> DialTarget:
+    async def _choose(self, host: str, port: int,
+                      private_cidrs: Iterable[IPNetwork]) -> DialTarget:
         ips = await resolve(host, port, self.cfg.resolve_overrides)
-        return choose_address(host, port, ips, rule.private_cidrs, self.cfg.self_addresses)
+        return choose_address(host, port, ips, private_cidrs, self.cfg.self_addresses)
 
     # ---------------------------------------------------------------- requests
 
@@ -233,13 +264,29 @@ class Gate:
         tunnel = self._conn(flow.client_conn).tunnel
         caller = rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
         _check_wire(req)
+        policy = self._flow_policy(rec)
+        if tunnel is not None and tunnel.policy is not policy:
+            self._rejudge_tunnel(tunnel, policy)
         info = rec.info = self._parse(flow, tunnel)
-        d = rec.decision = decide(self.policy, caller.identity, info)
+        d = rec.decision = decide(policy, caller.identity, info)
         if not d.allowed:
-            raise d.refused()
+            if not reported(policy, caller.identity, d):
+                raise d.refused()
+            rec.reported = True  # forwarded without credentials; audited as `report`
         check_authority(req, info)
         check_upgrade(req)
         self._check_size(_body_expected(req))
+
+    def _rejudge_tunnel(self, tunnel: Tunnel, policy: Policy) -> None:
+        """A reload happened since the CONNECT: its (deferred) refusal follows the new policy.
+        Requests inside are judged by the new policy anyway; passthrough is fixed at CONNECT."""
+        tunnel.policy = policy
+        if tunnel.passthrough:
+            return
+        d = decide_connect(policy, tunnel.caller.identity, tunnel.host, tunnel.port)
+        tunnel.refusal = None
+        if not d.allowed and not reported(policy, tunnel.caller.identity, d):
+            tunnel.refusal = d.refused()
 
     @guarded
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -250,21 +297,27 @@ class Gate:
         if rec.decision is None:
             self._judge_head(flow)  # never forward what requestheaders did not judge
         info, d = rec.info, rec.decision
-        assert info is not None and d is not None and d.rule is not None
-        rule = d.rule
+        policy = self._flow_policy(rec)
+        assert info is not None and d is not None
+        # report mode: no rule allowed it, so nothing is bound, injected or swapped, and the
+        # address is checked without any private_cidrs.
+        rule = None if rec.reported else d.rule
+        assert rule is not None or rec.reported
+        bound = rule.secrets if rule is not None else frozenset()
+        private_cidrs = rule.private_cidrs if rule is not None else ()
         # The body is complete now: the head once more (this is the authoritative point) and the
         # body's size as received (a chunked body has no length up front).
         _check_wire(req)
         self._check_size(len(req.raw_content or b""))
         body = inspectable_body(req, self.cfg.max_request_body)
-        leaks = find_leaks(req, body, self._placeholders, self.secrets(), rule.secrets)
+        leaks = find_leaks(req, body, rec.placeholders, self.secrets(), bound)
         if leaks:
             rec.exfiltration = sorted({f"{lk.secret}:{lk.kind}:{lk.where}" for lk in leaks})
             raise _exfiltration(leaks, rule)
 
         websocket = is_websocket_upgrade(req)
         prepare(req, websocket)
-        if rule.secrets:
+        if rule is not None and rule.secrets:
             if info.scheme != "https" or ctx.options.ssl_insecure:
                 raise Refused(Code.UNSAFE_INJECTION,
                               "credentials are injected only over verified TLS to the upstream")
@@ -273,12 +326,12 @@ class Gate:
                 sv = await self.cfg.broker.get(name)
                 values[name] = sv.value
                 rec.secrets.append(f"{name}@{sv.version}" if sv.version else name)
-            apply(rule, req, values, {n: self.policy.secrets[n].placeholder for n in values})
+            apply(rule, req, values, {n: policy.secrets[n].placeholder for n in values})
 
         conn = self._conn(flow.client_conn)
         target = conn.pinned.get((info.host, info.port))
-        if target is None or not may_dial(target.ip, rule.private_cidrs):
-            target = await self._choose(info.host, info.port, rule)
+        if target is None or not may_dial(target.ip, private_cidrs):
+            target = await self._choose(info.host, info.port, private_cidrs)
             conn.pinned[(info.host, info.port)] = target
         rec.dialed = f"{target.ip}:{target.port}"
         conn.approved[(str(target.ip), target.port)] = info.host
@@ -396,10 +449,10 @@ class Gate:
                     message.content = clean
                     rec.redactions += n
                 return
-            rule = rec.decision.rule if rec.decision is not None else None
+            rule = rec.decision.rule if rec.decision is not None and not rec.reported else None
             bound = rule.secrets if rule is not None else frozenset()
-            leaks = find_leaks_in(message.content, "websocket", self._placeholders, secrets,
-                                  bound)
+            placeholders = rec.placeholders if rec.policy is not None else self._placeholders
+            leaks = find_leaks_in(message.content, "websocket", placeholders, secrets, bound)
             if leaks:
                 message.drop()
                 rec.websocket_closed = True

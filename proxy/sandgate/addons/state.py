@@ -9,7 +9,7 @@ from sandgate.decision import Decision
 from sandgate.errors import Refused
 from sandgate.identity.base import Caller
 from sandgate.netguard import DialTarget
-from sandgate.policy.model import Rule
+from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo
 
@@ -26,6 +26,8 @@ class Tunnel:
     # A CONNECT the policy refuses is still accepted and intercepted (never dialled) so that the
     # inner request gets a refusal body the agent can read: most clients hide CONNECT answers.
     refusal: Refused | None = None
+    # The policy the CONNECT was judged by: after a reload, the tunnel is judged again.
+    policy: Policy | None = None
 
 
 @dataclass
@@ -54,6 +56,12 @@ class FlowRecord:
     audited: bool = False
     scrub_whole: bool = False  # a small body of known length: buffered, scrubbed at once
     websocket_closed: bool = False  # a message carried a credential: drop everything after it
+    # The policy this flow is judged by, read once at its first hook (a reload mid-flow does not
+    # change it), and its placeholder map.
+    policy: Policy | None = None
+    placeholders: dict[str, str] = field(default_factory=dict)
+    # mode: report: the rules refused (decision.code says why); forwarded without credentials
+    reported: bool = False
 
     @property
     def refused(self) -> bool:

@@ -220,7 +220,7 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         if ispec is None:
             continue
         part.identities[str(name)] = (Identity(name=str(name), rules=tuple(comp.rules),
-                                               source=src), comp)
+                                               source=src, mode=ispec.mode), comp)
 
     tests = _section(data, "tests", list, report)
     for i, raw in enumerate(tests):

@@ -127,6 +127,8 @@ class Identity:
     name: str
     rules: tuple[Rule, ...]
     source: Source
+    # "report": policy refusals (no_rule, denied_by_rule) are forwarded uninjected and audited
+    mode: Literal["enforce", "report"] = "enforce"
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,15 @@ class RuleSpec(_Strict):
 
 class IdentitySpec(_Strict):
     description: str | None = None
+    mode: Literal["enforce", "report"] = Field(
+        default="enforce",
+        description="enforce (default): refuse what the rules do not allow. report: a request "
+        "(or CONNECT) the rules would refuse (no_rule, denied_by_rule) is forwarded WITHOUT "
+        "any credential injected or placeholder swapped, and audited with decision `report` and "
+        "the code it would have had. Never relaxed in report mode: authentication and unknown "
+        "identities, internal/self addresses (checked without any private_cidrs), "
+        "exfiltration, TLS, wire syntax, body size and injection safety.",
+    )
     rules: list[RuleSpec] = Field(default_factory=list)
 
 

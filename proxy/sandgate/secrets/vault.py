@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import hvac
 import hvac.exceptions
@@ -97,6 +97,14 @@ def _ref_key(ref: SecretRef) -> tuple[str, str, str, int]:
 
 def _where(ref: SecretRef) -> str:
     return f"{ref.mount.strip('/')}/{ref.path.strip('/')}"
+
+
+class BrokerObserver(Protocol):
+    """What the broker reports (metrics): names and outcomes only, never values."""
+
+    def secret_cache(self, name: str, hit: bool) -> None: ...
+    def secret_fetch(self, name: str, outcome: str) -> None: ...
+    def vault_call(self, seconds: float) -> None: ...
 
 
 class _VaultFailure(Exception):
@@ -190,6 +198,9 @@ class SecretBroker:
         self._client = self._new_client(config.token or "")
         self._logged_in = not config.approle
         self._closed = False
+        self.observer: BrokerObserver | None = None
+        self._health: tuple[float, str | None] | None = None  # (checked at, problem) for check()
+        self._health_task: asyncio.Task[str | None] | None = None
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -214,6 +225,7 @@ class SecretBroker:
         deadline = self.config.timeout * 2 + 1.0
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that races
         # with the call finishing, which would keep the renewal task alive after aclose().
+        started = time.monotonic()
         try:
             async with asyncio.timeout(deadline):
                 return await loop.run_in_executor(self._pool, fn)
@@ -223,6 +235,40 @@ class SecretBroker:
             raise
         except Exception as e:
             raise _classify(e) from None
+        finally:
+            if self.observer is not None:
+                self.observer.vault_call(time.monotonic() - started)
+
+    # ----------------------------------------------------------------------------- readiness
+
+    async def check(self, timeout: float = 2.0, max_age: float = 1.5) -> str | None:
+        """Is Vault reachable and are we authenticated? None when yes, else why not (no secret
+        text). One token lookup-self, at most every `max_age` seconds, shared by concurrent
+        callers, bounded by `timeout`."""
+        now = time.monotonic()
+        if self._health is not None and now - self._health[0] < max_age:
+            return self._health[1]
+        if self._health_task is None or self._health_task.done():
+            self._health_task = asyncio.create_task(self._check_once(timeout))
+        return await asyncio.shield(self._health_task)
+
+    async def _check_once(self, timeout: float) -> str | None:
+        problem: str | None
+        if self.config.approle and not self._logged_in:
+            problem = "not logged in to Vault (AppRole login pending or failing)"
+        else:
+            loop = asyncio.get_running_loop()
+            client = self._client
+            try:
+                async with asyncio.timeout(timeout):
+                    await loop.run_in_executor(self._pool, client.auth.token.lookup_self)
+                problem = None
+            except TimeoutError:
+                problem = f"Vault did not answer a token lookup within {timeout:g}s"
+            except Exception as e:
+                problem = _classify(e).detail
+        self._health = (time.monotonic(), problem)
+        return problem
 
     # ----------------------------------------------------------------------------- auth
 
@@ -373,7 +419,11 @@ class SecretBroker:
         key = _ref_key(ref)
         entry = self._cache.get(name)
         if entry is not None and entry.key == key and self._clock() < entry.expires:
+            if self.observer is not None:
+                self.observer.secret_cache(name, True)
             return entry.value
+        if self.observer is not None:
+            self.observer.secret_cache(name, False)
         flight_key = (name, key)
         task = self._inflight.get(flight_key)
         if task is None:
@@ -403,6 +453,7 @@ class SecretBroker:
                 await self._login()
                 raw = await self._read(ref)
         except _VaultFailure as f:
+            self._observe_fetch(name, f.kind)
             if f.kind == "notfound":
                 msg = f"secret '{name}' unavailable: path {where} not found in Vault"
             elif f.kind == "denied":
@@ -416,12 +467,15 @@ class SecretBroker:
         if not isinstance(data, Mapping) or ref.field not in data:
             msg = f"secret '{name}' unavailable: field '{ref.field}' missing in {where}"
             log.warning("%s", msg)
+            self._observe_fetch(name, "notfound")
             raise SecretError(name, msg)
         try:
             value = check_value(name, data[ref.field])
         except SecretError as e:
             log.warning("%s (at %s, field '%s')", e, where, ref.field)
+            self._observe_fetch(name, "invalid")
             raise
+        self._observe_fetch(name, "ok")
         sv = SecretValue(name=name, value=value, version=version)
         current = self._refs.get(name)
         if current is not None and _ref_key(current) == _ref_key(ref):
@@ -431,6 +485,13 @@ class SecretBroker:
                 self.generation += 1
         log.debug("fetched secret '%s' from %s (version %s)", name, where, version)
         return sv
+
+    def _observe_fetch(self, name: str, outcome: str) -> None:
+        if self.observer is not None:
+            try:
+                self.observer.secret_fetch(name, outcome)
+            except Exception:
+                log.exception("secret broker observer failed")
 
     async def _read(self, ref: SecretRef) -> tuple[Any, int | None]:
         client = self._client
@@ -452,7 +513,8 @@ class SecretBroker:
         if self._closed:
             return
         self._closed = True
-        tasks = [t for t in (self._renew_task, self._login_task, *self._inflight.values())
+        tasks = [t for t in (self._renew_task, self._login_task, self._health_task,
+                             *self._inflight.values())
                  if t is not None and not t.done()]
         for t in tasks:
             t.cancel()

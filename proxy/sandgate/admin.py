@@ -1,0 +1,207 @@
+"""The admin listener (`sandgate run --admin HOST:PORT`): health, readiness, metrics, policy.
+
+aiohttp, in the same event loop as mitmproxy. Every endpoint but `/healthz` needs
+`Authorization: Bearer <token>` (compared in constant time). Nothing here answers with a secret
+value: explanations name secrets, proxy tokens are issued only for identities of the loaded
+policy and only with a capped TTL.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from sandgate.explain import explain
+from sandgate.metrics import CONTENT_TYPE, Metrics
+from sandgate.policy.live import LivePolicy
+from sandgate.secrets.vault import SecretBroker
+from sandgate.tokens import issue_token, parse_ttl
+
+log = logging.getLogger("sandgate.admin")
+
+DEFAULT_TOKEN_TTL = 3600
+DEFAULT_MAX_TOKEN_TTL = 24 * 3600
+MAX_BODY = 64 * 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class AdminState:
+    live: LivePolicy
+    broker: SecretBroker
+    metrics: Metrics
+    token_key: bytes
+    admin_token: str
+    listener_up: Callable[[], bool]
+    draining: Callable[[], bool]
+    max_token_ttl: int = DEFAULT_MAX_TOKEN_TTL
+    # writes an audit event (event, **fields); tokens issued here are audited (never the token)
+    audit: Callable[..., None] | None = None
+
+
+def _json(status: int, body: Any) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, indent=2) + "\n",
+                        content_type="application/json")
+
+
+def _error(status: int, code: str, reason: str) -> web.Response:
+    return _json(status, {"error": code, "reason": reason})
+
+
+def needs_vault(state: AdminState) -> bool:
+    return any(r.secrets for ident in state.live.policy.identities.values()
+               for r in ident.rules)
+
+
+def build_app(state: AdminState) -> web.Application:
+    expected = f"Bearer {state.admin_token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/healthz":
+            return await handler(request)
+        given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+        if not hmac.compare_digest(given, expected):
+            return _error(401, "unauthorized", "send Authorization: Bearer <admin token> "
+                          "(SANDGATE_ADMIN_TOKEN or --admin-token-file)")
+        return await handler(request)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return _json(200, {"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        reasons: list[str] = []
+        if state.draining():
+            reasons.append("shutting down: not accepting new connections")
+        elif not state.listener_up():
+            reasons.append("the proxy listener is not up")
+        if needs_vault(state):
+            problem = await state.broker.check()
+            if problem is not None:
+                reasons.append(f"vault: {problem}")
+        body: dict[str, Any] = {"ready": not reasons, "reasons": reasons,
+                                "policy_version": state.live.current.version}
+        if state.live.problems:
+            # the last reload failed: the previous policy keeps serving, so still ready
+            body["policy_reload_problems"] = list(state.live.problems)
+        return _json(200 if not reasons else 503, body)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def policy(_: web.Request) -> web.Response:
+        cur = state.live.current
+        p = cur.policy
+        body = {
+            "version": cur.version,
+            "loaded_at": cur.loaded_at,
+            "loaded_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur.loaded_at)),
+            "directory": str(state.live.directory),
+            "files": list(cur.files),
+            "identities": {
+                name: {"mode": ident.mode,
+                       "rules": [{"name": r.name, "action": r.action,
+                                  "hosts": [h.text for h in r.hosts],
+                                  "secrets": sorted(r.secrets),
+                                  "passthrough": r.passthrough} for r in ident.rules]}
+                for name, ident in sorted(p.identities.items())},
+            "secrets": sorted(p.secrets),
+            "last_reload": state.live.last.as_dict() if state.live.last else None,
+        }
+        return _json(200, body)
+
+    async def reload(_: web.Request) -> web.Response:
+        out = await state.live.reload("api")
+        return _json(200 if out.outcome != "error" else 422, out.as_dict())
+
+    async def _body(request: web.Request) -> dict[str, Any]:
+        raw = await request.content.read(MAX_BODY + 1)
+        if len(raw) > MAX_BODY:
+            raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=len(raw))
+        try:
+            doc = json.loads(raw or b"{}")
+        except ValueError:
+            raise ValueError("the body is not JSON") from None
+        if not isinstance(doc, dict):
+            raise ValueError("the body must be a JSON object")
+        return doc
+
+    def _str(doc: dict[str, Any], key: str, required: bool = True) -> str | None:
+        v = doc.get(key)
+        if v is None and not required:
+            return None
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"`{key}` must be a non-empty string")
+        return v
+
+    async def explain_(request: web.Request) -> web.Response:
+        try:
+            doc = await _body(request)
+            identity, method, url = (_str(doc, "identity"), _str(doc, "method"),
+                                     _str(doc, "url"))
+            assert identity is not None and method is not None and url is not None
+            out, _allowed = explain(state.live.policy, identity, method, url)
+        except ValueError as e:
+            return _error(400, "bad_request", str(e))
+        return _json(200, out)
+
+    async def tokens(request: web.Request) -> web.Response:
+        try:
+            doc = await _body(request)
+            identity = _str(doc, "identity")
+            sandbox = _str(doc, "sandbox", required=False)
+            ttl_raw = doc.get("ttl")
+            if ttl_raw is None:
+                ttl = min(DEFAULT_TOKEN_TTL, state.max_token_ttl)
+            elif isinstance(ttl_raw, int) and not isinstance(ttl_raw, bool):
+                if ttl_raw <= 0:
+                    raise ValueError("`ttl` must be positive")
+                ttl = ttl_raw
+            elif isinstance(ttl_raw, str):
+                ttl = parse_ttl(ttl_raw)
+            else:
+                raise ValueError("`ttl` must be seconds or a duration like 15m, 1h")
+        except ValueError as e:
+            return _error(400, "bad_request", str(e))
+        assert identity is not None
+        if identity not in state.live.policy.identities:
+            return _error(404, "unknown_identity",
+                          f"identity {identity!r} is not defined in the loaded policy")
+        if ttl > state.max_token_ttl:
+            return _error(400, "ttl_too_long", f"ttl {ttl}s is over the cap of "
+                          f"{state.max_token_ttl}s (--admin-max-token-ttl)")
+        token = issue_token(state.token_key, identity, sandbox, ttl)
+        if state.audit is not None:
+            state.audit("token", identity=identity, sandbox=sandbox, ttl=ttl,
+                        issued_by="admin_api")
+        log.info("issued a proxy token for identity %s (sandbox %s, ttl %ss) via the admin API",
+                 identity, sandbox, ttl)
+        return _json(200, {"token": token, "identity": identity, "sandbox": sandbox,
+                           "ttl": ttl, "expires_at": int(time.time()) + ttl})
+
+    app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/policy", policy)
+    app.router.add_post("/v1/reload", reload)
+    app.router.add_post("/v1/explain", explain_)
+    app.router.add_post("/v1/tokens", tokens)
+    return app
+
+
+async def start_admin(state: AdminState, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("sandgate: admin listener at %s:%d", host, port)
+    return runner

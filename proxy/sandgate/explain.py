@@ -1,0 +1,50 @@
+"""What the policy says about one request: `sandgate explain` and `POST /v1/explain` both print
+what `explain` returns, so the two can never disagree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandgate.decision import decide, reported
+from sandgate.policy.model import Policy
+from sandgate.request import parse_url
+
+
+def explain(policy: Policy, identity: str, method: str, url: str) -> tuple[dict[str, Any], bool]:
+    """(the explanation, allowed). Raises ValueError (a BadRequest) for a URL that cannot be
+    judged. Secrets appear by name only."""
+    req = parse_url(method, url)
+    d = decide(policy, identity, req)
+    report = reported(policy, identity, d)
+    ident = policy.identities.get(identity)
+    out: dict[str, Any] = {
+        "identity": identity,
+        "request": f"{req.method} {req.target}",
+        "decision": "allow" if d.allowed else ("report" if report else "deny"),
+        "rule": d.rule_name,
+        "rule_source": str(d.rule.source) if d.rule else None,
+        "code": str(d.code) if d.code else None,
+        "reason": d.reason,
+        "hint": d.hint,
+        "detail": d.detail,
+    }
+    if ident is not None and ident.mode != "enforce":
+        out["mode"] = ident.mode
+    if report:
+        out["report"] = ("identity in report mode: forwarded without any credential and "
+                         "audited as `report`; address and safety checks still apply")
+    if d.allowed and d.rule is not None:
+        inj = d.rule.inject
+        would: list[str] = []
+        if inj is not None:
+            would += [f"header {n}: from secret(s) {', '.join(sorted(t.secrets)) or '-'}"
+                      for n, t in inj.headers]
+            if inj.basic is not None:
+                s = inj.basic[0].secrets | inj.basic[1].secrets
+                would.append(f"basic auth: from secret(s) {', '.join(sorted(s))}")
+            would += [f"query {n}: from secret(s) {', '.join(sorted(t.secrets))}"
+                      for n, t in inj.query]
+        out["inject"] = would
+        out["placeholders_honoured"] = sorted(d.rule.secrets)
+        out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
+    return out, d.allowed

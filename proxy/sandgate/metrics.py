@@ -1,0 +1,188 @@
+"""Prometheus metrics: every metric object lives here, in Sandgate's own registry.
+
+Requests, CONNECTs, refusals, injections, exfiltration attempts and redactions are counted from
+the audit stream (`Metrics.on_audit`, an `AuditLog` listener): the one point that sees every
+decision, so the proxy's hooks carry no metric calls. The secret broker reports fetches, cache
+hits and Vault latency through `Metrics` as its observer; the admin listener reads the gauges of
+open connections and tunnels when it is scraped.
+
+No label carries a secret value, a token, a path or a query. Identity, rule and secret label
+values are bounded by the loaded policy: anything else is counted as "unknown".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from sandgate import audit as A
+from sandgate.policy.model import Policy
+
+UNKNOWN = "unknown"
+NONE = "none"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    300.0)
+_VAULT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _Bounds:
+    """Label values the loaded policy allows, computed once per policy object."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.rules = {name: frozenset(r.name for r in ident.rules)
+                      for name, ident in policy.identities.items()}
+        self.secrets = frozenset(policy.secrets)
+
+
+class Metrics:
+    def __init__(self, policy: Callable[[], Policy]) -> None:
+        self._policy = policy
+        self._bounds: _Bounds | None = None
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "sandgate_requests", "Requests judged, by identity, rule, decision "
+            "(allow, deny, report) and Sandgate code (none when allowed)",
+            ["identity", "rule", "decision", "code"], registry=r)
+        self.connects = Counter(
+            "sandgate_connects", "CONNECTs judged, by decision and code",
+            ["decision", "code"], registry=r)
+        self.request_duration = Histogram(
+            "sandgate_request_duration_seconds", "Time from the request head to the end of the "
+            "response (streams included), by decision", ["decision"],
+            buckets=_REQUEST_BUCKETS, registry=r)
+        self.upstream_responses = Counter(
+            "sandgate_upstream_responses", "Upstream responses forwarded, by status class",
+            ["status_class"], registry=r)
+        self.injections = Counter(
+            "sandgate_injections", "Requests a secret was injected into, by secret name",
+            ["secret"], registry=r)
+        self.secret_fetches = Counter(
+            "sandgate_secret_fetches", "Secret reads from Vault, by secret name and outcome "
+            "(ok, notfound, denied, timeout, unreachable, server, invalid, other)",
+            ["secret", "outcome"], registry=r)
+        self.vault_latency = Histogram(
+            "sandgate_vault_request_duration_seconds", "Latency of each call to Vault",
+            buckets=_VAULT_BUCKETS, registry=r)
+        self.cache_hits = Counter(
+            "sandgate_secret_cache_hits", "Secret lookups served from the cache", ["secret"],
+            registry=r)
+        self.cache_misses = Counter(
+            "sandgate_secret_cache_misses", "Secret lookups that needed Vault", ["secret"],
+            registry=r)
+        self.exfiltration = Counter(
+            "sandgate_exfiltration_attempts", "Requests or WebSocket messages refused for "
+            "carrying a credential where its rule does not bind it, by secret name "
+            "(canary for decoys)", ["secret"], registry=r)
+        self.redactions = Counter(
+            "sandgate_redactions", "Secret values scrubbed from what went back to sandboxes",
+            registry=r)
+        self.open_connections = Gauge(
+            "sandgate_open_client_connections", "Client connections open now", registry=r)
+        self.open_tunnels = Gauge(
+            "sandgate_open_tunnels", "CONNECT tunnels open now", registry=r)
+        self.inflight = Gauge(
+            "sandgate_inflight_flows", "Requests, streams and WebSockets in progress now",
+            registry=r)
+        self.policy_info = Gauge(
+            "sandgate_policy_info", "The loaded policy: its content hash", ["version"],
+            registry=r)
+        self.policy_loaded = Gauge(
+            "sandgate_policy_loaded_timestamp_seconds", "When the serving policy was loaded",
+            registry=r)
+        self.reloads = Counter(
+            "sandgate_policy_reloads", "Policy reload attempts, by outcome (ok, unchanged, "
+            "error) and trigger (file, signal, api)", ["outcome", "trigger"], registry=r)
+        self.last_reload = Gauge(
+            "sandgate_policy_last_reload_timestamp_seconds", "When a reload last had this "
+            "outcome", ["outcome"], registry=r)
+        self.draining = Gauge(
+            "sandgate_draining", "1 while shutting down (no new connections accepted)",
+            registry=r)
+
+    # ------------------------------------------------------------------ label bounds
+
+    def _b(self) -> _Bounds:
+        policy = self._policy()
+        if self._bounds is None or self._bounds.policy is not policy:
+            self._bounds = _Bounds(policy)
+        return self._bounds
+
+    def _identity(self, value: object) -> str:
+        if value is None:
+            return NONE
+        return value if isinstance(value, str) and value in self._b().rules else UNKNOWN
+
+    def _rule(self, identity: str, value: object) -> str:
+        if value is None:
+            return NONE
+        rules = self._b().rules.get(identity)
+        return value if isinstance(value, str) and rules is not None and value in rules \
+            else UNKNOWN
+
+    def secret_label(self, name: object) -> str:
+        if not isinstance(name, str):
+            return UNKNOWN
+        if name.startswith("canary:"):
+            return "canary"
+        return name if name in self._b().secrets else UNKNOWN
+
+    # ------------------------------------------------------------------ the audit point
+
+    def on_audit(self, event: str, fields: Mapping[str, Any]) -> None:
+        if event == "request":
+            identity = self._identity(fields.get(A.IDENTITY))
+            rule = self._rule(identity, fields.get(A.RULE))
+            decision = str(fields.get(A.DECISION) or UNKNOWN)
+            code = str(fields.get(A.CODE) or NONE)
+            self.requests.labels(identity, rule, decision, code).inc()
+            duration = fields.get(A.DURATION_MS)
+            if isinstance(duration, int | float):
+                self.request_duration.labels(decision).observe(duration / 1000)
+            status = fields.get(A.UPSTREAM_STATUS)
+            if isinstance(status, int) and 100 <= status < 600:
+                self.upstream_responses.labels(f"{status // 100}xx").inc()
+            for s in fields.get(A.SECRETS) or ():
+                self.injections.labels(self.secret_label(str(s).partition("@")[0])).inc()
+        elif event == "connect":
+            self.connects.labels(str(fields.get(A.DECISION) or UNKNOWN),
+                                 str(fields.get(A.CODE) or NONE)).inc()
+        else:
+            if event != "websocket":
+                return
+        for entry in fields.get(A.EXFIL) or ():
+            text = str(entry)
+            name = "canary:" if text.startswith("canary:") else text.partition(":")[0]
+            self.exfiltration.labels(self.secret_label(name)).inc()
+        redactions = fields.get(A.REDACTIONS)
+        if isinstance(redactions, int) and redactions > 0:
+            self.redactions.inc(redactions)
+
+    # ------------------------------------------------------------------ the secret broker
+
+    def secret_cache(self, name: str, hit: bool) -> None:
+        (self.cache_hits if hit else self.cache_misses).labels(self.secret_label(name)).inc()
+
+    def secret_fetch(self, name: str, outcome: str) -> None:
+        self.secret_fetches.labels(self.secret_label(name), outcome).inc()
+
+    def vault_call(self, seconds: float) -> None:
+        self.vault_latency.observe(seconds)
+
+    # ------------------------------------------------------------------ policy
+
+    def policy_swapped(self, version: str, loaded_at: float) -> None:
+        self.policy_info.clear()
+        self.policy_info.labels(version).set(1)
+        self.policy_loaded.set(loaded_at)
+
+    def reload_outcome(self, outcome: str, trigger: str, at: float) -> None:
+        self.reloads.labels(outcome, trigger).inc()
+        self.last_reload.labels(outcome).set(at)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
