@@ -119,9 +119,9 @@ def check_identity(identity: str, rules: Sequence[tuple[int, Rule]], report: Rep
             report((*base, i, "passthrough"),
                    f"passthrough rule '{a.name}' and intercepted allow rule '{b.name}' "
                    f"({_line(b)}) both reach {hosts[0].text} / {hosts[1].text} on port "
-                   f"{min(ports)}: the proxy tunnels the CONNECT without interception, so "
-                   f"'{b.name}''s limits (methods, paths, injection) never apply there, while "
-                   "`check` and `explain` judge requests by them",
+                   f"{min(ports)}: the proxy tunnels the CONNECT without interception, so the "
+                   f"limits of rule '{b.name}' (methods, paths, injection) never apply there, "
+                   "while `check` and `explain` judge requests by them",
                    f"give the passthrough rule hosts or ports that no intercepted allow rule of "
                    f"identity '{identity}' reaches, or drop `passthrough` and limit it with "
                    "methods/paths")
