@@ -26,6 +26,7 @@ echo "== setup took $((SECONDS - t0)) s"
 .venv/bin/ruff check proxy tests
 .venv/bin/mypy
 .venv/bin/sandgate check policies
+.venv/bin/sandgate lint --strict policies
 if ((fast)); then
   .venv/bin/python -m pytest -p no:cacheprovider -q -m unit "$@"
 else

@@ -12,8 +12,8 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -45,6 +45,8 @@ class AdminState:
     max_token_ttl: int = DEFAULT_MAX_TOKEN_TTL
     # writes an audit event (event, **fields); tokens issued here are audited (never the token)
     audit: Callable[..., None] | None = None
+    # the proxy's --resolve pins: explain shows the address step exactly as the proxy runs it
+    resolve: Mapping[str, str] = field(default_factory=dict)
 
 
 def _json(status: int, body: Any) -> web.Response:
@@ -148,7 +150,7 @@ def build_app(state: AdminState) -> web.Application:
             identity, method, url = (_str(doc, "identity"), _str(doc, "method"),
                                      _str(doc, "url"))
             assert identity is not None and method is not None and url is not None
-            out, _allowed = explain(state.live.policy, identity, method, url)
+            out, _allowed = explain(state.live.policy, identity, method, url, state.resolve)
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)

@@ -85,14 +85,32 @@ def build_parser() -> argparse.ArgumentParser:
                      help="process log format on stderr (default: json unless stderr is a "
                      "terminal)")
 
+    def resolve_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--resolve", action="append", default=[], metavar="HOST=IP",
+                        help="judge HOST as dialling IP, as `sandgate run --resolve` does, so "
+                        "the address step (private_cidrs) is checked; IP literals always are")
+
+    def format_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--format", choices=("text", "json", "github"), default="text",
+                        help="text (default), json, or GitHub Actions annotations")
+
     check = sub.add_parser("check", help="validate policies and run their tests: fixtures")
     check.add_argument("policies", type=Path)
+    resolve_arg(check)
+    format_arg(check)
+
+    lint = sub.add_parser("lint", help="warn about policies that load but may not do what "
+                          "they say")
+    lint.add_argument("policies", type=Path)
+    lint.add_argument("--strict", action="store_true", help="exit 1 on any warning")
+    format_arg(lint)
 
     explain = sub.add_parser("explain", help="show the decision for one request")
     explain.add_argument("--policies", type=Path, default=Path("policies"))
     explain.add_argument("--identity", required=True)
-    explain.add_argument("method")
-    explain.add_argument("url")
+    resolve_arg(explain)
+    explain.add_argument("method", help="an HTTP method, or CONNECT for a tunnel")
+    explain.add_argument("url", help="an absolute http(s) URL, or host:port after CONNECT")
 
     token = sub.add_parser("token", help="proxy tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)
@@ -100,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     issue.add_argument("--identity", required=True)
     issue.add_argument("--sandbox", default=None)
     issue.add_argument("--ttl", default="1h", help="30s, 15m, 1h, 7d")
+    issue.add_argument("--policies", type=Path, default=None, metavar="DIR",
+                       help="refuse an identity this policy directory does not define "
+                       "(without it no check is possible: tokens are signed, not looked up)")
     confdir_arg(issue)
 
     can = sub.add_parser("canary", help="print an identity's decoy credential (for --canary)")
@@ -135,6 +156,7 @@ def _main(argv: Sequence[str] | None) -> int:
     handler = {
         "run": cmd_run,
         "check": cmd_check,
+        "lint": cmd_lint,
         "explain": cmd_explain,
         "token": cmd_token,
         "ca": cmd_ca,
@@ -155,31 +177,107 @@ def _err(msg: str) -> int:
     return 2
 
 
+def _resolve(specs: Sequence[str]) -> dict[str, str]:
+    from sandgate.runner import parse_resolve
+
+    return parse_resolve(specs)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from sandgate.policy.fixtures import run_policy_tests
-    from sandgate.policy.loader import PolicyError, load_policy_dir
+    from sandgate.policy.lint import findings_from_error, github_annotation
+    from sandgate.policy.loader import PolicyError, discover_policy_files, load_policy_dir
 
+    try:
+        resolve = _resolve(args.resolve)
+    except ValueError as e:
+        return _err(str(e))
+    fmt = args.format
+    read, skipped = discover_policy_files(args.policies)
+    doc: dict[str, object] = {
+        "files_read": [str(path) for path in read],
+        "files_skipped": [{"file": name, "reason": why} for name, why in skipped],
+    }
+    if fmt == "text":
+        for path in read:
+            print(f"read {path}")
+        for name, why in skipped:
+            print(f"skipped {name}: {why}")
     try:
         policy = load_policy_dir(args.policies)
     except PolicyError as e:
-        print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
-        print(str(e), file=sys.stderr)
+        problems = findings_from_error(e)
+        if fmt == "json":
+            doc.update(problems=[p.as_dict() for p in problems], fixtures=[], passed=0,
+                       failed=0)
+            print(json.dumps(doc, indent=2))
+        elif fmt == "github":
+            for p in problems:
+                print(github_annotation("error", p.file, p.line, p.text))
+        else:
+            print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
+            print(str(e), file=sys.stderr)
         return 1
-    results = run_policy_tests(policy)
+    results = run_policy_tests(policy, resolve)
     failed = [r for r in results if not r.passed]
+    summary = (f"{len(policy.files)} file(s), {len(policy.identities)} identities, "
+               f"{len(policy.secrets)} secrets; {len(results) - len(failed)} passed, "
+               f"{len(failed)} failed")
+    if fmt == "json":
+        doc["problems"] = []
+        doc["fixtures"] = [{
+            "file": r.test.source.file, "line": r.test.source.line,
+            "identity": r.test.identity, "request": f"{r.test.method} {r.test.url}",
+            "expect": r.test.expect, "got": "allow" if r.decision.allowed else "deny",
+            "rule": r.decision.rule_name,
+            "code": str(r.decision.code) if r.decision.code else None,
+            "inject": sorted(r.secrets), "passthrough": r.passthrough, "address": r.address,
+            "passed": r.passed, "message": r.message,
+        } for r in results]
+        doc["passed"] = len(results) - len(failed)
+        doc["failed"] = len(failed)
+        print(json.dumps(doc, indent=2))
+        return 1 if failed else 0
     for r in results:
+        if fmt == "github":
+            if not r.passed:
+                print(github_annotation(
+                    "error", r.test.source.file, r.test.source.line,
+                    f"{r.test.identity} {r.test.method} {r.test.url}: {r.message}"))
+            continue
         mark = "ok  " if r.passed else "FAIL"
+        addr = f" [{r.address}]" if r.address and r.address.startswith(("dials", "refused")) \
+            else ""
         print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url} "
               f"-> {'allow' if r.decision.allowed else 'deny'}"
-              f" ({r.decision.rule_name or r.decision.code}){'' if r.passed else ': ' + r.message}")
+              f" ({r.decision.rule_name or r.decision.code}){addr}"
+              f"{'' if r.passed else ': ' + r.message}")
     report = sorted(n for n, i in policy.identities.items() if i.mode == "report")
     if report:
         print(f"report mode (policy refusals forwarded without credentials and audited, not "
               f"enforced): {', '.join(report)}")
-    ids = len(policy.identities)
-    print(f"{len(policy.files)} file(s), {ids} identities, {len(policy.secrets)} secrets; "
-          f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    print(summary)
     return 1 if failed else 0
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from sandgate.policy.lint import findings_from_error, format_findings, lint_dir
+    from sandgate.policy.loader import PolicyError
+
+    try:
+        findings = lint_dir(args.policies)
+    except PolicyError as e:
+        errors = findings_from_error(e)
+        print(format_findings(errors, args.format))
+        if args.format == "text":
+            print(f"sandgate: {len(errors)} load error(s) in {args.policies}", file=sys.stderr)
+        return 1
+    text = format_findings(findings, args.format)
+    if text:
+        print(text)
+    if args.format == "text":
+        print(f"sandgate: {len(findings)} warning(s) in {args.policies}", file=sys.stderr)
+    return 1 if findings and args.strict else 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -187,12 +285,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from sandgate.policy.loader import PolicyError, load_policy_dir
 
     try:
+        resolve = _resolve(args.resolve)
+    except ValueError as e:
+        return _err(str(e))
+    try:
         policy = load_policy_dir(args.policies)
     except PolicyError as e:
         print(str(e), file=sys.stderr)
         return 1
     try:
-        out, allowed = explain(policy, args.identity, args.method, args.url)
+        out, allowed = explain(policy, args.identity, args.method, args.url, resolve)
     except ValueError as e:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))
@@ -207,6 +309,20 @@ def cmd_token(args: argparse.Namespace) -> int:
         ttl = parse_ttl(args.ttl)
     except ValueError as e:
         return _err(str(e))
+    if args.policies is not None:
+        from sandgate.policy.loader import PolicyError, load_policy_dir
+
+        try:
+            policy = load_policy_dir(args.policies)
+        except PolicyError as e:
+            print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
+            print(str(e), file=sys.stderr)
+            return 1
+        if args.identity not in policy.identities:
+            known = ", ".join(sorted(policy.identities)) or "(none)"
+            print(f"sandgate: identity {args.identity!r} is not defined in {args.policies}; "
+                  f"known identities: {known}", file=sys.stderr)
+            return 1
     key = confdir.token_key(confdir.ensure_confdir(args.confdir))
     print(issue_token(key, args.identity, args.sandbox, ttl))
     return 0

@@ -7,14 +7,15 @@ to judge a request, so they can never disagree.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sandgate.errors import Code, Refused
+from sandgate.errors import AddressRefused, Code, Refused
+from sandgate.netguard import choose_address, classify, known_addresses
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.policy.paths import normalise_path
-from sandgate.request import RequestInfo, default_port
+from sandgate.request import RequestInfo, default_port, parse_url, split_authority
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,3 +225,80 @@ def _yaml_path(path: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9/_.\-~]*", path):
         return path
     return "'" + path.replace("'", "''") + "'"
+
+
+# --- the address step, and one judgement for tools -------------------------------------------
+
+ADDRESS_UNCHECKED = "address not checked: resolved at request time"
+
+
+def judge_address(d: Decision, host: str, port: int,
+                  overrides: Mapping[str, str]) -> tuple[Decision, str]:
+    """The proxy's address step for an allowing decision, when the address is known without DNS
+    (an IP literal, or a name pinned with --resolve): the same netguard.choose_address over the
+    allowing rule's private_cidrs that the proxy runs before it dials.
+
+    Returns the decision after that step (a refusal with the address code when the address may
+    not be dialled) and one line saying what happened to the address. The proxy's own listening
+    address (self_address) is not known here and not checked.
+    """
+    if not d.allowed or d.rule is None:
+        return d, "not dialled: refused before the address step"
+    ips = known_addresses(host, overrides)
+    if ips is None:
+        return d, ADDRESS_UNCHECKED
+    try:
+        target = choose_address(host, port, ips, d.rule.private_cidrs)
+    except AddressRefused as e:
+        return Decision(
+            False, e.code, e.reason, rule=d.rule, hint=e.hint,
+            detail=f"rule '{d.rule.name}' ({d.rule.source}) allows the request; the address "
+            "step refuses it",
+        ), f"refused: {e.reason}"
+    kind = classify(target.ip)
+    return d, f"dials {target.ip} ({'public' if kind is None else kind + ', in private_cidrs'})"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the proxy does with one request or tunnel, as `check` and `explain` show it."""
+
+    request: str  # "GET https://host:443/path" or "CONNECT host:port"
+    decision: Decision  # after the address step
+    address: str  # what happened to the address (see judge_address)
+    connect: bool
+
+    @property
+    def passthrough(self) -> bool:
+        return self.decision.allowed and self.decision.rule is not None and (
+            self.decision.rule.passthrough)
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        """The secrets injected or substituted: the allowing rule's (none for a tunnel)."""
+        d = self.decision
+        if not d.allowed or d.rule is None or self.connect:
+            return frozenset()
+        return d.rule.secrets
+
+
+def judge(policy: Policy, identity: str, method: str, target: str,
+          overrides: Mapping[str, str]) -> Verdict:
+    """`METHOD URL` (or `CONNECT host:port`) through the proxy's request parser, decision and,
+    where the address is known, its address step. Raises ValueError for a bad request.
+
+    A passthrough tunnel is dialled at CONNECT; an intercepted one dials per request inside it,
+    so a CONNECT verdict checks the address only for passthrough.
+    """
+    if method.strip().upper() == "CONNECT":
+        host, port = split_authority(target, "https")
+        d = decide_connect(policy, identity, host, port)
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if d.allowed and d.rule is not None and not d.rule.passthrough:
+            note = "not dialled at CONNECT: each request inside is judged and dialled again"
+        else:
+            d, note = judge_address(d, host, port, overrides)
+        return Verdict(f"CONNECT {shown}", d, note, True)
+    req = parse_url(method, target)
+    d, note = judge_address(decide(policy, identity, req), req.host, req.port, overrides)
+    return Verdict(f"{req.method} {req.target}", d, note, False)

@@ -1,25 +1,30 @@
 """What the policy says about one request: `sandgate explain` and `POST /v1/explain` both print
-what `explain` returns, so the two can never disagree."""
+what `explain` returns, so the two can never disagree. The verdict is `decision.judge`: the
+proxy's request parser, decision and (where the address is known) address step."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from sandgate.decision import decide, reported
+from sandgate.decision import judge, reported
 from sandgate.policy.model import Policy
-from sandgate.request import parse_url
+
+_NO_OVERRIDES: Mapping[str, str] = {}
 
 
-def explain(policy: Policy, identity: str, method: str, url: str) -> tuple[dict[str, Any], bool]:
-    """(the explanation, allowed). Raises ValueError (a BadRequest) for a URL that cannot be
-    judged. Secrets appear by name only."""
-    req = parse_url(method, url)
-    d = decide(policy, identity, req)
+def explain(policy: Policy, identity: str, method: str, url: str,
+            resolve: Mapping[str, str] = _NO_OVERRIDES) -> tuple[dict[str, Any], bool]:
+    """(the explanation, allowed). Raises ValueError (a BadRequest) for a request that cannot
+    be judged. Secrets appear by name only. `resolve` pins names as `sandgate run --resolve`
+    does, so that the address step can be shown."""
+    v = judge(policy, identity, method, url, resolve)
+    d = v.decision
     report = reported(policy, identity, d)
     ident = policy.identities.get(identity)
     out: dict[str, Any] = {
         "identity": identity,
-        "request": f"{req.method} {req.target}",
+        "request": v.request,
         "decision": "allow" if d.allowed else ("report" if report else "deny"),
         "rule": d.rule_name,
         "rule_source": str(d.rule.source) if d.rule else None,
@@ -27,13 +32,16 @@ def explain(policy: Policy, identity: str, method: str, url: str) -> tuple[dict[
         "reason": d.reason,
         "hint": d.hint,
         "detail": d.detail,
+        "address": v.address,
     }
+    if v.connect:
+        out["passthrough"] = v.passthrough
     if ident is not None and ident.mode != "enforce":
         out["mode"] = ident.mode
     if report:
         out["report"] = ("identity in report mode: forwarded without any credential and "
                          "audited as `report`; address and safety checks still apply")
-    if d.allowed and d.rule is not None:
+    if d.allowed and d.rule is not None and not v.connect:
         inj = d.rule.inject
         would: list[str] = []
         if inj is not None:
@@ -46,5 +54,6 @@ def explain(policy: Policy, identity: str, method: str, url: str) -> tuple[dict[
                       for n, t in inj.query]
         out["inject"] = would
         out["placeholders_honoured"] = sorted(d.rule.secrets)
+    if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
     return out, d.allowed

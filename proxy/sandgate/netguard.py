@@ -197,15 +197,24 @@ def _is_local_interface(ip: IPAddress) -> bool:
         return False
 
 
-async def resolve(
-    host: str, port: int, overrides: Mapping[str, str], timeout: float = 5.0
-) -> list[IPAddress]:
-    """Resolve once. `overrides` (from --resolve) map a name to an address and win over DNS."""
+def known_addresses(host: str, overrides: Mapping[str, str]) -> list[IPAddress] | None:
+    """The addresses `resolve` gives without asking DNS: an IP literal, or a name pinned with
+    --resolve. None when the answer is only known at request time."""
     literal = parse_ip_literal(host)
     if literal is not None:
         return [literal]
     if host in overrides:
         return [ipaddress.ip_address(overrides[host])]
+    return None
+
+
+async def resolve(
+    host: str, port: int, overrides: Mapping[str, str], timeout: float = 5.0
+) -> list[IPAddress]:
+    """Resolve once. `overrides` (from --resolve) map a name to an address and win over DNS."""
+    known = known_addresses(host, overrides)
+    if known is not None:
+        return known
     loop = asyncio.get_running_loop()
     try:
         infos = await asyncio.wait_for(

@@ -250,7 +250,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             live=live, broker=broker, metrics=metrics, token_key=key,
             admin_token=cfg.admin_token, listener_up=lambda: listener_up(m),
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
-            audit=sink.emit,
+            audit=sink.emit, resolve=dict(cfg.resolve),
         ), *cfg.admin)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))

@@ -215,16 +215,20 @@ def test_decide_connect(policy, identity, host, port, allowed, rule, code):
     assert d.reason
 
 
-def test_connect_prefers_passthrough(tmp_path):
+def test_passthrough_next_to_intercepted_allow_is_refused_at_load(tmp_path):
+    """Found: decide_connect prefers passthrough, so the running proxy tunnelled what `check`
+    and `explain` (judging L7 requests) said was limited to GET. The loader refuses it now."""
+    from sandgate.policy.loader import PolicyError
+
     (tmp_path / "p.yaml").write_text(
         "version: v1\nidentities:\n  a:\n    rules:\n"
         "      - {name: inspect, hosts: [x.example.com], methods: [GET]}\n"
         "      - {name: tunnel, hosts: [x.example.com], passthrough: true}\n")
-    pol = load_policy_dir(tmp_path)
-    d = decide_connect(pol, "a", "x.example.com", 443)
-    assert d.allowed and d.rule is not None and d.rule.passthrough and d.rule_name == "tunnel"
-    # ...but an L7 request through an intercepted tunnel is judged by the L7 rules only
-    assert decide(pol, "a", req("GET", "x.example.com")).rule_name == "inspect"
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(tmp_path)
+    (p,) = ei.value.problems
+    assert p.line == 6 and p.field == "identities.a.rules[1].passthrough"
+    assert "'inspect'" in p.message
 
 
 def test_connect_no_rule_hint(policy):
@@ -233,3 +237,30 @@ def test_connect_no_rule_hint(policy):
     assert d.reason == "identity 'coding-agent' has no rule allowing CONNECT alt.example.com:443"
     assert d.hint is not None and "ports 8443" in d.hint
     assert "identities.coding-agent.rules" in d.hint
+
+
+def test_address_step_is_the_proxys():
+    """decide + judge_address: the verdict the gate reaches for a known address."""
+    import tempfile
+
+    from sandgate.decision import ADDRESS_UNCHECKED, judge_address
+    from sandgate.errors import Code as C
+    from sandgate.policy.loader import load_policy_files
+    from sandgate.request import parse_url
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "p.yaml"
+        p.write_text("version: v1\nidentities:\n  a:\n    rules:\n"
+                     "      - {name: r, hosts: [10.0.0.5, x.example]}\n")
+        pol = load_policy_files([p])
+    req = parse_url("GET", "https://10.0.0.5/")
+    d0 = decide(pol, "a", req)
+    assert d0.allowed
+    d1, note = judge_address(d0, req.host, req.port, {})
+    assert not d1.allowed and d1.code == C.INTERNAL_ADDRESS and "10.0.0.5" in note
+    req = parse_url("GET", "https://x.example/")
+    d2, note = judge_address(decide(pol, "a", req), req.host, req.port, {})
+    assert d2.allowed and note == ADDRESS_UNCHECKED
+    d3, note = judge_address(decide(pol, "a", req), req.host, req.port,
+                             {"x.example": "93.184.216.34"})
+    assert d3.allowed and "93.184.216.34" in note

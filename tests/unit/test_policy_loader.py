@@ -78,6 +78,25 @@ BROKEN = [
     ("test_userinfo.yaml", 6, "tests[0].request", "userinfo"),
     ("test_unknown_rule.yaml", 7, "tests[0].rule", "no rule 'rr'"),
     ("test_bad_expect.yaml", 6, "tests[0].expect", "'maybe' is not allowed"),
+    # soundness: what check/explain say must be what the proxy does
+    ("passthrough_overlap.yaml", 11, "identities.a.rules[1].passthrough",
+     "tunnels the CONNECT"),
+    ("method_unknown.yaml", 7, "identities.a.rules[0].methods[1]", "unknown HTTP method 'PSOT'"),
+    ("method_star.yaml", 7, "identities.a.rules[0].methods[0]", "unknown HTTP method '*'"),
+    ("template_dollar.yaml", 11, "identities.a.rules[0].inject.headers.authorization",
+     "template-looking text"),
+    ("template_singular.yaml", 11, "identities.a.rules[0].inject.headers.authorization",
+     "template-looking text"),
+    ("template_half_closed.yaml", 10, "identities.a.rules[0].inject.query.token",
+     "template-looking text"),
+    ("shadowed_inject.yaml", 9, "identities.a.rules[1]", "never injected"),
+    ("psl_wildcard_inject.yaml", 8, "identities.a.rules[0].hosts[1]", "Public Suffix List"),
+    ("psl_wildcard_substitute.yaml", 8, "identities.a.rules[0].hosts[0]", "Public Suffix List"),
+    ("test_code_on_allow.yaml", 7, "tests[0].code", "only for expect: deny"),
+    ("test_inject_on_deny.yaml", 9, "tests[0].inject", "refused request injects nothing"),
+    ("test_inject_undeclared.yaml", 9, "tests[0].inject[0]", "secret 'ss' is not declared"),
+    ("test_connect_bad.yaml", 7, "tests[0].request", "CONNECT host:port"),
+    ("test_passthrough_not_connect.yaml", 7, "tests[0].passthrough", "CONNECT"),
 ]
 
 
@@ -255,3 +274,147 @@ def test_json_schema():
     assert set(schema["properties"]) == {"version", "secrets", "identities", "tests"}
     assert schema["$defs"]["RuleSpec"]["additionalProperties"] is False
     assert "hosts" in schema["$defs"]["RuleSpec"]["required"]
+
+
+# --- soundness: load errors for policies that would not do what they say --------------------
+
+
+def _load_rules(tmp_path: Path, rules: str, secrets: str = "", name: str = "p.yaml"):
+    (tmp_path / name).write_text(
+        "version: v1\n" + (f"secrets:\n{secrets}" if secrets else "")
+        + "identities:\n  a:\n    rules:\n" + rules)
+    return load_policy_dir(tmp_path)
+
+
+@pytest.mark.parametrize(("intercepted", "tunnel"), [
+    ("{name: i, hosts: [api.x.com], paths: [/r/**]}", "{name: t, hosts: [api.x.com], "
+     "passthrough: true}"),  # exact / exact
+    ("{name: i, hosts: [api.x.com], methods: [GET]}", "{name: t, hosts: ['*.x.com'], "
+     "passthrough: true}"),  # wildcard covers exact
+    ("{name: i, hosts: ['*.a.x.com'], methods: [GET]}", "{name: t, hosts: ['*.x.com'], "
+     "passthrough: true}"),  # nested wildcards
+    ("{name: i, hosts: ['*.x.com'], methods: [GET]}", "{name: t, hosts: [a.b.x.com], "
+     "ports: [443, 8443], passthrough: true}"),  # either order, ports intersect
+])
+def test_passthrough_overlapping_intercepted_allow_is_refused(tmp_path, intercepted, tunnel):
+    for order in ((intercepted, tunnel), (tunnel, intercepted)):
+        with pytest.raises(PolicyError) as ei:
+            _load_rules(tmp_path, "".join(f"      - {r}\n" for r in order))
+        (p,) = ei.value.problems
+        assert p.field.endswith(".passthrough") and "tunnels the CONNECT" in p.message
+        assert "rule 'i'" in p.message and "Fix: " in str(p)
+
+
+@pytest.mark.parametrize("other", [
+    "{name: i, hosts: [api.y.com], methods: [GET]}",  # other host
+    "{name: i, hosts: [api.x.com], ports: [8443], methods: [GET]}",  # other port
+    "{name: i, hosts: [x.com], methods: [GET]}",  # apex is not under *.x.com
+])
+def test_passthrough_next_to_disjoint_intercepted_allow_loads(tmp_path, other):
+    _load_rules(tmp_path, f"      - {other}\n"
+                "      - {name: t, hosts: ['*.x.com'], passthrough: true}\n")
+
+
+def test_passthrough_overlap_other_identity_is_fine(tmp_path):
+    (tmp_path / "p.yaml").write_text(
+        "version: v1\nidentities:\n"
+        "  a: {rules: [{name: i, hosts: [api.x.com], methods: [GET]}]}\n"
+        "  b: {rules: [{name: t, hosts: [api.x.com], passthrough: true}]}\n")
+    load_policy_dir(tmp_path)
+
+
+def test_registered_methods_are_accepted_and_unknown_fix_lists_them(tmp_path):
+    pol = _load_rules(tmp_path, "      - {name: r, hosts: [x.com], methods: [get, PROPFIND, "
+                      "MKCOL, patch, Options]}\n")
+    assert pol.identities["a"].rules[0].methods == {"GET", "PROPFIND", "MKCOL", "PATCH",
+                                                    "OPTIONS"}
+    (p,) = _problems([FIX / "broken" / "method_unknown.yaml"])
+    assert "did you mean POST" in p.fix and "GET, HEAD, POST" in p.fix
+    (p,) = _problems([FIX / "broken" / "method_star.yaml"])
+    assert "leave out `methods`" in p.fix
+
+
+@pytest.mark.parametrize("name", ["template_dollar.yaml", "template_singular.yaml",
+                                  "template_half_closed.yaml"])
+def test_template_typo_fix_names_the_slot(name):
+    (p,) = _problems([FIX / "broken" / name])
+    assert "{{ secrets.gh }}" in p.fix
+
+
+def test_shadowed_rule_without_secrets_loads(tmp_path):
+    pol = _load_rules(tmp_path, "      - {name: wide, hosts: ['*.x.com']}\n"
+                      "      - {name: narrow, hosts: [api.x.com], methods: [GET]}\n")
+    assert len(pol.identities["a"].rules) == 2
+
+
+@pytest.mark.parametrize(("earlier", "shadowed"), [
+    ("{name: e, hosts: [api.x.com]}", True),
+    ("{name: e, hosts: [api.x.com], methods: [GET, POST]}", True),
+    ("{name: e, hosts: [api.x.com], paths: ['/v1/**']}", True),
+    ("{name: e, hosts: [api.x.com], paths: ['/v1/*/y']}", True),
+    ("{name: e, hosts: [api.x.com], methods: [GET]}", False),
+    ("{name: e, hosts: [api.x.com], paths: ['/v2/**']}", False),
+    ("{name: e, hosts: [api.x.com], paths: ['/v1/x/y']}", False),
+    ("{name: e, hosts: [api.x.com], ports: [8443]}", False),
+    ("{name: e, hosts: [api.x.com], passthrough: true, ports: [8443]}", False),
+    ("{name: e, action: deny, hosts: [api.x.com], paths: ['/admin/**']}", False),
+])
+def test_shadowed_injecting_rule_is_an_error(tmp_path, earlier, shadowed):
+    rules = (f"      - {earlier}\n"
+             "      - {name: inj, hosts: [api.x.com], methods: [POST], paths: ['/v1/*/y'], "
+             "substitute: [s]}\n")
+    secrets = "  s: {vault: secret/data/s, field: k}\n"
+    if not shadowed:
+        _load_rules(tmp_path, rules, secrets)
+        return
+    with pytest.raises(PolicyError) as ei:
+        _load_rules(tmp_path, rules, secrets)
+    (p,) = ei.value.problems
+    assert p.field == "identities.a.rules[1]" and "rule 'e'" in p.message
+    assert "first matching allow" in p.message
+
+
+@pytest.mark.parametrize("host", ["*.co.uk", "*.github.io", "*.amazonaws.com",
+                                  "*.googleapis.com", "*.s3.amazonaws.com"])
+def test_public_suffix_wildcard_on_injecting_rule(tmp_path, host):
+    with pytest.raises(PolicyError) as ei:
+        _load_rules(tmp_path, f"      - {{name: r, hosts: ['{host}'], substitute: [s]}}\n",
+                    "  s: {vault: secret/data/s, field: k}\n")
+    (p,) = ei.value.problems
+    assert "Public Suffix List" in p.message and host in p.message
+
+
+@pytest.mark.parametrize("host", ["*.github.com", "*.example.co.uk", "*.wikipedia.org",
+                                  "*.bucket.s3.amazonaws.com"])
+def test_registrable_wildcard_on_injecting_rule_loads(tmp_path, host):
+    _load_rules(tmp_path, f"      - {{name: r, hosts: ['{host}'], substitute: [s]}}\n",
+                "  s: {vault: secret/data/s, field: k}\n")
+
+
+def test_public_suffix_wildcard_without_secrets_loads(tmp_path):
+    _load_rules(tmp_path, "      - {name: r, hosts: ['*.github.io'], methods: [GET]}\n")
+
+
+def test_policy_file_names(tmp_path):
+    from sandgate.policy.loader import discover_policy_files
+
+    rule = "      - {name: r, hosts: [x.com]}\n"
+    _load_rules(tmp_path, rule, name="A.YAML")
+    for name in ("b.yaml.new", "c.yml~", ".hidden.yaml", "notes.txt"):
+        (tmp_path / name).write_text("version: v1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "d.yaml").write_text("version: v1\n")
+    read, skipped = discover_policy_files(tmp_path)
+    assert [p.name for p in read] == ["A.YAML"]
+    why = {Path(f).name: r for f, r in skipped}
+    assert set(why) == {"b.yaml.new", "c.yml~", ".hidden.yaml", "notes.txt", "sub"}
+    assert "subfolder" in why["sub"] and "hidden" in why[".hidden.yaml"]
+    assert ".yaml" in why["b.yaml.new"]
+    pol = load_policy_dir(tmp_path)
+    assert [Path(f).name for f in pol.files] == ["A.YAML"]
+
+
+def test_schema_describes_fixture_keys():
+    test = policy_json_schema()["$defs"]["TestSpec"]["properties"]
+    for key in ("request", "expect", "rule", "inject", "code", "passthrough"):
+        assert test[key].get("description"), key

@@ -8,12 +8,14 @@ Cross-file checks (duplicates, undeclared secrets, fixtures naming identities) a
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sandgate.policy import hosts as H
+from sandgate.policy import overlap
 from sandgate.policy import paths as P
 from sandgate.policy.model import (
     DEFAULT_SUBSTITUTE_HEADERS,
@@ -29,7 +31,8 @@ from sandgate.policy.model import (
 )
 from sandgate.policy.paths import PathPattern
 from sandgate.policy.schema import RuleSpec, SecretSpec, TestSpec
-from sandgate.request import parse_url
+from sandgate.policy.suffixes import overbroad_wildcard
+from sandgate.request import parse_url, split_authority
 from sandgate.text import has_control_chars
 
 Loc = tuple[str | int, ...]
@@ -45,6 +48,23 @@ _NO_INJECT = frozenset({
     "keep-alive", "proxy-authorization", "proxy-connection", "x-sandgate-reason",
 })
 MIN_PLACEHOLDER = 8
+# The IANA HTTP Method Registry (RFC 9110 and the WebDAV family), without PRI (the HTTP/2
+# preface, never a request). A name outside it would make a rule that never matches.
+STANDARD_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE",
+                    "PATCH")
+REGISTERED_METHODS = frozenset((
+    *STANDARD_METHODS,
+    "ACL", "BASELINE-CONTROL", "BIND", "CHECKIN", "CHECKOUT", "COPY", "LABEL", "LINK", "LOCK",
+    "MERGE", "MKACTIVITY", "MKCALENDAR", "MKCOL", "MKREDIRECTREF", "MKWORKSPACE", "MOVE",
+    "ORDERPATCH", "PROPFIND", "PROPPATCH", "QUERY", "REBIND", "REPORT", "SEARCH", "UNBIND",
+    "UNCHECKOUT", "UNLINK", "UNLOCK", "UPDATE", "UPDATEREDIRECTREF", "VERSION-CONTROL",
+))
+# Text that looks like a template but is not a `{{ secrets.NAME }}` slot: another template
+# language's syntax, a half-closed slot, `secret.` for `secrets.`. Sent literally, it would be
+# a request without the credential the author meant.
+TEMPLATE_LOOKING = re.compile(
+    r"\{\{|\}\}|\{%|%\}|\$\{|\$\(|<%|\{\s*secrets?\.|(?<![\w.-])secrets?\.[A-Za-z0-9_]")
+_NAME_GUESS = re.compile(r"secrets?\.([A-Za-z0-9_][A-Za-z0-9_-]*)")
 
 
 def is_token(s: str) -> bool:
@@ -84,15 +104,25 @@ def parse_template(text: str) -> Template:
 
 
 def _check_literal(lit: str, whole: str) -> None:
-    if "{{" in lit or "}}" in lit or "{%" in lit:
-        raise ValueError(f"template {whole!r} uses '{{{{' or '}}}}' other than "
-                         "'{{ secrets.NAME }}'")
+    m = TEMPLATE_LOOKING.search(lit)
+    if m:
+        raise ValueError(f"template {whole!r} has template-looking text {m.group(0)!r} outside "
+                         "a `{{ secrets.NAME }}` slot (it would be sent literally)")
     if has_control_chars(lit):
         raise ValueError(f"template {whole!r} contains control characters (CR, LF, NUL...)")
 
 
 _TEMPLATE_FIX = ("write literal text plus `{{ secrets.NAME }}` slots only, "
                  "e.g. \"Bearer {{ secrets.openai }}\"")
+
+
+def template_fix(text: str) -> str:
+    """The fix for a template-looking text: the slot it probably meant."""
+    m = _NAME_GUESS.search(text)
+    if m:
+        return (f"write the slot as `{{{{ secrets.{m.group(1)} }}}}` (two braces, `secrets.`), "
+                f"e.g. \"Bearer {{{{ secrets.{m.group(1)} }}}}\"")
+    return _TEMPLATE_FIX
 
 
 def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> SecretRef | None:
@@ -175,6 +205,7 @@ def compile_identity(
         report(base, f"identity name {name!r} is not a valid name",
                "use letters, digits, '.', '_' and '-', starting with a letter or digit")
     seen: dict[str, int] = {}
+    indexed: list[tuple[int, Rule]] = []
     for i, rs in rules:
         loc: Loc = (*base, "rules", i)
         src = Source(file, line_of(loc))
@@ -186,6 +217,8 @@ def compile_identity(
         rule = _compile_rule(name, rs, loc, src, report, out.uses)
         if rule is not None:
             out.rules.append(rule)
+            indexed.append((i, rule))
+    overlap.check_identity(name, indexed, report)
     return out
 
 
@@ -230,6 +263,15 @@ def _compile_rule(
             if not is_token(mu):
                 rep((*loc, "methods", j), f"method {m!r} is not a valid HTTP method",
                     "use method names such as GET, HEAD, POST")
+            elif mu not in REGISTERED_METHODS:
+                close = difflib.get_close_matches(mu, STANDARD_METHODS, n=1)
+                hint = f"did you mean {close[0]}? " if close else ""
+                star = " (a method list has no wildcard)" if "*" in mu else ""
+                rep((*loc, "methods", j),
+                    f"unknown HTTP method {m!r}{star}: the rule would never match it",
+                    f"{hint}use {', '.join(STANDARD_METHODS)} or a registered WebDAV method "
+                    "(PROPFIND, MKCOL, COPY, MOVE, LOCK...); leave out `methods` to allow any "
+                    "method")
             else:
                 ms.add(mu)
         methods = frozenset(ms)
@@ -302,6 +344,14 @@ def _compile_rule(
     if rs.action == "deny" and secret_keys:
         rep((*loc, secret_keys[0]), f"a deny rule cannot {secret_keys[0]} credentials",
             "remove it, or make this an allow rule")
+    if secret_keys:
+        for j, hp in enumerate(host_patterns):
+            why = overbroad_wildcard(hp.suffix) if hp.wildcard else None
+            if why is not None:
+                rep((*loc, "hosts", j), f"{why}; this rule {' and '.join(secret_keys)}s "
+                    "secrets, which would go to every one of them",
+                    "name the exact hosts that need the credential, or a wildcard under a "
+                    "domain the secret's owner controls (e.g. '*.myorg.github.io')")
     if "http" in schemes and secret_keys:
         rep((*loc, secret_keys[0]),
             f"{secret_keys[0]} on a rule whose schemes include http: credentials are only "
@@ -333,7 +383,7 @@ def _template(text: str, loc: Loc, report: Report, uses: list[SecretUse]) -> Tem
     try:
         t = parse_template(text)
     except ValueError as e:
-        report(loc, str(e), _TEMPLATE_FIX)
+        report(loc, str(e), template_fix(text))
         return None
     uses.extend(SecretUse(s, loc) for s in sorted(t.secrets))
     return t
@@ -385,19 +435,64 @@ def _compile_inject(rs: RuleSpec, loc: Loc, report: Report, uses: list[SecretUse
     return Injection(headers=tuple(headers), basic=basic, query=tuple(query))
 
 
-def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report) -> PolicyTest | None:
+def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
+                 uses: list[SecretUse] | None = None) -> PolicyTest | None:
     parts = spec.request.split()
     if len(parts) != 2:
         report((*loc, "request"), f"request {spec.request!r} is not 'METHOD URL'",
-               "write e.g. `request: GET https://pypi.org/simple/`")
+               "write e.g. `request: GET https://pypi.org/simple/` (or `CONNECT host:port`)")
         return None
     method, url = parts
-    try:
-        parse_url(method, url)
-    except ValueError as e:
-        report((*loc, "request"), f"bad request {spec.request!r}: {e}",
-               "write an absolute http(s) URL without credentials, e.g. "
-               "https://api.example.com/v1/x")
+    connect = method.upper() == "CONNECT"
+    ok = True
+    if connect:
+        try:
+            host, port = split_authority(url, "https")
+        except ValueError as e:
+            report((*loc, "request"), f"bad request {spec.request!r}: {e} (a tunnel is "
+                   "written `CONNECT host:port`)",
+                   "write a tunnel as `CONNECT host:port`, e.g. `CONNECT db.example.com:5432`")
+            return None
+        url = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    else:
+        try:
+            parse_url(method, url)
+        except ValueError as e:
+            report((*loc, "request"), f"bad request {spec.request!r}: {e}",
+                   "write an absolute http(s) URL without credentials, e.g. "
+                   "https://api.example.com/v1/x")
+            return None
+    inject: frozenset[str] | None = None
+    if spec.inject == "none":
+        inject = frozenset()
+    elif spec.inject is not None:
+        if not spec.inject:
+            report((*loc, "inject"), "`inject: []` is ambiguous",
+                   "write `inject: none` to assert that no secret is used")
+            ok = False
+        elif spec.expect == "deny" or connect:
+            what = "a refused request" if spec.expect == "deny" else "a CONNECT tunnel"
+            report((*loc, "inject"), f"{what} injects nothing",
+                   "write `inject: none`, or remove `inject`")
+            ok = False
+        for j, name in enumerate(spec.inject):
+            if uses is not None:
+                uses.append(SecretUse(name, (*loc, "inject", j)))
+        inject = frozenset(spec.inject)
+    if spec.code is not None and spec.expect != "deny":
+        report((*loc, "code"), "`code` (why a request is refused) is only for expect: deny",
+               "remove `code`, or expect deny")
+        ok = False
+    if spec.passthrough is not None and not connect:
+        report((*loc, "passthrough"), "`passthrough` asserts how a CONNECT tunnel is handled",
+               "write `request: CONNECT host:port` in this fixture, or remove `passthrough`")
+        ok = False
+    elif spec.passthrough and spec.expect == "deny":
+        report((*loc, "passthrough"), "`passthrough: true` with expect: deny asserts nothing",
+               "remove `passthrough`, or expect allow")
+        ok = False
+    if not ok:
         return None
     return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
-                      expect=spec.expect, rule=spec.rule, source=src)
+                      expect=spec.expect, rule=spec.rule, source=src, inject=inject,
+                      code=spec.code, passthrough=spec.passthrough)

@@ -1,13 +1,17 @@
-"""Policy fixtures: the `tests:` of policy files, run by `sandgate check`."""
+"""Policy fixtures: the `tests:` of policy files, run by `sandgate check`.
+
+Each fixture is judged by `sandgate.decision.judge`: the proxy's request parser, decision and
+(for IP literals and --resolve names) address step.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sandgate.decision import Decision, decide
+from sandgate.decision import ADDRESS_UNCHECKED, Decision, judge
 from sandgate.errors import Code
 from sandgate.policy.model import Policy, PolicyTest
-from sandgate.request import parse_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,24 +20,48 @@ class FixtureResult:
     decision: Decision
     passed: bool
     message: str
+    address: str | None = None  # what happened to the address (None: bad request)
+    secrets: frozenset[str] = frozenset()  # injected or substituted
+    passthrough: bool = False
 
 
-def run_policy_tests(policy: Policy) -> list[FixtureResult]:
-    return [run_policy_test(policy, t) for t in policy.tests]
+def run_policy_tests(policy: Policy,
+                     resolve: Mapping[str, str] | None = None) -> list[FixtureResult]:
+    return [run_policy_test(policy, t, resolve or {}) for t in policy.tests]
 
 
-def run_policy_test(policy: Policy, test: PolicyTest) -> FixtureResult:
+def _set(names: Iterable[str]) -> str:
+    s = sorted(names)
+    return "none" if not s else "[" + ", ".join(s) + "]"
+
+
+def run_policy_test(policy: Policy, test: PolicyTest,
+                    resolve: Mapping[str, str] | None = None) -> FixtureResult:
     try:
-        req = parse_url(test.method, test.url)
+        v = judge(policy, test.identity, test.method, test.url, resolve or {})
     except ValueError as e:
         d = Decision(False, Code.BAD_REQUEST, f"bad request: {e}")
         return FixtureResult(test, d, False, str(e))
-    d = decide(policy, test.identity, req)
+    d = v.decision
+
+    def result(passed: bool, message: str) -> FixtureResult:
+        if not passed and v.address == ADDRESS_UNCHECKED and test.code == "internal_address":
+            message += ("; the address is resolved at request time: pass --resolve HOST=IP to "
+                        "`sandgate check` to check it")
+        return FixtureResult(test, d, passed, message, v.address, v.secrets, v.passthrough)
+
     got = "allow" if d.allowed else "deny"
     if got != test.expect:
         why = d.reason if d.allowed else f"{d.code}: {d.reason}"
-        return FixtureResult(test, d, False, f"expected {test.expect}, got {got} ({why})")
+        return result(False, f"expected {test.expect}, got {got} ({why})")
     if test.rule is not None and d.rule_name != test.rule:
-        return FixtureResult(test, d, False, f"expected rule {test.rule!r}, got "
-                             f"{d.rule_name!r} ({d.reason})")
-    return FixtureResult(test, d, True, "ok")
+        return result(False, f"expected rule {test.rule!r}, got {d.rule_name!r} ({d.reason})")
+    if test.code is not None and (d.code is None or str(d.code) != test.code):
+        return result(False, f"expected code {test.code}, got {d.code} ({d.reason})")
+    if test.inject is not None and v.secrets != test.inject:
+        return result(False, f"expected inject {_set(test.inject)}, got {_set(v.secrets)} "
+                      f"({d.reason})")
+    if test.passthrough is not None and v.passthrough != test.passthrough:
+        return result(False, f"expected passthrough {str(test.passthrough).lower()}, got "
+                      f"{str(v.passthrough).lower()} ({d.reason})")
+    return result(True, "ok")

@@ -66,15 +66,45 @@ def policy_json_schema() -> dict[str, Any]:
     return schema
 
 
+POLICY_SUFFIXES = (".yaml", ".yml")
+
+
+def discover_policy_files(path: str | Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """The files a policy directory is made of, and every other entry with why it is skipped.
+
+    Read: regular files at the top level named *.yaml or *.yml (any case), sorted by name.
+    Skipped: hidden files, subfolders (not searched), anything else (e.g. `x.yaml.new`,
+    `x.yml~`). A missing directory gives two empty lists.
+    """
+    d = Path(path)
+    read: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+    if not d.is_dir():
+        return read, skipped
+    for p in sorted(d.iterdir(), key=lambda p: p.name):
+        if p.name.startswith("."):
+            if p.name not in (".", ".."):
+                skipped.append((str(p), "hidden file"))
+        elif p.is_dir():
+            skipped.append((str(p), "subfolder: only files directly in the policy directory "
+                            "are read"))
+        elif p.suffix.lower() not in POLICY_SUFFIXES:
+            skipped.append((str(p), "not named *.yaml or *.yml"))
+        elif not p.is_file():
+            skipped.append((str(p), "not a regular file"))
+        else:
+            read.append(p)
+    return read, skipped
+
+
 def load_policy_dir(path: str | Path) -> Policy:
-    """Load every *.yaml and *.yml file of a directory (sorted) as one policy."""
+    """Load every *.yaml and *.yml file (any case) of a directory (sorted) as one policy."""
     d = Path(path)
     if not d.is_dir():
         raise PolicyError([PolicyProblem(str(d), 0, "", "policy directory does not exist"
                                          if not d.exists() else "not a directory",
                                          "point at a directory of *.yaml policy files")])
-    files = sorted(p for p in d.iterdir()
-                   if p.suffix in (".yaml", ".yml") and p.is_file() and not p.name.startswith("."))
+    files, _skipped = discover_policy_files(d)
     if not files:
         raise PolicyError([PolicyProblem(str(d), 0, "", "the policy directory has no *.yaml or "
                                          "*.yml files", "add at least one policy file "
@@ -228,7 +258,7 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         tspec = _validate(TestSpec, raw, tloc, report)
         if tspec is None:
             continue
-        t = compile_test(tspec, tloc, Source(file, part.line(tloc)), report)
+        t = compile_test(tspec, tloc, Source(file, part.line(tloc)), report, part.uses)
         if t is not None:
             part.tests.append((t, tloc))
     return part

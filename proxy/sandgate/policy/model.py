@@ -141,6 +141,14 @@ class PolicyTest:
     expect: Literal["allow", "deny"]
     rule: str | None  # when set, the decision must name this rule
     source: Source
+    inject: frozenset[str] | None = None  # when set, exactly these secrets are used (or none)
+    code: str | None = None  # when set, the refusal's code
+    passthrough: bool | None = None  # CONNECT fixtures: tunnelled without interception?
+
+    @property
+    def connect(self) -> bool:
+        """A `CONNECT host:port` fixture (url is the authority)."""
+        return self.method == "CONNECT"
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,12 +93,34 @@ class IdentitySpec(_Strict):
 
 
 class TestSpec(_Strict):
+    """A fixture, run by `sandgate check` through the proxy's own decision and address step."""
+
     __test__ = False  # not a pytest class
 
-    identity: str
-    request: str = Field(description="'METHOD URL', e.g. 'GET https://pypi.org/simple/'.")
-    expect: Literal["allow", "deny"]
-    rule: str | None = None
+    identity: str = Field(description="The identity making the request.")
+    request: str = Field(
+        description="'METHOD URL', e.g. 'GET https://pypi.org/simple/', judged as the proxy "
+        "judges a request; or 'CONNECT host:port', judged as the proxy judges a tunnel "
+        "(passthrough or intercepted) before any request inside it.")
+    expect: Literal["allow", "deny"] = Field(
+        description="What the proxy does: allow (forwarded) or deny (refused). A request to an "
+        "IP literal, or to a name given to `check --resolve HOST=IP`, also passes the address "
+        "step: a non-public address outside the rule's private_cidrs is refused.")
+    rule: str | None = Field(
+        default=None, description="The rule that decides: the allowing rule (the first "
+        "matching allow rule of the identity), or the deny rule that refuses.")
+    inject: list[str] | Literal["none"] | None = Field(
+        default=None, description="The secrets the proxy injects or substitutes on this "
+        "request (the allowing rule's secrets, compared as a set), or `none`: e.g. "
+        "`inject: none` on a package-index request proves no token goes there.")
+    code: Literal["no_rule", "denied_by_rule", "internal_address"] | None = Field(
+        default=None, description="For expect: deny, why: no_rule (nothing allows it), "
+        "denied_by_rule (a deny rule matches), internal_address (allowed, but the address "
+        "is non-public and not in private_cidrs; known for IP literals and --resolve names).")
+    passthrough: bool | None = Field(
+        default=None, description="For `CONNECT host:port` fixtures: true when the tunnel is "
+        "passed through without interception (no request inside is judged), false when it is "
+        "intercepted and each request inside is judged again.")
 
 
 class PolicyFile(_Strict):

@@ -1,0 +1,140 @@
+"""Rule geometry: which rules can match the same request, which rule hides another.
+
+Every answer here is sound: "covers" is said only when every request one rule matches is
+matched by the other (so a load error built on it is never a false alarm); "overlap" is said
+when some request (or CONNECT) can match both. Used by the loader's soundness checks and by
+`sandgate lint`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+from sandgate.policy.model import HostPattern, Rule
+from sandgate.policy.paths import DOUBLE_STAR, PathPattern, match_segments
+
+Loc = tuple[str | int, ...]
+Report = Callable[[Loc, str, str], None]
+
+
+def host_covers(a: HostPattern, b: HostPattern) -> bool:
+    """Every host `b` matches, `a` matches too."""
+    if not a.wildcard:
+        return not b.wildcard and a.suffix == b.suffix
+    if not b.wildcard:
+        return a.matches(b.suffix)
+    return b.suffix.endswith(a.suffix)
+
+
+def hosts_overlap(a: HostPattern, b: HostPattern) -> bool:
+    """Some host matches both (exact/exact equal, wildcard covering exact, nested wildcards)."""
+    return host_covers(a, b) or host_covers(b, a)
+
+
+def first_host_overlap(r1: Rule, r2: Rule) -> tuple[HostPattern, HostPattern] | None:
+    for a in r1.hosts:
+        for b in r2.hosts:
+            if hosts_overlap(a, b):
+                return a, b
+    return None
+
+
+def _seg_covers(e: str, s: str) -> bool:
+    if e == s:
+        return True
+    if "*" not in e:
+        return False
+    if e == "*":
+        return s != "" and s != DOUBLE_STAR  # any non-empty single segment
+    # a partial glob covers a literal it matches; glob against glob only when equal
+    return "*" not in s and match_segments((e,), "/" + s)
+
+
+def path_covers(e: PathPattern, s: PathPattern) -> bool:
+    """Every path `s` matches, `e` matches too (sound, not complete)."""
+    es, ss = e.segments, s.segments
+
+    @functools.cache
+    def cov(i: int, j: int) -> bool:
+        if i == len(es):
+            return j == len(ss)
+        if es[i] == DOUBLE_STAR:
+            return cov(i + 1, j) or (j < len(ss) and cov(i, j + 1))
+        if j == len(ss) or ss[j] == DOUBLE_STAR:
+            return False
+        return _seg_covers(es[i], ss[j]) and cov(i + 1, j + 1)
+
+    return cov(0, 0)
+
+
+def covers(earlier: Rule, later: Rule) -> bool:
+    """Does `earlier` match every inspected request that `later` matches?"""
+    if earlier.passthrough or later.passthrough:
+        return False
+    if not (later.schemes <= earlier.schemes and later.ports <= earlier.ports):
+        return False
+    if earlier.methods is not None and (later.methods is None
+                                        or not later.methods <= earlier.methods):
+        return False
+    if not all(any(host_covers(a, b) for a in earlier.hosts) for b in later.hosts):
+        return False
+    if earlier.paths is None:
+        return True
+    if later.paths is None:
+        return False
+    return all(any(path_covers(e, s) for e in earlier.paths) for s in later.paths)
+
+
+def shadowing_rule(rules: Sequence[Rule], index: int) -> Rule | None:
+    """The earlier allow rule that takes every request rules[index] would allow, if any.
+
+    The first matching allow rule wins, so such a rule hides rules[index] completely."""
+    later = rules[index]
+    if later.action != "allow":
+        return None
+    for r in rules[:index]:
+        if r.action == "allow" and covers(r, later):
+            return r
+    return None
+
+
+def _line(r: Rule) -> str:
+    return f"line {r.source.line}"
+
+
+def check_identity(identity: str, rules: Sequence[tuple[int, Rule]], report: Report) -> None:
+    """Load errors for rule combinations whose behaviour `check` would misstate."""
+    base: Loc = ("identities", identity, "rules")
+    for i, a in rules:
+        if a.action != "allow" or not a.passthrough:
+            continue
+        for _j, b in rules:
+            if b.action != "allow" or b.passthrough or "https" not in b.schemes:
+                continue
+            ports = a.ports & b.ports
+            hosts = first_host_overlap(a, b)
+            if not ports or hosts is None:
+                continue
+            report((*base, i, "passthrough"),
+                   f"passthrough rule '{a.name}' and intercepted allow rule '{b.name}' "
+                   f"({_line(b)}) both reach {hosts[0].text} / {hosts[1].text} on port "
+                   f"{min(ports)}: the proxy tunnels the CONNECT without interception, so the "
+                   f"limits of rule '{b.name}' (methods, paths, injection) never apply there, "
+                   "while `check` and `explain` judge requests by them",
+                   f"give the passthrough rule hosts or ports that no intercepted allow rule of "
+                   f"identity '{identity}' reaches, or drop `passthrough` and limit it with "
+                   "methods/paths")
+    ordered = [r for _, r in rules]
+    for k, (i, r) in enumerate(rules):
+        if not r.secrets:
+            continue
+        hider = shadowing_rule(ordered, k)
+        if hider is None:
+            continue
+        report((*base, i),
+               f"rule '{r.name}' never applies: earlier allow rule '{hider.name}' "
+               f"({_line(hider)}) matches every request it matches (the first matching allow "
+               f"rule wins), so its secrets {', '.join(sorted(r.secrets))} are never injected",
+               f"move rule '{r.name}' above rule '{hider.name}', or narrow '{hider.name}' "
+               "(hosts, methods, paths) so it no longer covers it")
