@@ -25,14 +25,15 @@ from tests.integration.conftest import (
     split_status,
     stop_proxy,
 )
+from tests.support.netns import host_in_netns, listen_in_netns
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 from tests.support.upstream import UpstreamServer
 
 pytestmark = pytest.mark.integration
 
 # Report mode checks addresses without any private_cidrs, so the would-be-refused requests need
-# a public address to reach: an AS112 address (never routed anywhere useful) put on loopback for
-# the duration of this module.
+# a public address to reach: an AS112 address on a test host of our own, in a network namespace
+# made for this module (never on the host's interfaces, never routed off this machine).
 PUBLIC_IP = "192.175.48.42"
 
 AUDITOR = """\
@@ -63,13 +64,13 @@ identities:
 
 @pytest.fixture(scope="module")
 def public_upstream(pki) -> Iterator[UpstreamServer]:
-    subprocess.run(["ip", "addr", "add", f"{PUBLIC_IP}/32", "dev", "lo"], check=True)
-    try:
-        server = UpstreamServer(PUBLIC_IP, 443, str(pki.cert), str(pki.key)).start()
-        yield server
-        server.stop()
-    finally:
-        subprocess.run(["ip", "addr", "del", f"{PUBLIC_IP}/32", "dev", "lo"], check=False)
+    with host_in_netns(PUBLIC_IP) as ns:
+        sock = listen_in_netns(ns, PUBLIC_IP, 443)
+        server = UpstreamServer(PUBLIC_IP, 443, str(pki.cert), str(pki.key), sock=sock).start()
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture(scope="module")

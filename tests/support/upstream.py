@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 import threading
 from dataclasses import dataclass, field
@@ -108,8 +109,10 @@ class Upstream:
 class UpstreamServer:
     """Runs an Upstream on its own event loop thread; TLS when given a cert."""
 
-    def __init__(self, host: str, port: int, cert: str | None, key: str | None) -> None:
+    def __init__(self, host: str, port: int, cert: str | None, key: str | None,
+                 sock: socket.socket | None = None) -> None:
         self.host, self.port = host, port
+        self._sock = sock  # a listening socket made elsewhere (e.g. inside a network namespace)
         self.upstream = Upstream()
         self._ctx: ssl.SSLContext | None = None
         if cert is not None:
@@ -127,7 +130,11 @@ class UpstreamServer:
     async def _start(self) -> None:
         self._runner = web.AppRunner(self.upstream.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ctx)
+        site: web.BaseSite
+        if self._sock is not None:
+            site = web.SockSite(self._runner, self._sock, ssl_context=self._ctx)
+        else:
+            site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ctx)
         await site.start()
 
     def stop(self) -> None:
