@@ -72,7 +72,8 @@ BAD_VALUE_BYTES = bytes([*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F])
 GOOD_VALUE_BYTES = bytes(b for b in range(256) if b not in BAD_VALUE_BYTES)
 
 def bytes_of(alphabet: bytes, min_size: int = 0, max_size: int = 10) -> st.SearchStrategy[bytes]:
-    return st.lists(st.sampled_from(alphabet), min_size=min_size, max_size=max_size).map(bytes)
+    return st.text(alphabet=alphabet.decode("latin-1"), min_size=min_size,
+                   max_size=max_size).map(lambda t: t.encode("latin-1"))
 
 
 names = st.one_of(bytes_of(TCHAR, min_size=1, max_size=12), st.binary(max_size=12))
@@ -88,7 +89,7 @@ def value_ok(value: bytes) -> bool:
     return not any(b in BAD_VALUE_BYTES for b in value)
 
 
-@settings(max_examples=examples(300))
+@settings(max_examples=examples(200))
 @given(st.sampled_from(["GET", "POST", "M-SEARCH"]), st.sampled_from(["/", "/v1/x?y=1", "*"]),
        fields)
 def test_check_head_accepts_exactly_the_valid_heads(method: str, path: str,
