@@ -25,6 +25,7 @@ from sandgate.text import has_control_chars
 
 DEFAULT_PORTS: dict[str, int] = {"https": 443, "http": 80}
 
+_BRACKETED = re.compile(r"\[[^\[\]]*\](:[^:]*)?")
 _TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
@@ -72,7 +73,10 @@ def parse_url(method: str, url: str) -> RequestInfo:
     m = parse_method(method)
     if not url or any(c.isspace() for c in url) or has_control_chars(url):
         raise _bad(f"URL {url[:200]!r} is empty or contains spaces or control characters")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:  # unbalanced or invalid [IPv6] brackets
+        raise _bad(f"URL {url!r} is malformed: {e}") from None
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS:
         raise _bad(f"URL {url!r} must start with https:// or http://")
@@ -80,6 +84,9 @@ def parse_url(method: str, url: str) -> RequestInfo:
         raise _bad(f"URL {url!r} has no host")
     if "@" in parts.netloc:
         raise _bad(f"URL {url!r} contains userinfo ('user@'); credentials never go in URLs")
+    if parts.netloc.startswith("[") and not _BRACKETED.fullmatch(parts.netloc):
+        # urlsplit drops whatever follows ']' up to a ':' ("[::1]x" is "::1").
+        raise _bad(f"URL {url!r}: only ':port' may follow a bracketed IPv6 host")
     try:
         port = parts.port
     except ValueError as e:

@@ -128,13 +128,16 @@ def verify_token(key: bytes, token: str, now: float | None = None) -> TokenClaim
     version, payload_b64, sig_b64 = parts
     if version != VERSION:
         raise TokenError("unknown proxy token version")
-    sig = _b64url_decode(sig_b64)
-    if not hmac.compare_digest(sig, _sign(bytes(key), payload_b64)):
+    _b64url_decode(sig_b64)
+    # Compare the text, not the decoded bytes: lenient base64 decoding ignores the unused low
+    # bits of the last character, which would let other spellings of a token verify.
+    expected = _b64url_encode(_sign(bytes(key), payload_b64))
+    if not hmac.compare_digest(sig_b64.encode("ascii"), expected.encode("ascii")):
         raise TokenError("proxy token signature is invalid")
     # Signed by us: the payload is trusted from here on, but still checked defensively.
     try:
         payload = json.loads(_b64url_decode(payload_b64).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise TokenError("malformed proxy token") from None
     if not isinstance(payload, dict):
         raise TokenError("malformed proxy token")
@@ -149,7 +152,10 @@ def verify_token(key: bytes, token: str, now: float | None = None) -> TokenClaim
     if not _is_int(exp) or not _is_int(payload["iat"]):
         raise TokenError("proxy token has invalid timestamps")
     if _now(now) >= exp:
-        when = datetime.fromtimestamp(exp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            when = datetime.fromtimestamp(exp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        except (OverflowError, ValueError, OSError):
+            when = str(exp)
         raise TokenError(f"proxy token expired at {when}")
     return TokenClaims(identity=identity, sandbox=sandbox, expires_at=exp)
 

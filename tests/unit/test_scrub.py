@@ -29,13 +29,14 @@ from sandgate.scrub import (
     StreamScrubber,
 )
 from sandgate.secrets.forms import basic_auth_form, classified_forms, query_forms
+from tests.unit.fuzz import examples
 
 FAKE = {"api": b"FAKE-KEY-123"}
 PREFIXES = {"short": b"FAKEKEY", "long": b"FAKEKEY-EXTENDED", "mid": b"FAKEKEY-EXT"}
 OVERLAP = {"aba": b"abab", "bab": b"babx"}
 TINY = {"one": b"x", "two": b"yz", "three": b"zzz"}
 
-SETTINGS = settings(max_examples=120, deadline=None, database=None)
+SETTINGS = settings(max_examples=examples(120), deadline=None, database=None)
 MARKER = re.compile(rb"\[REDACTED:[^\]]*\]")
 
 Secrets = Mapping[str, str | bytes]
@@ -411,6 +412,44 @@ def test_stream_equals_whole_with_real_forms(
     assert want == reference_scrub(data, table)
     got, s = stream(split(data, cuts), compiled)
     assert (got, s.replacements) == want
+
+
+# Secret values from an alphabet with no character of a marker's frame ("[", "]", ":") and no
+# upper case, so a value (or any of its forms) can only appear in the output if it survived.
+SECRET_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789-_."
+
+
+@settings(SETTINGS, max_examples=examples(60))
+@given(
+    st.lists(st.text(alphabet=SECRET_ALPHABET, min_size=8, max_size=24), min_size=5,
+             max_size=20, unique=True),
+    st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 3)), max_size=40),
+    st.lists(st.integers(min_value=0, max_value=10_000), max_size=30),
+)
+def test_no_secret_survives_any_chunking_with_many_secrets(
+    values: list[str], picks: list[tuple[int, int]], cuts: list[int]
+) -> None:
+    """Many secrets, their every form, fragments and filler, cut anywhere: no value and no form
+    of one is ever in the output, and nothing but markers is added."""
+    secrets = {f"s{i}": v for i, v in enumerate(values)}
+    compiled = SecretSet(secrets)
+    forms = [sorted(classified_forms(v.encode())) for v in values]
+    pieces: list[bytes] = []
+    for pick, how in picks:
+        i = pick % len(values)
+        form = forms[i][pick % len(forms[i])]
+        # a whole form, a form cut short, a form with a byte dropped, or filler
+        pieces.append([form, form[:-1], form[:3] + form[4:], b" <x> "][how])
+    data = b"".join(pieces)
+    out, scrubber = stream(split(data, cuts), compiled)
+    assert (out, scrubber.replacements) == compiled.scrub(data)
+    for v, fs in zip(values, forms, strict=True):
+        assert v.encode() not in out
+        for f in fs:
+            assert f not in out
+    # Nothing but markers is added: one per replacement, and the rest is input bytes.
+    assert len(MARKER.findall(out)) == scrubber.replacements
+    assert len(unmarked(out)) <= len(data)
 
 
 def test_secret_split_across_many_chunks_is_never_emitted_in_part() -> None:

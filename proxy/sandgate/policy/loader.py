@@ -159,7 +159,14 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         problems.append(PolicyProblem(file, 1, "", "the file is not UTF-8 text",
                                       "save it as UTF-8"))
         return None
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # checks every character first
+    except yaml.reader.ReaderError as e:
+        problems.append(PolicyProblem(
+            file, text.count("\n", 0, e.position) + 1, "",
+            f"the file contains character {e.character:#x}, which YAML does not allow",
+            "remove control characters; use plain UTF-8 text"))
+        return None
     try:
         root = loader.get_single_node()
         dupes = _duplicate_keys(root) if root is not None else []
@@ -176,6 +183,10 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         return None
     except yaml.YAMLError as e:
         problems.append(PolicyProblem(file, 1, "", f"YAML error: {e}", "fix the YAML syntax"))
+        return None
+    except RecursionError:
+        problems.append(PolicyProblem(file, 1, "", "the YAML is nested too deeply",
+                                      "a policy needs only a few levels of nesting"))
         return None
     finally:
         loader.dispose()
