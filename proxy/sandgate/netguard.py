@@ -20,6 +20,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _V4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
+_V6_RESERVED_LOW = ipaddress.ip_network("::/8")
 _THIS_NET = ipaddress.ip_network("0.0.0.0/8")
 _V4_CLASSES: tuple[tuple[str, IPNetwork], ...] = tuple(
     (name, ipaddress.ip_network(net))
@@ -93,6 +94,8 @@ def classify(ip: IPAddress) -> str | None:
         if ip == ipaddress.IPv6Address("::1"):
             return "loopback"
         return "ipv4_compatible" if int(ip) > 1 else "unspecified"
+    if ip in _V6_RESERVED_LOW:  # ::/8 holds no unicast space; only the embeddings above mean
+        return "reserved"        # something, and they are handled
     if any(ip in n for n in _NAT64):
         return "nat64"
     if ip.sixtofour is not None:

@@ -36,7 +36,7 @@ def test_names_are_not_addresses(name):
     ("fe80::1", "link_local"), ("fd00::1", "ula"), ("fc00::1", "ula"), ("ff02::1", "multicast"),
     ("::ffff:10.0.0.1", "ipv4_mapped:private"), ("::ffff:8.8.8.8", "ipv4_mapped:public"),
     ("::ffff:0:7f00:1", "ipv4_translated:loopback"),
-    ("::ffff:0:a9fe:a9fe", "ipv4_translated:link_local"),
+    ("::ffff:0:a9fe:a9fe", "ipv4_translated:link_local"), ("0:0:0:ffff:0:0:7f00:1", "reserved"),
     ("::7f00:1", "ipv4_compatible"), ("64:ff9b::7f00:1", "nat64"), ("64:ff9b:1::1", "nat64"),
     ("2002:7f00:1::", "6to4"), ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "teredo"),
     ("fec0::1", "site_local"), ("2001:db8::1", "reserved"),
