@@ -94,14 +94,14 @@ def classify(ip: IPAddress) -> str | None:
         if ip == ipaddress.IPv6Address("::1"):
             return "loopback"
         return "ipv4_compatible" if int(ip) > 1 else "unspecified"
-    if ip in _V6_RESERVED_LOW:  # ::/8 holds no unicast space; only the embeddings above mean
-        return "reserved"        # something, and they are handled
     if any(ip in n for n in _NAT64):
         return "nat64"
     if ip.sixtofour is not None:
         return "6to4"
     if ip.teredo is not None:
         return "teredo"
+    if ip in _V6_RESERVED_LOW:  # ::/8 holds no unicast space beyond the embeddings above
+        return "reserved"
     if ip.is_loopback:
         return "loopback"
     if ip.is_link_local:
