@@ -149,6 +149,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
         print(str(e), file=sys.stderr)
         return 1
+    from sandgate.policy.proofs import ProofError, prove
+
+    try:
+        proofs = prove(policy)
+    except ProofError as e:  # the prover and decide() disagree: a bug, never a verdict
+        return _err(f"internal error in the policy prover: {e}")
+    for pr in proofs:
+        print(pr)
     results = run_policy_tests(policy)
     failed = [r for r in results if not r.passed]
     for r in results:
@@ -159,7 +167,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     ids = len(policy.identities)
     print(f"{len(policy.files)} file(s), {ids} identities, {len(policy.secrets)} secrets; "
           f"{len(results) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return 1 if failed or not all(pr.ok for pr in proofs) else 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -32,6 +32,12 @@ class SecretSpec(_Strict):
         description="Text a sandbox may hold instead of the value; default "
         "sandgate-placeholder-<name>. At least 8 characters, unique.",
     )
+    hosts: list[str] | None = Field(
+        default=None, min_length=1,
+        description="The only hosts this secret may ever be sent to (exact hosts or '*.domain' "
+        "wildcards). `sandgate check` proves that no allow rule injecting or substituting it "
+        "can match a host outside them. Default: not checked.",
+    )
 
 
 class BasicSpec(_Strict):
@@ -80,6 +86,13 @@ class RuleSpec(_Strict):
 
 class IdentitySpec(_Strict):
     description: str | None = None
+    narrower_than: str | None = Field(
+        default=None,
+        description="Another identity this one must be narrower than. `sandgate check` proves "
+        "that every request this identity may make, the other may make too, with at least the "
+        "secrets this one gets on it, and every passthrough tunnel it gets, the other gets; "
+        "otherwise it prints a counter-example request.",
+    )
     rules: list[RuleSpec] = Field(default_factory=list)
 
 
