@@ -272,7 +272,7 @@ def prove(policy: Policy) -> list[ProofResult]:
 
 # --- narrower_than ----------------------------------------------------------------------------
 
-_METHODS = ("PATCH", "PUT", "DELETE", "OPTIONS", "POST", "GET", "HEAD")
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 
 
 def _fresh_method(named: set[str]) -> str:
