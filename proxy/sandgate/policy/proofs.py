@@ -18,23 +18,24 @@ into finitely many cells that every rule treats alike:
 * methods: those the rules name, plus one fresh method that stands for all the others.
 
 Inside a cell only the path varies. Paths are normalised (sandgate.policy.paths) before they are
-matched, so each glob is a regular language over normalised paths: the glob becomes a regular
-expression, greenery turns it into a finite automaton, and the set of paths on which a rule
-decides is `L(rule) - L(deny rules) - L(earlier allow rules)` within the language of normalised
-paths. Inclusion, difference and emptiness of automata are decidable and exact, and a non-empty
-difference yields a concrete shortest path. Every counter-example is re-judged by decide() /
-decide_connect() before it is reported: the proof and the proxy cannot disagree silently.
+matched, so each glob is a regular language over normalised paths (glob_regex writes it as a
+regular expression). The search runs over the product of the automaton of normalised paths and
+one automaton per applicable rule, whose state tells which rules match the path read so far, so
+which rule decide() would pick for each identity; a breadth-first search of that finite product
+either reaches a path where the narrow identity allows and the other does not (a shortest
+counter-example) or exhausts it (a proof). The alphabet is finite: the characters the globs name,
+"/", "." and one stand-in for every other character, which no glob can tell apart. Every
+counter-example is re-judged by decide() / decide_connect() before it is reported: the proof and
+the proxy cannot disagree silently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import quote
-
-from greenery import Charclass, Fsm, parse
 
 from sandgate.decision import Decision, decide, decide_connect
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
@@ -53,17 +54,18 @@ _SEGMENT = (f"({_SEG_CHAR_NO_DOT}{_SEG_CHAR}*|\\.{_SEG_CHAR_NO_DOT}{_SEG_CHAR}*"
 # Every output of normalise_path, and nothing else: "/" or segments, maybe a trailing slash.
 NORMALISED_PATH_REGEX = f"(/|(/{_SEGMENT})+/?)"
 
-# Characters greenery's regex syntax treats as special outside a class.
+# Characters special outside a class in greenery's regex syntax (also valid escapes in `re`).
 _RX_SPECIAL = frozenset("\\[]|().?*+{}")
 
 
 def _escape(text: str) -> str:
-    return "".join("\\" + c if c in _RX_SPECIAL else c for c in text)
+    return "".join("[\\^]" if c == "^" else "[$]" if c == "$" else
+                   "\\" + c if c in _RX_SPECIAL else c for c in text)
 
 
 def glob_regex(pattern: PathPattern) -> str:
-    """The regular expression (greenery and Python `re` syntax) of the normalised paths a glob
-    matches (see paths.match_segments).
+    """The regular expression of the normalised paths a glob matches (paths.match_segments),
+    in a syntax both greenery and Python `re` read; the automaton below is this expression.
 
     A normalised path is the concatenation of "/" + segment for each element of
     path[1:].split("/") (a trailing slash is an empty last element), so a glob is the
@@ -82,91 +84,186 @@ def glob_regex(pattern: PathPattern) -> str:
     return "".join(out)
 
 
-@lru_cache(maxsize=1)
-def normalised_paths() -> Fsm:
-    """The automaton of every normalised path."""
-    return parse(NORMALISED_PATH_REGEX).to_fsm().reduce()
+# The automata work over a finite alphabet of concrete characters: "/", ".", every literal
+# character of every glob in the proof, and one character that stands for every other segment
+# character. Globs test a character only for equality with a literal or with "/", and the
+# normalised-path automaton only for "/" and ".", so all characters outside the literals behave
+# identically everywhere: one representative is exact. (Characters a normalised path never
+# holds, controls and backslash, are left out.)
+
+_NS = ""  # edge label: any character but "/"
+
+
+class GlobNfa:
+    """The globs of one rule as one NFA: node -> epsilon successors, labelled edges."""
+
+    def __init__(self, patterns: Sequence[PathPattern]) -> None:
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[str, int]]] = []
+        self.accept: set[int] = set()
+        self.start = self._node()
+        for p in patterns:
+            cur = self._node()
+            self.eps[self.start].append(cur)
+            for seg in p.segments:
+                if seg == DOUBLE_STAR:  # (/[^/]*)*
+                    loop, inner, after = self._node(), self._node(), self._node()
+                    self.eps[cur].append(loop)
+                    self.edges[loop].append(("/", inner))
+                    self.edges[inner].append((_NS, inner))
+                    self.eps[inner].append(loop)
+                    self.eps[loop].append(after)
+                    cur = after
+                    continue
+                nxt = self._node()
+                self.edges[cur].append(("/", nxt))
+                cur = nxt
+                if seg == "*":  # [^/]+
+                    nxt = self._node()
+                    self.edges[cur].append((_NS, nxt))
+                    cur = nxt
+                    self.edges[cur].append((_NS, cur))
+                    continue
+                for k, part in enumerate(seg.split("*")):
+                    if k:  # [^/]* between literal parts: a fresh node with a self-loop
+                        nxt = self._node()
+                        self.eps[cur].append(nxt)
+                        cur = nxt
+                        self.edges[cur].append((_NS, cur))
+                    for ch in part:
+                        nxt = self._node()
+                        self.edges[cur].append((ch, nxt))
+                        cur = nxt
+            self.accept.add(cur)
+        self.literals = frozenset(ch for row in self.edges for ch, _ in row if ch not in (_NS,))
+        self._step: dict[tuple[frozenset[int], str], frozenset[int]] = {}
+        self.initial = self._closure({self.start})
+
+    def _node(self) -> int:
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def _closure(self, nodes: Iterable[int]) -> frozenset[int]:
+        out = set(nodes)
+        todo = list(out)
+        while todo:
+            for m in self.eps[todo.pop()]:
+                if m not in out:
+                    out.add(m)
+                    todo.append(m)
+        return frozenset(out)
+
+    def step(self, state: frozenset[int], ch: str) -> frozenset[int]:
+        """The subset-construction successor (memoised): a DFA built lazily."""
+        key = (state, ch)
+        got = self._step.get(key)
+        if got is None:
+            got = self._closure(m for n in state for lab, m in self.edges[n]
+                                if lab == ch or (lab == _NS and ch != "/"))
+            self._step[key] = got
+        return got
+
+    def accepts_state(self, state: frozenset[int]) -> bool:
+        return not self.accept.isdisjoint(state)
+
+    def matches(self, path: str) -> bool:
+        state = self.initial
+        for ch in path:
+            state = self.step(state, ch)
+            if not state:
+                return False
+        return self.accepts_state(state)
 
 
 @lru_cache(maxsize=4096)
-def path_language(patterns: tuple[PathPattern, ...] | None) -> Fsm:
-    """The normalised paths any of these globs matches (None: every normalised path)."""
-    everything = normalised_paths()
-    if patterns is None:
-        return everything
-    if not patterns:
-        return everything - everything  # a rule without globs matches no path
-    rx = "|".join(f"({glob_regex(p)})" for p in patterns)
-    return (parse(rx).to_fsm() & everything).reduce()
+def glob_nfa(patterns: tuple[PathPattern, ...]) -> GlobNfa:
+    return GlobNfa(patterns)
 
 
-def _surrogate(u: int) -> bool:
-    return 0xD800 <= u <= 0xDFFF
+# The normalised-path DFA: states and transitions (see NORMALISED_PATH_REGEX).
+_V_START, _V_SLASH, _V_DOT1, _V_DOT2, _V_SEG, _V_DEAD = range(6)
+_V_FINAL = frozenset({_V_SLASH, _V_SEG})
 
 
-_NICE = "abcdefghijklmnopqrstuvwxyz0123456789-_~ABCDEFGHIJKLMNOPQRSTUVWXYZ."
+def _v_step(state: int, ch: str) -> int:
+    if state == _V_START:
+        return _V_SLASH if ch == "/" else _V_DEAD
+    if state == _V_DEAD:
+        return _V_DEAD
+    if ch == "/":  # "//", "/./" and "/../" never occur; a segment may end
+        return _V_SLASH if state == _V_SEG else _V_DEAD
+    if ch == "\\" or ord(ch) < 0x20 or ord(ch) == 0x7F:
+        return _V_DEAD
+    if ch == ".":
+        return {_V_SLASH: _V_DOT1, _V_DOT1: _V_DOT2}.get(state, _V_SEG)
+    return _V_SEG
 
 
-def _char_of(cc: Charclass) -> str | None:
-    """A readable character of a character class (never a lone surrogate)."""
-    for ch in _NICE:
-        if cc.accepts(ch):
-            return ch
-    ranges: Sequence[tuple[int, int]] = cc.ord_ranges
-    if not cc.negated:
-        for lo, hi in ranges:
-            u = 0xE000 if _surrogate(lo) else lo
-            if u <= hi:
-                return chr(u)
-        return None
-    for u in [0x20, *(hi + 1 for _, hi in ranges)]:
-        u = 0xE000 if _surrogate(u) else u
-        if u < 0x110000 and cc.accepts(chr(u)):
-            return chr(u)
-    return None
+def is_normalised_path(path: str) -> bool:
+    """Membership in the language of normalised paths, by the automaton the proofs use."""
+    state = _V_START
+    for ch in path:
+        state = _v_step(state, ch)
+    return state in _V_FINAL
 
 
-def shortest_string(fsm: Fsm) -> str | None:
-    """A shortest string the automaton accepts, spelled with readable characters; None when it
-    accepts nothing."""
-    trans: dict[Any, dict[Any, Any]] = {s: dict(fsm.map[s]) for s in fsm.states}
-    back: dict[Any, set[Any]] = {s: set() for s in fsm.states}
-    for s, row in trans.items():
-        for dst in row.values():
-            back[dst].add(s)
-    live = set(fsm.finals)
-    todo = list(live)
-    while todo:
-        s = todo.pop()
-        for p in back[s]:
-            if p not in live:
-                live.add(p)
-                todo.append(p)
-    if fsm.initial not in live:
-        return None
-    prev: dict[Any, tuple[Any, str] | None] = {fsm.initial: None}
-    queue = [fsm.initial]
+_NICE = "abcdefghijklmnopqrstuvwxyz0123456789-_~ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _alphabet(nfas: Iterable[GlobNfa]) -> list[str]:
+    """The finite alphabet: "/", ".", every literal, and one stand-in for all other characters,
+    in the order witnesses prefer them."""
+    lits = {"/", "."}
+    for n in nfas:
+        lits |= n.literals
+    other = next((c for c in _NICE if c not in lits), None)
+    if other is None:
+        other = next(chr(u) for u in range(0xA1, 0x110000)
+                     if chr(u) not in lits and not 0xD800 <= u <= 0xDFFF)
+    chars = [*lits, other]
+    return sorted(chars, key=lambda c: (c == "/", c == ".", c not in _NICE, _NICE.find(c), c))
+
+
+PathPredicate = Callable[[Sequence[bool]], bool]
+
+
+def find_path(languages: Sequence[tuple[PathPattern, ...] | None],
+              bad: PathPredicate) -> str | None:
+    """A shortest normalised path whose membership vector in `languages` (None: every path)
+    satisfies `bad`, or None when no normalised path does: breadth-first search of the product
+    of the normalised-path DFA and one lazily determinised NFA per language. The product is
+    finite, so the search ends, and it visits every reachable product state: exact."""
+    nfas = [glob_nfa(lang) if lang is not None else None for lang in languages]
+    alphabet = _alphabet(n for n in nfas if n is not None)
+    empty: frozenset[int] = frozenset()
+    init = (_V_START, tuple(n.initial if n is not None else empty for n in nfas))
+    prev: dict[tuple[int, tuple[frozenset[int], ...]], tuple[Any, str] | None] = {init: None}
+    queue = [init]
     i = 0
     while i < len(queue):
-        s = queue[i]
+        state = queue[i]
         i += 1
-        if s in fsm.finals:
-            out: list[str] = []
-            step = prev[s]
-            while step is not None:
-                out.append(step[1])
-                step = prev[step[0]]
-            return "".join(reversed(out))
-        edges = []
-        for cc, dst in trans[s].items():
-            ch = _char_of(cc)
-            if ch is not None and dst in live and dst not in prev:
-                edges.append((_NICE.find(ch) if ch in _NICE else len(_NICE), ch, dst))
-        for _, ch, dst in sorted(edges, key=lambda e: (e[0], e[1])):
-            if dst not in prev:
-                prev[dst] = (s, ch)
-                queue.append(dst)
-    raise ProofError("a non-empty path language has no printable witness")
+        v, subs = state
+        if v in _V_FINAL:
+            vec = [n is None or n.accepts_state(s) for n, s in zip(nfas, subs, strict=True)]
+            if bad(vec):
+                out: list[str] = []
+                step = prev[state]
+                while step is not None:
+                    out.append(step[1])
+                    step = prev[step[0]]
+                return "".join(reversed(out))
+        for ch in alphabet:
+            nv = _v_step(v, ch)
+            if nv == _V_DEAD:
+                continue
+            nxt = (nv, tuple(n.step(s, ch) if n is not None else empty
+                             for n, s in zip(nfas, subs, strict=True)))
+            if nxt not in prev:
+                prev[nxt] = (state, ch)
+                queue.append(nxt)
+    return None
 
 
 def raw_path(normalised: str) -> str:
@@ -291,22 +388,18 @@ def _applies(r: Rule, scheme: str, host: str, port: int, method: str) -> bool:
             and (r.methods is None or method in r.methods) and r.matches_host(host))
 
 
-def _regions(rules: Sequence[Rule]) -> list[tuple[Rule, Fsm]]:
-    """For the rules that apply in a cell: each allow rule and the paths on which decide()
-    allows with it (it matches, no earlier allow matches, no deny matches)."""
-    taken: Fsm | None = None
-    for r in rules:
-        if r.action == "deny":
-            lang = path_language(r.paths)
-            taken = lang if taken is None else taken | lang
-    out: list[tuple[Rule, Fsm]] = []
-    for r in rules:
-        if r.action != "allow":
-            continue
-        lang = path_language(r.paths)
-        out.append((r, lang if taken is None else lang - taken))
-        taken = lang if taken is None else taken | lang
-    return out
+def _decider(rules: Sequence[Rule], vec: Sequence[bool]) -> int | None:
+    """decide() on a membership vector: the index of the allow rule that decides, or None when
+    a deny rule matches or no allow rule does."""
+    if any(m and r.action == "deny" for r, m in zip(rules, vec, strict=True)):
+        return None
+    return next((i for i, (r, m) in enumerate(zip(rules, vec, strict=True))
+                 if m and r.action == "allow"), None)
+
+
+def _shape(r: Rule) -> tuple[object, ...]:
+    """What _cell_gap looks at in a rule."""
+    return (r.action, r.paths, r.secrets, r.private_cidrs)
 
 
 def _compatible(narrow: Rule, other: Rule) -> bool:
@@ -314,21 +407,25 @@ def _compatible(narrow: Rule, other: Rule) -> bool:
                                                              other.private_cidrs)
 
 
-def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule]) -> tuple[Rule, str] | None:
-    """A narrow allow rule and a normalised path it decides on where the other identity does
-    not allow with a compatible rule; None when there is none."""
-    o_regions = _regions(other)
-    for a, region in _regions(narrow):
-        if region.empty():
-            continue
-        good = [o for r, o in o_regions if _compatible(a, r)]
-        bad = region
-        for g in good:
-            bad = bad - g
-        w = shortest_string(bad)
-        if w is not None:
-            return a, w
-    return None
+def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule]) -> tuple[int, str] | None:
+    """Within one cell (the rules that apply there, in order): a normalised path on which the
+    narrow identity allows, with the rule at the returned index, and the other identity does
+    not allow with a compatible rule; None when there is no such path."""
+    k = len(narrow)
+
+    def bad(vec: Sequence[bool]) -> bool:
+        a = _decider(narrow, vec[:k])
+        if a is None:
+            return False
+        o = _decider(other, vec[k:])
+        return o is None or not _compatible(narrow[a], other[o])
+
+    w = find_path([r.paths for r in (*narrow, *other)], bad)
+    if w is None:
+        return None
+    a = _decider(narrow, [r.paths is None or glob_nfa(r.paths).matches(w) for r in narrow])
+    assert a is not None
+    return a, w
 
 
 def _secrets(names: Iterable[str]) -> str:
@@ -364,25 +461,23 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
     ports = sorted({p for r in rules for p in r.ports})
     named = {m for r in rules if r.methods is not None for m in r.methods}
     methods = [*sorted(named), _fresh_method(named)]
-    memo: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[Rule, str] | None] = {}
+    # Cells whose applicable rules look alike (paths, action, what they bind) share a search.
+    memo: dict[tuple[tuple[object, ...], ...], tuple[int, str] | None] = {}
     for scheme in schemes:
         for host in hosts:
             for port in ports:
                 for method in methods:
-                    n_app = tuple(i for i, r in enumerate(n_ident.rules)
-                                  if _applies(r, scheme, host, port, method))
-                    if not any(n_ident.rules[i].action == "allow" for i in n_app):
+                    n_app = [r for r in n_ident.rules if _applies(r, scheme, host, port, method)]
+                    if not any(r.action == "allow" for r in n_app):
                         continue
-                    o_app = tuple(i for i, r in enumerate(o_ident.rules)
-                                  if _applies(r, scheme, host, port, method))
-                    key = (n_app, o_app)
+                    o_app = [r for r in o_ident.rules if _applies(r, scheme, host, port, method)]
+                    key = (tuple(_shape(r) for r in n_app), (), tuple(_shape(r) for r in o_app))
                     if key not in memo:
-                        memo[key] = _cell_gap([n_ident.rules[i] for i in n_app],
-                                              [o_ident.rules[i] for i in o_app])
+                        memo[key] = _cell_gap(n_app, o_app)
                     gap = memo[key]
                     if gap is not None:
                         return _l7_counterexample(policy, narrow, other, claim, src, scheme,
-                                                  host, port, method, *gap)
+                                                  host, port, method, n_app[gap[0]], gap[1])
 
     # CONNECT: every tunnel decide_connect() passes through without interception.
     for host in hosts:
@@ -465,15 +560,17 @@ def prove_secret_hosts(policy: Policy, secret: str) -> ProofResult:
 
 __all__ = [
     "NORMALISED_PATH_REGEX",
+    "GlobNfa",
     "ProofError",
     "ProofResult",
     "cidrs_covered",
+    "find_path",
+    "glob_nfa",
     "glob_regex",
     "host_witnesses",
-    "path_language",
+    "is_normalised_path",
     "prove",
     "prove_narrower",
     "prove_secret_hosts",
     "raw_path",
-    "shortest_string",
 ]
