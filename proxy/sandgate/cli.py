@@ -218,6 +218,14 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
             print(str(e), file=sys.stderr)
         return 1
+    from sandgate.policy.proofs import ProofError, prove
+
+    try:
+        proofs = prove(policy)
+    except ProofError as e:  # the prover and decide() disagree: a bug, never a verdict
+        return _err(f"internal error in the policy prover: {e}")
+    for pr in proofs:
+        print(pr)
     results = run_policy_tests(policy, resolve)
     failed = [r for r in results if not r.passed]
     summary = (f"{len(policy.files)} file(s), {len(policy.identities)} identities, "
@@ -257,7 +265,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"report mode (policy refusals forwarded without credentials and audited, not "
               f"enforced): {', '.join(report)}")
     print(summary)
-    return 1 if failed else 0
+    return 1 if failed or not all(pr.ok for pr in proofs) else 0
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

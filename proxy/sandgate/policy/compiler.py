@@ -187,10 +187,22 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
         report(("secrets", name, "placeholder"), "placeholder contains whitespace or controls",
                "use printable characters without spaces")
         ok = False
+    hosts: list[HostPattern] | None = None
+    if spec.hosts is not None:
+        hosts = []
+        for j, h in enumerate(spec.hosts):
+            try:
+                hosts.append(H.compile_host_pattern(h))
+            except ValueError as e:
+                report(("secrets", name, "hosts", j), str(e),
+                       "write an exact host (api.example.com) or a leading wildcard over a "
+                       "registered domain ('*.example.com', quoted in YAML)")
+                ok = False
     if not ok:
         return None
     return SecretRef(name=name, mount=mount, path=path.strip("/"), field=spec.field,
-                     kv_version=kv_version, placeholder=placeholder, source=src)
+                     kv_version=kv_version, placeholder=placeholder, source=src,
+                     hosts=tuple(hosts) if hosts is not None else None)
 
 
 def compile_identity(

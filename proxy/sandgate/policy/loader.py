@@ -261,7 +261,9 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         if ispec is None:
             continue
         part.identities[str(name)] = (Identity(name=str(name), rules=tuple(comp.rules),
-                                               source=src, mode=ispec.mode), comp)
+                                               source=src, mode=ispec.mode,
+                                               narrower_than=ispec.narrower_than),
+                                      comp)
 
     tests = _section(data, "tests", list, report)
     for i, raw in enumerate(tests):
@@ -526,6 +528,12 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
 
     for part in parts:
         _check_uses(part, part.uses, secret_first, problems)
+        for name, (ident, _) in part.identities.items():
+            if ident.narrower_than is not None and ident.narrower_than not in identity_first:
+                problems.append(part.problem(
+                    ("identities", name, "narrower_than"),
+                    f"narrower_than names unknown identity {ident.narrower_than!r}",
+                    f"use one of: {', '.join(sorted(identity_first))}"))
 
     tests: list[PolicyTest] = []
     for part in parts:

@@ -36,6 +36,8 @@ class SecretRef:
     kv_version: Literal[1, 2]
     placeholder: str  # what a sandbox may hold instead of the value (SDKs refuse an empty key)
     source: Source
+    # `hosts:` the only hosts it may be sent to (proved by sandgate.policy.proofs); None: any
+    hosts: tuple[HostPattern, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,7 @@ class Identity:
     source: Source
     # "report": policy refusals (no_rule, denied_by_rule) are forwarded uninjected and audited
     mode: Literal["enforce", "report"] = "enforce"
+    narrower_than: str | None = None  # proved by sandgate.policy.proofs
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,12 @@ class SecretSpec(_Strict):
         description="Text a sandbox may hold instead of the value; default "
         "sandgate-placeholder-<name>. At least 8 characters, unique.",
     )
+    hosts: list[str] | None = Field(
+        default=None, min_length=1,
+        description="The only hosts this secret may ever be sent to (exact hosts or '*.domain' "
+        "wildcards). `sandgate check` proves that no allow rule injecting or substituting it "
+        "can match a host outside them. Default: not checked.",
+    )
 
 
 class BasicSpec(_Strict):
@@ -88,6 +94,13 @@ class IdentitySpec(_Strict):
         "the code it would have had. Never relaxed in report mode: authentication and unknown "
         "identities, internal/self addresses (checked without any private_cidrs), "
         "exfiltration, TLS, wire syntax, body size and injection safety.",
+    )
+    narrower_than: str | None = Field(
+        default=None,
+        description="Another identity this one must be narrower than. `sandgate check` proves "
+        "that every request this identity may make, the other may make too, with at least the "
+        "secrets this one gets on it, and every passthrough tunnel it gets, the other gets; "
+        "otherwise it prints a counter-example request.",
     )
     rules: list[RuleSpec] = Field(default_factory=list)
 
