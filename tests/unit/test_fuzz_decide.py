@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sandgate.decision import decide
 from sandgate.errors import Code
 from sandgate.policy.hosts import normalise_host
-from sandgate.policy.loader import load_policy_files
+from sandgate.policy.loader import PolicyError, load_policy_files
 from sandgate.policy.model import Policy
 from sandgate.policy.paths import normalise_path
 from sandgate.request import RequestInfo
@@ -110,11 +110,18 @@ def ref_matches(spec: dict[str, Any], req: RequestInfo, host: str, path: str) ->
             and (paths is None or any(ref_match(p, path) for p in paths)))
 
 
-@settings(max_examples=examples(80))
+@settings(max_examples=examples(40))
 @given(policies, st.lists(requests(), min_size=1, max_size=12), st.integers(0, 3))
 def test_decide_agrees_with_a_reference(rules: list[dict[str, Any]],
                                         reqs: list[tuple[RequestInfo, str]], style: int) -> None:
-    policy = load(rules, flow=style != 0)
+    try:
+        policy = load(rules, flow=style != 0)
+    except PolicyError as e:
+        # The loader refuses some combinations (a passthrough rule beside an intercepted allow,
+        # a shadowed injecting rule): those never reach decide(). Anything else is a bug.
+        assume(not all("passthrough" in pr.field or "shadow" in pr.message
+                       for pr in e.problems))
+        raise AssertionError(str(e)) from None
     assert [r.name for r in policy.identities["agent"].rules] == [s["name"] for s in rules]
     for req, host in reqs:
         d = decide(policy, "agent", req)
