@@ -34,7 +34,7 @@ MIRROR=${DEBIAN_MIRROR:-$(apt_mirror || true)}
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/sandgate-dockerd.log}
 DOCKERD_WAIT=${DOCKERD_WAIT:-60}
 SUITE=bookworm
-PACKAGES=python3,python3-pip,python3-venv,curl,ca-certificates,git,iproute2,dnsutils
+PACKAGES=python3,python3-pip,python3-venv,curl,ca-certificates,git,iproute2,dnsutils,iptables
 
 t_all=$SECONDS
 log() { echo "== docker-setup: $*"; }

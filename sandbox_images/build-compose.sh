@@ -5,7 +5,10 @@
 #   2. the Sandgate wheelhouse sandbox_images/sandgate/wheels (gitignored): `pip wheel` of this
 #      repository (a copy of pyproject.toml, README.md and proxy/) and all its dependencies, for
 #      the host's CPython (3.11 on bookworm, the same as the image's)
-#   3. `<compose> build` (with docker-compose.ci.yml too when --ci is given)
+#   3. the iptables .debs of the sandbox-firewall image, sandbox_images/firewall/debs (gitignored):
+#      from apt's cache on the host, else `apt-get download` (skipped when the base image already
+#      has iptables, or when the host has no apt: the image build then uses apt-get itself)
+#   4. `<compose> build` (with docker-compose.ci.yml too when --ci is given)
 #
 #   sandbox_images/build-compose.sh [--ci] [--no-download]
 #
@@ -83,18 +86,52 @@ pip_args=(--quiet --disable-pip-version-check wheel --wheel-dir "$WHEELS" --find
 if ((download)); then
   log "pip wheel sandgate + dependencies -> $WHEELS (pip of $py)"
   # setuptools too: the build backend, so that --no-download can build without an index.
-  "$py" -m pip "${pip_args[@]}" "setuptools>=68" "$src" 2> >(quiet_pip >&2) \
+  "$py" -m pip "${pip_args[@]}" "setuptools>=68" "$src[openbao]" 2> >(quiet_pip >&2) \
     || die "pip wheel failed"
 else
   log "pip wheel sandgate --no-index (the dependencies must already be in $WHEELS)"
-  "$py" -m pip "${pip_args[@]}" --no-index "$src" 2> >(quiet_pip >&2) \
+  "$py" -m pip "${pip_args[@]}" --no-index "$src[openbao]" 2> >(quiet_pip >&2) \
     || die "pip wheel --no-index failed (run once without --no-download)"
 fi
 rm -rf "$src"
 trap - EXIT
 log "wheelhouse ready: $(find "$WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheels ($((SECONDS - t)) s)"
 
-# --- 3. compose build ---------------------------------------------------------------------------------
+# --- 3. iptables .debs for the sandbox-firewall image ------------------------------------------------
+# The packages iptables needs beyond a minimal Debian bookworm (same suite as the base image).
+FIREWALL_DEBS=(iptables libip4tc2 libip6tc2 libxtables12 libmnl0 libnetfilter-conntrack3 \
+               libnfnetlink0 libnftnl11 netbase)
+t=$SECONDS
+DEBS=$HERE/firewall/debs
+mkdir -p "$DEBS"
+if docker run --rm --entrypoint sh "$BASE_IMAGE" -c \
+    'command -v iptables-nft && command -v iptables-legacy' >/dev/null 2>&1; then
+  log "base image has iptables: no .debs needed"
+  rm -f "$DEBS"/*.deb
+elif ! command -v apt-get >/dev/null 2>&1; then
+  log "no apt-get on this host: the sandbox-firewall build installs iptables with apt-get itself"
+else
+  missing=()
+  for pkg in "${FIREWALL_DEBS[@]}"; do
+    ver=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ { print $2 }')
+    [[ -n $ver && $ver != "(none)" ]] || die "apt knows no package $pkg (run apt-get update)"
+    file="${pkg}_${ver//:/%3a}_$(dpkg --print-architecture).deb"
+    alt="${pkg}_${ver//:/%3a}_all.deb"
+    for f in "$file" "$alt"; do
+      if [[ -f $DEBS/$f ]]; then continue 2; fi
+      if [[ -f /var/cache/apt/archives/$f ]]; then cp "/var/cache/apt/archives/$f" "$DEBS/"; continue 2; fi
+    done
+    missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    ((download)) || die "iptables .debs missing in $DEBS: ${missing[*]} (run once without --no-download)"
+    log "apt-get download ${missing[*]}"
+    (cd "$DEBS" && apt-get download -qq "${missing[@]}" 2>&1 | grep -v -e 'unsandboxed' >&2 || true)
+  fi
+  log "iptables .debs ready: $(find "$DEBS" -maxdepth 1 -name '*.deb' | wc -l) ($((SECONDS - t)) s)"
+fi
+
+# --- 4. compose build ---------------------------------------------------------------------------------
 t=$SECONDS
 files=(-f "$REPO/docker-compose.yml")
 ((ci)) && files+=(-f "$REPO/docker-compose.ci.yml")

@@ -2,9 +2,19 @@
 
 A container on one of the watched networks is a caller if it has the label `sandgate.identity`
 (required) and optionally `sandgate.sandbox` (default: the container name). The address map is
-built by one listing at start() and kept current from Docker's event stream in a daemon thread
-(container start/die/destroy, network connect/disconnect). `lookup` only reads the current map,
-an immutable mapping swapped atomically: no I/O on the hot path.
+built by one listing at start() and kept current from Docker's event stream. `lookup` only reads
+the current map, an immutable mapping swapped atomically: no I/O on the hot path.
+
+Address reuse: Docker hands a freed address to the next container at once. An entry must
+therefore be gone before its address can belong to someone else, or the new container would be
+identified as the old one. Two threads: the reader takes events off the stream in order and
+applies REMOVALS at once, from the event alone (container die/destroy, network disconnect: no
+Docker call, nothing to wait for); ADDITIONS (start, connect) need the container's labels and
+addresses, so a worker inspects the container and adds it unless it was removed meanwhile (a
+sequence number per removal). Docker emits `die` before it releases the address, and the new
+owner's `connect` after it got it, so the old entry is dropped before the new container exists,
+however slow the inspections are; the address is then unknown (refused) until the new owner's
+labels are read.
 
 Fail closed: an address no running container owns is unknown (the proxy refuses it); while the
 event stream is down the map is emptied, and it is rebuilt when Docker is back.
@@ -13,6 +23,7 @@ event stream is down the map is emptied, and it is rebuilt when Docker is back.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -29,8 +40,7 @@ from sandgate.sandbox.errors import DockerUnavailable, docker_endpoint
 
 log = logging.getLogger(__name__)
 
-_CONTAINER_EVENTS = frozenset({"start", "die", "destroy"})
-_NETWORK_EVENTS = frozenset({"connect", "disconnect"})
+_CONTAINER_GONE = frozenset({"die", "destroy"})
 
 # container id -> {ip: Caller} for that container on the watched networks
 _Entries = dict[str, dict[str, Caller]]
@@ -67,6 +77,15 @@ class DockerLabelSource:
         self._stream: Any = None
         self._synced = threading.Event()
         self.generation = 0  # bumps on every map swap (tests, metrics)
+        # Additions: (container id, sequence number when scheduled); None stops the worker.
+        self._work: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._seq = 0  # bumps on every removal and resync (under the lock)
+        self._removed: dict[str, int] = {}  # container id -> _seq of its last removal
+        self._floor = 0  # _seq of the last resync: older scheduled work is void
+        # Test hook: cleared, the worker's Docker calls wait (a consumer lagging behind).
+        self._io_gate = threading.Event()
+        self._io_gate.set()
 
     # --- hot path -------------------------------------------------------------------------------
 
@@ -85,6 +104,11 @@ class DockerLabelSource:
         client = self._connect()
         since = self._resync(client)
         self._stop.clear()
+        self._worker = threading.Thread(
+            target=self._work_loop, args=(client,), name="sandgate-docker-labels-inspect",
+            daemon=True,
+        )
+        self._worker.start()
         self._thread = threading.Thread(
             target=self._run, args=(client, since), name="sandgate-docker-labels", daemon=True
         )
@@ -94,9 +118,11 @@ class DockerLabelSource:
     def stop(self, timeout: float = 5) -> None:
         self._stop.set()
         self._close_stream()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        self._work.put(None)
+        for thread in (self._thread, self._worker):
+            if thread is not None:
+                thread.join(timeout)
+        self._thread = self._worker = None
 
     def __enter__(self) -> DockerLabelSource:
         return self.start()
@@ -152,6 +178,9 @@ class DockerLabelSource:
             if found:
                 entries[summary["Id"]] = found
         with self._lock:
+            self._seq += 1
+            self._floor = self._seq
+            self._removed = {}
             self._entries = entries
             self._publish()
         self._synced.set()
@@ -178,20 +207,52 @@ class DockerLabelSource:
                     out[ip] = caller
         return out
 
-    def _refresh_container(self, client: docker.DockerClient, cid: str) -> None:
+    def _remove(self, cid: str, why: str) -> None:
+        """Drop a container's addresses now, from the event alone (the reader thread)."""
+        with self._lock:
+            self._seq += 1
+            self._removed[cid] = self._seq
+            old = self._entries.pop(cid, None)
+            if old:
+                self._publish()
+                log.info("docker identity map: container %s (%s) unmapped: %s", cid[:12], why,
+                         ", ".join(sorted(old)))
+
+    def _schedule(self, cid: str) -> None:
+        """Have the worker read the container's labels and addresses (start, connect)."""
+        with self._lock:
+            seq = self._seq
+        self._work.put((cid, seq))
+
+    def _work_loop(self, client: docker.DockerClient) -> None:
+        while True:
+            item = self._work.get()
+            if item is None or self._stop.is_set():
+                return
+            cid, seq = item
+            try:
+                self._io_gate.wait()
+                self._refresh_container(client, cid, seq)
+            except Exception as exc:  # the reader notices a lost Docker and resyncs
+                log.warning("docker identity source: cannot inspect container %s: %s",
+                            cid[:12], exc)
+
+    def _refresh_container(self, client: docker.DockerClient, cid: str, seq: int) -> None:
         try:
             attrs = client.api.inspect_container(cid)
         except NotFound:
-            attrs = None
-        found: dict[str, Caller] = {}
-        if attrs is not None and (attrs.get("State") or {}).get("Running"):
-            found = self._entries_for(
-                attrs["Id"], str(attrs.get("Name", "")).lstrip("/"),
-                (attrs.get("Config") or {}).get("Labels") or {},
-                (attrs.get("NetworkSettings") or {}).get("Networks") or {},
-            )
-            cid = attrs["Id"]
+            return
+        if not (attrs.get("State") or {}).get("Running"):
+            return
+        cid = attrs["Id"]
+        found = self._entries_for(
+            cid, str(attrs.get("Name", "")).lstrip("/"),
+            (attrs.get("Config") or {}).get("Labels") or {},
+            (attrs.get("NetworkSettings") or {}).get("Networks") or {},
+        )
         with self._lock:
+            if seq < self._floor or self._removed.get(cid, -1) > seq:
+                return  # removed (or resynced) after this was scheduled: stale
             old = self._entries.get(cid, {})
             if found:
                 self._entries[cid] = found
@@ -218,17 +279,28 @@ class DockerLabelSource:
         self._map = MappingProxyType(new)
         self.generation += 1
 
-    def _handle(self, client: docker.DockerClient, event: Mapping[str, Any]) -> None:
+    def _handle(self, event: Mapping[str, Any]) -> None:
+        """One event, on the reader thread: removals at once, additions to the worker."""
         kind, action = event.get("Type"), str(event.get("Action") or "")
         actor = event.get("Actor") or {}
         attrs = actor.get("Attributes") or {}
-        if kind == "container" and action in _CONTAINER_EVENTS:
+        if kind == "container":
             cid = actor.get("ID") or event.get("id")
-            if cid:
-                self._refresh_container(client, cid)
-        elif kind == "network" and action in _NETWORK_EVENTS:
-            if attrs.get("name") in self.networks and attrs.get("container"):
-                self._refresh_container(client, attrs["container"])
+            if not cid:
+                return
+            if action in _CONTAINER_GONE:
+                self._remove(cid, action)
+            elif action == "start":
+                self._schedule(cid)
+        elif kind == "network" and attrs.get("name") in self.networks:
+            cid = attrs.get("container")
+            if not cid:
+                return
+            if action == "disconnect":  # its other watched networks come back via the worker
+                self._remove(cid, f"disconnected from {attrs.get('name')}")
+                self._schedule(cid)
+            elif action == "connect":
+                self._schedule(cid)
 
     def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
@@ -248,7 +320,7 @@ class DockerLabelSource:
                 for event in self._stream:
                     if self._stop.is_set():
                         break
-                    self._handle(client, event)
+                    self._handle(event)
                     since = int(event.get("time") or since)
                 if self._stop.is_set():
                     break
@@ -260,6 +332,8 @@ class DockerLabelSource:
                 log.error("docker identity source lost Docker (%s); refusing docker-identified "
                           "callers until it is back", exc)
                 with self._lock:
+                    self._seq += 1
+                    self._floor = self._seq
                     self._entries = {}
                     self._publish()
                 while not self._stop.wait(self._reconnect_delay):

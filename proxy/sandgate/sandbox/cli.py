@@ -1,6 +1,7 @@
 """`sandgate sandbox ...`: run commands in sandboxes whose only way out is Sandgate.
 
     sandgate sandbox network [--proxy-port 8080]       create the internal network, print gateway
+                     [--unsafe-allow-host-services]     (sandboxes then reach every host port)
     sandgate sandbox run --identity NAME [...] -- CMD   one command in a fresh sandbox, then remove
     sandgate sandbox ls                                 sandboxes the launcher created
 """
@@ -21,7 +22,12 @@ from sandgate.sandbox.launcher import (
     list_sandboxes,
     run_once,
 )
-from sandgate.sandbox.network import DEFAULT_SUBNET, NETWORK_NAME, ensure_network_info
+from sandgate.sandbox.network import (
+    DEFAULT_SUBNET,
+    NETWORK_NAME,
+    SandboxNetwork,
+    ensure_network_info,
+)
 
 
 def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -33,8 +39,12 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
         sp.add_argument("--subnet", default=DEFAULT_SUBNET)
         sp.add_argument("--proxy-port", type=int, default=8080,
                         help="the port Sandgate listens on at the gateway (default %(default)s)")
-        sp.add_argument("--only-proxy-port", action="store_true",
-                        help="host firewall: sandboxes may reach only the proxy port")
+        sp.add_argument("--unsafe-allow-host-services", action="store_true",
+                        help="host firewall: let sandboxes reach EVERY port of the host at the "
+                             "gateway address, not only the proxy port (unsafe: any service "
+                             "listening on the host answers them)")
+        # The default since the host firewall allows only the proxy port; kept for old scripts.
+        sp.add_argument("--only-proxy-port", action="store_true", help=argparse.SUPPRESS)
 
     net = ssub.add_parser("network", help="create the internal sandbox network; print gateway")
     net_args(net)
@@ -61,6 +71,13 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
     ssub.add_parser("ls", help="list sandboxes the launcher created")
 
 
+def _network(client: Any, args: argparse.Namespace) -> SandboxNetwork:
+    if args.unsafe_allow_host_services and args.only_proxy_port:
+        raise SandboxError("--unsafe-allow-host-services and --only-proxy-port contradict")
+    return ensure_network_info(client, args.network, args.subnet, proxy_port=args.proxy_port,
+                               allow_host_services=args.unsafe_allow_host_services)
+
+
 def _err(msg: str) -> int:
     print(f"sandgate: {msg}", file=sys.stderr)
     return 2
@@ -70,13 +87,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.sandbox_command == "network":
             client = connect()
-            info = ensure_network_info(
-                client, args.network, args.subnet,
-                allowed_ports=[args.proxy_port] if args.only_proxy_port else None,
-            )
+            info = _network(client, args)
             if not info.host_firewall:
                 print("sandgate: warning: no host firewall (not root?): sandboxes can reach "
-                      "every address of this host", file=sys.stderr)
+                      "every address and port of this host", file=sys.stderr)
             print(info.gateway)
             return 0
         if args.sandbox_command == "ls":
@@ -112,10 +126,7 @@ def _run(args: argparse.Namespace) -> int:
             return _err(f"--placeholder {item!r}: expected NAME=VALUE")
         placeholders[name] = value
     client = connect()
-    info = ensure_network_info(
-        client, args.network, args.subnet,
-        allowed_ports=[args.proxy_port] if args.only_proxy_port else None,
-    )
+    info = _network(client, args)
     directory = confdir.ensure_confdir(Path(args.confdir))
     ca_pem = Path(confdir.ensure_ca(directory)).read_text()
     sandbox_id = f"sbx-{secrets.token_hex(6)}"
@@ -131,6 +142,7 @@ def _run(args: argparse.Namespace) -> int:
         proxy_url=args.proxy_url or f"http://{info.gateway}:{args.proxy_port}",
         ca_pem=ca_pem, token=token, placeholders=placeholders, memory=args.memory,
         cpus=args.cpus, pids_limit=args.pids_limit, network=args.network,
+        allow_host_services=args.unsafe_allow_host_services,
     )
     res = run_once(client, spec, cmd if len(cmd) > 1 else cmd[0], timeout=args.timeout)
     sys.stdout.write(res.stdout)

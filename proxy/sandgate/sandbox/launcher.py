@@ -3,7 +3,7 @@
 For agent hosts (pattern 2: the agent's bash/code tool runs in a sandbox) and for the CLI::
 
     client = connect()
-    gateway = ensure_network(client)
+    gateway = ensure_network(client)  # the host accepts only gateway:8080 from it
     spec = SandboxSpec(identity="bash-tool", proxy_url=f"http://{gateway}:8080",
                        ca_pem=ca_pem, token=token)
     with Sandbox.create(client, spec) as sbx:
@@ -20,6 +20,7 @@ API keys are placeholders Sandgate swaps in transit.
 from __future__ import annotations
 
 import io
+import ipaddress
 import logging
 import re
 import secrets
@@ -41,7 +42,7 @@ from docker.utils.socket import STDERR, frames_iter
 
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_MANAGED, LABEL_SANDBOX
 from sandgate.sandbox.errors import SandboxError, unavailable
-from sandgate.sandbox.network import NETWORK_NAME
+from sandgate.sandbox.network import NETWORK_NAME, inspect_network, restrict_host_access
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,10 @@ class SandboxSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     sandbox_id: str | None = None  # generated when None
     workdir: str = "/workspace"
+    # The host firewall of the network lets sandboxes reach only the proxy (the port of
+    # proxy_url, at the gateway). True opens every port of the gateway address: UNSAFE, every
+    # service listening on the host then answers the sandboxes (of this whole network).
+    allow_host_services: bool = False
 
     def validate(self) -> None:
         if not _NAME.match(self.identity):
@@ -177,6 +182,23 @@ def _shutdown(sock: Any) -> None:
         pass
 
 
+def _lock_host(client: docker.DockerClient, spec: SandboxSpec) -> bool:
+    """Put the network's host firewall in place for this spec: the host accepts the sandboxes'
+    packets only at the proxy port of the gateway (none at all when proxy_url names another
+    address, e.g. a proxy container), unless spec.allow_host_services. Whether it is in place."""
+    info = inspect_network(client, spec.network)
+    url = urlsplit(spec.proxy_url)
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    on_host = literal is None or str(literal) in (info.gateway, info.gateway6)
+    return restrict_host_access(client, info, [port] if on_host else [],
+                                allow_host_services=spec.allow_host_services)
+
+
 def _ca_fingerprint_line(ca_pem: str) -> str:
     """A line of the CA's base64 body, to check it made it into the bundle."""
     lines = [ln.strip() for ln in ca_pem.strip().splitlines()]
@@ -196,6 +218,7 @@ class Sandbox:
         self.spec = spec
         self.id = sandbox_id
         self.identity = spec.identity
+        self.host_firewall = False  # whether the network's host firewall is in place
         self._closed = False
 
     @property
@@ -235,6 +258,7 @@ class Sandbox:
             ) from None
         if not net.get("Internal"):
             raise SandboxError(f"network '{spec.network}' is not internal: refusing to use it")
+        firewall = _lock_host(client, spec)
 
         labels = {
             **spec.labels,
@@ -265,6 +289,7 @@ class Sandbox:
             raise SandboxError(f"cannot create sandbox from '{spec.image}': {exc}") from exc
 
         sandbox = cls(client, container, spec, sandbox_id)
+        sandbox.host_firewall = firewall
         try:
             container.start()
             if not container.put_archive("/", _ca_archive(spec.ca_pem)):

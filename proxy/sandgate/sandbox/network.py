@@ -2,10 +2,12 @@
 
 Docker's `internal` bridge has no NAT: the host does not forward its traffic anywhere. But the
 host itself still accepts it on EVERY host address (eth0's, docker0's, ...: Linux's weak host
-model, and Docker only filters FORWARD). So unless told otherwise this module also installs a
-host firewall chain (iptables, needs root and a local engine): packets coming in from the
-network's bridge are accepted only to the gateway address (optionally only to given TCP ports,
-e.g. the proxy's) and dropped otherwise. The gateway is where Sandgate listens for sandboxes.
+model, and Docker only filters FORWARD), on every port. So this module also installs a host
+firewall chain (iptables and ip6tables, needs root and a local engine): packets coming in from
+the network's bridge are accepted only to the proxy port of the gateway address (IPv4, and IPv6
+when the network has it) and dropped otherwise. That is the default everywhere;
+`allow_host_services=True` (CLI: `--unsafe-allow-host-services`) opens the whole gateway
+address, every port, instead. The gateway is where Sandgate listens for sandboxes.
 Inter-container traffic is disabled too (`enable_icc=false`): one sandbox cannot reach another.
 """
 
@@ -17,7 +19,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import docker
 import requests
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 NETWORK_NAME = "sandgate-sandboxes"
 DEFAULT_SUBNET = "172.30.99.0/24"
+DEFAULT_PROXY_PORT = 8080
 NETWORK_LABEL = "sandgate.network"
 
 
@@ -40,7 +43,9 @@ class SandboxNetwork:
     subnet: str
     gateway: str  # where sandboxes reach the proxy
     bridge: str  # the host-side interface
-    host_firewall: bool = False  # the host accepts this network's packets only at the gateway
+    host_firewall: bool = False  # the host accepts this network's packets only as configured
+    subnet6: str | None = None  # the IPv6 subnet, when the network has IPv6
+    gateway6: str | None = None
 
 
 def ensure_network(
@@ -50,18 +55,24 @@ def ensure_network(
     *,
     isolate: bool = True,
     host_firewall: bool = True,
+    proxy_port: int = DEFAULT_PROXY_PORT,
     allowed_ports: Sequence[int] | None = None,
+    allow_host_services: bool = False,
 ) -> str:
     """Create the internal sandbox network if missing; return its gateway IP (the proxy's address).
 
     An existing network of that name is used only if it is internal; otherwise SandboxError.
-    With host_firewall, the host accepts the network's packets only at the gateway (and only on
-    allowed_ports, TCP, if given); when that cannot be installed (not root, no iptables, remote
-    engine) a warning is logged: see ensure_network_info(...).host_firewall.
+    With host_firewall (the default), the host accepts the network's packets only at the
+    gateway's `proxy_port` (TCP; `allowed_ports` names several ports instead), over IPv4 and
+    IPv6; allow_host_services=True opens every port of the gateway address instead (unsafe:
+    every service listening on the host is then reachable from the sandboxes). When the firewall
+    cannot be installed (not root, no iptables, remote engine) a warning is logged: see
+    ensure_network_info(...).host_firewall.
     """
     return ensure_network_info(
         client, name, subnet, isolate=isolate, host_firewall=host_firewall,
-        allowed_ports=allowed_ports,
+        proxy_port=proxy_port, allowed_ports=allowed_ports,
+        allow_host_services=allow_host_services,
     ).gateway
 
 
@@ -72,12 +83,16 @@ def ensure_network_info(
     *,
     isolate: bool = True,
     host_firewall: bool = True,
+    proxy_port: int = DEFAULT_PROXY_PORT,
     allowed_ports: Sequence[int] | None = None,
+    allow_host_services: bool = False,
 ) -> SandboxNetwork:
     info = _ensure(client, name, subnet, isolate)
     if host_firewall:
-        applied = restrict_host_access(client, info, allowed_ports)
-        info = SandboxNetwork(info.name, info.id, info.subnet, info.gateway, info.bridge, applied)
+        ports = list(allowed_ports) if allowed_ports is not None else [proxy_port]
+        applied = restrict_host_access(client, info, ports,
+                                       allow_host_services=allow_host_services)
+        info = replace(info, host_firewall=applied)
     return info
 
 
@@ -118,20 +133,29 @@ def inspect_network(client: docker.DockerClient, name: str = NETWORK_NAME) -> Sa
             f"remove it (docker network rm {name}) and let Sandgate create it"
         )
     configs = (attrs.get("IPAM") or {}).get("Config") or []
+    v4: tuple[str, str] | None = None
+    v6: tuple[str, str] | None = None
     for cfg in configs:
         sub = cfg.get("Subnet")
-        if not sub or ipaddress.ip_network(sub).version != 4:
+        if not sub:
             continue
-        gw = cfg.get("Gateway") or str(next(ipaddress.ip_network(sub).hosts()))
-        bridge = (attrs.get("Options") or {}).get("com.docker.network.bridge.name") or (
-            "br-" + attrs["Id"][:12]
-        )
-        return SandboxNetwork(name=name, id=attrs["Id"], subnet=sub, gateway=gw, bridge=bridge)
-    raise SandboxError(f"network '{name}' has no IPv4 subnet")
+        net = ipaddress.ip_network(sub)
+        gw = (cfg.get("Gateway") or str(next(net.hosts()))).split("/")[0]
+        if net.version == 4 and v4 is None:
+            v4 = (sub, gw)
+        elif net.version == 6 and v6 is None and attrs.get("EnableIPv6"):
+            v6 = (sub, gw)
+    if v4 is None:
+        raise SandboxError(f"network '{name}' has no IPv4 subnet")
+    bridge = (attrs.get("Options") or {}).get("com.docker.network.bridge.name") or (
+        "br-" + attrs["Id"][:12]
+    )
+    return SandboxNetwork(name=name, id=attrs["Id"], subnet=v4[0], gateway=v4[1], bridge=bridge,
+                          subnet6=v6[0] if v6 else None, gateway6=v6[1] if v6 else None)
 
 
 def remove_network(client: docker.DockerClient, name: str = NETWORK_NAME) -> None:
-    """Remove the sandbox network (and its host firewall chain) if it exists.
+    """Remove the sandbox network (and its host firewall chains) if it exists.
 
     Fails (docker APIError) while containers are attached.
     """
@@ -140,26 +164,33 @@ def remove_network(client: docker.DockerClient, name: str = NETWORK_NAME) -> Non
     except NotFound:
         return
     client.api.remove_network(name)
-    if _iptables() is not None:
-        _drop_chain(info.bridge)
+    for family in (4, 6):
+        if _tool(family) is not None:
+            _drop_chain(family, info.bridge)
 
 
 # --- host firewall ------------------------------------------------------------------------------
+#
+# One chain per bridge and family, SG-<bridge>, jumped to from INPUT for packets that come in on
+# the bridge. It is replaced atomically (iptables-restore --noflush: declaring the chain flushes
+# it in the same transaction), so there is no moment without the final DROP. A comment on the
+# DROP rule records the policy; when it is already in place nothing is run but one `-S`.
 
 
-def _iptables() -> str | None:
+def _tool(family: int, restore: bool = False) -> str | None:
     if os.geteuid() != 0:
         return None
-    return shutil.which("iptables")
+    name = ("iptables" if family == 4 else "ip6tables") + ("-restore" if restore else "")
+    return shutil.which(name)
 
 
-def _ipt(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    exe = _iptables()
+def _ipt(family: int, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    exe = _tool(family)
     if exe is None:
-        raise SandboxError("iptables is not available (needs root)")
+        raise SandboxError(f"{'ip6' if family == 6 else 'ip'}tables is not available (needs root)")
     res = subprocess.run([exe, "-w", *args], capture_output=True, text=True, timeout=30)
     if check and res.returncode != 0:
-        raise SandboxError(f"iptables {' '.join(args)}: {res.stderr.strip()}")
+        raise SandboxError(f"{os.path.basename(exe)} {' '.join(args)}: {res.stderr.strip()}")
     return res
 
 
@@ -167,43 +198,101 @@ def _chain(bridge: str) -> str:
     return f"SG-{bridge}"[:28]
 
 
-def _drop_chain(bridge: str) -> None:
+def _drop_chain(family: int, bridge: str) -> None:
     chain = _chain(bridge)
-    while _ipt("-D", "INPUT", "-i", bridge, "-j", chain, check=False).returncode == 0:
+    while _ipt(family, "-D", "INPUT", "-i", bridge, "-j", chain, check=False).returncode == 0:
         pass
-    _ipt("-F", chain, check=False)
-    _ipt("-X", chain, check=False)
+    _ipt(family, "-F", chain, check=False)
+    _ipt(family, "-X", chain, check=False)
+
+
+def _rules(family: int, gateway: str | None, ports: Sequence[int] | None) -> list[str]:
+    """The chain's rules as `iptables -S` prints them, without `-A CHAIN`. ports None: all.
+
+    No gateway (a network without IPv6, for family 6): no rule, everything is dropped.
+    """
+    if gateway is None:
+        return []
+    dest = f"-d {gateway}/{32 if family == 4 else 128}"
+    rules: list[str] = []
+    if family == 6:
+        # Neighbour discovery with the host (solicitation 135, advertisement 136): without it
+        # IPv6 to the gateway cannot work at all.
+        rules += [f"-p ipv6-icmp -m icmp6 --icmpv6-type {t} -j ACCEPT" for t in (135, 136)]
+    if ports is None:
+        rules.append(f"{dest} -j ACCEPT")
+    rules += [f"{dest} -p tcp -m tcp --dport {int(port)} -j ACCEPT" for port in ports or ()]
+    return rules
+
+
+def _apply_chain(family: int, bridge: str, rules: list[str], policy: str) -> None:
+    chain = _chain(bridge)
+    wanted = [f"-A {chain} {rule}" for rule in rules]
+    wanted.append(f'-A {chain} -m comment --comment "{policy}" -j DROP')
+    current = _ipt(family, "-S", chain, check=False)
+    have = [ln for ln in current.stdout.splitlines() if ln.startswith("-A ")]
+    jump = _ipt(family, "-C", "INPUT", "-i", bridge, "-j", chain, check=False).returncode == 0
+    if current.returncode != 0 or have != wanted:
+        exe = _tool(family, restore=True)
+        if exe is None:
+            raise SandboxError(f"{'ip6' if family == 6 else 'ip'}tables-restore is not available")
+        script = "\n".join(["*filter", f":{chain} - [0:0]", *wanted, "COMMIT", ""])
+        res = subprocess.run([exe, "-w", "--noflush"], input=script, capture_output=True,
+                             text=True, timeout=30)
+        if res.returncode != 0:
+            raise SandboxError(f"{os.path.basename(exe)}: {res.stderr.strip()}")
+    if not jump:
+        _ipt(family, "-I", "INPUT", "1", "-i", bridge, "-j", chain)
 
 
 def restrict_host_access(
-    client: docker.DockerClient, info: SandboxNetwork, allowed_ports: Sequence[int] | None = None
+    client: docker.DockerClient,
+    info: SandboxNetwork,
+    allowed_ports: Sequence[int] | None = (DEFAULT_PROXY_PORT,),
+    *,
+    allow_host_services: bool = False,
 ) -> bool:
-    """Let the host accept the network's packets only at its gateway (optionally only on these
-    TCP ports). Idempotent: the chain SG-<bridge> is rebuilt each call. Returns whether it is
-    in place; logs a warning when it cannot be (not root, no iptables, remote Docker engine).
+    """Let the host accept the network's packets only at its gateway's allowed TCP ports (IPv4,
+    and IPv6 if the network has it; without IPv6 every IPv6 packet from the bridge is dropped).
+    allowed_ports None means the default proxy port; an empty one accepts nothing (the proxy is
+    not on this host). allow_host_services=True accepts every port of the gateway address.
+
+    Idempotent: the chains SG-<bridge> are replaced atomically, and left alone when they already
+    hold this policy. Returns whether the firewall is in place; logs a warning when it cannot be
+    (not root, no iptables, remote Docker engine).
     """
     endpoint = docker_endpoint(getattr(client.api, "base_url", None))
     if not endpoint.startswith(("unix:", "http+docker://localhost", "http+unix:")):
         log.warning("Docker engine at %s is not local: cannot firewall the host side of %s",
                     endpoint, info.name)
         return False
-    if _iptables() is None:
-        log.warning("not root or no iptables: sandboxes on %s can reach every address of this "
-                    "host (not only the gateway %s)", info.name, info.gateway)
+    if _tool(4) is None or _tool(4, restore=True) is None:
+        log.warning("not root or no iptables: sandboxes on %s can reach every address and port "
+                    "of this host (not only the proxy at %s)", info.name, info.gateway)
         return False
-    chain = _chain(info.bridge)
-    if _ipt("-n", "-L", chain, check=False).returncode != 0:
-        _ipt("-N", chain)
-    _ipt("-F", chain)
-    if allowed_ports:
-        for port in sorted(set(allowed_ports)):
-            _ipt("-A", chain, "-d", info.gateway, "-p", "tcp", "--dport", str(int(port)),
-                 "-j", "ACCEPT")
+    if allowed_ports is None:
+        allowed_ports = (DEFAULT_PROXY_PORT,)
+    ports = None if allow_host_services else sorted({int(p) for p in allowed_ports})
+    what = "all" if ports is None else ",".join(map(str, ports)) or "none"
+    _apply_chain(4, info.bridge, _rules(4, info.gateway, ports),
+                 f"sandgate {info.gateway} tcp:{what}")
+    v6 = _tool(6) is not None and _tool(6, restore=True) is not None
+    if v6:
+        _apply_chain(6, info.bridge, _rules(6, info.gateway6, ports),
+                     f"sandgate {info.gateway6 or 'no-ipv6'} tcp:{what}")
+    elif info.gateway6 is not None:
+        log.warning("no ip6tables: sandboxes on %s can reach every IPv6 address and port of this "
+                    "host", info.name)
+        return False
     else:
-        _ipt("-A", chain, "-d", info.gateway, "-j", "ACCEPT")
-    _ipt("-A", chain, "-j", "DROP")
-    if _ipt("-C", "INPUT", "-i", info.bridge, "-j", chain, check=False).returncode != 0:
-        _ipt("-I", "INPUT", "1", "-i", info.bridge, "-j", chain)
-    log.info("host firewall: %s (%s) may reach this host only at %s%s", info.name, info.bridge,
-             info.gateway, f" tcp/{sorted(set(allowed_ports))}" if allowed_ports else "")
+        log.warning("no ip6tables: IPv6 from %s is not filtered (the network has no IPv6)",
+                    info.name)
+    if ports is None:
+        log.warning("host firewall: %s (%s) may reach EVERY port of this host at %s%s "
+                    "(allow_host_services)", info.name, info.bridge, info.gateway,
+                    f" and {info.gateway6}" if info.gateway6 else "")
+    else:
+        log.info("host firewall: %s (%s) may reach this host only at %s%s tcp/%s", info.name,
+                 info.bridge, info.gateway, f" and {info.gateway6}" if info.gateway6 else "",
+                 what)
     return True

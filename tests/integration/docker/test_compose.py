@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import shlex
-import shutil
 import socket
 import subprocess
 import tarfile
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.integration.docker.conftest import REPO
+from tests.integration.docker.conftest import REPO, host_addresses
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -36,7 +35,7 @@ HOST_GATEWAY = "172.30.120.1"  # the host's address on the sandbox bridge
 VAULT_IP = "172.30.121.5"
 FAKE_IP = "172.30.121.20"
 BRIDGE = "sandgate-sbx"  # com.docker.network.bridge.name of the sandboxes network
-FIREWALL_RULE = ("INPUT", "-i", BRIDGE, "-j", "DROP")  # what the README tells hosts to add
+BASH_TOOL_IP = "172.30.120.11"
 PLACEHOLDER = "sandgate-placeholder-anthropic"
 
 ANTHROPIC_SCRIPT = """
@@ -101,12 +100,6 @@ def _find_compose(build_output: str) -> list[str]:
                 pytrace=False)
 
 
-def _iptables(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("iptables")
-    assert exe, "iptables is needed for the host firewall of the compose sandbox network"
-    return subprocess.run([exe, "-w", *args], capture_output=True, text=True, timeout=30)
-
-
 @pytest.fixture(scope="module")
 def stack(docker_client) -> Iterator[Stack]:  # docker_client: engine + base + sandbox images
     t0 = time.monotonic()
@@ -127,11 +120,8 @@ def stack(docker_client) -> Iterator[Stack]:  # docker_client: engine + base + s
              "SANDGATE_DEMO_OPENAI_KEY": s.openai_key}
     down = ("down", "-v", "--remove-orphans", "--timeout", "5")
     s.run(*down, timeout=180, check=False)  # leftovers of an aborted run
-    added_rule = _iptables("-C", *FIREWALL_RULE).returncode != 0
     try:
-        if added_rule:
-            res = _iptables("-I", *FIREWALL_RULE[:1], "1", *FIREWALL_RULE[1:])
-            assert res.returncode == 0, f"iptables: {res.stderr}"
+        # Nothing is set up on the host by hand: the stack installs its own host firewall.
         t1 = time.monotonic()
         up = s.run("up", "-d", timeout=300, check=False)
         if up.returncode != 0:
@@ -147,8 +137,6 @@ def stack(docker_client) -> Iterator[Stack]:  # docker_client: engine + base + s
         yield s
     finally:
         res = s.run(*down, timeout=180, check=False)
-        if added_rule:
-            _iptables("-D", *FIREWALL_RULE)
         assert res.returncode == 0, f"compose down failed: {s.scrub(res.stderr[-2000:])}"
 
 
@@ -238,31 +226,95 @@ def test_agent_cannot_reach_vault_or_the_outside(stack: Stack) -> None:
 
 
 def test_agent_cannot_reach_the_host(stack: Stack) -> None:
-    """The host firewall rule (README) in place: nothing on the host answers the sandboxes."""
-    with socket.socket() as listener:
-        listener.bind(("0.0.0.0", 0))
+    """No host service answers the sandboxes: not at the bridge's gateway address, not at any
+    other host address, not over IPv6 (the sandboxes have none)."""
+    with socket.socket(socket.AF_INET6) as listener:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 and IPv6
+        listener.bind(("::", 0))
         listener.listen()
         listener.settimeout(0.1)
         port = listener.getsockname()[1]
-        r = stack.exec("agent", "python", "-c",
-                       f"import socket; socket.create_connection(('{HOST_GATEWAY}', {port}), 4)",
-                       timeout=30)
-        assert r.returncode != 0, f"the agent reached a host port at {HOST_GATEWAY}:{port}"
+        targets = [HOST_GATEWAY, *host_addresses()]
+        probe = (
+            "import json, socket, sys\n"
+            "out = {}\n"
+            "for h in sys.argv[2:]:\n"
+            "    try:\n"
+            "        socket.create_connection((h, int(sys.argv[1])), 3).close()\n"
+            "        out[h] = 'REACHED'\n"
+            "    except OSError as e:\n"
+            "        out[h] = 'blocked: ' + type(e).__name__\n"
+            "print(json.dumps(out))\n"
+        )
+        r = stack.exec("agent", "python", "-c", probe, str(port), *targets, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+        reached = {h: v for h, v in json.loads(r.stdout).items() if v == "REACHED"}
+        assert not reached, f"the agent reached a host service at port {port}: {reached}"
         with pytest.raises(TimeoutError):
             listener.accept()
+    v6 = stack.exec("agent", "sh", "-c", "cat /proc/sys/net/ipv6/conf/all/disable_ipv6; "
+                    "cat /proc/net/if_inet6")
+    assert v6.stdout.split() == ["1"], f"the agent has IPv6: {v6.stdout}"
+
+
+def test_sandboxes_cannot_reach_each_other(stack: Stack) -> None:
+    """bash-tool serves on its sandbox address; the agent cannot connect to it."""
+    server = (
+        "import socket, threading, time\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('{BASH_TOOL_IP}', 8000)); s.listen()\n"
+        "def serve():\n"
+        "    while True:\n"
+        "        c, _ = s.accept(); c.sendall(b'hello'); c.close()\n"
+        "threading.Thread(target=serve, daemon=True).start()\n"
+        "c = socket.create_connection(('" + BASH_TOOL_IP + "', 8000), 3)\n"
+        "print('SELF', c.recv(5).decode(), flush=True)\n"
+        "time.sleep(float(__import__('sys').argv[1]))\n"
+    )
+    bash_tool = subprocess.Popen(
+        [*stack.compose, "exec", "-T", "bash-tool", "python3", "-c", server, "25"], cwd=REPO,
+        env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert bash_tool.stdout is not None
+        first = bash_tool.stdout.readline()  # control: the server answers on that address
+        assert first.strip() == "SELF hello", (first, bash_tool.stderr.read()
+                                                if bash_tool.poll() is not None else "")
+        r = stack.exec("agent", "python", "-c",
+                       f"import socket; socket.create_connection(('{BASH_TOOL_IP}', 8000), 4)",
+                       timeout=30)
+        assert r.returncode != 0, "the agent reached a port of the bash-tool sandbox"
+        assert "TimeoutError" in r.stderr or "timed out" in r.stderr, r.stderr[-500:]
+    finally:
+        bash_tool.kill()
+        bash_tool.wait(10)
+
+
+SCAN = """
+import select, socket, sys, time
+host, found = sys.argv[1], []
+ports = list(range(1, 65536))
+for i in range(0, len(ports), 4000):  # non-blocking connects in batches: dropped ports time out
+    pending = {}
+    for port in ports[i:i + 4000]:
+        s = socket.socket(); s.setblocking(False)
+        s.connect_ex((host, port)); pending[s.fileno()] = (s, port)
+    poll, deadline = select.poll(), time.monotonic() + 1.0
+    for fd in pending:
+        poll.register(fd, select.POLLOUT)
+    while pending and time.monotonic() < deadline:
+        for fd, _ in poll.poll(100):
+            s, port = pending.pop(fd); poll.unregister(fd)
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                found.append(port)
+            s.close()
+    for s, _ in pending.values():
+        s.close()
+print(sorted(found))
+"""
 
 
 def test_only_the_proxy_port_is_open_on_the_sandbox_network(stack: Stack) -> None:
-    scan = (
-        "import socket\n"
-        "found = []\n"
-        "for port in range(1, 65536):\n"
-        "    s = socket.socket(); s.settimeout(0.5)\n"
-        f"    if s.connect_ex(('{SANDGATE_IP}', port)) == 0: found.append(port)\n"
-        "    s.close()\n"
-        "print(found)\n"
-    )
-    r = stack.exec("agent", "python", "-c", scan, timeout=120)
+    r = stack.exec("agent", "python", "-c", SCAN, SANDGATE_IP, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[8080]"
 

@@ -158,7 +158,7 @@ def run_client(script: str, payload: dict[str, Any], timeout: float = 240) -> di
     )
     env = {k: v for k, v in os.environ.items()
            if "KEY" not in k and not k.startswith("VAULT") and k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "proxy"), str(REPO)])  # sandgate, tests
     res = subprocess.run([str(CLIENT_PY), "-c", script], input=json.dumps(payload),
                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
     assert res.returncode == 0, (

@@ -136,3 +136,66 @@ def test_stop_is_prompt(docker_client: docker.DockerClient,
     t0 = time.monotonic()
     src.stop()
     assert time.monotonic() - t0 < 3
+
+
+def _container_at(client: docker.DockerClient, network: str, ip: str, identity: str,
+                  name: str) -> str:
+    """A running container with the given identity label at a fixed address of `network`."""
+    api = client.api
+    cid = api.create_container(
+        "sandgate-bash-tool:dev", ["sleep", "infinity"], name=name,
+        labels={TEST_LABEL: SESSION, "sandgate.identity": identity},
+        host_config=api.create_host_config(init=True, network_mode=network,
+                                           cap_drop=["ALL"]),
+        networking_config=api.create_networking_config(
+            {network: api.create_endpoint_config(ipv4_address=ip)}),
+    )["Id"]
+    api.start(cid)
+    return str(cid)
+
+
+def _free_address(client: docker.DockerClient, network: SandboxNetwork) -> str:
+    used = {c["IPv4Address"].split("/")[0]
+            for c in (client.api.inspect_network(network.name).get("Containers") or {}).values()}
+    prefix = network.gateway.rsplit(".", 1)[0]
+    return next(ip for ip in (f"{prefix}.{n}" for n in range(240, 254)) if ip not in used)
+
+
+def test_reused_address_never_inherits_the_old_identity(
+    docker_client: docker.DockerClient, sandbox_network: SandboxNetwork
+) -> None:
+    """Container A (identity old-owner) leaves; container B (new-owner) gets A's very address.
+    While the source's Docker calls are held up (the consumer lagging behind the event stream,
+    simulated with the test hook `_io_gate`), B must not be identified as A: the address is
+    unknown (refused) until B's own labels are read, then it is B's."""
+    net = sandbox_network.name
+    src = DockerLabelSource([net], client=docker_client).start()
+    ip = _free_address(docker_client, sandbox_network)
+    a = _container_at(docker_client, net, ip, "old-owner", f"sandgate-test-reuse-a-{SESSION}")
+    b = None
+    try:
+        old = src.wait_for(ip)
+        assert old is not None and old.identity == "old-owner"
+        src._io_gate.clear()  # from here on the source's calls to Docker wait
+        docker_client.api.remove_container(a, force=True)
+        b = _container_at(docker_client, net, ip, "new-owner", f"sandgate-test-reuse-b-{SESSION}")
+        assert docker_client.api.inspect_container(b)["State"]["Running"]
+        # The address is B's now: whatever the source says, it must not be A's identity.
+        deadline = time.monotonic() + 5
+        seen = src.lookup(ip)
+        while seen is not None and time.monotonic() < deadline:
+            seen = src.lookup(ip)
+            time.sleep(0.02)
+        assert seen is None, f"{ip} (now container B's) is still identified as {seen}"
+        src._io_gate.set()
+        assert src.wait_for(ip) == Caller("new-owner", f"sandgate-test-reuse-b-{SESSION}",
+                                          "docker")
+    finally:
+        src._io_gate.set()
+        src.stop()
+        for cid in (a, b):
+            if cid is not None:
+                try:
+                    docker_client.api.remove_container(cid, force=True)
+                except docker.errors.NotFound:
+                    pass

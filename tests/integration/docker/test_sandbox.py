@@ -145,23 +145,32 @@ def test_refuses_a_network_that_is_not_internal(docker_client: docker.DockerClie
         docker_client.api.remove_network(name)
 
 
-def test_no_route_out_only_the_gateway(sandbox: Sandbox, sandbox_network: SandboxNetwork) -> None:
-    tcp = TcpListener()
+def test_no_route_out_only_the_proxy_port_of_the_gateway(
+    docker_client: docker.DockerClient, make_spec: Spec, sandbox_network: SandboxNetwork
+) -> None:
+    proxy = TcpListener()  # stands in for Sandgate: the port of the sandbox's proxy_url
+    service = TcpListener()  # any other service on the host
     try:
-        host_ips = sorted(set(host_addresses()) - {sandbox_network.gateway})
-        assert host_default_ip() in host_ips
-        targets = [(sandbox_network.gateway, tcp.port, "tcp")]
-        targets += [(ip, tcp.port, "tcp") for ip in host_ips]
-        targets += [("1.1.1.1", 80, "tcp")]  # cannot leave: no NAT, FORWARD drops it
-        results = probe(sandbox, targets)
+        spec = make_spec(proxy_url=f"http://{sandbox_network.gateway}:{proxy.port}")
+        with Sandbox.create(docker_client, spec) as sandbox:
+            host_ips = sorted(set(host_addresses()) - {sandbox_network.gateway})
+            assert host_default_ip() in host_ips
+            targets = [(sandbox_network.gateway, proxy.port, "tcp"),
+                       (sandbox_network.gateway, service.port, "tcp")]
+            targets += [(ip, port, "tcp") for ip in host_ips for port in (proxy.port, service.port)]
+            targets += [("1.1.1.1", 80, "tcp")]  # cannot leave: no NAT, FORWARD drops it
+            results = probe(sandbox, targets)
+            sandbox_ip = sandbox.ip
     finally:
-        tcp.close()
-    gw_key = f"tcp:{sandbox_network.gateway}:{tcp.port}"
-    assert results.pop(gw_key) == "ok:hello-from-host", "control: the gateway must be reachable"
+        proxy.close()
+        service.close()
+    gw_key = f"tcp:{sandbox_network.gateway}:{proxy.port}"
+    assert results.pop(gw_key) == "ok:hello-from-host", "control: the proxy port must be reachable"
     for key, outcome in results.items():
         assert outcome.startswith("fail:"), f"{key} reachable from a sandbox: {outcome}"
-    # the only connection the host saw came from the sandbox to the gateway address
-    assert tcp.peers == [(sandbox.ip, sandbox_network.gateway)]
+    # the only connection the host saw came from the sandbox to the proxy port of the gateway
+    assert proxy.peers == [(sandbox_ip, sandbox_network.gateway)]
+    assert service.peers == []
 
 
 def test_curl_without_proxy_fails(sandbox: Sandbox) -> None:
@@ -187,10 +196,10 @@ def test_udp_goes_nowhere(sandbox: Sandbox, sandbox_network: SandboxNetwork) -> 
         results = probe(sandbox, targets)
     finally:
         udp.close()
-    assert results.pop(f"udp:{sandbox_network.gateway}:{udp.port}") == "ok:pong"  # control
+    # Not even to the gateway: the host accepts only the proxy's TCP port from sandboxes.
     for key, outcome in results.items():
         assert outcome.startswith("fail:"), f"{key}: {outcome}"
-    assert [peer for _, peer in udp.received] == [sandbox.ip]
+    assert udp.received == []
 
 
 def test_sandboxes_cannot_reach_each_other(
