@@ -89,8 +89,10 @@ def test_policy_endpoint(admin):
 def test_explain_is_the_cli_explain(admin, identity, method, url):
     status, doc = admin.post("/v1/explain", {"identity": identity, "method": method, "url": url})
     assert status == 200, doc
-    r = subprocess.run([*SANDGATE, "explain", "--policies", str(admin.policies), "--identity",
-                        identity, method, url], capture_output=True, text=True,
+    # the same --resolve pins as the running proxy: both show the same address step
+    pins = [a for a in admin.proxy.proc.args if str(a).startswith("--resolve=")]
+    r = subprocess.run([*SANDGATE, "explain", "--policies", str(admin.policies), *pins,
+                        "--identity", identity, method, url], capture_output=True, text=True,
                        cwd=str(HERE.parent.parent), env=dict(os.environ), check=False)
     assert json.loads(r.stdout) == doc
 

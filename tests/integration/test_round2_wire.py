@@ -346,6 +346,20 @@ def test_declared_length_over_limit_is_413(vault, pki, upstream, tmp_path):
                  "--data-binary", f"@{small}", "-H", "Expect:")
         assert split_status(r.stdout)[1] == 200
         assert upstream.seen[-1].body == small.read_bytes(), "the body arrived changed"
+        # chunked uploads (no length up front) are measured as they arrive, not refused at the
+        # head: a small one goes through whole, a large one is refused with the same code
+        r = curl(p, "coding-agent", "https://api.anthropic.com/v1/messages",
+                 "--data-binary", f"@{small}", "-H", "Expect:", "-H",
+                 "Transfer-Encoding: chunked")
+        assert split_status(r.stdout)[1] == 200, r.stdout[-300:]
+        assert upstream.seen[-1].body == small.read_bytes(), "the chunked body arrived changed"
+        before = seen_count(upstream)
+        r = curl(p, "coding-agent", "https://api.anthropic.com/v1/messages",
+                 "--data-binary", f"@{big}", "-H", "Expect:", "-H", "Transfer-Encoding: chunked")
+        text, status = split_status(r.stdout)
+        assert status == 413, r.stdout[-300:] + r.stderr
+        assert refusal_doc(text)["code"] == "too_large"
+        assert seen_count(upstream) == before
     finally:
         stop_proxy(p)
 

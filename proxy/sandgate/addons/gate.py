@@ -275,7 +275,9 @@ class Gate:
             rec.reported = True  # forwarded without credentials; audited as `report`
         check_authority(req, info)
         check_upgrade(req)
-        self._check_size(_body_expected(req))
+        declared = _declared_length(req)
+        if declared is not None:  # a chunked body is measured as it is received (request)
+            self._check_size(declared)
 
     def _rejudge_tunnel(self, tunnel: Tunnel, policy: Policy) -> None:
         """A reload happened since the CONNECT: its (deferred) refusal follows the new policy.
@@ -558,6 +560,16 @@ _SMALL_BODY = 64 * 1024
 def _check_wire(req: http.Request) -> None:
     check_head(req.data.method.decode("latin-1"), req.data.path.decode("latin-1"),
                req.headers.fields)
+
+
+def _declared_length(req: http.Request) -> int | None:
+    """The Content-Length the head declares, or None (chunked, or no body announced)."""
+    if "transfer-encoding" in req.headers:
+        return None
+    try:
+        return int(req.headers.get("content-length", "0") or 0)
+    except ValueError:
+        return None  # mitmproxy refuses a malformed length itself (validate_inbound_headers)
 
 
 def _body_expected(req: http.Request) -> int:
