@@ -213,3 +213,54 @@ def test_diff_cli_text_json_and_exit_codes(tmp_path):
     assert json.loads(r.stdout)["changes"] == []
     r = _cli("diff", str(old), str(tmp_path / "missing"), "--traffic", str(log))
     assert r.returncode == 2
+
+
+# --- explain --batch ---------------------------------------------------------------------------
+
+
+BATCH = """\
+# identity method url
+coding-agent POST https://api.anthropic.com/v1/messages
+coding-agent GET https://pypi.org/simple/requests/   # trailing comment
+
+bash-tool POST https://api.anthropic.com/v1/messages
+bash-tool GET
+web-fetch GET not-a-url
+bash-tool CONNECT pypi.org:443
+"""
+
+
+def test_explain_batch_one_json_object_per_request_line(tmp_path):
+    f = tmp_path / "batch.txt"
+    f.write_text(BATCH)
+    r = _cli("explain", "--policies", "policies", "--batch", str(f))
+    assert r.returncode == 1, r.stderr
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [d["line"] for d in docs] == [2, 3, 5, 6, 7, 8]
+    by_line = {d["line"]: d for d in docs}
+    assert by_line[2]["decision"] == "allow" and by_line[2]["rule"] == "anthropic"
+    assert by_line[3]["decision"] == "allow"
+    assert by_line[5]["decision"] == "deny" and by_line[5]["code"] == "no_rule"
+    assert "error" in by_line[6] and "error" in by_line[7]
+    assert by_line[8]["request"] == "CONNECT pypi.org:443" and by_line[8]["passthrough"] is False
+    # The same fields as a single explain.
+    single = _cli("explain", "--policies", "policies", "--identity", "coding-agent", "POST",
+                  "https://api.anthropic.com/v1/messages")
+    assert {k: v for k, v in by_line[2].items() if k != "line"} == json.loads(single.stdout)
+    assert f"{f}:6: malformed" in r.stderr and f"{f}:7: malformed" in r.stderr
+
+
+def test_explain_batch_exit_codes(tmp_path):
+    ok = "coding-agent POST https://api.anthropic.com/v1/messages\n# nothing else\n"
+    r = _cli("explain", "--policies", "policies", "--batch", "-", stdin=ok)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(r.stdout.splitlines()) == 1
+    r = _cli("explain", "--policies", "policies", "--batch", "-",
+             stdin=ok + "coding-agent GET https://example.com/\n")
+    assert r.returncode == 1
+    r = _cli("explain", "--policies", "policies", "--batch", "-", stdin="a GET\n")
+    assert r.returncode == 1 and "-:1: malformed" in r.stderr
+    r = _cli("explain", "--policies", "policies", "--batch", "-", "--identity", "x", stdin=ok)
+    assert r.returncode == 2
+    r = _cli("explain", "--policies", "policies")
+    assert r.returncode == 2 and "--identity" in r.stderr

@@ -259,6 +259,7 @@ def suggest(traffic: AuditTraffic, identities: Collection[str] | None = None,
                     "inside the tunnel was recorded (a passthrough tunnel, or one that carried "
                     "nothing); add a rule by hand if it is needed")
     out.tests.sort()
+    out.notes.sort(key=lambda n: int(n.split(":", 1)[0].removeprefix("line ")))
     return out
 
 
