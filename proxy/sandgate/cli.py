@@ -107,10 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="show the decision for one request")
     explain.add_argument("--policies", type=Path, default=Path("policies"))
-    explain.add_argument("--identity", required=True)
+    explain.add_argument("--identity", help="required unless --batch")
+    explain.add_argument("--batch", type=Path, default=None, metavar="FILE",
+                         help="one request a line, `IDENTITY METHOD URL` (# comments; - for "
+                         "stdin): one JSON object a line")
     resolve_arg(explain)
-    explain.add_argument("method", help="an HTTP method, or CONNECT for a tunnel")
-    explain.add_argument("url", help="an absolute http(s) URL, or host:port after CONNECT")
+    explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
+    explain.add_argument("url", nargs="?",
+                         help="an absolute http(s) URL, or host:port after CONNECT")
 
     token = sub.add_parser("token", help="proxy tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)
@@ -131,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     confdir_arg(ca)
 
     sub.add_parser("schema", help="print the JSON Schema of the policy format")
+
+    from sandgate import traffic_cli
+
+    traffic_cli.add_parsers(sub, resolve_arg)
 
     try:
         from sandgate.sandbox import cli as sandbox_cli
@@ -162,6 +170,8 @@ def _main(argv: Sequence[str] | None) -> int:
         "ca": cmd_ca,
         "canary": cmd_canary,
         "schema": cmd_schema,
+        "diff": cmd_diff,
+        "suggest": cmd_suggest,
     }.get(args.command)
     if getattr(args, "missing_extra", None):
         return _err(args.missing_extra)
@@ -296,6 +306,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         resolve = _resolve(args.resolve)
     except ValueError as e:
         return _err(str(e))
+    if args.batch is not None:
+        from sandgate import traffic_cli
+
+        return traffic_cli.cmd_explain_batch(args, resolve)
+    if not args.identity or not args.method or not args.url:
+        return _err("explain needs --identity NAME METHOD URL (or --batch FILE)")
     try:
         policy = load_policy_dir(args.policies)
     except PolicyError as e:
@@ -307,6 +323,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))
     return 0 if allowed else 1
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from sandgate import traffic_cli
+
+    try:
+        resolve = _resolve(args.resolve)
+    except ValueError as e:
+        return _err(str(e))
+    return traffic_cli.cmd_diff(args, resolve)
+
+
+def cmd_suggest(args: argparse.Namespace) -> int:
+    from sandgate import traffic_cli
+
+    return traffic_cli.cmd_suggest(args)
 
 
 def cmd_token(args: argparse.Namespace) -> int:

@@ -138,6 +138,8 @@ class TestSpec(_Strict):
 
 class PolicyFile(_Strict):
     version: Literal["v1"]
-    secrets: dict[str, SecretSpec] = Field(default_factory=dict)
-    identities: dict[str, IdentitySpec] = Field(default_factory=dict)
-    tests: list[TestSpec] = Field(default_factory=list)
+    # null (an empty `secrets:` key, an identity written without rules) is what the loader
+    # reads as empty; the JSON Schema says so too, so editors accept what `sandgate check` does.
+    secrets: dict[str, SecretSpec] | None = Field(default_factory=dict)
+    identities: dict[str, IdentitySpec | None] | None = Field(default_factory=dict)
+    tests: list[TestSpec] | None = Field(default_factory=list)

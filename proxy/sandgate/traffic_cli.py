@@ -1,0 +1,162 @@
+"""The traffic subcommands of `sandgate`: diff, suggest, and `explain --batch`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+ResolveArg = Callable[[argparse.ArgumentParser], None]
+
+
+def add_parsers(sub: Any, resolve_arg: ResolveArg) -> None:
+    d = sub.add_parser("diff", help="replay recorded traffic against two policy directories and "
+                       "list every decision that changes")
+    d.add_argument("old", type=Path, metavar="OLD_DIR")
+    d.add_argument("new", type=Path, metavar="NEW_DIR")
+    d.add_argument("--traffic", type=Path, required=True, metavar="AUDIT.jsonl",
+                   help="an audit log (JSON lines, as `sandgate run --audit` writes); - for "
+                   "stdin")
+    d.add_argument("--format", choices=("text", "json"), default="text")
+    resolve_arg(d)
+
+    s = sub.add_parser("suggest", help="write a least-privilege policy from recorded traffic")
+    s.add_argument("--from", dest="source", type=Path, required=True, metavar="AUDIT.jsonl",
+                   help="an audit log (JSON lines); - for stdin")
+    s.add_argument("--identity", action="append", default=None, metavar="NAME",
+                   help="only this identity (repeatable; default: every identity recorded)")
+    s.add_argument("--out", type=Path, default=None, metavar="FILE",
+                   help="write the policy here (default: stdout)")
+    s.add_argument("--collapse-deep", action="store_true",
+                   help="collapse 3+ distinct paths under one first segment to "
+                   "/<common prefix>/** (off: `**` is never written)")
+    s.add_argument("--include-refused", action="store_true",
+                   help="also grant requests the recorded policy refused (no_rule, "
+                   "denied_by_rule); default: only what went out (allow, report)")
+
+
+def _open(path: Path) -> Iterator[str]:
+    if str(path) == "-":
+        yield from sys.stdin
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        yield from f
+
+
+def _err(msg: str) -> int:
+    print(f"sandgate: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_diff(args: argparse.Namespace, resolve: Mapping[str, str]) -> int:
+    from sandgate.policy.loader import PolicyError, load_policy_dir
+    from sandgate.policy.traffic import diff, format_diff, read_audit
+
+    policies = []
+    for d in (args.old, args.new):
+        try:
+            policies.append(load_policy_dir(d))
+        except PolicyError as e:
+            print(f"sandgate: {len(e.problems)} problem(s) in {d}:", file=sys.stderr)
+            print(str(e), file=sys.stderr)
+            return 2
+    try:
+        traffic = read_audit(_open(args.traffic), str(args.traffic))
+    except OSError as e:
+        return _err(f"--traffic {args.traffic}: {e.strerror or e}")
+    res = diff(policies[0], policies[1], traffic, resolve)
+    if args.format == "json":
+        doc = {"old": str(args.old), "new": str(args.new), **res.as_dict()}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_diff(res, str(args.old), str(args.new)))
+    return 1 if res.changes else 0
+
+
+def cmd_suggest(args: argparse.Namespace) -> int:
+    from sandgate.policy.suggest import suggest
+    from sandgate.policy.traffic import read_audit
+
+    try:
+        traffic = read_audit(_open(args.source), str(args.source))
+    except OSError as e:
+        return _err(f"--from {args.source}: {e.strerror or e}")
+    s = suggest(traffic, frozenset(args.identity) if args.identity else None,
+                collapse_deep=args.collapse_deep, include_refused=args.include_refused)
+    text = s.yaml(Path(str(args.source)).name)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        try:
+            args.out.write_text(text, encoding="utf-8")
+        except OSError as e:
+            return _err(f"--out {args.out}: {e.strerror or e}")
+    rules = sum(len(r) for r in s.rules.values())
+    print(f"sandgate: {s.used} recorded request(s) -> {len(s.rules)} identities, {rules} "
+          f"rule(s), {len(s.tests)} fixture(s); {len(s.notes)} event(s) not granted"
+          + (" (listed at the end of the file)" if s.notes else ""), file=sys.stderr)
+    if not s.rules:
+        print("sandgate: nothing to grant: no allowed or reported request was recorded"
+              + (" for the identities given" if args.identity else ""), file=sys.stderr)
+        return 1
+    return 0
+
+
+def parse_batch_line(text: str) -> tuple[str, str, str] | None:
+    """`IDENTITY METHOD URL` (a trailing `# comment` allowed); None for a blank or comment
+    line. ValueError says what is wrong with any other line."""
+    body = text.strip()
+    if not body or body.startswith("#"):
+        return None
+    parts = body.split()
+    if len(parts) > 3 and parts[3].startswith("#"):
+        parts = parts[:3]
+    if len(parts) != 3:
+        raise ValueError(f"expected `IDENTITY METHOD URL`, got {len(parts)} field(s)")
+    return parts[0], parts[1], parts[2]
+
+
+def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
+                  out: TextIO, err: TextIO, source: str) -> int:
+    """One JSON object per request line (explain's fields plus `line`); exit 1 if any line is
+    denied (or reported) or malformed."""
+    from sandgate.explain import explain
+
+    failed = False
+    for n, raw in enumerate(lines, 1):
+        try:
+            parsed = parse_batch_line(raw)
+            if parsed is None:
+                continue
+            identity, method, url = parsed
+            doc, allowed = explain(policy, identity, method, url, resolve)
+        except ValueError as e:
+            failed = True
+            msg = f"malformed: {e}"
+            print(f"sandgate: {source}:{n}: {msg}", file=err)
+            out.write(json.dumps({"line": n, "input": raw.rstrip("\r\n"), "error": msg}) + "\n")
+            continue
+        failed = failed or not allowed
+        out.write(json.dumps({"line": n, **doc}) + "\n")
+    return 1 if failed else 0
+
+
+def cmd_explain_batch(args: argparse.Namespace, resolve: Mapping[str, str]) -> int:
+    from sandgate.policy.loader import PolicyError, load_policy_dir
+
+    if args.identity or args.method or args.url:
+        return _err("--batch reads IDENTITY METHOD URL from the file; give no --identity, "
+                    "method or URL with it")
+    try:
+        policy = load_policy_dir(args.policies)
+    except PolicyError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    try:
+        return explain_batch(policy, _open(args.batch), resolve, sys.stdout, sys.stderr,
+                             str(args.batch))
+    except OSError as e:
+        return _err(f"--batch {args.batch}: {e.strerror or e}")
