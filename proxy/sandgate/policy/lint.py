@@ -71,7 +71,7 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = ()) -> list
         base: Loc = ("identities", ident.name)
         for k, rule in enumerate(ident.rules):
             used |= rule.secrets
-            out += _rule_findings(trees, ident, k, rule, (*base, "rules", k))
+            out += _rule_findings(trees, ident, k, rule, rule.where or (*base, "rules", k))
         if ident.name not in tested:
             out.append(trees.finding(
                 ident.source.file, base,
@@ -86,7 +86,17 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = ()) -> list
                 f"secret '{name}' is declared but never referenced by any rule",
                 f"use it in a rule's inject (`{{{{ secrets.{name} }}}}`) or substitute, or "
                 "remove it"))
+    used_templates = {r.where[1] for i in policy.identities.values() for r in i.rules
+                      if r.where[:1] == ("templates",)}
+    for tname, tsrc in policy.templates.items():
+        if tname not in used_templates:
+            out.append(trees.finding(
+                tsrc.file, ("templates", tname),
+                f"template '{tname}' is never used: no identity names it in `use:`",
+                f"add `use: [{tname}]` to the identities that need its rules, or remove it"))
     out += _template_looking(trees)
+    # A template's rule is checked once per identity using it; say it once.
+    out = list(dict.fromkeys(out))
     order = {f: i for i, f in enumerate(policy.files)}
     out.sort(key=lambda f: (order.get(f.file, len(order)), f.line, f.field))
     return out
@@ -137,7 +147,7 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
         out.append(trees.finding(file, (*loc, *sub), message, fix))
 
     for j, hp in enumerate(rule.hosts):
-        why = overbroad_wildcard(hp.suffix) if hp.wildcard else None
+        why = overbroad_wildcard(hp.suffix) if hp.wildcard and not rule.public else None
         if why is not None:  # on a rule with secrets this is a load error
             add(("hosts", j), f"{why}; rule '{rule.name}' reaches all of them",
                 "name the exact hosts, or a wildcard under a domain one owner controls "
@@ -155,7 +165,7 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
         hider = shadowing_rule(ident.rules, k)
         if hider is not None:
             add((), f"rule '{rule.name}' never applies: earlier allow rule '{hider.name}' "
-                f"(line {hider.source.line}) matches every request it matches (the first "
+                f"({_where(hider, rule)}) matches every request it matches (the first "
                 "matching allow rule wins)",
                 f"remove rule '{rule.name}', or move it above '{hider.name}' if it is meant "
                 "to decide (it will when it injects)")
@@ -215,8 +225,14 @@ def _scalars(node: yaml.Node, loc: Loc) -> Iterable[tuple[Loc, yaml.ScalarNode]]
 
 
 def _in_inject(loc: Loc) -> bool:
-    return (len(loc) > 5 and loc[0] == "identities" and loc[2] == "rules"
-            and loc[4] == "inject")
+    return ((len(loc) > 5 and loc[0] == "identities" and loc[2] == "rules"
+             and loc[4] == "inject")
+            or (len(loc) > 4 and loc[0] == "templates" and loc[3] == "inject"))
+
+
+def _where(r: Rule, here: Rule) -> str:
+    """Where rule `r` is, as seen from a finding about rule `here`."""
+    return f"line {r.source.line}" if r.source.file == here.source.file else str(r.source)
 
 
 def findings_from_error(e: PolicyError) -> list[Finding]:
