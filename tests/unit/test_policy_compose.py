@@ -135,6 +135,19 @@ def test_public_rule_lints_clean(tmp_path):
     assert lint_dir(tmp_path) == []
 
 
+def test_lint_warns_about_rules_after_a_public_rule(tmp_path):
+    write(tmp_path, {"p.yaml": "version: v1\nidentities:\n  a:\n    rules:\n"
+                     "      - {name: web, public: true, methods: [GET]}\n"
+                     "      - {name: wiki, hosts: [wiki.corp.test], private_cidrs: [10.0.0.0/8]}\n"
+                     "      - {name: up, hosts: [up.example.com], methods: [POST]}\n"
+                     "tests:\n  - {identity: a, request: GET https://example.org/, "
+                     "expect: allow}\n"})
+    (f,) = lint_dir(tmp_path)
+    assert (f.line, f.field) == (6, "identities.a.rules[1]")
+    assert "comes after `public: true` rule 'web' (line 5)" in f.message
+    assert "last" in f.fix
+
+
 def test_shipped_policies_still_check_and_lint_strict(capsys):
     root = Path(__file__).parents[2] / "policies"
     assert cli_main(["check", str(root)]) == 0

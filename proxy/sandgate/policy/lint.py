@@ -169,6 +169,16 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
                 "matching allow rule wins)",
                 f"remove rule '{rule.name}', or move it above '{hider.name}' if it is meant "
                 "to decide (it will when it injects)")
+    if rule.action == "allow" and not rule.public:
+        pub = next((p for p in ident.rules[:k] if p.public and p.action == "allow"
+                    and _may_overlap(p, rule)), None)
+        if pub is not None and shadowing_rule(ident.rules, k) is None:
+            add((), f"rule '{rule.name}' comes after `public: true` rule '{pub.name}' "
+                f"({_where(pub, rule)}), which matches every host: requests both match are "
+                f"decided by '{pub.name}' (first matching allow wins), so they get its limits, "
+                "none of this rule's secrets, and a refusal for non-public addresses",
+                f"move rule '{pub.name}' below the rules that name hosts (a `public: true` "
+                "rule is meant to come last)")
     if rule.action == "deny" and not any(_deny_reaches(rule, a) for a in ident.rules):
         add((), f"deny rule '{rule.name}' never applies: no allow rule of identity "
             f"'{ident.name}' matches its hosts on its schemes, ports and methods (ports "
@@ -177,6 +187,13 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
             "give it the hosts, schemes and ports of the allow rule it should cut (e.g. "
             "`ports: [8443]` when that rule has them), or remove it")
     return out
+
+
+def _may_overlap(a: Rule, b: Rule) -> bool:
+    """Can some inspected request match both (schemes, ports, methods; hosts assumed)?"""
+    return (not a.passthrough and not b.passthrough and bool(a.schemes & b.schemes)
+            and bool(a.ports & b.ports)
+            and (a.methods is None or b.methods is None or bool(a.methods & b.methods)))
 
 
 def _deny_reaches(deny: Rule, allow: Rule) -> bool:
