@@ -15,7 +15,15 @@ into finitely many cells that every rule treats alike:
   `x.suffix` that equals no exact host. Any other host matches exactly the same patterns as one
   of these (the wildcards it matches are the suffixes of its longest matched one), or none;
 * schemes and ports: those the rules name (a request on any other matches no rule);
-* methods: those the rules name, plus one fresh method that stands for all the others.
+* methods: those the rules name, plus one fresh method that stands for all the others;
+* `public: true` rules: their host pattern is a wildcard over every host (model.ANY_PUBLIC_HOST),
+  whose witness is a fresh host that no other pattern matches;
+* `query:` constraints: for each constrained parameter name, each value a rule names, or the
+  parameter left out, which stands for every other value, a repeated or re-spelled parameter
+  and an unreadable query (no constraint matches any of them). Beyond MAX_QUERY_CELLS cells the
+  claim is reported as not proved.
+
+`max_request_bytes` is compared per pair of deciding rules, like secrets and private ranges.
 
 Inside a cell only the path varies. Paths are normalised (sandgate.policy.paths) before they are
 matched, so each glob is a regular language over normalised paths (glob_regex writes it as a
