@@ -70,7 +70,11 @@ def _host(raw: str) -> str | None:
         return None
 
 
-def _l7_matches(rule: Rule, scheme: str, host: str, port: int, method: str, path: str) -> bool:
+Query = tuple[tuple[str, str], ...] | None
+
+
+def _l7_matches(rule: Rule, scheme: str, host: str, port: int, method: str, path: str,
+                query: Query) -> bool:
     return (
         not rule.passthrough
         and scheme in rule.schemes
@@ -78,6 +82,7 @@ def _l7_matches(rule: Rule, scheme: str, host: str, port: int, method: str, path
         and (rule.methods is None or method in rule.methods)
         and rule.matches_host(host)
         and (rule.paths is None or any(p.matches(path) for p in rule.paths))
+        and rule.matches_query(query)
     )
 
 
@@ -98,7 +103,7 @@ def decide(policy: Policy, identity: str, req: RequestInfo) -> Decision:
 
     allow: Rule | None = None
     for rule in ident.rules:
-        if not _l7_matches(rule, scheme, host, req.port, method, path):
+        if not _l7_matches(rule, scheme, host, req.port, method, path, req.query):
             continue
         if rule.action == "deny":
             return Decision(
@@ -117,7 +122,7 @@ def decide(policy: Policy, identity: str, req: RequestInfo) -> Decision:
     return Decision(
         False, Code.NO_RULE,
         f"identity '{identity}' has no rule allowing {target}",
-        hint=_no_rule_hint(ident, scheme, host, req.port, method, path),
+        hint=_no_rule_hint(ident, scheme, host, req.port, method, path, req.query),
     )
 
 
@@ -136,7 +141,7 @@ def decide_connect(policy: Policy, identity: str, host: str, port: int) -> Decis
     for r in reach:
         if r.action != "deny":
             continue
-        if r.methods is None and r.paths is None:
+        if r.methods is None and r.paths is None and not r.query:
             return Decision(
                 False, Code.DENIED_BY_RULE,
                 f"deny rule '{r.name}' of identity '{identity}' matches {target}", rule=r,
@@ -170,7 +175,7 @@ def decide_connect(policy: Policy, identity: str, host: str, port: int) -> Decis
     return Decision(
         False, Code.NO_RULE,
         f"identity '{identity}' has no rule allowing {target}",
-        hint=_no_rule_hint(ident, "https", h, port, None, None),
+        hint=_no_rule_hint(ident, "https", h, port, None, None, ()),
     )
 
 
@@ -180,7 +185,7 @@ def _names(values: Iterable[object]) -> str:
 
 
 def _no_rule_hint(ident: Identity, scheme: str, host: str, port: int, method: str | None,
-                  path: str | None) -> str:
+                  path: str | None, query: Query) -> str:
     """What the identity's rules for this host do allow, and a rule that would allow this."""
     notes: list[str] = []
     for r in ident.rules:
@@ -200,6 +205,8 @@ def _no_rule_hint(ident: Identity, scheme: str, host: str, port: int, method: st
         if path is not None and r.paths is not None and not any(
                 p.matches(path) for p in r.paths):
             limits.append(f"paths {', '.join(p.text for p in r.paths)}")
+        if method is not None and not r.matches_query(query):
+            limits.append(_query_limit(r, query))
         if limits:
             notes.append(f"rule '{r.name}' allows this host for {'; '.join(limits)}")
     parts = [f"hosts: [{_yaml_host(host)}]"]
@@ -215,6 +222,25 @@ def _no_rule_hint(ident: Identity, scheme: str, host: str, port: int, method: st
     snippet = f"- {{name: {name}, {', '.join(parts)}}}"
     prefix = ("; ".join(notes) + ". ") if notes else "no rule of this identity names this host. "
     return f"{prefix}To allow it, add under identities.{ident.name}.rules: {snippet}"
+
+
+def _query_limit(r: Rule, query: Query) -> str:
+    """Which `query:` constraint of the rule the request misses, and why."""
+    for name, allowed in r.query:
+        values = sorted({v for n, v in query or () if n == name})
+        want = f"query {name}={'|'.join(sorted(allowed))}"
+        if query is None:
+            return (f"{want} (this query cannot be read unambiguously: a ';', '#', '+' or a "
+                    "malformed %-escape)")
+        if not values:
+            return f"{want} (the request has no {name})"
+        if len(values) > 1:
+            return f"{want} (the request gives {name} more than once, with different values)"
+        if any(n != name and n.casefold() == name.casefold() for n, _ in query):
+            return f"{want} (the request also spells {name} with other letter case)"
+        if values[0] not in allowed:
+            return f"{want}"
+    return "query"
 
 
 def _yaml_host(host: str) -> str:
@@ -248,7 +274,8 @@ def judge_address(d: Decision, host: str, port: int,
     if ips is None:
         return d, ADDRESS_UNCHECKED
     try:
-        target = choose_address(host, port, ips, d.rule.private_cidrs)
+        target = choose_address(host, port, ips, d.rule.private_cidrs,
+                                only_public=d.rule.public)
     except AddressRefused as e:
         return Decision(
             False, e.code, e.reason, rule=d.rule, hint=e.hint,
@@ -301,4 +328,5 @@ def judge(policy: Policy, identity: str, method: str, target: str,
         return Verdict(f"CONNECT {shown}", d, note, True)
     req = parse_url(method, target)
     d, note = judge_address(decide(policy, identity, req), req.host, req.port, overrides)
-    return Verdict(f"{req.method} {req.target}", d, note, False)
+    query = target.partition("#")[0].partition("?")[2]  # shown as given (parsed by parse_url)
+    return Verdict(f"{req.method} {req.target}{'?' + query if query else ''}", d, note, False)

@@ -56,4 +56,9 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         out["placeholders_honoured"] = sorted(d.rule.secrets)
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
+        if d.allowed and d.rule.max_request_bytes is not None:
+            out["max_request_bytes"] = d.rule.max_request_bytes  # the proxy's limit may be lower
+        if d.rule.public:
+            out["public"] = ("any host that resolves only to public addresses: the proxy "
+                             "refuses the host if any of its addresses is non-public")
     return out, d.allowed

@@ -150,15 +150,29 @@ def choose_address(
     candidates: Sequence[IPAddress],
     allowed: Iterable[IPNetwork],
     self_addresses: Iterable[tuple[IPAddress, int]] = (),
+    only_public: bool = False,
 ) -> DialTarget:
     """Pick the first candidate that may be dialled; refuse when none may.
 
     A non-public address is allowed only when it lies in one of `allowed` (the matching rule's
-    `private_cidrs`); the proxy's own listening sockets are never allowed.
+    `private_cidrs`); the proxy's own listening sockets are never allowed. `only_public` (a
+    `public: true` rule): the host must resolve only to public addresses; one non-public
+    address among them refuses the host.
     """
     allowed = tuple(allowed)
     selves = tuple(self_addresses)
     reasons: list[str] = []
+    if only_public:
+        inside = [f"{unmap(ip)} is {kind}" for ip in candidates
+                  if (kind := classify(unmap(ip))) is not None]
+        if inside:
+            raise AddressRefused(
+                Code.INTERNAL_ADDRESS,
+                f"{host} resolves to a non-public address ({'; '.join(inside)}); the matching "
+                "rule allows only hosts that resolve only to public addresses (public: true)",
+                hint="a rule that names this host (and, if it is meant to be reachable, its "
+                "range in private_cidrs) is needed",
+            )
     for raw in candidates:
         ip = unmap(raw)
         if _is_self(ip, port, selves):

@@ -39,7 +39,8 @@ class RequestInfo:
 
     `host` is already normalised (see sandgate.policy.hosts.normalise_host); `path` is the raw
     request path without the query string: the decision normalises it itself so that every
-    consumer judges the same spelling the same way.
+    consumer judges the same spelling the same way. `query` is the query string's parameters,
+    decoded once by `parse_query` (None: present but not readable unambiguously).
     """
 
     scheme: str  # "https" or "http"
@@ -47,10 +48,63 @@ class RequestInfo:
     port: int
     method: str  # upper case
     path: str
+    query: tuple[tuple[str, str], ...] | None = ()
 
     @property
     def target(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}{self.path}"
+
+
+_HEXDIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def _decode_component(raw: str) -> str | None:
+    """%XX escapes decoded exactly once, as UTF-8; None when that is not unambiguous: a
+    malformed escape, bytes that are not UTF-8, or a '+' (a space to form decoders, a plus to
+    RFC 3986 ones: servers disagree)."""
+    if "+" in raw:
+        return None
+    if "%" not in raw:
+        return raw
+    out = bytearray()
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c == "%":
+            hx = raw[i + 1 : i + 3]
+            if len(hx) != 2 or not all(h in _HEXDIGITS for h in hx):
+                return None
+            out.append(int(hx, 16))
+            i += 3
+        else:
+            out += c.encode("utf-8")
+            i += 1
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def parse_query(raw: str) -> tuple[tuple[str, str], ...] | None:
+    """The query string's parameters as (name, value) pairs, each decoded once; the one query
+    parser (parse_url and parse_proxied both use it). `a&b=` gives ("a", "") and ("b", "");
+    empty pieces are skipped. None when some server could read it differently from this
+    parser: a ';' (an old separator), a '#', or a name or value that does not decode
+    unambiguously (see _decode_component). Rules with `query:` never match None."""
+    if not raw:
+        return ()
+    if ";" in raw or "#" in raw:
+        return None
+    out: list[tuple[str, str]] = []
+    for piece in raw.split("&"):
+        if not piece:
+            continue
+        name, _, value = piece.partition("=")
+        dn, dv = _decode_component(name), _decode_component(value)
+        if dn is None or dv is None:
+            return None
+        out.append((dn, dv))
+    return tuple(out)
 
 
 def _bad(reason: str) -> BadRequest:
@@ -104,7 +158,8 @@ def parse_url(method: str, url: str) -> RequestInfo:
     path = parts.path or "/"
     if not path.startswith("/"):
         raise _bad(f"URL {url!r} has a relative path")
-    return RequestInfo(scheme=scheme, host=host, port=port, method=m, path=path)
+    return RequestInfo(scheme=scheme, host=host, port=port, method=m, path=path,
+                       query=parse_query(parts.query))
 
 
 def _host(raw: str, what: str) -> str:
@@ -140,8 +195,8 @@ def parse_proxied(scheme: str, host: str, port: int, method: str, path_and_query
         if hh_host != h or hh_port != port:
             raise _bad(f"the Host header ({host_header[:100]}) disagrees with the request "
                        f"target ({h}:{port})")
-    path = path_and_query.split("?", 1)[0]
-    return RequestInfo(scheme, h, port, parse_method(method), path)
+    path, _, query = path_and_query.partition("?")
+    return RequestInfo(scheme, h, port, parse_method(method), path, parse_query(query))
 
 
 def check_tunnel(info: RequestInfo, tunnel_host: str, tunnel_port: int, tls: bool,

@@ -20,7 +20,7 @@ ROOT = Path(__file__).parents[2]
                                                        "/simple/")),
         ("get", "https://PyPI.org.", RequestInfo("https", "pypi.org", 443, "GET", "/")),
         ("POST", "http://example.com/a?b=c#d", RequestInfo("http", "example.com", 80, "POST",
-                                                           "/a")),
+                                                           "/a", (("b", "c"),))),
         ("GET", "https://example.com:8443/x%2F..", RequestInfo("https", "example.com", 8443,
                                                               "GET", "/x%2F..")),
         ("GET", "http://[::1]:8080/", RequestInfo("http", "::1", 8080, "GET", "/")),

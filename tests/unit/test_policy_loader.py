@@ -97,6 +97,55 @@ BROKEN = [
     ("test_inject_undeclared.yaml", 9, "tests[0].inject[0]", "secret 'ss' is not declared"),
     ("test_connect_bad.yaml", 7, "tests[0].request", "CONNECT host:port"),
     ("test_passthrough_not_connect.yaml", 7, "tests[0].passthrough", "CONNECT"),
+    # public: true
+    ("public_and_hosts.yaml", 7, "identities.a.rules[0].public", "not both"),
+    ("public_inject.yaml", 10, "identities.a.rules[0].inject", "cannot inject credentials"),
+    ("public_substitute.yaml", 9, "identities.a.rules[0].substitute",
+     "cannot substitute credentials"),
+    ("public_passthrough.yaml", 7, "identities.a.rules[0].passthrough",
+     "cannot be passthrough"),
+    ("public_private_cidrs.yaml", 7, "identities.a.rules[0].private_cidrs",
+     "cannot have private_cidrs"),
+    # query:
+    ("query_no_values.yaml", 8, "identities.a.rules[0].query.service", "lists no values"),
+    ("query_bad_name.yaml", 8, "identities.a.rules[0].query.a&b", "not a plain name"),
+    ("query_deny.yaml", 9, "identities.a.rules[1].query", "deny rule cannot match on `query`"),
+    ("query_passthrough.yaml", 8, "identities.a.rules[0].passthrough", "cannot also set query"),
+    # max_request_bytes
+    ("max_bytes_bad.yaml", 8, "identities.a.rules[0].max_request_bytes",
+     "'1.5m' is not a size"),
+    ("max_bytes_zero.yaml", 7, "identities.a.rules[0].max_request_bytes", "0 is not a size"),
+    ("max_bytes_deny.yaml", 10, "identities.a.rules[1].max_request_bytes",
+     "on a deny rule limits nothing"),
+    # templates and use:
+    ("template_unknown.yaml", 7, "identities.a.use[1]", "unknown template 'git-raed'"),
+    ("template_used_twice.yaml", 9, "identities.a.use[1]", "already used by identity 'a'"),
+    ("template_not_list.yaml", 3, "templates.git-read", "must be a list of rules"),
+    ("template_bad_rule.yaml", 5, "templates.wide[1].hosts[0]", "'*'"),
+    ("template_undeclared_secret.yaml", 8, "templates.git[0].substitute[0]",
+     "secret 'gth' is not declared"),
+    ("template_rule_name_clash.yaml", 10, "identities.a.rules[1].name",
+     "rule name 'refs' is used twice"),
+    ("template_shadowed_inject.yaml", 11, "identities.a.use[1]",
+     "rule 'push' of template 'push'"),
+    ("template_own_rule_shadowed.yaml", 11, "identities.a.rules[0]",
+     "earlier allow rule 'any-github'"),
+]
+
+# Problems only several files make: (fixture dir in broken_multi/, file, line, field, fragment,
+# the other place the message names)
+BROKEN_MULTI = [
+    ("mode_twice", "b.yaml", 5, "identities.x.mode", "`mode` of identity 'x' is also set",
+     "a.yaml:4"),
+    ("description_twice", "b.yaml", 5, "identities.x.description", "`description` of identity",
+     "a.yaml:4"),
+    ("narrower_than_twice", "b.yaml", 4, "identities.x.narrower_than",
+     "`narrower_than` of identity", "a.yaml:4"),
+    ("rule_name_across_files", "b.yaml", 6, "identities.x.rules[1].name",
+     "rule name 'r' is used twice", "a.yaml:5"),
+    ("template_twice", "b.yaml", 4, "templates.t", "template 't' is also defined", "a.yaml:3"),
+    ("passthrough_across_files", "a.yaml", 5, "identities.x.rules[0].passthrough",
+     "tunnels the CONNECT", "b.yaml:5"),
 ]
 
 
@@ -124,6 +173,33 @@ def test_every_broken_fixture_is_in_the_table():
     assert {p.name for p in (FIX / "broken").iterdir()} == {b[0] for b in BROKEN}
 
 
+@pytest.mark.parametrize(("name", "file", "line", "field", "fragment", "other"), BROKEN_MULTI,
+                         ids=[b[0] for b in BROKEN_MULTI])
+def test_broken_across_files(name, file, line, field, fragment, other):
+    d = FIX / "broken_multi" / name
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(d)
+    (p,) = ei.value.problems
+    assert (p.file, p.line, p.field) == (str(d / file), line, field)
+    assert fragment in p.message and str(d / other) in p.message
+    assert p.fix and str(p).startswith(f"{d / file}:{line}: ")
+
+
+def test_every_broken_multi_fixture_is_in_the_table():
+    assert {p.name for p in (FIX / "broken_multi").iterdir()} == {b[0] for b in BROKEN_MULTI}
+
+
+def test_template_shadow_names_the_template_rule():
+    (p,) = _problems([FIX / "broken" / "template_shadowed_inject.yaml"])
+    assert "template_shadowed_inject.yaml:8" in p.message  # where rule 'push' is written
+    assert "rule 'any-github'" in p.message
+
+
+def test_unknown_template_fix_suggests_name():
+    (p,) = _problems([FIX / "broken" / "template_unknown.yaml"])
+    assert "did you mean 'git-read'?" in p.fix
+
+
 def test_vault_without_data_fix_mentions_kv_v1():
     (p,) = _problems([FIX / "broken" / "vault_no_data.yaml"])
     assert "kv_version: 1" in p.fix and "mount" in p.fix
@@ -144,14 +220,11 @@ def test_yaml_alias_fix_says_quote():
     assert "'*.example.com'" in p.fix
 
 
-def test_duplicate_identity_across_files_names_both():
-    problems = _problems([FIX / "dup_identity" / "one.yaml", FIX / "dup_identity" / "two.yaml"])
-    assert len(problems) == 1
-    p = problems[0]
-    assert (p.file, p.line, p.field) == (str(FIX / "dup_identity" / "two.yaml"), 6,
-                                         "identities.shared")
-    assert f"{FIX / 'dup_identity' / 'one.yaml'}:3" in p.message
-    assert f"{FIX / 'dup_identity' / 'two.yaml'}:6" in p.fix
+def test_identity_in_two_files_merges():
+    pol = load_policy_files([FIX / "dup_identity" / "one.yaml", FIX / "dup_identity" / "two.yaml"])
+    assert set(pol.identities) == {"shared", "other"}
+    assert pol.identities["shared"].source == pol.identities["shared"].source.__class__(
+        str(FIX / "dup_identity" / "one.yaml"), 3)
 
 
 def test_duplicate_secret_across_files_names_both():
@@ -177,9 +250,8 @@ def test_all_errors_collected_across_files(tmp_path):
         ("a.yaml", 5, "identities.a.rules[0].hosts[0]"),  # checked despite the unknown key
         ("a.yaml", 6, "identities.a.rules[1].ports[0]"),
         ("b.yaml", 3, "secrets.s.vault"),
-        ("c.yml", 3, "identities.a"),
     }
-    assert len(str(ei.value).splitlines()) == 5
+    assert len(str(ei.value).splitlines()) == 4
 
 
 def test_empty_and_missing_directory(tmp_path):
@@ -271,9 +343,15 @@ def test_template_whitespace_optional(tmp_path):
 def test_json_schema():
     schema = policy_json_schema()
     assert schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"version", "secrets", "identities", "tests"}
+    assert set(schema["properties"]) == {"version", "secrets", "templates", "identities",
+                                         "tests"}
     assert schema["$defs"]["RuleSpec"]["additionalProperties"] is False
-    assert "hosts" in schema["$defs"]["RuleSpec"]["required"]
+    assert schema["$defs"]["RuleSpec"]["required"] == ["name"]  # hosts, or public: true
+    rule = schema["$defs"]["RuleSpec"]["properties"]
+    for key in ("public", "query", "max_request_bytes"):
+        assert rule[key]["description"]
+    assert schema["$defs"]["IdentitySpec"]["properties"]["use"]["description"]
+    assert schema["properties"]["templates"]["description"]
 
 
 # --- soundness: load errors for policies that would not do what they say --------------------

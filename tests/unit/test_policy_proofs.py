@@ -36,7 +36,7 @@ from sandgate.policy.proofs import (
     prove_secret_hosts,
     raw_path,
 )
-from sandgate.request import RequestInfo, parse_url
+from sandgate.request import RequestInfo, parse_query, parse_url
 
 ROOT = Path(__file__).parents[2]
 
@@ -90,9 +90,15 @@ def check_counterexample(pol: Policy, narrow: str, other: str, res: ProofResult)
     if do.allowed:
         assert do.rule is not None
         assert not (dn.rule.secrets <= do.rule.secrets
-                    and cidrs_covered(dn.rule.private_cidrs, do.rule.private_cidrs))
+                    and cidrs_covered(dn.rule.private_cidrs, do.rule.private_cidrs)
+                    and limit_ok(dn.rule.max_request_bytes, do.rule.max_request_bytes))
     else:
         assert do.reason in str(res)
+
+
+def limit_ok(narrow: int | None, other: int | None) -> bool:
+    """Every body size the narrow rule lets through, the other rule does."""
+    return other is None or (narrow is not None and narrow <= other)
 
 
 # --- the shipped policy -----------------------------------------------------------------------
@@ -487,10 +493,96 @@ def test_host_witnesses_cover_every_class(pats, labels, base):
 
 # --- the proof agrees with decide() on random policies -----------------------------------------
 
+# --- public: true, query: and max_request_bytes ----------------------------------------------
+
+
+def test_public_where_other_names_hosts_is_refuted(tmp_path):
+    res = narrower(tmp_path, "      - {name: w, public: true, methods: [GET]}\n",
+                   "      - {name: r, hosts: ['*.example.com', pypi.org], methods: [GET]}\n")
+    assert not res.ok and res.counterexample == "GET https://x:443/"
+
+
+def test_public_narrower_than_public_proves(tmp_path):
+    assert narrower(tmp_path, "      - {name: w, public: true, methods: [GET]}\n"
+                    "      - {name: p, hosts: [pypi.org], methods: [HEAD]}\n",
+                    "      - {name: w, public: true}\n").ok
+    res = narrower(tmp_path, "      - {name: w, public: true}\n",
+                   "      - {name: w, public: true, methods: [GET]}\n")
+    assert not res.ok and res.counterexample is not None
+    assert res.counterexample.split()[0] != "GET"
+
+
+def test_named_private_host_is_not_covered_by_public(tmp_path):
+    res = narrower(tmp_path, "      - {name: i, hosts: [wiki.corp.test], private_cidrs: "
+                   "[10.0.0.0/8]}\n", "      - {name: w, public: true}\n")
+    assert not res.ok and "private_cidrs" in str(res)
+
+
+QN = "      - {name: q, hosts: [git.example.com], query: {service: [git-upload-pack]}}\n"
+
+
+def test_query_equal_proves_and_wider_is_refuted(tmp_path):
+    assert narrower(tmp_path, QN, QN).ok
+    both = QN.replace("[git-upload-pack]", "[git-upload-pack, git-receive-pack]")
+    res = narrower(tmp_path, both, QN)
+    assert not res.ok
+    assert res.counterexample == "GET https://git.example.com:443/?service=git-receive-pack"
+
+
+def test_no_query_where_other_needs_one_is_refuted(tmp_path):
+    res = narrower(tmp_path, "      - {name: q, hosts: [git.example.com]}\n", QN)
+    assert not res.ok and res.counterexample == "GET https://git.example.com:443/"
+
+
+def test_query_with_two_names_and_encoded_values(tmp_path):
+    other = ("      - {name: q, hosts: [h.example.com], query: {a: ['x y', 'p+q'], "
+             "b: ['1']}}\n")
+    assert narrower(tmp_path, other.replace("'x y', ", ""), other).ok
+    res = narrower(tmp_path, other.replace("b: ['1']", "b: ['1', '2']"), other)
+    assert not res.ok and "b=2" in (res.counterexample or "")
+    assert not narrower(tmp_path, other.replace(", b: ['1']", ""), other).ok
+
+
+def test_query_gives_secret_by_query(tmp_path):
+    other = ("      - {name: q, hosts: [h.example.com], query: {s: [a]}, substitute: [tok]}\n"
+             "      - {name: any, hosts: [h.example.com]}\n")
+    assert narrower(tmp_path, other, other).ok
+    res = narrower(tmp_path, "      - {name: q, hosts: [h.example.com], substitute: [tok]}\n",
+                   other)
+    assert not res.ok and "binds" in str(res)
+
+
+def test_too_many_query_cells_is_not_proved(tmp_path):
+    values = ", ".join(f"v{i}" for i in range(70))
+    rule = f"      - {{name: q, hosts: [h.example.com], query: {{a: [{values}], b: [{values}]}}}}\n"
+    pol = load(tmp_path, f"  n:\n    narrower_than: o\n    rules:\n{rule}  o:\n    rules:\n{rule}")
+    [res] = prove(pol)
+    assert not res.ok and res.counterexample is None
+    assert "not proved" in str(res) and "query" in str(res)
+    assert str(res.source).endswith("p.yaml:6")  # located: where the identity is
+
+
+@pytest.mark.parametrize(("narrow", "other", "ok"), [
+    ("1k", "1k", True), ("1k", "2k", True), ("1k", None, True),
+    ("2k", "1k", False), (None, "1k", False), (None, None, True),
+])
+def test_max_request_bytes(tmp_path, narrow, other, ok):
+    def rule(limit: str | None) -> str:
+        extra = f", max_request_bytes: {limit}" if limit else ""
+        return f"      - {{name: r, hosts: [up.example.com], methods: [POST]{extra}}}\n"
+
+    res = narrower(tmp_path, rule(narrow), rule(other))
+    assert res.ok is ok
+    if not ok:
+        assert "max_request_bytes" in str(res)
+
+
 R_HOSTS = ["a.example.com", "x.example.com", "example.com", "*.example.com", "*.a.example.com",
            "other.org"]
 R_GLOBS = ["/", "/**", "/a", "/a/**", "/a/*", "/*", "/*/b", "/a*", "/a/", "/**/b", "/b/**/a"]
 R_METHODS = ["GET", "POST", "HEAD"]
+R_QUERIES = [{"service": ["a"]}, {"service": ["a", "b"]}, {"q": ["x"]},
+             {"service": ["b"], "q": ["x"]}]
 
 
 @st.composite
@@ -506,6 +598,11 @@ def rule_specs(draw: Any, i: int) -> dict[str, Any]:
         if draw(st.booleans()):
             spec["private_cidrs"] = [draw(st.sampled_from(["10.0.0.0/8", "10.0.0.0/9"]))]
         return spec
+    if action == "allow" and draw(st.integers(0, 6)) == 0:
+        del spec["hosts"]
+        spec["public"] = True
+    if action == "allow" and draw(st.integers(0, 3)) == 0:
+        spec["query"] = draw(st.sampled_from(R_QUERIES))
     if draw(st.booleans()):
         spec["methods"] = draw(st.lists(st.sampled_from(R_METHODS), min_size=1, max_size=2,
                                         unique=True))
@@ -515,11 +612,11 @@ def rule_specs(draw: Any, i: int) -> dict[str, Any]:
     if draw(st.integers(0, 3)) == 0:
         spec["ports"] = draw(st.lists(st.sampled_from([443, 8443]), min_size=1, unique=True))
     secrets = draw(st.lists(st.sampled_from(["s1", "s2"]), max_size=2, unique=True))
-    if action == "allow" and secrets:
+    if action == "allow" and secrets and not spec.get("public"):
         spec["substitute"] = secrets
     elif action == "allow" and draw(st.integers(0, 3)) == 0:
         spec["schemes"] = draw(st.sampled_from([["http"], ["http", "https"]]))
-    if action == "allow" and draw(st.integers(0, 5)) == 0:
+    if action == "allow" and not spec.get("public") and draw(st.integers(0, 5)) == 0:
         spec["private_cidrs"] = [draw(st.sampled_from(["10.0.0.0/8", "10.0.0.0/9"]))]
     return spec
 
@@ -561,7 +658,9 @@ def policies(draw: Any) -> Policy:
 
 
 GRID_HOSTS = ["a.example.com", "x.example.com", "y.example.com", "q.a.example.com",
-              "example.com", "other.org", "z.other.org"]
+              "example.com", "other.org", "z.other.org", "x", "10.0.0.1"]
+GRID_QUERIES = ["", "service=a", "service=b", "service=c", "service=a&service=b", "q=x",
+                "service=a&q=x", "service=b&q=x&q=x", "service=a+"]
 GRID_PATHS = ["/", "/a", "/a/", "/a/b", "/a/b/", "/b", "/b/a", "/b/c/a", "/ab", "/a/a/b", "/c",
               "/c/b", "/a%2Fb", "/x/..", "/%61b"]
 
@@ -584,8 +683,9 @@ def test_proof_agrees_with_decide(pol):
                 assert cidrs_covered(dn.rule.private_cidrs, do.rule.private_cidrs)
             for scheme in ("https", "http"):
                 for method in ("GET", "POST", "HEAD", "PUT"):
-                    for path in GRID_PATHS:
-                        req = RequestInfo(scheme, host, port, method, path)
+                    for path, qs in [(p, "") for p in GRID_PATHS] + [
+                            ("/a", q) for q in GRID_QUERIES]:
+                        req = RequestInfo(scheme, host, port, method, path, parse_query(qs))
                         d1 = decide(pol, "n", req)
                         if not d1.allowed:
                             continue

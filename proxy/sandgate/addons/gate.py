@@ -238,10 +238,11 @@ class Gate:
                 return
         server.error = "sandgate: connection was not approved"
 
-    async def _choose(self, host: str, port: int,
-                      private_cidrs: Iterable[IPNetwork]) -> DialTarget:
+    async def _choose(self, host: str, port: int, private_cidrs: Iterable[IPNetwork],
+                      only_public: bool = False) -> DialTarget:
         ips = await resolve(host, port, self.cfg.resolve_overrides)
-        return choose_address(host, port, ips, private_cidrs, self.cfg.self_addresses)
+        return choose_address(host, port, ips, private_cidrs, self.cfg.self_addresses,
+                              only_public)
 
     # ---------------------------------------------------------------- requests
 
@@ -277,7 +278,7 @@ class Gate:
         check_upgrade(req)
         declared = _declared_length(req)
         if declared is not None:  # a chunked body is measured as it is received (request)
-            self._check_size(declared)
+            self._check_size(declared, self._body_limit(rec))
 
     def _rejudge_tunnel(self, tunnel: Tunnel, policy: Policy) -> None:
         """A reload happened since the CONNECT: its (deferred) refusal follows the new policy.
@@ -310,8 +311,9 @@ class Gate:
         # The body is complete now: the head once more (this is the authoritative point) and the
         # body's size as received (a chunked body has no length up front).
         _check_wire(req)
-        self._check_size(len(req.raw_content or b""))
-        body = inspectable_body(req, self.cfg.max_request_body)
+        limit = self._body_limit(rec)
+        self._check_size(len(req.raw_content or b""), limit)
+        body = inspectable_body(req, limit)
         leaks = find_leaks(req, body, rec.placeholders, self.secrets(), bound)
         if leaks:
             rec.exfiltration = sorted({f"{lk.secret}:{lk.kind}:{lk.where}" for lk in leaks})
@@ -332,8 +334,11 @@ class Gate:
 
         conn = self._conn(flow.client_conn)
         target = conn.pinned.get((info.host, info.port))
-        if target is None or not may_dial(target.ip, private_cidrs):
-            target = await self._choose(info.host, info.port, private_cidrs)
+        # A `public: true` rule resolves afresh: a pin chosen for another rule may have skipped
+        # a non-public address that this rule must refuse the host for.
+        only_public = rule is not None and rule.public
+        if target is None or only_public or not may_dial(target.ip, private_cidrs):
+            target = await self._choose(info.host, info.port, private_cidrs, only_public)
             conn.pinned[(info.host, info.port)] = target
         rec.dialed = f"{target.ip}:{target.port}"
         conn.approved[(str(target.ip), target.port)] = info.host
@@ -342,10 +347,21 @@ class Gate:
         # Scrubbing needs plain bytes: ask the upstream not to compress.
         req.headers["accept-encoding"] = "identity"
 
-    def _check_size(self, size: int) -> None:
-        if size > self.cfg.max_request_body:
-            raise BadRequest(Code.TOO_LARGE, "the request body is larger than this proxy "
-                             f"accepts ({self.cfg.max_request_body} bytes)")
+    def _body_limit(self, rec: FlowRecord) -> int:
+        """The request body limit: --max-request-body, or the allowing rule's
+        max_request_bytes when smaller (report mode: no rule allowed, so the proxy's)."""
+        d = rec.decision
+        rule = d.rule if d is not None and d.allowed and not rec.reported else None
+        if rule is not None and rule.max_request_bytes is not None:
+            return min(self.cfg.max_request_body, rule.max_request_bytes)
+        return self.cfg.max_request_body
+
+    def _check_size(self, size: int, limit: int) -> None:
+        if size > limit:
+            which = ("this proxy accepts" if limit == self.cfg.max_request_body
+                     else "the rule allowing it accepts (max_request_bytes)")
+            raise BadRequest(Code.TOO_LARGE, f"the request body is larger than {which} "
+                             f"({limit} bytes)")
 
     def _identify(self, flow: http.HTTPFlow, proxy_authorization: str | None) -> Caller:
         return self.cfg.identifier.identify(proxy_authorization, flow.client_conn.peername[0])

@@ -14,10 +14,13 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from mitmproxy.utils import human
+
 from sandgate.policy import hosts as H
 from sandgate.policy import overlap
 from sandgate.policy import paths as P
 from sandgate.policy.model import (
+    ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
     HostPattern,
     Injection,
@@ -125,6 +128,14 @@ def template_fix(text: str) -> str:
     return _TEMPLATE_FIX
 
 
+def missing_hosts(raw: object, loc: Loc, report: Report) -> None:
+    """A rule mapping with neither `hosts` nor `public: true`."""
+    if isinstance(raw, dict) and "hosts" not in raw and raw.get("public") is not True:
+        report((*loc, "hosts"), "required key `hosts` is missing",
+               "add `hosts: [api.example.com]` (exact hosts or '*.domain' wildcards), or "
+               "`public: true` for any host that resolves only to public addresses")
+
+
 def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> SecretRef | None:
     ok = True
     if not SECRET_NAME_RE.fullmatch(name):
@@ -209,29 +220,64 @@ def compile_identity(
     name: str, rules: Sequence[tuple[int, RuleSpec]], file: str, line_of: Callable[[Loc], int],
     report: Report,
 ) -> CompiledIdentity:
-    """Compile an identity's rules: (index in the file's list, validated spec) pairs; rules that
-    failed validation are left out by the caller and reported there."""
+    """Compile an identity's rules of one file: (index in the file's list, validated spec)
+    pairs; rules that failed validation are left out by the caller and reported there. Checks
+    names and rule combinations within these rules (the loader checks them again across files
+    and templates: `check_rules`)."""
     out = CompiledIdentity()
     base: Loc = ("identities", name)
-    if not NAME_RE.fullmatch(name):
-        report(base, f"identity name {name!r} is not a valid name",
-               "use letters, digits, '.', '_' and '-', starting with a letter or digit")
-    seen: dict[str, int] = {}
-    indexed: list[tuple[int, Rule]] = []
-    for i, rs in rules:
-        loc: Loc = (*base, "rules", i)
-        src = Source(file, line_of(loc))
-        if rs.name in seen:
-            report((*loc, "name"), f"rule name {rs.name!r} is used twice in identity {name!r} "
-                   f"(first at line {seen[rs.name]})", "give each rule of an identity its own name")
-        else:
-            seen[rs.name] = src.line
-        rule = _compile_rule(name, rs, loc, src, report, out.uses)
-        if rule is not None:
-            out.rules.append(rule)
-            indexed.append((i, rule))
-    overlap.check_identity(name, indexed, report)
+    check_identity_name(name, report)
+    indexed = compile_rules(name, rules, file, line_of, report, out.uses,
+                            lambda i: (*base, "rules", i))
+    out.rules = [r for _, r in indexed]
+
+    def at(k: int, sub: Loc, message: str, fix: str) -> None:
+        report((*base, "rules", indexed[k][0], *sub), message, fix)
+
+    check_rules(name, out.rules, at)
     return out
+
+
+def check_identity_name(name: str, report: Report) -> None:
+    if not NAME_RE.fullmatch(name):
+        report(("identities", name), f"identity name {name!r} is not a valid name",
+               "use letters, digits, '.', '_' and '-', starting with a letter or digit")
+
+
+def compile_rules(
+    identity: str, rules: Sequence[tuple[int, RuleSpec]], file: str,
+    line_of: Callable[[Loc], int], report: Report, uses: list[SecretUse],
+    loc_of: Callable[[int], Loc],
+) -> list[tuple[int, Rule]]:
+    """Compile rules one by one (no checks between rules): (index, rule) for those that
+    compile; every problem is reported at loc_of(index)."""
+    out: list[tuple[int, Rule]] = []
+    for i, rs in rules:
+        loc = loc_of(i)
+        rule = _compile_rule(identity, rs, loc, Source(file, line_of(loc)), report, uses)
+        if rule is not None:
+            out.append((i, rule))
+    return out
+
+
+RuleReport = Callable[[int, Loc, str, str], None]  # (index in the rule list, sub-loc, msg, fix)
+
+
+def check_rules(identity: str, rules: Sequence[Rule], report: RuleReport) -> None:
+    """Checks between the rules of one identity, in decision order: unique names, and the rule
+    combinations whose behaviour `check` would misstate (sandgate.policy.overlap)."""
+    seen: dict[str, Rule] = {}
+    for k, r in enumerate(rules):
+        first = seen.get(r.name)
+        if first is None:
+            seen[r.name] = r
+            continue
+        where = (f"line {first.source.line}" if first.source.file == r.source.file
+                 else str(first.source))
+        report(k, ("name",), f"rule name {r.name!r} is used twice in identity {identity!r} "
+               f"(first at {where})", "give each rule of an identity its own name (across its "
+               "files and the templates it uses)")
+    overlap.check_identity(identity, rules, report)
 
 
 def _compile_rule(
@@ -244,7 +290,16 @@ def _compile_rule(
             "use letters, digits, '.', '_' and '-', starting with a letter or digit")
 
     host_patterns: list[HostPattern] = []
-    for j, h in enumerate(rs.hosts):
+    if rs.public and rs.hosts is not None:
+        rep((*loc, "public"), "a rule gives either `hosts` or `public: true`, not both",
+            "remove `hosts` to allow any public host, or remove `public` to name the hosts")
+    elif not rs.public and rs.hosts is None:
+        # Reported where the rule's raw mapping is validated (missing_hosts), unless `hosts` was
+        # given and is broken (reported as such); the rule is unusable either way.
+        n_before.count += 1
+    elif rs.public:
+        host_patterns.append(ANY_PUBLIC_HOST)
+    for j, h in enumerate(rs.hosts or ()):
         try:
             host_patterns.append(H.compile_host_pattern(h))
         except ValueError as e:
@@ -333,8 +388,36 @@ def _compile_rule(
             continue
         cidrs.append(net)
 
+    query: list[tuple[str, frozenset[str]]] = []
+    for qname, qvalues in (rs.query or {}).items():
+        qloc: Loc = (*loc, "query", qname)
+        if not qname or has_control_chars(qname) or any(c in qname for c in "&=#;+"):
+            rep(qloc, f"query parameter name {qname!r} is not a plain name",
+                "write the decoded name, without '&', '=', '#', ';', '+' or control "
+                "characters, e.g. service")
+            continue
+        if not qvalues:
+            rep(qloc, f"query parameter {qname!r} lists no values: the rule would never match",
+                "list the values it may have, e.g. [git-upload-pack]")
+            continue
+        bad = [v for v in qvalues if has_control_chars(v)]
+        if bad:
+            rep(qloc, f"query value {bad[0]!r} contains control characters",
+                "write the decoded value as plain text")
+            continue
+        query.append((qname, frozenset(qvalues)))
+
+    max_bytes: int | None = None
+    if rs.max_request_bytes is not None:
+        max_bytes = parse_size(rs.max_request_bytes)
+        if max_bytes is None:
+            rep((*loc, "max_request_bytes"),
+                f"{rs.max_request_bytes!r} is not a size of at least one byte",
+                "write a number of bytes or a size such as 512k, 1m or 1g (lower case)")
+
     # Combinations.
-    l7 = [k for k in ("methods", "paths", "inject", "substitute_headers")
+    l7 = [k for k in ("methods", "paths", "inject", "substitute_headers", "query",
+                      "max_request_bytes")
           if getattr(rs, k) is not None]
     if rs.substitute:
         l7.append("substitute")
@@ -353,10 +436,30 @@ def _compile_rule(
                 "remove passthrough from the deny rule")
     secret_keys = [k for k in ("inject", "substitute") if (k == "inject" and rs.inject is not None)
                    or (k == "substitute" and rs.substitute)]
+    if rs.public:
+        if secret_keys:
+            rep((*loc, secret_keys[0]), f"a `public: true` rule cannot {secret_keys[0]} "
+                "credentials: they would go to every host on the internet",
+                "name the hosts that need the credential in a rule of their own with `hosts:`")
+        if rs.passthrough:
+            rep((*loc, "passthrough"), "a `public: true` rule cannot be passthrough",
+                "drop passthrough (every request is then judged), or name the hosts")
+        if rs.private_cidrs:
+            rep((*loc, "private_cidrs"), "a `public: true` rule cannot have private_cidrs: it "
+                "reaches only hosts that resolve to public addresses",
+                "move the private destinations to a rule that names their hosts")
+    if rs.action == "deny" and rs.query is not None:
+        rep((*loc, "query"), "a deny rule cannot match on `query`: a request that repeats or "
+            "re-spells the parameter would not match it and pass",
+            "allow only the values you want instead (an allow rule with `query:` matches "
+            "nothing ambiguous)")
+    if rs.action == "deny" and rs.max_request_bytes is not None:
+        rep((*loc, "max_request_bytes"), "max_request_bytes on a deny rule limits nothing",
+            "set it on the allow rule whose requests it should limit")
     if rs.action == "deny" and secret_keys:
         rep((*loc, secret_keys[0]), f"a deny rule cannot {secret_keys[0]} credentials",
             "remove it, or make this an allow rule")
-    if secret_keys:
+    if secret_keys and not rs.public:
         for j, hp in enumerate(host_patterns):
             why = overbroad_wildcard(hp.suffix) if hp.wildcard else None
             if why is not None:
@@ -377,8 +480,23 @@ def _compile_rule(
         hosts=tuple(host_patterns), ports=ports, methods=methods, paths=paths, inject=inject,
         substitute=frozenset(rs.substitute), substitute_headers=sub_headers,
         private_cidrs=tuple(cidrs),
-        passthrough=rs.passthrough, source=src,
+        passthrough=rs.passthrough, source=src, query=tuple(query),
+        max_request_bytes=max_bytes, public=rs.public, where=loc,
     )
+
+
+def parse_size(spec: int | str) -> int | None:
+    """A `max_request_bytes` value: bytes (an integer, or digits), or k/m/g/t suffixed, as
+    `--max-request-body` reads it (mitmproxy's parser). None when invalid or below 1."""
+    if isinstance(spec, bool):
+        return None
+    if isinstance(spec, int):
+        return spec if spec >= 1 else None
+    try:
+        n = human.parse_size(spec.strip())
+    except ValueError:
+        return None
+    return n if n is not None and n >= 1 else None
 
 
 class _Counter:

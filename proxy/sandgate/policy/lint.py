@@ -71,7 +71,7 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = ()) -> list
         base: Loc = ("identities", ident.name)
         for k, rule in enumerate(ident.rules):
             used |= rule.secrets
-            out += _rule_findings(trees, ident, k, rule, (*base, "rules", k))
+            out += _rule_findings(trees, ident, k, rule, rule.where or (*base, "rules", k))
         if ident.name not in tested:
             out.append(trees.finding(
                 ident.source.file, base,
@@ -86,7 +86,17 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = ()) -> list
                 f"secret '{name}' is declared but never referenced by any rule",
                 f"use it in a rule's inject (`{{{{ secrets.{name} }}}}`) or substitute, or "
                 "remove it"))
+    used_templates = {r.where[1] for i in policy.identities.values() for r in i.rules
+                      if r.where[:1] == ("templates",)}
+    for tname, tsrc in policy.templates.items():
+        if tname not in used_templates:
+            out.append(trees.finding(
+                tsrc.file, ("templates", tname),
+                f"template '{tname}' is never used: no identity names it in `use:`",
+                f"add `use: [{tname}]` to the identities that need its rules, or remove it"))
     out += _template_looking(trees)
+    # A template's rule is checked once per identity using it; say it once.
+    out = list(dict.fromkeys(out))
     order = {f: i for i, f in enumerate(policy.files)}
     out.sort(key=lambda f: (order.get(f.file, len(order)), f.line, f.field))
     return out
@@ -137,7 +147,7 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
         out.append(trees.finding(file, (*loc, *sub), message, fix))
 
     for j, hp in enumerate(rule.hosts):
-        why = overbroad_wildcard(hp.suffix) if hp.wildcard else None
+        why = overbroad_wildcard(hp.suffix) if hp.wildcard and not rule.public else None
         if why is not None:  # on a rule with secrets this is a load error
             add(("hosts", j), f"{why}; rule '{rule.name}' reaches all of them",
                 "name the exact hosts, or a wildcard under a domain one owner controls "
@@ -155,10 +165,20 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
         hider = shadowing_rule(ident.rules, k)
         if hider is not None:
             add((), f"rule '{rule.name}' never applies: earlier allow rule '{hider.name}' "
-                f"(line {hider.source.line}) matches every request it matches (the first "
+                f"({_where(hider, rule)}) matches every request it matches (the first "
                 "matching allow rule wins)",
                 f"remove rule '{rule.name}', or move it above '{hider.name}' if it is meant "
                 "to decide (it will when it injects)")
+    if rule.action == "allow" and not rule.public:
+        pub = next((p for p in ident.rules[:k] if p.public and p.action == "allow"
+                    and _may_overlap(p, rule)), None)
+        if pub is not None and shadowing_rule(ident.rules, k) is None:
+            add((), f"rule '{rule.name}' comes after `public: true` rule '{pub.name}' "
+                f"({_where(pub, rule)}), which matches every host: requests both match are "
+                f"decided by '{pub.name}' (first matching allow wins), so they get its limits, "
+                "none of this rule's secrets, and a refusal for non-public addresses",
+                f"move rule '{pub.name}' below the rules that name hosts (a `public: true` "
+                "rule is meant to come last)")
     if rule.action == "deny" and not any(_deny_reaches(rule, a) for a in ident.rules):
         add((), f"deny rule '{rule.name}' never applies: no allow rule of identity "
             f"'{ident.name}' matches its hosts on its schemes, ports and methods (ports "
@@ -167,6 +187,13 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
             "give it the hosts, schemes and ports of the allow rule it should cut (e.g. "
             "`ports: [8443]` when that rule has them), or remove it")
     return out
+
+
+def _may_overlap(a: Rule, b: Rule) -> bool:
+    """Can some inspected request match both (schemes, ports, methods; hosts assumed)?"""
+    return (not a.passthrough and not b.passthrough and bool(a.schemes & b.schemes)
+            and bool(a.ports & b.ports)
+            and (a.methods is None or b.methods is None or bool(a.methods & b.methods)))
 
 
 def _deny_reaches(deny: Rule, allow: Rule) -> bool:
@@ -215,8 +242,14 @@ def _scalars(node: yaml.Node, loc: Loc) -> Iterable[tuple[Loc, yaml.ScalarNode]]
 
 
 def _in_inject(loc: Loc) -> bool:
-    return (len(loc) > 5 and loc[0] == "identities" and loc[2] == "rules"
-            and loc[4] == "inject")
+    return ((len(loc) > 5 and loc[0] == "identities" and loc[2] == "rules"
+             and loc[4] == "inject")
+            or (len(loc) > 4 and loc[0] == "templates" and loc[3] == "inject"))
+
+
+def _where(r: Rule, here: Rule) -> str:
+    """Where rule `r` is, as seen from a finding about rule `here`."""
+    return f"line {r.source.line}" if r.source.file == here.source.file else str(r.source)
 
 
 def findings_from_error(e: PolicyError) -> list[Finding]:

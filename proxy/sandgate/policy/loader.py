@@ -7,6 +7,7 @@ nearest parent that exists.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import types
 import typing
@@ -20,14 +21,17 @@ from pydantic import BaseModel, ValidationError
 
 from sandgate.errors import SandgateError
 from sandgate.policy.compiler import (
-    CompiledIdentity,
+    NAME_RE,
     Loc,
     SecretUse,
-    compile_identity,
+    check_identity_name,
+    check_rules,
+    compile_rules,
     compile_secret,
     compile_test,
+    missing_hosts,
 )
-from sandgate.policy.model import Identity, Policy, PolicyTest, SecretRef, Source
+from sandgate.policy.model import Identity, Policy, PolicyTest, Rule, SecretRef, Source
 from sandgate.policy.schema import IdentitySpec, PolicyFile, RuleSpec, SecretSpec, TestSpec
 
 SCHEMA_FIX = "see `sandgate schema` for the file format"
@@ -130,14 +134,24 @@ def load_policy_files(paths: Sequence[Path]) -> Policy:
 
 
 @dataclass
+class _IdentityPart:
+    """What one file says about an identity (an identity may span files)."""
+
+    src: Source
+    spec: IdentitySpec | None  # None: its settings are broken (reported)
+    rules: list[tuple[int, Rule]]  # (index in this file's `rules:`, compiled rule)
+
+
+@dataclass
 class _FilePart:
     file: str
     root: yaml.Node
     secrets: dict[str, SecretRef]
-    identities: dict[str, tuple[Identity, CompiledIdentity]]
+    identities: dict[str, _IdentityPart]
     tests: list[tuple[PolicyTest, Loc]]
     secret_sources: dict[str, Source] = field(default_factory=dict)  # including broken ones
-    identity_sources: dict[str, Source] = field(default_factory=dict)
+    template_sources: dict[str, Source] = field(default_factory=dict)
+    templates: dict[str, list[Rule]] = field(default_factory=dict)  # identity "" until used
     uses: list[SecretUse] = field(default_factory=list)
 
     def line(self, loc: Loc) -> int:
@@ -230,40 +244,48 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         if ref is not None:
             part.secrets[str(name)] = ref
 
+    templates = _section(data, "templates", dict, report)
+    for tname, traw in templates.items():
+        tbase: Loc = ("templates", tname)
+        part.template_sources[str(tname)] = Source(file, part.line(tbase))
+        if not NAME_RE.fullmatch(str(tname)):
+            report(tbase, f"template name {tname!r} is not a valid name",
+                   "use letters, digits, '.', '_' and '-', starting with a letter or digit")
+        if not isinstance(traw, list):
+            report(tbase, f"template {tname!r} must be a list of rules, not a "
+                   f"{_yaml_type(traw)}", "write a YAML list of rules, each starting with "
+                   "`- name: ...` (a template is a list of rules)")
+            continue
+        t_at = _under(tbase)
+        tspecs = _rule_specs(traw, t_at, report)
+        trules = compile_rules("", tspecs, file, part.line, report, part.uses, t_at)
+        part.templates[str(tname)] = [r for _, r in trules]
+
     identities = _section(data, "identities", dict, report)
     for name, raw in identities.items():
         loc: Loc = ("identities", name)
         src = Source(file, part.line(loc))
-        part.identity_sources[str(name)] = src
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
+            part.identities[str(name)] = _IdentityPart(src, None, [])
             report(loc, f"identity {name!r} must be a mapping, not a {_yaml_type(raw)}",
                    "write `rules:` (and optionally `description:`) under it")
             continue
+        check_identity_name(str(name), report)
         # Validate each rule on its own so one broken rule does not hide the others' problems.
         raw_rules = raw.get("rules")
         top = {k: v for k, v in raw.items() if k != "rules"}
         ispec = _validate(IdentitySpec, top, loc, report)
-        rules: list[tuple[int, RuleSpec]] = []
+        specs: list[tuple[int, RuleSpec]] = []
         if raw_rules is not None and not isinstance(raw_rules, list):
             report((*loc, "rules"), f"`rules` must be a list, not a {_yaml_type(raw_rules)}",
                    "write a YAML list of rules, each starting with `- name: ...`")
         else:
-            for i, rraw in enumerate(raw_rules or []):
-                # A rule with shape errors is still checked for meaning (without the broken
-                # keys); the policy fails to load either way.
-                rs, _ok = _validate_lenient(RuleSpec, rraw, (*loc, "rules", i), report)
-                if rs is not None:
-                    rules.append((i, rs))
-        comp = compile_identity(str(name), rules, file, part.line, report)
-        part.uses.extend(comp.uses)
-        if ispec is None:
-            continue
-        part.identities[str(name)] = (Identity(name=str(name), rules=tuple(comp.rules),
-                                               source=src, mode=ispec.mode,
-                                               narrower_than=ispec.narrower_than),
-                                      comp)
+            specs = _rule_specs(raw_rules or [], _under((*loc, "rules")), report)
+        rules = compile_rules(str(name), specs, file, part.line, report, part.uses,
+                              _under((*loc, "rules")))
+        part.identities[str(name)] = _IdentityPart(src, ispec, rules)
 
     tests = _section(data, "tests", list, report)
     for i, raw in enumerate(tests):
@@ -282,6 +304,27 @@ def _reporter(part: _FilePart, problems: list[PolicyProblem]) -> Callable[[Loc, 
         problems.append(part.problem(loc, message, fix))
 
     return report
+
+
+def _under(base: Loc) -> Callable[[int], Loc]:
+    """The location of the i-th entry of the list at `base`."""
+    def at(i: int) -> Loc:
+        return (*base, i)
+
+    return at
+
+
+def _rule_specs(raw_rules: list[Any], loc_of: Callable[[int], Loc],
+                report: Callable[[Loc, str, str], None]) -> list[tuple[int, RuleSpec]]:
+    """Each rule validated on its own. A rule with shape errors is still checked for meaning
+    (without the broken keys); the policy fails to load either way."""
+    out: list[tuple[int, RuleSpec]] = []
+    for i, rraw in enumerate(raw_rules):
+        missing_hosts(rraw, loc_of(i), report)
+        rs, _ok = _validate_lenient(RuleSpec, rraw, loc_of(i), report)
+        if rs is not None:
+            out.append((i, rs))
+    return out
 
 
 def _section(data: dict[str, Any], key: str, kind: type, report: Callable[..., None]) -> Any:
@@ -491,7 +534,8 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
     secrets: dict[str, SecretRef] = {}
     identities: dict[str, Identity] = {}
     secret_first: dict[str, Source] = {}
-    identity_first: dict[str, Source] = {}
+    templates: dict[str, list[Rule]] = {}
+    template_first: dict[str, Source] = {}
     for part in parts:
         for name, src in part.secret_sources.items():
             prev = secret_first.get(name)
@@ -503,17 +547,24 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
             secret_first[name] = src
             if name in part.secrets:
                 secrets[name] = part.secrets[name]
-        for name, src in part.identity_sources.items():
-            prev = identity_first.get(name)
-            if prev is not None:
+        for tname, tsrc in part.template_sources.items():
+            tprev = template_first.get(tname)
+            if tprev is not None:
                 problems.append(part.problem(
-                    ("identities", name), f"identity {name!r} is also defined in {prev}",
-                    f"define each identity in one file; merge the rules of {prev} and {src}, "
-                    "or rename one"))
+                    ("templates", tname), f"template {tname!r} is also defined in {tprev}",
+                    f"define each template once; rename or remove one of {tprev} and {tsrc}"))
                 continue
-            identity_first[name] = src
-            if name in part.identities:
-                identities[name] = part.identities[name][0]
+            template_first[tname] = tsrc
+            if tname in part.templates:
+                templates[tname] = part.templates[tname]
+    identity_first: dict[str, Source] = {}
+    for part in parts:
+        for name, ipart in part.identities.items():
+            identity_first.setdefault(name, ipart.src)
+    for name in identity_first:
+        ident = _merge_identity(name, parts, templates, template_first, problems)
+        if ident is not None:
+            identities[name] = ident
 
     by_placeholder: dict[str, SecretRef] = {}
     for ref in secrets.values():
@@ -528,11 +579,12 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
 
     for part in parts:
         _check_uses(part, part.uses, secret_first, problems)
-        for name, (ident, _) in part.identities.items():
-            if ident.narrower_than is not None and ident.narrower_than not in identity_first:
+        for name, ipart in part.identities.items():
+            wider = ipart.spec.narrower_than if ipart.spec is not None else None
+            if wider is not None and wider not in identity_first:
                 problems.append(part.problem(
                     ("identities", name, "narrower_than"),
-                    f"narrower_than names unknown identity {ident.narrower_than!r}",
+                    f"narrower_than names unknown identity {wider!r}",
                     f"use one of: {', '.join(sorted(identity_first))}"))
 
     tests: list[PolicyTest] = []
@@ -554,7 +606,85 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
             tests.append(t)
 
     return Policy(identities=dict(identities), secrets=dict(secrets), tests=tuple(tests),
-                  files=tuple(p.file for p in parts))
+                  files=tuple(p.file for p in parts), templates=dict(template_first))
+
+
+_ONCE = ("description", "mode", "narrower_than")  # identity settings one file may set
+
+
+def _merge_identity(name: str, parts: list[_FilePart], templates: Mapping[str, list[Rule]],
+                    template_first: Mapping[str, Source],
+                    problems: list[PolicyProblem]) -> Identity | None:
+    """One identity from every file that adds to it, in file order: in each file the rules of
+    the templates it uses (in `use` order), then its own rules. None when a part is broken."""
+    settings: dict[str, tuple[Any, Source]] = {}
+    # each rule, with where its problems are reported and the template it came from
+    placed: list[tuple[_FilePart, Loc, Rule, str | None]] = []
+    used: dict[str, Source] = {}
+    broken = False
+    first: Source | None = None
+    for part in parts:
+        ipart = part.identities.get(name)
+        if ipart is None:
+            continue
+        first = first or ipart.src
+        base: Loc = ("identities", name)
+        spec = ipart.spec
+        if spec is None:
+            broken = True
+            continue
+        for key in _ONCE:
+            if key not in spec.model_fields_set:
+                continue
+            here = Source(part.file, part.line((*base, key)))
+            prev = settings.get(key)
+            if prev is not None:
+                problems.append(part.problem(
+                    (*base, key), f"`{key}` of identity {name!r} is also set in {prev[1]}",
+                    f"set `{key}` in one of the identity's files only ({prev[1]} or {here})"))
+                broken = True
+                continue
+            settings[key] = (getattr(spec, key), here)
+        for j, tname in enumerate(spec.use or ()):
+            uloc: Loc = (*base, "use", j)
+            here = Source(part.file, part.line(uloc))
+            if tname not in template_first:
+                close = difflib.get_close_matches(tname, list(template_first), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                problems.append(part.problem(
+                    uloc, f"unknown template {tname!r}",
+                    f"{hint}define it under `templates:` (in any policy file) or fix the name; "
+                    f"defined: {', '.join(sorted(template_first)) or '(none)'}"))
+                broken = True
+                continue
+            if tname in used:
+                problems.append(part.problem(
+                    uloc, f"template {tname!r} is already used by identity {name!r} "
+                    f"({used[tname]})", "use each template once per identity"))
+                broken = True
+                continue
+            used[tname] = here
+            placed += [(part, uloc, dataclasses.replace(r, identity=name), tname)
+                       for r in templates.get(tname, ())]
+        placed += [(part, (*base, "rules", i), r, None) for i, r in ipart.rules]
+
+    rules = [r for _, _, r, _ in placed]
+
+    def at(k: int, sub: Loc, message: str, fix: str) -> None:
+        part, loc, rule, tname = placed[k]
+        if tname is not None:  # a template's rule: reported at the identity's `use` entry
+            problems.append(part.problem(loc, f"{message} (rule '{rule.name}' of template "
+                                         f"{tname!r}, {rule.source})", fix))
+        else:
+            problems.append(part.problem((*loc, *sub), message, fix))
+
+    check_rules(name, rules, at)
+    if broken or first is None:
+        return None
+    mode = settings.get("mode", ("enforce", first))[0]
+    narrower = settings.get("narrower_than", (None, first))[0]
+    return Identity(name=name, rules=tuple(rules), source=first, mode=mode,
+                    narrower_than=narrower)
 
 
 def _at_secret(parts: list[_FilePart], ref: SecretRef, key: str, msg: str,

@@ -93,6 +93,39 @@ class HostPattern:
         return host == self.suffix
 
 
+# The host pattern of a `public: true` rule: every host (a wildcard over the empty suffix). The
+# address step then refuses any name that resolves to a non-public address, so what the rule
+# reaches is "any host that resolves only to public addresses". overlap and the proofs treat it
+# as the wildcard it is: it covers every pattern, and its witness is a host no other pattern
+# matches.
+ANY_PUBLIC_HOST = HostPattern(text="public: true", wildcard=True, suffix="")
+
+# `query:` constraints of a rule: (parameter name, the values it may have), in file order.
+QueryConstraint = tuple[tuple[str, frozenset[str]], ...]
+
+
+def query_matches(constraints: QueryConstraint,
+                  query: tuple[tuple[str, str], ...] | None) -> bool:
+    """Each constrained parameter is present, every occurrence of it carries the same value,
+    and that value is one of those listed. `query` is the request's decoded parameters
+    (sandgate.request.parse_query); None (a query that cannot be read unambiguously) matches
+    no constraint. A parameter given twice with different values is ambiguous (servers differ
+    on which one they use), so it matches nothing."""
+    if not constraints:
+        return True
+    if query is None:
+        return False
+    for name, allowed in constraints:
+        values = {v for n, v in query if n == name}
+        if len(values) != 1 or next(iter(values)) not in allowed:
+            return False
+        # A differently cased spelling of the name is the same parameter to some servers.
+        folded = name.casefold()
+        if any(n != name and n.casefold() == folded for n, _ in query):
+            return False
+    return True
+
+
 # Where the official SDKs carry an API key: OpenAI (authorization: Bearer), Anthropic (x-api-key),
 # Azure OpenAI (api-key).
 DEFAULT_SUBSTITUTE_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
@@ -114,6 +147,12 @@ class Rule:
     private_cidrs: tuple[IPNetwork, ...]  # non-public ranges this rule may dial
     passthrough: bool  # tunnel without interception: no L7 match, no injection, no scrubbing
     source: Source
+    query: QueryConstraint = ()  # named query parameters and their allowed values
+    max_request_bytes: int | None = None  # the rule's own request body limit (413 above it)
+    public: bool = False  # `public: true`: hosts is (ANY_PUBLIC_HOST,)
+    # where the rule is written inside source.file, e.g. ("identities", "a", "rules", 2) or
+    # ("templates", "git", 0): for tools that point at one of its fields (lint)
+    where: tuple[str | int, ...] = ()
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -122,6 +161,9 @@ class Rule:
 
     def matches_host(self, host: str) -> bool:
         return any(p.matches(host) for p in self.hosts)
+
+    def matches_query(self, query: tuple[tuple[str, str], ...] | None) -> bool:
+        return query_matches(self.query, query)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +202,7 @@ class Policy:
     secrets: Mapping[str, SecretRef]
     tests: tuple[PolicyTest, ...] = ()
     files: tuple[str, ...] = field(default=())
+    templates: Mapping[str, Source] = field(default_factory=dict)  # name -> where defined
 
     @property
     def placeholders(self) -> Mapping[str, str]:

@@ -79,6 +79,11 @@ def covers(earlier: Rule, later: Rule) -> bool:
         return False
     if not all(any(host_covers(a, b) for a in earlier.hosts) for b in later.hosts):
         return False
+    # earlier's query constraints must each hold wherever later's hold
+    later_q = dict(later.query)
+    for name, values in earlier.query:
+        if name not in later_q or not later_q[name] <= values:
+            return False
     if earlier.paths is None:
         return True
     if later.paths is None:
@@ -99,42 +104,44 @@ def shadowing_rule(rules: Sequence[Rule], index: int) -> Rule | None:
     return None
 
 
-def _line(r: Rule) -> str:
-    return f"line {r.source.line}"
+def _line(r: Rule, here: Rule) -> str:
+    """Where rule `r` is, as seen from the message about rule `here`."""
+    return f"line {r.source.line}" if r.source.file == here.source.file else str(r.source)
 
 
-def check_identity(identity: str, rules: Sequence[tuple[int, Rule]], report: Report) -> None:
-    """Load errors for rule combinations whose behaviour `check` would misstate."""
-    base: Loc = ("identities", identity, "rules")
-    for i, a in rules:
+def check_identity(identity: str, rules: Sequence[Rule],
+                   report: Callable[[int, Loc, str, str], None]) -> None:
+    """Load errors for rule combinations whose behaviour `check` would misstate. `rules` are
+    the identity's rules in decision order; report(index, sub-location, message, fix)."""
+    for i, a in enumerate(rules):
         if a.action != "allow" or not a.passthrough:
             continue
-        for _j, b in rules:
+        for b in rules:
             if b.action != "allow" or b.passthrough or "https" not in b.schemes:
                 continue
             ports = a.ports & b.ports
             hosts = first_host_overlap(a, b)
             if not ports or hosts is None:
                 continue
-            report((*base, i, "passthrough"),
+            report(i, ("passthrough",),
                    f"passthrough rule '{a.name}' and intercepted allow rule '{b.name}' "
-                   f"({_line(b)}) both reach {hosts[0].text} / {hosts[1].text} on port "
+                   f"({_line(b, a)}) both reach {hosts[0].text} / {hosts[1].text} on port "
                    f"{min(ports)}: the proxy tunnels the CONNECT without interception, so the "
-                   f"limits of rule '{b.name}' (methods, paths, injection) never apply there, "
-                   "while `check` and `explain` judge requests by them",
+                   f"limits of rule '{b.name}' (methods, paths, query, injection) never apply "
+                   "there, while `check` and `explain` judge requests by them",
                    f"give the passthrough rule hosts or ports that no intercepted allow rule of "
                    f"identity '{identity}' reaches, or drop `passthrough` and limit it with "
                    "methods/paths")
-    ordered = [r for _, r in rules]
-    for k, (i, r) in enumerate(rules):
+    for k, r in enumerate(rules):
         if not r.secrets:
             continue
-        hider = shadowing_rule(ordered, k)
+        hider = shadowing_rule(rules, k)
         if hider is None:
             continue
-        report((*base, i),
+        report(k, (),
                f"rule '{r.name}' never applies: earlier allow rule '{hider.name}' "
-               f"({_line(hider)}) matches every request it matches (the first matching allow "
-               f"rule wins), so its secrets {', '.join(sorted(r.secrets))} are never injected",
+               f"({_line(hider, r)}) matches every request it matches (the first matching "
+               f"allow rule wins), so its secrets {', '.join(sorted(r.secrets))} are never "
+               "injected",
                f"move rule '{r.name}' above rule '{hider.name}', or narrow '{hider.name}' "
-               "(hosts, methods, paths) so it no longer covers it")
+               "(hosts, methods, paths, query) so it no longer covers it")

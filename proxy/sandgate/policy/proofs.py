@@ -15,7 +15,15 @@ into finitely many cells that every rule treats alike:
   `x.suffix` that equals no exact host. Any other host matches exactly the same patterns as one
   of these (the wildcards it matches are the suffixes of its longest matched one), or none;
 * schemes and ports: those the rules name (a request on any other matches no rule);
-* methods: those the rules name, plus one fresh method that stands for all the others.
+* methods: those the rules name, plus one fresh method that stands for all the others;
+* `public: true` rules: their host pattern is a wildcard over every host (model.ANY_PUBLIC_HOST),
+  whose witness is a fresh host that no other pattern matches;
+* `query:` constraints: for each constrained parameter name, each value a rule names, or the
+  parameter left out, which stands for every other value, a repeated or re-spelled parameter
+  and an unreadable query (no constraint matches any of them). Beyond MAX_QUERY_CELLS cells the
+  claim is reported as not proved.
+
+`max_request_bytes` is compared per pair of deciding rules, like secrets and private ranges.
 
 Inside a cell only the path varies. Paths are normalised (sandgate.policy.paths) before they are
 matched, so each glob is a regular language over normalised paths (glob_regex writes it as a
@@ -382,10 +390,46 @@ def _fresh_method(named: set[str]) -> str:
     return f"OTHER{n}"
 
 
-def _applies(r: Rule, scheme: str, host: str, port: int, method: str) -> bool:
+QueryCell = tuple[tuple[str, str], ...]
+
+
+def _applies(r: Rule, scheme: str, host: str, port: int, method: str,
+             query: QueryCell = ()) -> bool:
     """decision._l7_matches without the path."""
     return (not r.passthrough and scheme in r.schemes and port in r.ports
-            and (r.methods is None or method in r.methods) and r.matches_host(host))
+            and (r.methods is None or method in r.methods) and r.matches_host(host)
+            and r.matches_query(query))
+
+
+# At most this many query cells per proof (the product over constrained parameter names of
+# their named values plus "absent"); beyond it `check` says the claim is not proved.
+MAX_QUERY_CELLS = 4096
+
+
+def query_cells(rules: Iterable[Rule]) -> list[QueryCell] | None:
+    """One request query per class of queries that the rules' `query:` constraints cannot tell
+    apart: for each constrained name, each value some rule names, or the name left out (which
+    stands for every other value, a repeated or re-spelled parameter, and an unreadable query:
+    no constraint matches any of them). None when there are more than MAX_QUERY_CELLS."""
+    named: dict[str, set[str]] = {}
+    for r in rules:
+        for name, values in r.query:
+            named.setdefault(name, set()).update(values)
+    count = 1
+    for named_values in named.values():
+        count *= len(named_values) + 1
+    if count > MAX_QUERY_CELLS:
+        return None
+    cells: list[QueryCell] = [()]
+    for name in sorted(named):
+        cells = [(*c, (name, v)) for c in cells for v in sorted(named[name])] + cells
+    return cells
+
+
+def query_string(query: QueryCell) -> str:
+    """The query string of a witness (each name and value percent-encoded, so it decodes back
+    to exactly itself)."""
+    return "&".join(f"{quote(n, safe='')}={quote(v, safe='')}" for n, v in query)
 
 
 def _decider(rules: Sequence[Rule], vec: Sequence[bool]) -> int | None:
@@ -399,12 +443,19 @@ def _decider(rules: Sequence[Rule], vec: Sequence[bool]) -> int | None:
 
 def _shape(r: Rule) -> tuple[object, ...]:
     """What _cell_gap looks at in a rule."""
-    return (r.action, r.paths, r.secrets, r.private_cidrs)
+    return (r.action, r.paths, r.secrets, r.private_cidrs, r.max_request_bytes)
+
+
+def _limit_covered(narrow: int | None, other: int | None) -> bool:
+    """Every body the narrow rule's max_request_bytes lets through, the other's does (None: no
+    limit of the rule's own; the proxy's --max-request-body, unknown here, applies to both)."""
+    return other is None or (narrow is not None and narrow <= other)
 
 
 def _compatible(narrow: Rule, other: Rule) -> bool:
-    return narrow.secrets <= other.secrets and cidrs_covered(narrow.private_cidrs,
-                                                             other.private_cidrs)
+    return (narrow.secrets <= other.secrets
+            and cidrs_covered(narrow.private_cidrs, other.private_cidrs)
+            and _limit_covered(narrow.max_request_bytes, other.max_request_bytes))
 
 
 def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule]) -> tuple[int, str] | None:
@@ -439,6 +490,12 @@ def _why_incompatible(narrow: str, a: Rule, other: str, o: Rule) -> str:
         return (f"{other} allows it by rule '{o.name}' ({o.source}), which binds "
                 f"{_secrets(o.secrets)}; rule '{a.name}' of {narrow} binds "
                 f"{_secrets(missing)} on it")
+    if not _limit_covered(a.max_request_bytes, o.max_request_bytes):
+        size = f"{a.max_request_bytes} bytes" if a.max_request_bytes is not None else (
+            "no limit of its own")
+        return (f"{other} allows it by rule '{o.name}' ({o.source}) only with a body of at "
+                f"most {o.max_request_bytes} bytes (max_request_bytes); rule '{a.name}' of "
+                f"{narrow} allows {size}")
     return (f"{other} allows it by rule '{o.name}' ({o.source}), whose private_cidrs "
             f"({', '.join(map(str, o.private_cidrs)) or 'none'}) do not cover those of rule "
             f"'{a.name}' of {narrow} ({', '.join(map(str, a.private_cidrs))})")
@@ -461,23 +518,33 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
     ports = sorted({p for r in rules for p in r.ports})
     named = {m for r in rules if r.methods is not None for m in r.methods}
     methods = [*sorted(named), _fresh_method(named)]
+    queries = query_cells(rules)
+    if queries is None:
+        return ProofResult("narrower_than", claim, False, src, details=(
+            f"not proved: the `query:` constraints of these identities name too many "
+            f"parameter values (more than {MAX_QUERY_CELLS} combinations) for an exact proof",))
     # Cells whose applicable rules look alike (paths, action, what they bind) share a search.
     memo: dict[tuple[tuple[object, ...], ...], tuple[int, str] | None] = {}
     for scheme in schemes:
         for host in hosts:
             for port in ports:
                 for method in methods:
-                    n_app = [r for r in n_ident.rules if _applies(r, scheme, host, port, method)]
-                    if not any(r.action == "allow" for r in n_app):
-                        continue
-                    o_app = [r for r in o_ident.rules if _applies(r, scheme, host, port, method)]
-                    key = (tuple(_shape(r) for r in n_app), (), tuple(_shape(r) for r in o_app))
-                    if key not in memo:
-                        memo[key] = _cell_gap(n_app, o_app)
-                    gap = memo[key]
-                    if gap is not None:
-                        return _l7_counterexample(policy, narrow, other, claim, src, scheme,
-                                                  host, port, method, n_app[gap[0]], gap[1])
+                    for query in queries:
+                        n_app = [r for r in n_ident.rules
+                                 if _applies(r, scheme, host, port, method, query)]
+                        if not any(r.action == "allow" for r in n_app):
+                            continue
+                        o_app = [r for r in o_ident.rules
+                                 if _applies(r, scheme, host, port, method, query)]
+                        key = (tuple(_shape(r) for r in n_app), (),
+                               tuple(_shape(r) for r in o_app))
+                        if key not in memo:
+                            memo[key] = _cell_gap(n_app, o_app)
+                        gap = memo[key]
+                        if gap is not None:
+                            return _l7_counterexample(policy, narrow, other, claim, src, scheme,
+                                                      host, port, method, n_app[gap[0]], gap[1],
+                                                      query)
 
     # CONNECT: every tunnel decide_connect() passes through without interception.
     for host in hosts:
@@ -502,10 +569,11 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
 
 def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src: Source | None,
                        scheme: str, host: str, port: int, method: str, rule: Rule,
-                       path: str) -> ProofResult:
+                       path: str, query: QueryCell = ()) -> ProofResult:
     raw = raw_path(path)
-    req = RequestInfo(scheme, host, port, method, raw)
-    url = f"{scheme}://{_url_host(host)}:{port}{raw}"
+    req = RequestInfo(scheme, host, port, method, raw, query)
+    qs = f"?{query_string(query)}" if query else ""
+    url = f"{scheme}://{_url_host(host)}:{port}{raw}{qs}"
     if parse_url(method, url) != req:
         raise ProofError(f"counter-example {method} {url} does not parse back to itself")
     dn = decide(policy, narrow, req)
@@ -572,5 +640,7 @@ __all__ = [
     "prove",
     "prove_narrower",
     "prove_secret_hosts",
+    "query_cells",
+    "query_string",
     "raw_path",
 ]

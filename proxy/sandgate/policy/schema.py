@@ -57,7 +57,16 @@ class InjectSpec(_Strict):
 class RuleSpec(_Strict):
     name: str
     action: Literal["allow", "deny"] = "allow"
-    hosts: list[str] = Field(min_length=1, description="Exact hosts or '*.domain' wildcards.")
+    hosts: list[str] | None = Field(
+        default=None, min_length=1,
+        description="Exact hosts or '*.domain' wildcards. Required unless `public: true`.")
+    public: bool = Field(
+        default=False,
+        description="Instead of `hosts`: any host that resolves only to public addresses. The "
+        "rule matches every host name (and IP literal); the proxy then refuses "
+        "(internal_address) a host any of whose addresses is non-public. Cannot inject, "
+        "substitute, pass through or have private_cidrs.",
+    )
     schemes: list[Literal["https", "http"]] | None = Field(default=None, min_length=1)
     ports: list[int] | None = Field(
         default=None, min_length=1, description="Default: 443 for https, 80 for http."
@@ -82,10 +91,32 @@ class RuleSpec(_Strict):
         default_factory=list, description="Non-public ranges this rule may dial."
     )
     passthrough: bool = Field(default=False, description="Tunnel without interception.")
+    query: dict[str, list[str]] | None = Field(
+        default=None, min_length=1,
+        description="Named query parameters the request must carry, each with one of the "
+        "listed values, e.g. {service: [git-upload-pack]}. Values are compared exactly, after "
+        "decoding %XX once. A parameter that is missing, given twice with different values, "
+        "or spelled so that servers could read it differently ('+', a malformed escape, a ';' "
+        "or '#' in the query) does not match. Other parameters are not constrained.",
+    )
+    max_request_bytes: int | str | None = Field(
+        default=None,
+        description="The largest request body this rule lets through, e.g. 1m, 512k or 1024 "
+        "(bytes). Larger bodies (declared or received) are refused with 413 too_large. The "
+        "proxy's --max-request-body still applies; the smaller limit wins.",
+    )
 
 
 class IdentitySpec(_Strict):
-    description: str | None = None
+    description: str | None = Field(
+        default=None, description="What the identity is for. An identity may span files; "
+        "description, mode and narrower_than may each be set in one file only.")
+    use: list[str] | None = Field(
+        default=None, min_length=1,
+        description="Templates (top-level `templates:`, in any file) whose rules this identity "
+        "gets, in this order, before its own rules of this file (the first matching allow rule "
+        "wins, so a template decides its requests the same way in every identity using it).",
+    )
     mode: Literal["enforce", "report"] = Field(
         default="enforce",
         description="enforce (default): refuse what the rules do not allow. report: a request "
@@ -102,7 +133,11 @@ class IdentitySpec(_Strict):
         "secrets this one gets on it, and every passthrough tunnel it gets, the other gets; "
         "otherwise it prints a counter-example request.",
     )
-    rules: list[RuleSpec] = Field(default_factory=list)
+    rules: list[RuleSpec] = Field(
+        default_factory=list,
+        description="The identity's rules, in order. Several files may add rules to one "
+        "identity: files are read in name order, rules keep their order within a file; rule "
+        "names are unique per identity across files and templates.")
 
 
 class TestSpec(_Strict):
@@ -141,5 +176,12 @@ class PolicyFile(_Strict):
     # null (an empty `secrets:` key, an identity written without rules) is what the loader
     # reads as empty; the JSON Schema says so too, so editors accept what `sandgate check` does.
     secrets: dict[str, SecretSpec] | None = Field(default_factory=dict)
+    templates: dict[str, list[RuleSpec]] = Field(
+        default_factory=dict,
+        description="Named lists of rules that identities add with `use: [NAME, ...]`. A "
+        "template's rules may inject secrets (declared under `secrets:` as usual); they are "
+        "checked once, where the template is written, and each rule keeps its own source "
+        "(file:line) in the audit. Templates cannot use templates.",
+    )
     identities: dict[str, IdentitySpec | None] | None = Field(default_factory=dict)
     tests: list[TestSpec] | None = Field(default_factory=list)
