@@ -28,7 +28,7 @@ echo "== setup took $((SECONDS - t0)) s"
 .venv/bin/sandgate check policies
 .venv/bin/sandgate lint --strict policies
 if ((fast)); then
-  .venv/bin/python -m pytest -p no:cacheprovider -q -m unit "$@"
+  .venv/bin/python -m pytest -p no:cacheprovider -q -n auto -m unit "$@"
 else
   .venv/bin/python -m pytest -p no:cacheprovider -q "$@"
 fi

@@ -37,6 +37,7 @@ from sandgate.policy.proofs import (
     raw_path,
 )
 from sandgate.request import RequestInfo, parse_query, parse_url
+from tests.unit.fuzz import examples
 
 ROOT = Path(__file__).parents[2]
 
@@ -391,7 +392,7 @@ def norm_paths(draw: Any) -> str:
     return "/" + "/".join(segs) + ("/" if draw(st.booleans()) else "")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(globs(), st.lists(norm_paths(), min_size=1, max_size=8))
 def test_glob_automaton_agrees_with_matches(glob, paths):
     p = compile_path_pattern(glob)
@@ -407,7 +408,7 @@ def test_glob_automaton_agrees_with_matches(glob, paths):
 V_RX = re.compile(NORMALISED_PATH_REGEX, re.DOTALL)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(alphabet="/.\\ab\x01\x7fé", max_size=12))
 def test_normalised_path_language_is_exactly_the_fixed_points(s):
     """A string without %, ? and # is a normalised path iff normalise_path leaves it alone."""
@@ -420,7 +421,7 @@ def test_normalised_path_language_is_exactly_the_fixed_points(s):
     assert (V_RX.fullmatch(s) is not None) == fixed, s
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(st.text(max_size=20).map(lambda t: "/" + t))
 def test_every_normalised_path_is_in_the_language(raw):
     try:
@@ -452,7 +453,7 @@ def test_witness_paths_are_real_paths():
 greenery = pytest.importorskip("greenery")
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(globs(), globs(), globs())
 def test_find_path_agrees_with_greenery(g1, g2, g3):
     """An independent automata library decides the same emptiness questions."""
@@ -476,7 +477,7 @@ HOST_PATS = ["example.com", "a.example.com", "x.example.com", "*.example.com", "
 LABELS = ["a", "b", "x", "y", "example", "other", "com", "org", "q"]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(st.lists(st.sampled_from(HOST_PATS), min_size=1, max_size=5),
        st.lists(st.sampled_from(LABELS), max_size=3),
        st.sampled_from(["example.com", "a.example.com", "b.a.example.com", "other.org", "org"]))
@@ -665,7 +666,7 @@ GRID_PATHS = ["/", "/a", "/a/", "/a/b", "/a/b/", "/b", "/b/a", "/b/c/a", "/ab", 
               "/c/b", "/a%2Fb", "/x/..", "/%61b"]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policies())
 def test_proof_agrees_with_decide(pol):
     res = prove_narrower(pol, "n", "o")  # a counter-example decide() disagrees with raises

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.traffic import diff, format_diff, read_audit
+from tests.support.cli import run_cli
 from tests.unit.audit_log import Recorder
 
 pytestmark = pytest.mark.unit
@@ -189,8 +189,7 @@ def test_diff_resolve_runs_the_address_step(tmp_path):
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandgate.cli", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60, input=stdin)
+    return run_cli(*args, cwd=ROOT, stdin=stdin)
 
 
 def test_diff_cli_text_json_and_exit_codes(tmp_path):
