@@ -21,7 +21,7 @@ from mitmproxy.net.http import url
 from sandgate.errors import BadRequest, Code
 from sandgate.netguard import parse_ip_literal
 from sandgate.policy.hosts import normalise_host
-from sandgate.text import has_control_chars
+from sandgate.text import has_control_chars, percent_decode
 
 DEFAULT_PORTS: dict[str, int] = {"https": 443, "http": 80}
 
@@ -55,33 +55,15 @@ class RequestInfo:
         return f"{self.scheme}://{self.host}:{self.port}{self.path}"
 
 
-_HEXDIGITS = frozenset("0123456789abcdefABCDEF")
-
-
 def _decode_component(raw: str) -> str | None:
     """%XX escapes decoded exactly once, as UTF-8; None when that is not unambiguous: a
     malformed escape, bytes that are not UTF-8, or a '+' (a space to form decoders, a plus to
     RFC 3986 ones: servers disagree)."""
     if "+" in raw:
         return None
-    if "%" not in raw:
-        return raw
-    out = bytearray()
-    i, n = 0, len(raw)
-    while i < n:
-        c = raw[i]
-        if c == "%":
-            hx = raw[i + 1 : i + 3]
-            if len(hx) != 2 or not all(h in _HEXDIGITS for h in hx):
-                return None
-            out.append(int(hx, 16))
-            i += 3
-        else:
-            out += c.encode("utf-8")
-            i += 1
     try:
-        return out.decode("utf-8")
-    except UnicodeDecodeError:
+        return percent_decode(raw, "query")
+    except ValueError:
         return None
 
 

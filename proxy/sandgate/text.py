@@ -20,3 +20,33 @@ def has_control_chars(text: str) -> bool:
 def breaks_header(text: str) -> bool:
     """Would this value, put into a header, end the line or truncate it (CR, LF, NUL)?"""
     return _HEADER_BREAKING.search(text) is not None
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def percent_decode(raw: str, what: str = "text") -> str:
+    """%XX escapes decoded exactly once, as UTF-8 (paths and query components alike).
+
+    ValueError (naming `what`) for a malformed escape or bytes that are not UTF-8: a parser
+    must not guess what an upstream would make of them.
+    """
+    if "%" not in raw:
+        return raw
+    out = bytearray()
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c == "%":
+            esc = raw[i + 1 : i + 3]
+            if len(esc) != 2 or esc[0] not in _HEX or esc[1] not in _HEX:
+                raise ValueError(f"malformed percent-escape {raw[i:i + 3]!r} in {what}")
+            out.append(int(esc, 16))
+            i += 3
+        else:
+            out += c.encode("utf-8")
+            i += 1
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} is not valid UTF-8 after percent-decoding") from None

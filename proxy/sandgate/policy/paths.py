@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sandgate.text import has_control_chars
+from sandgate.text import has_control_chars, percent_decode
 
 DOUBLE_STAR = "**"
-_HEX = "0123456789abcdefABCDEF"
 
 # segment glob -> compiled regex; filled at compile time so matching compiles nothing.
 _GLOBS: dict[str, re.Pattern[str]] = {}
@@ -31,27 +30,7 @@ class PathPattern:
 
 
 def _percent_decode(raw: str) -> str:
-    """Decode %XX escapes exactly once, as UTF-8. Malformed escapes and invalid UTF-8 fail."""
-    if "%" not in raw:
-        return raw
-    out = bytearray()
-    i = 0
-    n = len(raw)
-    while i < n:
-        c = raw[i]
-        if c == "%":
-            esc = raw[i + 1 : i + 3]
-            if len(esc) != 2 or esc[0] not in _HEX or esc[1] not in _HEX:
-                raise ValueError(f"malformed percent-escape {raw[i:i + 3]!r} in path")
-            out.append(int(esc, 16))
-            i += 3
-        else:
-            out += c.encode("utf-8")
-            i += 1
-    try:
-        return out.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError("path is not valid UTF-8 after percent-decoding") from e
+    return percent_decode(raw, "path")
 
 
 def normalise_path(raw: str) -> str:
