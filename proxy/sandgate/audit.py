@@ -176,6 +176,9 @@ class AuditLog:
         self._stream = stream
         self._lock = threading.Lock()
         self._closed = False
+        # False once a write failed (disk full, closed pipe), True again after one succeeds: the
+        # gate refuses requests meanwhile (fail closed) unless run with --audit-best-effort.
+        self.healthy = True
         self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self._log = structlog.wrap_logger(
             structlog.WriteLogger(stream),
@@ -190,7 +193,14 @@ class AuditLog:
         with self._lock:
             if self._closed:
                 raise ValueError("audit log is closed")
-            self._log.msg(event, **fields)
+            try:
+                self._log.msg(event, **fields)
+                if self._owned is None:
+                    self._stream.flush()  # a pipe: surface a closed reader now, not later
+            except (OSError, ValueError):
+                self.healthy = False
+                raise
+            self.healthy = True
         for listener in self._listeners:
             try:
                 listener(event, fields)

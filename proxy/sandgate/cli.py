@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-request-body", type=_size, default="32m", metavar="SIZE",
                      help="refuse request bodies larger than this with 413 (default %(default)s; "
                      "bodies are buffered to be inspected before anything is sent)")
+    run.add_argument("--audit-best-effort", action="store_true",
+                     help="keep forwarding while the audit log cannot be written (default: "
+                     "refuse with 503 audit_unavailable until a write succeeds)")
     run.add_argument("--canary", action="store_true",
                      help="refuse and audit any request carrying an identity's decoy credential "
                      "(see `sandgate canary`); scrub it from responses")
@@ -491,6 +494,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             upstream_cas=args.upstream_ca, audit_file=args.audit, vault=vault,
             secret_ttl=args.secret_ttl, address_sources=sources,
             max_request_body=args.max_request_body, canary=args.canary,
+            audit_best_effort=args.audit_best_effort,
             loaded=loaded, admin=args.admin, admin_token=admin_token,
             admin_max_token_ttl=max_ttl, drain_timeout=args.drain_timeout,
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,

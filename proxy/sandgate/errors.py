@@ -43,6 +43,7 @@ class Code(StrEnum):
     UPSTREAM_ERROR = "upstream_error"  # the upstream failed or answered something unforwardable
     UPSTREAM_TIMEOUT = "upstream_timeout"  # the upstream did not answer in time
     SECRET_UNAVAILABLE = "secret_unavailable"  # Vault down, secret missing, auth to Vault failed
+    AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit log cannot be written: fail closed
     INTERNAL_ERROR = "internal_error"  # an exception inside Sandgate: fail closed
 
 
@@ -63,6 +64,7 @@ STATUS: dict[Code, int] = {
     Code.UPSTREAM_ERROR: 502,
     Code.UPSTREAM_TIMEOUT: 504,
     Code.SECRET_UNAVAILABLE: 503,
+    Code.AUDIT_UNAVAILABLE: 503,
     Code.INTERNAL_ERROR: 503,
 }
 

@@ -51,6 +51,7 @@ class RunConfig:
     address_sources: Sequence[AddressIdentitySource] = ()
     max_request_body: str = DEFAULT_MAX_REQUEST_BODY
     canary: bool = False
+    audit_best_effort: bool = False
     # the policy `sandgate run` validated before printing or binding anything (else loaded here)
     loaded: livepolicy.LoadedPolicy | None = None
     admin: tuple[str, int] | None = None  # --admin HOST:PORT
@@ -155,6 +156,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         resolve_overrides=dict(cfg.resolve),
         self_addresses=selves,
         max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
+        audit_best_effort=cfg.audit_best_effort,
         canaries=canaries(policy),
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)

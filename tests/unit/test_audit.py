@@ -158,3 +158,23 @@ def test_threads_never_interleave_lines() -> None:
 ])
 def test_redact_path(given: str, want: str) -> None:
     assert redact_path(given) == want
+
+
+def test_a_failed_write_marks_the_log_unhealthy_until_one_succeeds():
+    class Flaky(io.StringIO):
+        fail = True
+
+        def write(self, s: str) -> int:
+            if self.fail:
+                raise OSError(28, "No space left on device")
+            return super().write(s)
+
+    stream = Flaky()
+    log = AuditLog(stream)
+    assert log.healthy
+    with pytest.raises(OSError):
+        log.emit("request", identity="a")
+    assert not log.healthy
+    stream.fail = False
+    log.emit("request", identity="a")
+    assert log.healthy and '"identity": "a"' in stream.getvalue()

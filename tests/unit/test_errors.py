@@ -31,6 +31,7 @@ CASES = [
     (AddressRefused(Code.SELF_ADDRESS, "r"), 403),
     (AddressRefused(Code.UNRESOLVABLE, "r"), 502),
     (SecretError("name", "r"), 503),
+    (Refused(Code.AUDIT_UNAVAILABLE, "r"), 503),
     (UnsafeValue("r"), 502),
     (Refused(Code.EXFILTRATION, "r"), 403),
     (Refused(Code.NO_RULE, "r"), 403),

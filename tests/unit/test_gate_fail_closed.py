@@ -172,3 +172,18 @@ async def test_requestheaders_refuses_before_the_body(gate):
         await gate.requestheaders(f)
         assert f.response is not None and f.response.status_code == 407
         assert f.error is not None  # killed: the large body is never read
+
+
+async def test_nothing_is_forwarded_while_the_audit_log_cannot_be_written(gate):
+    gate.cfg.audit.healthy = False  # as after a failed write (disk full, closed pipe)
+    with taddons.context(gate):
+        f = plain_flow()
+        await gate.requestheaders(f)
+        await gate.request(f)
+        assert f.response is not None and f.response.status_code == 503
+        assert f.response.headers["x-sandgate-reason"] == "audit_unavailable"
+        gate.cfg.audit_best_effort = True
+        f = plain_flow()
+        await gate.requestheaders(f)
+        await gate.request(f)
+        assert f.response is None  # forwarded: the operator chose best effort

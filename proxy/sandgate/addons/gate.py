@@ -78,6 +78,8 @@ class GateConfig:
     max_request_body: int = 32 * 1024 * 1024
     # secret-like name -> decoy value (`sandgate run --canary`): refused in requests, scrubbed
     canaries: dict[str, str] = field(default_factory=dict)
+    # forward even while the audit log cannot be written (--audit-best-effort); off: fail closed
+    audit_best_effort: bool = False
 
 
 def guarded(fn: F) -> F:
@@ -164,6 +166,8 @@ class Gate:
         tunnel = Tunnel(caller=caller, host=host, port=req.port, rule=d.rule,
                         passthrough=d.allowed and d.rule is not None and d.rule.passthrough,
                         policy=policy)
+        if tunnel.passthrough:
+            self._check_audit()  # a passthrough tunnel is forwarded at CONNECT, unseen after
         if not d.allowed:
             if d.code not in _DEFERRABLE:
                 raise d.refused()
@@ -258,7 +262,14 @@ class Gate:
             if _body_expected(flow.request) > _SMALL_BODY:
                 flow.kill()  # do not read (and buffer) a large body only to refuse it
 
+    def _check_audit(self) -> None:
+        """Nothing is forwarded that cannot be audited (unless run with --audit-best-effort)."""
+        if not self.cfg.audit.healthy and not self.cfg.audit_best_effort:
+            raise Refused(Code.AUDIT_UNAVAILABLE, "Sandgate cannot write its audit log; nothing "
+                          "is forwarded until it can", hint="retry later")
+
     def _judge_head(self, flow: http.HTTPFlow) -> None:
+        self._check_audit()
         rec = _record(flow)
         req = flow.request
         auth = req.headers.pop("proxy-authorization", None)
