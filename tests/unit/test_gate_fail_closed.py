@@ -187,3 +187,19 @@ async def test_nothing_is_forwarded_while_the_audit_log_cannot_be_written(gate):
         await gate.requestheaders(f)
         await gate.request(f)
         assert f.response is None  # forwarded: the operator chose best effort
+
+
+async def test_dns_over_a_tunnel_is_refused_or_killed(gate, monkeypatch):
+    with taddons.context(gate):
+        f = tflow.tdnsflow()
+        gate.dns_request(f)
+        assert f.response is not None and f.response.response_code == 5  # REFUSED
+
+        f = tflow.tdnsflow()
+
+        def boom(*a, **k):
+            raise RuntimeError("bug")
+
+        monkeypatch.setattr(f.request, "fail", boom)
+        gate.dns_request(f)
+        assert f.error is not None  # killed: mitmproxy never resolves it

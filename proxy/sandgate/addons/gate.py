@@ -205,18 +205,20 @@ class Gate:
                 return
         except Exception:
             log.exception("sandgate: tcp_message failed; dropping")
-        flow.messages[-1].content = b""
-        if flow.killable:
-            flow.kill()
+        _drop_raw(flow)
 
     def udp_message(self, flow: udp.UDPFlow) -> None:
-        flow.messages[-1].content = b""
-        if flow.killable:
-            flow.kill()
+        _drop_raw(flow)
 
     def dns_request(self, flow: dns.DNSFlow) -> None:
-        # A CONNECT to port 53 carrying raw DNS would be resolved by mitmproxy itself.
-        flow.response = flow.request.fail(response_codes.REFUSED)
+        # A CONNECT to port 53 carrying raw DNS would be resolved by mitmproxy itself: answer
+        # REFUSED; should even that fail, end the flow (an exception here would let it resolve).
+        try:
+            flow.response = flow.request.fail(response_codes.REFUSED)
+        except Exception:
+            log.exception("sandgate: dns_request failed; killing")
+            if flow.killable:
+                flow.kill()
 
     # ---------------------------------------------------------------- dialling
 
@@ -582,6 +584,13 @@ def _record(flow: http.HTTPFlow) -> FlowRecord:
 
 
 _SMALL_BODY = 64 * 1024
+
+
+def _drop_raw(flow: tcp.TCPFlow | udp.UDPFlow) -> None:
+    """Relay nothing of a raw message (mitmproxy ignores kill() in tcp_start/udp_start)."""
+    flow.messages[-1].content = b""
+    if flow.killable:
+        flow.kill()  # type: ignore[no-untyped-call]  # mitmproxy's Flow.kill is unannotated
 
 
 def _check_wire(req: http.Request) -> None:

@@ -530,33 +530,41 @@ def _duplicate_keys(root: yaml.Node) -> list[tuple[Loc, int]]:
 # --- merging files ----------------------------------------------------------------------------
 
 
-def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
-    secrets: dict[str, SecretRef] = {}
-    identities: dict[str, Identity] = {}
-    secret_first: dict[str, Source] = {}
-    templates: dict[str, list[Rule]] = {}
-    template_first: dict[str, Source] = {}
+T = typing.TypeVar("T")
+
+
+def _defined_once(
+    kind: str, parts: list[_FilePart],
+    of: Callable[[_FilePart], tuple[Mapping[str, Source], Mapping[str, T]]],
+    problems: list[PolicyProblem],
+) -> tuple[dict[str, T], dict[str, Source]]:
+    """Merge the `kind`s (secrets, templates) of all files: each name defined in one place only.
+
+    Returns (name -> compiled value, name -> where it is first defined, broken ones included).
+    """
+    values: dict[str, T] = {}
+    first: dict[str, Source] = {}
     for part in parts:
-        for name, src in part.secret_sources.items():
-            prev = secret_first.get(name)
+        sources, compiled = of(part)
+        for name, src in sources.items():
+            prev = first.get(name)
             if prev is not None:
                 problems.append(part.problem(
-                    ("secrets", name), f"secret {name!r} is also defined in {prev}",
-                    f"define each secret once; rename or remove one of {prev} and {src}"))
+                    (f"{kind}s", name), f"{kind} {name!r} is also defined in {prev}",
+                    f"define each {kind} once; rename or remove one of {prev} and {src}"))
                 continue
-            secret_first[name] = src
-            if name in part.secrets:
-                secrets[name] = part.secrets[name]
-        for tname, tsrc in part.template_sources.items():
-            tprev = template_first.get(tname)
-            if tprev is not None:
-                problems.append(part.problem(
-                    ("templates", tname), f"template {tname!r} is also defined in {tprev}",
-                    f"define each template once; rename or remove one of {tprev} and {tsrc}"))
-                continue
-            template_first[tname] = tsrc
-            if tname in part.templates:
-                templates[tname] = part.templates[tname]
+            first[name] = src
+            if name in compiled:
+                values[name] = compiled[name]
+    return values, first
+
+
+def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
+    identities: dict[str, Identity] = {}
+    secrets, secret_first = _defined_once(
+        "secret", parts, lambda part: (part.secret_sources, part.secrets), problems)
+    templates, template_first = _defined_once(
+        "template", parts, lambda part: (part.template_sources, part.templates), problems)
     identity_first: dict[str, Source] = {}
     for part in parts:
         for name, ipart in part.identities.items():
