@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="identify clients from this range without a token (VMs, namespaces)")
     run.add_argument("--docker-network", action="append", default=[], metavar="NAME",
                      help="identify clients on this Docker network by their container labels")
+    run.add_argument("--socks5", type=_listen, default=None, metavar="HOST:PORT",
+                     help="also listen for SOCKS5 here (username/password = identity/token, "
+                     "names resolved by Sandgate); off unless given")
+    run.add_argument("--socks5-allow", action="append", default=[], metavar="CIDR",
+                     help="serve SOCKS5 only to sources in this range (repeatable; others are "
+                     "dropped at connect and audited)")
     run.add_argument("--admin", type=_listen, default=None, metavar="HOST:PORT",
                      help="serve the admin API (health, readiness, metrics, policy, reload) "
                      "here; off unless given")
@@ -415,10 +421,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_sets(args.sets)  # before anything heavy is imported or started
     except ValueError as e:
         return _err(str(e))
+    from sandgate.addons.socks5 import parse_allow
     from sandgate.lifecycle import configure_logging, default_log_format
     from sandgate.policy import live
     from sandgate.policy.loader import PolicyError
-    from sandgate.runner import RunConfig, banner, parse_resolve, same_address, serve
+    from sandgate.runner import (
+        RunConfig,
+        banner,
+        check_listeners,
+        parse_resolve,
+        same_address,
+        serve,
+    )
     from sandgate.secrets.vault import VaultConfig
     from sandgate.tokens import parse_ttl
 
@@ -441,6 +455,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--admin {args.admin[0]}:{args.admin[1]} is the proxy "
                                  "listener's address; give the admin listener its own port")
         max_ttl = parse_ttl(args.admin_max_token_ttl)
+        socks5_allow = parse_allow(args.socks5_allow)
+        check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
+                                  listen_host=args.listen[0], listen_port=args.listen[1],
+                                  admin=args.admin, socks5=args.socks5,
+                                  socks5_allow=socks5_allow))
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
     except ValueError as e:
@@ -498,6 +517,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             loaded=loaded, admin=args.admin, admin_token=admin_token,
             admin_max_token_ttl=max_ttl, drain_timeout=args.drain_timeout,
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
+            socks5=args.socks5, socks5_allow=socks5_allow,
         )
         for line in banner(cfg, args.confdir).splitlines():
             log.info("%s", line)

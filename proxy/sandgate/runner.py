@@ -18,14 +18,14 @@ from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import audit, confdir
-from sandgate.addons import patches
+from sandgate.addons import patches, socks5
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, pinned
 from sandgate.identity.base import AddressIdentitySource
 from sandgate.identity.resolve import Identifier
 from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
 from sandgate.metrics import Metrics
-from sandgate.netguard import IPAddress
+from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy import live as livepolicy
 from sandgate.policy.model import Policy
 from sandgate.secrets.vault import SecretBroker, VaultConfig
@@ -60,6 +60,8 @@ class RunConfig:
     drain_timeout: float = 30.0
     watch_interval: float | None = 0.5  # None: no file watching (SIGHUP and the API still work)
     log_format: str = "text"
+    socks5: tuple[str, int] | None = None  # --socks5 HOST:PORT (off unless given)
+    socks5_allow: tuple[IPNetwork, ...] = ()  # --socks5-allow CIDR (empty: every source)
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -110,6 +112,23 @@ def self_addresses(host: str, port: int) -> tuple[tuple[IPAddress, int], ...]:
     return tuple(out)
 
 
+def check_listeners(cfg: RunConfig) -> None:
+    """No two listeners (proxy, SOCKS5, admin) on one address (ValueError says which)."""
+    named = [("--listen", (cfg.listen_host, cfg.listen_port))]
+    if cfg.socks5 is not None:
+        named.append(("--socks5", cfg.socks5))
+    if cfg.admin is not None:
+        named.append(("--admin", cfg.admin))
+    for i, (name, addr) in enumerate(named):
+        for other, other_addr in named[:i]:
+            if same_address(addr, other_addr):
+                raise ValueError(f"{name} {addr[0]}:{addr[1]} is the address of {other} "
+                                 f"({other_addr[0]}:{other_addr[1]}); give each listener its "
+                                 "own port")
+    if cfg.socks5_allow and cfg.socks5 is None:
+        raise ValueError("--socks5-allow restricts the SOCKS5 listener: give --socks5 HOST:PORT")
+
+
 def same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
     """Would these two listeners collide (same port, and the same or an unspecified host)?"""
     if a[1] != b[1]:
@@ -126,10 +145,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     policy = loaded.policy
     if cfg.vault is None:
         raise ValueError("no Vault configured")
+    check_listeners(cfg)
     if cfg.admin is not None:
-        if same_address(cfg.admin, (cfg.listen_host, cfg.listen_port)):
-            raise ValueError(f"--admin {cfg.admin[0]}:{cfg.admin[1]} is the proxy listener's "
-                             "address; give the admin listener its own port")
         if not cfg.admin_token:
             raise ValueError("--admin needs a token: set SANDGATE_ADMIN_TOKEN or give "
                              "--admin-token-file")
@@ -148,6 +165,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     selves = self_addresses(cfg.listen_host, cfg.listen_port)
     if cfg.admin is not None:  # a sandbox must never reach the admin API through the proxy
         selves += self_addresses(*cfg.admin)
+    if cfg.socks5 is not None:
+        selves += self_addresses(*cfg.socks5)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -158,6 +177,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
         audit_best_effort=cfg.audit_best_effort,
         canaries=canaries(policy),
+        socks5_allow=tuple(cfg.socks5_allow),
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy)
@@ -205,7 +225,9 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     if cfg.sets:
         opts.set(*cfg.sets)
     bundle = upstream_bundle(conf, cfg.upstream_cas)
-    values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None)
+    socks5.install()  # before the listeners start: the SOCKS5 mode gets Sandgate's layer
+    values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,
+                    cfg.socks5)
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()
@@ -286,8 +308,13 @@ def _audit_policy(sink: audit.AuditLog, o: livepolicy.ReloadOutcome,
 
 
 def banner(cfg: RunConfig, conf: Path) -> str:
+    socks = ""
+    if cfg.socks5 is not None:
+        allow = ", ".join(str(n) for n in cfg.socks5_allow) or "every source"
+        socks = f"sandgate: SOCKS5 on {cfg.socks5[0]}:{cfg.socks5[1]} (from {allow})\n"
     return (
         f"sandgate: listening on {cfg.listen_host}:{cfg.listen_port}, policies {cfg.policies}\n"
+        + socks +
         f"sandgate: CA for sandboxes: sandgate ca --confdir {conf}\n"
         f"sandgate: a token: sandgate token issue --confdir {conf} --identity coding-agent\n"
         f"sandgate: try: curl --cacert <(sandgate ca --confdir {conf}) "

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
 from mitmproxy.net.dns import response_codes
 from mitmproxy.proxy import server_hooks
+from mitmproxy.proxy.layers import modes
 
 from sandgate import audit as A
 from sandgate.addons.forward import (
@@ -30,6 +31,14 @@ from sandgate.addons.forward import (
     inspectable_body,
     is_websocket_upgrade,
     prepare,
+)
+from sandgate.addons.socks5 import (
+    REP_NOT_ALLOWED,
+    Socks5ConnectData,
+    basic_credentials,
+    connect_flow,
+    is_socks5,
+    source_allowed,
 )
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord, Tunnel
 from sandgate.addons.stream import (
@@ -40,7 +49,7 @@ from sandgate.addons.stream import (
     scrub_whole_candidate,
 )
 from sandgate.decision import decide, decide_connect, reported
-from sandgate.errors import BadRequest, Code, Refused
+from sandgate.errors import BadRequest, Code, IdentityError, Refused
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.inject import Leak, apply, find_leaks, find_leaks_in, own_forms
@@ -80,6 +89,8 @@ class GateConfig:
     canaries: dict[str, str] = field(default_factory=dict)
     # forward even while the audit log cannot be written (--audit-best-effort); off: fail closed
     audit_best_effort: bool = False
+    # --socks5-allow: the source ranges the SOCKS5 listener serves (empty: every source)
+    socks5_allow: tuple[IPNetwork, ...] = ()
 
 
 def guarded(fn: F) -> F:
@@ -183,6 +194,63 @@ class Gate:
     def http_connect_error(self, flow: http.HTTPFlow) -> None:
         self._audit(flow, event="connect")
 
+    # ---------------------------------------------------------------- SOCKS5 (addons/socks5.py)
+    # Each SOCKS5 step is judged on a CONNECT flow built from it, by the HTTP listener's code:
+    # the same identity check, decision, tunnel state, refusal and `connect` audit event.
+
+    def client_connected(self, client: connection.Client) -> None:
+        """--socks5-allow: a SOCKS5 client from another source is dropped before one byte of
+        its handshake is read (audited as auth_invalid: no sandbox is served from there)."""
+        try:
+            if not is_socks5(client) or source_allowed(client.peername[0],
+                                                       self.cfg.socks5_allow):
+                return
+            client.error = "sandgate: source address outside --socks5-allow"
+            self._socks_refused(connect_flow(client, "", 0, None), IdentityError(
+                Code.AUTH_INVALID, f"the SOCKS5 listener does not serve address "
+                f"{client.peername[0]} (outside --socks5-allow)"))
+        except Exception:
+            log.exception("sandgate: client_connected failed; dropping the client")
+            client.error = "sandgate: internal error"
+
+    def socks5_auth(self, data: modes.Socks5AuthData) -> None:
+        """The SOCKS5 username/password are the identity and the token of Proxy-Authorization;
+        no credentials is auth_required even where an address source would vouch."""
+        data.valid = False
+        flow = connect_flow(data.client_conn, "", 0, None)
+        try:
+            header = basic_credentials(data.username, data.password)
+            if header is None:
+                raise IdentityError(Code.AUTH_REQUIRED, "proxy authentication required: the "
+                                    "SOCKS5 listener needs username/password authentication "
+                                    "with the identity as user and a proxy token as password")
+            _record(flow).caller = self._identify(flow, header)
+            self._conn(data.client_conn).socks_auth = header
+            data.valid = True
+        except Refused as e:
+            self._socks_refused(flow, e)
+        except Exception:
+            log.exception("sandgate: socks5_auth failed; refusing")
+            self._socks_refused(flow, Refused(Code.INTERNAL_ERROR, "Sandgate hit an internal "
+                                              "error; nothing was sent"))
+
+    async def socks5_connect(self, data: Socks5ConnectData) -> None:
+        """A SOCKS5 CONNECT is an HTTP CONNECT: granted unless http_connect answered it."""
+        data.reply = REP_NOT_ALLOWED
+        flow = connect_flow(data.client_conn, data.host, data.port,
+                            self._conn(data.client_conn).socks_auth)
+        await self.http_connect(flow)
+        if flow.response is None and _record(flow).caller is not None:
+            data.reply = None  # granted (a deferred policy refusal is answered inside)
+        else:
+            self._audit(flow, event="connect")
+
+    def _socks_refused(self, flow: http.HTTPFlow, error: Refused) -> None:
+        try:
+            self._refused(flow, error)
+        finally:
+            self._audit(flow, event="connect")
+
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         try:
             tunnel = self._conn(data.context.client).tunnel
@@ -276,6 +344,8 @@ class Gate:
         req = flow.request
         auth = req.headers.pop("proxy-authorization", None)
         tunnel = self._conn(flow.client_conn).tunnel
+        if tunnel is None and is_socks5(flow.client_conn):
+            raise IdentityError(Code.AUTH_REQUIRED, "no SOCKS5 CONNECT was granted")
         caller = rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
         _check_wire(req)
         policy = self._flow_policy(rec)

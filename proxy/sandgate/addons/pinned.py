@@ -14,9 +14,10 @@ from mitmproxy import ctx, exceptions
 
 # name -> (value, why). Values that depend on the run's configuration are filled by `pinned()`.
 _PINNED: dict[str, tuple[Any, str]] = {
-    "mode": (["regular"], "the only mode whose every request passes Sandgate's hooks (socks5 "
-             "has no CONNECT hook, dns resolves in-process, reverse/transparent/wireguard change "
-             "what is judged)"),
+    "mode": (["regular"], "regular, plus socks5@HOST:PORT for --socks5: the only modes whose "
+             "every request passes Sandgate's hooks (socks5 only with Sandgate's own layer, "
+             "addons/socks5.py, which requires the token and judges the CONNECT; dns resolves "
+             "in-process, reverse/transparent/wireguard change what is judged)"),
     "connection_strategy": ("lazy", "never dial before the request is judged"),
     "upstream_cert": (False, "it would dial at CONNECT, before anything is judged"),
     "stream_large_bodies": (None, "a streamed request reaches the upstream before the request "
@@ -58,9 +59,13 @@ _PINNED: dict[str, tuple[Any, str]] = {
 }
 
 
-def pinned(max_request_body: str, upstream_ca_bundle: str | None) -> dict[str, Any]:
-    """The pinned option values for one run."""
+def pinned(max_request_body: str, upstream_ca_bundle: str | None,
+           socks5: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The pinned option values for one run: `mode` is exactly the configured listeners."""
     values = {name: value for name, (value, _) in _PINNED.items()}
+    if socks5 is not None:
+        # mitmproxy splits the listen address at the last ':' (no brackets for IPv6)
+        values["mode"] = ["regular", f"socks5@{socks5[0]}:{socks5[1]}"]
     values["body_size_limit"] = max_request_body
     values["ssl_verify_upstream_trusted_ca"] = upstream_ca_bundle
     return values

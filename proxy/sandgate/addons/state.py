@@ -37,6 +37,9 @@ class Conn:
     approved: dict[tuple[str, int], str] = field(default_factory=dict)
     # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
     pinned: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
+    # SOCKS5 listener: the username/password it authenticated with, as the Proxy-Authorization
+    # value they stand for (addons/socks5.py), so its CONNECT is identified like an HTTP one
+    socks_auth: str | None = field(default=None, repr=False)
 
 
 @dataclass
