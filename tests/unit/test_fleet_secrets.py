@@ -192,7 +192,7 @@ BROKEN = [
      "cannot use variables"),
     ('db: {mount: kv, path: "a/{{ tenant }}", field: t}', 3, "secrets.db.path",
      "unknown variable"),
-    ('db: {vault: secret/data/x}', 3, "secrets.db", "has no `field`"),
+    ('db: {vault: secret/data/x}', 3, "secrets.db.field", "required key `field`"),
 ]
 
 

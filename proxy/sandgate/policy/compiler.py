@@ -161,7 +161,7 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
             return None
         mount, path, kv_version = kv
         if spec.field is None:
-            report(("secrets", name), f"secret {name!r} has no `field`",
+            report(("secrets", name, "field"), "required key `field` is missing",
                    "name the key inside the secret's data, e.g. `field: api_key`")
             return None
         field_name = spec.field
@@ -280,7 +280,7 @@ def _compile_kv_location(name: str, spec: SecretSpec,
             return None
         loc = ("secrets", name, "path")
     else:
-        report(("secrets", name), f"secret {name!r} says neither `vault`, `mount` + `path` "
+        report(("secrets", name), f"secret {name!r} says neither `vault` nor `mount` + `path`, "
                "nor `dynamic`", "add `vault: secret/data/<path>` (KV v2), `mount`, `path` "
                "and kv_version, or `dynamic: {path: database/creds/<role>}`")
         return None
