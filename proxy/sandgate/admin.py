@@ -195,7 +195,7 @@ def build_app(state: AdminState) -> web.Application:
         sandbox = request.match_info["sandbox"]
         if not SAFE_ID.fullmatch(sandbox):
             return _error(400, "bad_request", "the sandbox id must be letters, digits, '.', "
-                          "'_' and '-'")
+                          "'_', '@' and '-'")
         counts = await state.broker.end_sandbox(sandbox, "admin_api")
         log.info("sandbox %s ended via the admin API: %d lease(s) revoked, %d pending",
                  sandbox, counts["revoked"], counts["pending"])

@@ -19,6 +19,7 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,9 +155,11 @@ def _seed(v: SeedableVault, pg: PostgresCluster) -> None:
                              "VALID UNTIL '{{expiration}}';"])
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("fleet")
+@contextmanager
+def fleet_up(tmp: Path, *proxy_args: str, listen_host: str = "127.0.0.1",
+             admin_ip: str = ADMIN_IP) -> Iterator[Fleet]:
+    """PostgreSQL, OpenBao (behind a relay) with the database engine, the upstream and a
+    `sandgate run --admin` with POLICY; everything stopped at exit."""
     pki = make_pki(tmp / "pki", NAMES)
     pg = PostgresCluster(PG_IP).start()
     vault = SeedableVault()
@@ -177,9 +180,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         proxy = start_proxy(
             tmp, policies, {"VAULT_ADDR": relay.addr, "VAULT_TOKEN": vault.root_token,
                             "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}, pki,
-            *(f"--resolve={n}={UPSTREAM_IP}" for n in NAMES), "--admin", f"{ADMIN_IP}:{aport}",
-            start_timeout=120)
-        admin = Admin(proxy, f"http://{ADMIN_IP}:{aport}", policies)
+            *(f"--resolve={n}={UPSTREAM_IP}" for n in NAMES), "--admin", f"{admin_ip}:{aport}",
+            *proxy_args, listen_host=listen_host, start_timeout=120)
+        admin = Admin(proxy, f"http://{admin_ip}:{aport}", policies)
         wait_for(lambda: admin.get("/healthz", token=None)[0] == 200, 15, "the admin listener")
         yield Fleet(proxy, admin, pg, vault, relay, upstream)
     finally:
@@ -191,7 +194,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         pg.stop()
 
 
-def _no_values_in_logs(fleet: Fleet) -> None:
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with fleet_up(tmp_path_factory.mktemp("fleet")) as f:
+        yield f
+
+
+def no_values_in_logs(fleet: Fleet) -> None:
     passwords = [p for _, p, _ in fleet.upstream.logins if p]
     logs = fleet.proxy.logs() + fleet.proxy.audit_file.read_text()
     assert_no_secret([logs], [GH_S1, GH_S2, *passwords], "the proxy's logs or audit")
@@ -212,7 +221,7 @@ def test_two_sandboxes_of_one_identity_get_their_own_kv_values(fleet: Fleet) -> 
         assert_no_secret([body, out.stderr], [mine, other], "the sandbox's response")
     ev = fleet.proxy.wait_audit(lambda e: e.get("rule") == "gh" and e.get("sandbox") == "s2")
     assert ev["secrets"] == ["gh@1"] and ev["decision"] == "allow"
-    _no_values_in_logs(fleet)
+    no_values_in_logs(fleet)
 
 
 def test_a_sandbox_less_token_is_refused_for_a_per_sandbox_secret(fleet: Fleet) -> None:
@@ -246,7 +255,7 @@ def test_no_value_crosses_sandboxes(fleet: Fleet) -> None:
     assert status == 403 and json.loads(body)["code"] == "exfiltration"
     ev = fleet.proxy.wait_audit(lambda e: e.get("code") == "exfiltration")
     assert ev["sandbox"] == "s1" and ev["exfiltration"] == ["gh:value:body"]
-    _no_values_in_logs(fleet)
+    no_values_in_logs(fleet)
 
 
 # ------------------------------------------------------------------------ dynamic secrets
@@ -280,7 +289,7 @@ def test_two_sandboxes_get_different_postgres_users_renewed_and_revoked(fleet: F
     assert ev["secret"] == "db" and ev["reason"] == "admin_api"
     fleet.admin.call("DELETE", "/v1/sandboxes/d2")
     assert not fleet.pg.can_login(u2, fleet.password_of(u2))
-    _no_values_in_logs(fleet)
+    no_values_in_logs(fleet)
 
 
 def test_a_sandbox_less_token_is_refused_for_a_dynamic_secret(fleet: Fleet) -> None:
@@ -323,7 +332,7 @@ def test_openbao_down_during_revocation_is_retried_and_audited(fleet: Fleet) -> 
                   15, "the retried revocation")[-1]
     assert ok["attempt"] >= 3 and ok["reason"] == "admin_api"
     assert not fleet.pg.can_login(user, fleet.password_of(user))
-    _no_values_in_logs(fleet)
+    no_values_in_logs(fleet)
 
 
 def test_shutdown_revokes_what_it_holds(fleet: Fleet) -> None:
@@ -335,4 +344,4 @@ def test_shutdown_revokes_what_it_holds(fleet: Fleet) -> None:
     assert not fleet.pg.can_login(user, fleet.password_of(user))
     ev = fleet.lease_events(action="revoke", sandbox="g1")[-1]
     assert (ev["outcome"], ev["reason"]) == ("ok", "shutdown")
-    _no_values_in_logs(fleet)
+    no_values_in_logs(fleet)

@@ -18,7 +18,7 @@ from sandgate.policy.model import PATH_VARIABLES, SecretRef, path_variable
 _VAR_RE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.]*)\s*\}\}")
 _TEMPLATE_LOOKING = re.compile(r"\{\{|\}\}|\{%|%\}|\$\{")
 # What may be put into a path: Docker container names and token sandbox ids in practice.
-SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 
 
 def parse_path(text: str) -> str:
@@ -90,7 +90,7 @@ def resolve(ref: SecretRef, identity: str | None, sandbox: str | None) -> str:
             raise SandboxRequired(
                 ref.name, f"secret '{ref.name}' is per sandbox, and this caller's sandbox id "
                 "cannot be used in a secret path", hint="use a sandbox id of letters, digits, "
-                "'.', '_' and '-' (no '..')")
+                "'.', '_', '@' and '-' (no '..')")
         raw = raw.replace(path_variable("sandbox"), sandbox)
     if ref.per_identity:
         if identity is None or not SAFE_ID.fullmatch(identity) or ".." in identity:
