@@ -464,6 +464,7 @@ async def test_mint_racing_sandbox_end_is_revoked(lm):
     with pytest.raises(SecretError, match="sandbox has ended"):
         await task
     assert m.leases == {} and engine.revoked == ["database/creds/ro/lease1"]
+    assert m._ended == {}
 
 
 async def test_mint_failure_is_a_secret_error_without_caching(lm):
@@ -509,3 +510,34 @@ async def test_shutdown_revokes_what_it_can_and_reports_the_rest(lm):
     assert [x.lease_id for x in left] == [b.lease_id] and engine.revoked == [a.lease_id]
     outcomes = {(e["lease_id"], e["outcome"]) for e in events if e["action"] == "revoke"}
     assert outcomes == {(a.lease_id, "ok"), (b.lease_id, "abandoned")}
+
+
+async def test_two_identities_with_one_sandbox_id_do_not_share_a_lease(lm):
+    m, engine, _, _ = lm
+    a = await m.get(dyn_ref(), "database/creds/ro", Scope("agent", "s1"))
+    b = await m.get(dyn_ref(), "database/creds/ro", Scope("other", "s1"))
+    assert a.lease_id != b.lease_id and engine.n == 2
+    assert (await m.end_sandbox("s1", "admin_api")) == {"revoked": 2, "pending": 0}
+
+
+async def test_ended_bookkeeping_does_not_grow(lm):
+    m, _, _, _ = lm
+    for i in range(50):
+        await m.get(dyn_ref(), "database/creds/ro", Scope("agent", f"s{i}"))
+        await m.end_sandbox(f"s{i}", "admin_api")
+    assert m._ended == {} and m.leases == {} and m._token_deadline == {}
+
+
+async def test_token_expiry_drops_per_sandbox_kv_values():
+    b = TableBroker({"gh": kv_ref("gh", "sandboxes/{{ sandbox }}/github")},
+                    {"sandboxes/s1/github": VALUE_A, "sandboxes/s2/github": VALUE_B})
+    wall = [1_700_000_000.0]
+    b.leases.wall = lambda: wall[0]
+    try:
+        await b.get("gh", Caller("agent", "s1", "token", expires=wall[0] + 5))
+        await b.get("gh", Caller("agent", "s2", "token", expires=wall[0] + 500))
+        wall[0] += 6
+        await b.leases.step()
+        assert [v for _, v in b.cached_pairs()] == [VALUE_B]
+    finally:
+        await b.aclose()

@@ -85,6 +85,9 @@ class _Revocation:
     next_at: float = 0.0
 
 
+_Key = tuple[str, str, Scope]  # (secret name, resolved path, whose)
+
+
 class LeaseManager:
     def __init__(
         self,
@@ -100,13 +103,17 @@ class LeaseManager:
         self.wall = wall
         self.audit = audit
         self.retry_delays = retry_delays
-        self.leases: dict[tuple[str, str, str], Lease] = {}  # (name, path, sandbox) -> lease
+        self.leases: dict[_Key, Lease] = {}  # (name, path, scope) -> lease
         self.pending: list[_Revocation] = []  # revocations that failed, to retry
         self.retired: collections.deque[tuple[str, str]] = collections.deque(maxlen=RETIRED_KEPT)
         self.generation = 0  # bumps when the set of values (leases, retired) changes
-        self._inflight: dict[tuple[str, str, str], asyncio.Task[Lease]] = {}
+        self._inflight: dict[_Key, asyncio.Task[Lease]] = {}
         self._token_deadline: dict[str, float] = {}  # sandbox -> latest token expiry (wall)
-        self._ended: dict[str, int] = {}  # sandbox -> how many times it ended (stale mints)
+        # sandbox -> how often it ended while a mint for it was in flight (such a mint is
+        # revoked, not cached); entries go when its last mint finishes
+        self._ended: dict[str, int] = {}
+        # called with a sandbox id when it ends (the broker drops its per-sandbox KV values)
+        self.on_sandbox_end: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------------- audit
 
@@ -122,6 +129,13 @@ class LeaseManager:
 
     # ------------------------------------------------------------------------- get
 
+    def note_token(self, sandbox: str, token_expires: float | None) -> None:
+        """A caller of `sandbox` presented a token expiring at `token_expires` (epoch): the
+        sandbox ends when the last token seen for it expires."""
+        if token_expires is not None:
+            self._token_deadline[sandbox] = max(token_expires,
+                                                self._token_deadline.get(sandbox, 0.0))
+
     def usable(self, lease: Lease) -> bool:
         """Still valid long enough to be sent: not within the last tenth (at most 5 s)."""
         return self.clock() < lease.expires - min(5.0, lease.ttl / 10)
@@ -132,10 +146,8 @@ class LeaseManager:
         `token_expires`: the caller's proxy token expiry (epoch), when it is known by token."""
         sandbox = scope.sandbox
         assert sandbox is not None and ref.dynamic is not None
-        if token_expires is not None:
-            self._token_deadline[sandbox] = max(token_expires,
-                                                self._token_deadline.get(sandbox, 0.0))
-        key = (ref.name, path, sandbox)
+        self.note_token(sandbox, token_expires)
+        key = (ref.name, path, scope)
         lease = self.leases.get(key)
         if lease is not None and self.usable(lease):
             return lease
@@ -145,7 +157,7 @@ class LeaseManager:
                                        name=f"sandgate-lease-{ref.name}")
             self._inflight[key] = task
 
-            def done(t: asyncio.Task[Lease], k: tuple[str, str, str] = key) -> None:
+            def done(t: asyncio.Task[Lease], k: _Key = key) -> None:
                 if self._inflight.get(k) is t:
                     del self._inflight[k]
                 if not t.cancelled():
@@ -154,11 +166,20 @@ class LeaseManager:
             task.add_done_callback(done)
         return await asyncio.shield(task)
 
-    async def _mint(self, ref: SecretRef, path: str, scope: Scope,
-                    key: tuple[str, str, str]) -> Lease:
-        assert ref.dynamic is not None
-        name, sandbox = ref.name, key[2]
+    async def _mint(self, ref: SecretRef, path: str, scope: Scope, key: _Key) -> Lease:
+        sandbox = scope.sandbox
+        assert sandbox is not None
         epoch = self._ended.get(sandbox, 0)
+        try:
+            return await self._mint_once(ref, path, scope, key, epoch)
+        finally:
+            if not any(k != key and k[2].sandbox == sandbox for k in self._inflight):
+                self._ended.pop(sandbox, None)
+
+    async def _mint_once(self, ref: SecretRef, path: str, scope: Scope, key: _Key,
+                         epoch: int) -> Lease:
+        assert ref.dynamic is not None and scope.sandbox is not None
+        name, sandbox = ref.name, scope.sandbox
         try:
             resp = await self.backend.mint(path)
         except Exception as e:
@@ -273,9 +294,15 @@ class LeaseManager:
 
     async def end_sandbox(self, sandbox: str, why: str) -> dict[str, int]:
         """Revoke every lease of `sandbox` now; failed ones are retried. Returns counts."""
-        self._ended[sandbox] = self._ended.get(sandbox, 0) + 1
+        if any(k[2].sandbox == sandbox for k in self._inflight):
+            self._ended[sandbox] = self._ended.get(sandbox, 0) + 1
         self._token_deadline.pop(sandbox, None)
-        mine = [(k, x) for k, x in self.leases.items() if k[2] == sandbox]
+        if self.on_sandbox_end is not None:
+            try:
+                self.on_sandbox_end(sandbox)
+            except Exception:
+                log.exception("sandgate: sandbox end callback failed")
+        mine = [(k, x) for k, x in self.leases.items() if k[2].sandbox == sandbox]
         for k, _ in mine:
             del self.leases[k]
         if mine:

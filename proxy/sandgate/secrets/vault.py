@@ -202,6 +202,7 @@ class SecretBroker:
         self._kv_generation = 0
         self._inflight: dict[tuple[str, _Loc], asyncio.Task[SecretValue]] = {}
         self.leases = LeaseManager(_HvacLeases(self))
+        self.leases.on_sandbox_end = self._forget_sandbox
         self._lease_task: asyncio.Task[None] | None = None
         self.lease_tick = 0.5  # seconds between lease steps (renewals, expiries, retries)
         self._login_task: asyncio.Task[None] | None = None
@@ -370,12 +371,16 @@ class SecretBroker:
     async def end_sandbox(self, sandbox: str, why: str) -> dict[str, int]:
         """A sandbox ended: revoke its leases (retried when Vault is down) and forget its
         per-sandbox KV values."""
+        return await self.leases.end_sandbox(sandbox, why)
+
+    def _forget_sandbox(self, sandbox: str) -> None:
+        """Its per-sandbox KV values leave the cache (and the scrubbing set): a fleet running
+        for months must not keep every sandbox it ever served. Back, it reads them again."""
         gone = [k for k, e in self._cache.items() if e.scope.sandbox == sandbox]
         for k in gone:
             del self._cache[k]
         if gone:
             self._kv_generation += 1
-        return await self.leases.end_sandbox(sandbox, why)
 
     async def _relogin(self) -> float:
         """AppRole login from the renewal task; returns the delay before the next check."""
@@ -488,12 +493,13 @@ class SecretBroker:
         sandbox = caller.sandbox if caller is not None else None
         path = resolve_path(ref, identity, sandbox)
         scope = scope_of(ref, identity, sandbox)
+        expires = caller.expires if caller is not None and caller.source == "token" else None
         if ref.dynamic is not None:
-            expires = caller.expires if caller is not None and caller.source == "token" \
-                else None
             lease = await self.leases.get(ref, path, scope, expires)
             return SecretValue(name=name, value=lease.value, username=lease.username,
                                lease_id=lease.lease_id)
+        if scope.sandbox is not None:  # its values go when the sandbox ends (token expiry)
+            self.leases.note_token(scope.sandbox, expires)
         key = _ref_key(ref, path)
         entry = self._cache.get((name, key))
         if entry is not None and entry.key == _ref_key(ref) and self._clock() < entry.expires:
