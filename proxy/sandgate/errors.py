@@ -11,6 +11,7 @@ and a reason and hint that are safe to show the sandbox::
     │   ├── AddressRefused               internal_address, self_address, unresolvable
     │   │                                                                 (netguard.py)
     │   ├── SecretError                  secret_unavailable               (secrets/vault.py)
+│   ├── SandboxRequired              sandbox_required                 (secrets/scope.py)
     │   └── UnsafeValue                  unsafe_injection                 (inject.py)
     └── PolicyError                      policy files are broken          (policy/loader.py)
 
@@ -43,6 +44,7 @@ class Code(StrEnum):
     UPSTREAM_ERROR = "upstream_error"  # the upstream failed or answered something unforwardable
     UPSTREAM_TIMEOUT = "upstream_timeout"  # the upstream did not answer in time
     SECRET_UNAVAILABLE = "secret_unavailable"  # Vault down, secret missing, auth to Vault failed
+    SANDBOX_REQUIRED = "sandbox_required"  # a per-sandbox secret, and the caller has no sandbox id
     AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit log cannot be written: fail closed
     INTERNAL_ERROR = "internal_error"  # an exception inside Sandgate: fail closed
 
@@ -64,6 +66,7 @@ STATUS: dict[Code, int] = {
     Code.UPSTREAM_ERROR: 502,
     Code.UPSTREAM_TIMEOUT: 504,
     Code.SECRET_UNAVAILABLE: 503,
+    Code.SANDBOX_REQUIRED: 403,
     Code.AUDIT_UNAVAILABLE: 503,
     Code.INTERNAL_ERROR: 503,
 }
@@ -128,6 +131,17 @@ class SecretError(Refused):
 
     def __repr__(self) -> str:
         return f"SecretError(secret={self.secret!r}, message={str(self)!r})"
+
+
+class SandboxRequired(Refused):
+    """A rule needs a per-sandbox secret (a `{{ sandbox }}` path, a dynamic secret) and the
+    caller has no usable sandbox id: refused before anything is read from Vault."""
+
+    codes = frozenset({Code.SANDBOX_REQUIRED})
+
+    def __init__(self, secret: str, message: str, hint: str | None = None) -> None:
+        super().__init__(Code.SANDBOX_REQUIRED, message, hint=hint)
+        self.secret = secret
 
 
 class UnsafeValue(Refused):

@@ -21,7 +21,7 @@ from sandgate import audit, confdir
 from sandgate.addons import patches, socks5
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, pinned
-from sandgate.identity.base import AddressIdentitySource
+from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
 from sandgate.metrics import Metrics
@@ -157,6 +157,17 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         log.warning("sandgate: Vault not ready at start (%s); requests needing secrets get 503",
                     type(e).__name__)
     sink = audit.AuditLog(cfg.audit_file)
+    broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
+    loop = asyncio.get_running_loop()
+
+    def sandbox_gone(caller: Caller, why: str) -> None:  # a Docker thread: hop to the loop
+        assert caller.sandbox is not None
+        sandbox = caller.sandbox
+        loop.call_soon_threadsafe(lambda: spawn(broker.end_sandbox(sandbox, why)))
+
+    for src in cfg.address_sources:
+        if hasattr(src, "on_sandbox_end"):  # Docker labels: container death ends a sandbox
+            src.on_sandbox_end = sandbox_gone
 
     def canaries(p: Policy) -> dict[str, str]:
         return {f"canary:{name}": canary(key, name) for name in p.identities} \
@@ -232,7 +243,6 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     m.addons.add(Pinned(values))
     patches.install()
 
-    loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[Any]] = set()
     drained: dict[str, Any] = {}
 

@@ -198,7 +198,8 @@ def authenticate_basic(header_value: str | None, key: bytes, now: float | None =
             raise IdentityError(Code.AUTH_INVALID, f"user '{user}' does not match the token")
         # Never echo something that may be (part of) a token pasted into the user field.
         raise IdentityError(Code.AUTH_INVALID, "the Basic user does not match the token")
-    return Caller(identity=claims.identity, sandbox=claims.sandbox, source="token")
+    return Caller(identity=claims.identity, sandbox=claims.sandbox, source="token",
+                  expires=float(claims.expires_at))
 
 
 CANARY_PREFIX = "sandgate-canary-"

@@ -120,7 +120,7 @@ SANDGATE = [sys.executable, "-m", "sandgate.cli"]
 
 
 def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extra: str,
-                listen_host: str = "127.0.0.1") -> Proxy:
+                listen_host: str = "127.0.0.1", start_timeout: float = 30) -> Proxy:
     port = free_port()
     confdir = tmp / "conf"
     audit = tmp / "audit.jsonl"
@@ -138,7 +138,7 @@ def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extr
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                             cwd=str(HERE.parent.parent))
     p = Proxy(listen_host, port, confdir, audit, log, proc)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sandgate exited {proc.returncode}:\n{p.logs()[-3000:]}")

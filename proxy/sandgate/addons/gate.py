@@ -66,6 +66,7 @@ from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo, check_head, check_tunnel, parse_proxied, same_host
 from sandgate.scrub import SecretSet
+from sandgate.secrets.scope import resolve as resolve_secret_path
 from sandgate.secrets.vault import SecretBroker
 
 log = logging.getLogger("sandgate")
@@ -143,10 +144,15 @@ class Gate:
         """Every cached secret value and its encodings, compiled once per change of the cache."""
         broker = self.cfg.broker
         if broker.generation != self._secret_generation:
-            values = broker.cached_values()
-            self._secret_set = SecretSet({**self.cfg.canaries, **values},
-                                         own_forms(self.policy, values))
-            self._secret_generation = broker.generation
+            generation = broker.generation
+            # Every value of every sandbox: a sandbox must not receive another's value either.
+            pairs = [*self.cfg.canaries.items(), *broker.cached_pairs()]
+            extra: dict[str, list[bytes]] = {}
+            for view in broker.value_views():  # one caller's values together (a Basic pair)
+                for name, forms in own_forms(self.policy, view).items():
+                    extra.setdefault(name, []).extend(forms)
+            self._secret_set = SecretSet(pairs, extra)
+            self._secret_generation = generation
         return self._secret_set
 
     # ---------------------------------------------------------------- connections
@@ -408,12 +414,18 @@ class Gate:
             if info.scheme != "https" or ctx.options.ssl_insecure:
                 raise Refused(Code.UNSAFE_INJECTION,
                               "credentials are injected only over verified TLS to the upstream")
+            caller = rec.caller
+            assert caller is not None
+            for name in sorted(rule.secrets):  # refuse a sandbox-less caller before any read
+                resolve_secret_path(policy.secrets[name], caller.identity, caller.sandbox)
             values: dict[str, str] = {}
             for name in sorted(rule.secrets):
-                sv = await self.cfg.broker.get(name)
+                sv = await self.cfg.broker.get(name, caller)
                 values[name] = sv.value
+                if sv.username is not None:
+                    values[f"{name}.username"] = sv.username
                 rec.secrets.append(f"{name}@{sv.version}" if sv.version else name)
-            apply(rule, req, values, {n: policy.secrets[n].placeholder for n in values})
+            apply(rule, req, values, {n: policy.secrets[n].placeholder for n in rule.secrets})
 
         conn = self._conn(flow.client_conn)
         target = conn.pinned.get((info.host, info.port))

@@ -586,7 +586,7 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
         by_placeholder[ref.placeholder] = ref
 
     for part in parts:
-        _check_uses(part, part.uses, secret_first, problems)
+        _check_uses(part, part.uses, secret_first, problems, secrets)
         for name, ipart in part.identities.items():
             wider = ipart.spec.narrower_than if ipart.spec is not None else None
             if wider is not None and wider not in identity_first:
@@ -704,8 +704,16 @@ def _at_secret(parts: list[_FilePart], ref: SecretRef, key: str, msg: str,
 
 
 def _check_uses(part: _FilePart, uses: list[SecretUse], secrets: Mapping[str, object],
-                problems: list[PolicyProblem]) -> None:
+                problems: list[PolicyProblem], refs: Mapping[str, SecretRef]) -> None:
     for use in uses:
+        ref = refs.get(use.name)
+        if use.part is not None and ref is not None and (
+                ref.dynamic is None or ref.dynamic.username_field is None):
+            problems.append(part.problem(
+                use.loc, f"`{{{{ secrets.{use.name}.{use.part} }}}}` needs a dynamic secret "
+                "with a username_field",
+                f"add `username_field: username` under secrets.{use.name}.dynamic, or use "
+                f"`{{{{ secrets.{use.name} }}}}`"))
         if use.name not in secrets:
             close = difflib.get_close_matches(use.name, list(secrets), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""

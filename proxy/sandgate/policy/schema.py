@@ -16,8 +16,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class DynamicSpec(_Strict):
+    """A secret minted per sandbox by a Vault/OpenBao engine that answers with a lease."""
+
+    path: str = Field(description="The engine path to read, e.g. database/creds/readonly. May "
+                      "use {{ identity }} and {{ sandbox }}.")
+    field: str = Field(default="password",
+                       description="The key of the credential in the answer's data.")
+    username_field: str | None = Field(
+        default=None, description="The key of the user name it was minted with (e.g. "
+        "username), for `{{ secrets.NAME.username }}` in templates.")
+
+
 class SecretSpec(_Strict):
-    """Where a secret lives in Vault. Exactly one of `vault` or `mount` + `path`."""
+    """Where a secret lives in Vault. Exactly one of `vault`, `mount` + `path`, or `dynamic`.
+
+    Paths may use `{{ identity }}` and `{{ sandbox }}` (e.g.
+    secret/data/sandboxes/{{ sandbox }}/github): filled from the caller; a caller without a
+    sandbox id is refused (sandbox_required) on a rule needing a per-sandbox secret."""
 
     vault: str | None = Field(
         default=None,
@@ -25,7 +41,11 @@ class SecretSpec(_Strict):
     )
     mount: str | None = Field(default=None, description="KV mount point, e.g. 'kv'.")
     path: str | None = Field(default=None, description="Path inside the mount.")
-    field: str = Field(description="Key inside the secret's data.")
+    field: str | None = Field(default=None,
+                              description="Key inside the secret's data (KV secrets).")
+    dynamic: DynamicSpec | None = Field(
+        default=None, description="Minted per sandbox with a lease (database/creds/ROLE...), "
+        "renewed while the sandbox lives and revoked when it ends.")
     kv_version: Literal[1, 2] = Field(default=2, description="KV engine version (mount form).")
     placeholder: str | None = Field(
         default=None,
