@@ -78,6 +78,18 @@ def _fresh(admin: Admin, identity: str) -> requests.Session:
     return s
 
 
+def _requests(admin: Admin, n: int, **match: str) -> list[dict] | None:
+    """The `request` audit events with these fields, once there are at least n of them."""
+    events = [e for e in admin.proxy.audit() if e["event"] == "request"
+              and all(e.get(k) == v for k, v in match.items())]
+    return events if len(events) >= n else None
+
+
+def _readyz_if(admin: Admin, status: int) -> tuple[int, dict] | None:
+    answer = admin.get("/readyz")
+    return answer if answer[0] == status else None
+
+
 def _workers(admin: Admin) -> dict[str, dict]:
     status, body = admin.get("/readyz")
     assert status == 200, body
@@ -95,10 +107,7 @@ def test_connections_spread_over_both_workers_and_both_inject(group, own_upstrea
     seen = [x for x in own_upstream.seen[before_seen:] if x.path == "/v1/messages"]
     assert len(seen) == n and all(x.headers.get("x-api-key") == ANTHROPIC_KEY for x in seen)
 
-    events = wait_for(lambda: [e for e in group.proxy.audit() if e["event"] == "request"
-                               and e.get("rule") == "llm"] if len(
-        [e for e in group.proxy.audit() if e["event"] == "request"
-         and e.get("rule") == "llm"]) >= n else None, 10, "the audit events")
+    events = wait_for(lambda: _requests(group, n, rule="llm"), 10, "the audit events")
     by_worker = Counter(e["worker"] for e in events)
     assert set(by_worker) == {0, 1}, by_worker  # 30 connections all on one worker: 2^-29
     for e in events:
@@ -136,9 +145,8 @@ def test_reload_reaches_every_worker(group):
     for i in range(n):
         with _fresh(group, "reload-probe") as s:
             assert s.get(f"https://upstream.test/probe/{i}", timeout=15).status_code == 200
-    events = wait_for(lambda: (lambda ev: ev if len(ev) >= n else None)(
-        [e for e in group.proxy.audit() if e["event"] == "request"
-         and e.get("identity") == "reload-probe"]), 10, "the probe events")
+    events = wait_for(lambda: _requests(group, n, identity="reload-probe"), 10,
+                      "the probe events")
     assert {e["worker"] for e in events} == {0, 1}
     policy_events = [e for e in group.proxy.audit() if e["event"] == "policy"
                      and e["version"] == want]
@@ -176,8 +184,7 @@ def test_admin_answers_for_the_group(group):
 def test_a_killed_worker_is_reported_and_replaced(group):
     old = _workers(group)["1"]["pid"]
     os.kill(old, signal.SIGKILL)
-    status, body = wait_for(lambda: (lambda r: r if r[0] == 503 else None)(
-        group.get("/readyz")), 10, "/readyz to report the dead worker")
+    _, body = wait_for(lambda: _readyz_if(group, 503), 10, "/readyz to report the dead worker")
     # "did not answer" (dying), "is not running" (dead), "is starting" (its replacement)
     assert any(r.startswith("worker 1 ") for r in body["reasons"]), body
     assert body["workers"]["0"]["ready"] is True
