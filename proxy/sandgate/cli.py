@@ -479,6 +479,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
+    if args.worker_id is not None:
+        from sandgate.lifecycle import tag_logs
+
+        tag_logs(worker=args.worker_id)
     configure_logging(log_format)
     log = logging.getLogger("sandgate")
     from sandgate.workers.listen import default_workers
