@@ -104,7 +104,10 @@ def upstream_bundle(conf: Path, extra: Sequence[Path]) -> Path | None:
             raise ValueError(f"--upstream-ca {p}: no PEM certificate in the file")
         parts.append(text)
     bundle = conf / "upstream-ca-bundle.pem"
-    bundle.write_text("\n".join(parts))
+    # atomically: with --workers N a restarting worker rewrites it while the others read it
+    tmp = conf / f".upstream-ca-bundle.{os.getpid()}.pem"
+    tmp.write_text("\n".join(parts))
+    os.replace(tmp, bundle)
     return bundle
 
 
