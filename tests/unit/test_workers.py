@@ -22,6 +22,7 @@ from sandgate.workers import aggregate as A
 from sandgate.workers import listen
 from sandgate.workers.auditlog import WorkerAuditLog
 from sandgate.workers.front import build_front
+from sandgate.workers.supervisor import describe_exit
 
 pytestmark = pytest.mark.unit
 
@@ -185,6 +186,13 @@ async def test_share_port_lets_workers_bind_one_address():
         for s in servers:
             s.close()
         reserved.close()
+
+
+def test_exit_status_is_described_for_the_log():
+    assert describe_exit(0) == "exit status 0"
+    assert describe_exit(1) == "exit status 1"
+    assert describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(-200) == "killed by signal 200"
 
 
 def test_default_workers_is_the_usable_cores():

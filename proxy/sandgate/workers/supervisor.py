@@ -158,11 +158,14 @@ class Supervisor:
     def _died(self, w: _Worker, rc: int) -> None:
         assert w.proc is not None
         pid = w.proc.pid
+        was_listening = w.started
         w.proc = None
         w.started = False
         if self.stopping:
-            w.final = rc
-            if rc != 0:
+            # stopped by our signal before it had installed its handlers: it served nothing
+            w.final = 0 if rc in (-signal.SIGTERM, -signal.SIGINT) and not was_listening \
+                and not self.failed else rc
+            if w.final != 0:
                 log.error("sandgate: worker %d (pid %d) ended with %s while shutting down",
                           w.id, pid, describe_exit(rc))
             return
