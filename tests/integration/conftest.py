@@ -141,7 +141,8 @@ def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extr
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                             cwd=str(HERE.parent.parent))
     p = Proxy(listen_host, port, confdir, audit, log, proc)
-    deadline = time.monotonic() + 30
+    # workers are N interpreters starting at once: give them longer on a loaded machine
+    deadline = time.monotonic() + (30 if workers else 120)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sandgate exited {proc.returncode}:\n{p.logs()[-3000:]}")

@@ -50,10 +50,14 @@ identities:
 """
 
 
+SOCKS_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def group(tmp_path_factory, vault, own_upstream, pki) -> Iterator[Admin]:
     tmp = tmp_path_factory.mktemp("workers")
-    a = start_admin_proxy(tmp, copy_policies(tmp), vault, pki, "--workers", "2")
+    a = start_admin_proxy(tmp, copy_policies(tmp), vault, pki, "--workers", "2",
+                          "--socks5", f"127.0.0.1:{SOCKS_PORT}")
     wait_for(lambda: a.get("/readyz")[0] == 200, 120, "both workers ready")
     yield a
     if a.proxy.proc.poll() is None:
@@ -125,6 +129,24 @@ def test_connections_spread_over_both_workers_and_both_inject(group, own_upstrea
     versions = [dict(lbls)["version"] for (name, lbls), v in m1.items()
                 if name == "sandgate_policy_info"]
     assert versions == [group.version()]
+
+
+def test_socks5_listener_is_shared_by_both_workers(group, own_upstream):
+    """--socks5 binds with SO_REUSEPORT too: every worker takes SOCKS5 connections."""
+    token = group.proxy.token("coding-agent")
+    n = 16
+    for _ in range(n):
+        r = subprocess.run(
+            ["curl", "-sS", "--max-time", "15", "--cacert", str(group.proxy.ca),
+             "--socks5-hostname", f"127.0.0.1:{SOCKS_PORT}", "--proxy-user",
+             f"coding-agent:{token}", "-w", "\n%{http_code}", "-d", "{}",
+             "https://api.anthropic.com/v1/messages"], capture_output=True, text=True,
+            timeout=30)
+        assert r.stdout.rstrip().endswith("200"), r.stdout + r.stderr
+    events = wait_for(lambda: _requests(group, n, listener="socks5"), 10,
+                      "the SOCKS5 requests")
+    assert {e["worker"] for e in events} == {0, 1}  # all 16 on one worker: 2^-15
+    assert all(e["secrets"][0].startswith("anthropic@") for e in events)
 
 
 def test_reload_reaches_every_worker(group):

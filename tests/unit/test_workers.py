@@ -166,9 +166,7 @@ def test_worker_audit_write_failure_marks_the_log_unhealthy():
 async def test_share_port_lets_workers_bind_one_address():
     listen.share_port()
     listen.share_port()  # idempotent
-    from mitmproxy.proxy import mode_servers
-
-    assert mode_servers.RegularInstance._sandgate_reuse_port is True  # type: ignore[attr-defined]
+    assert listen.shared()  # the HTTP proxy and the SOCKS5 listener
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -1,11 +1,11 @@
 """One proxy port for every worker: SO_REUSEPORT, and how many workers by default.
 
-mitmproxy binds its listener itself (`RegularInstance.listen`, asyncio.start_server without
-reuse_port). In a worker that method is replaced by one that passes reuse_port=True, so N
-workers each own a listening socket on the same address and the kernel hashes each new
-connection to one of them. An inherited socket would wake every worker on every connection
-and leave the spread to whoever wins accept(); with SO_REUSEPORT a worker that stops (drain,
-crash) simply leaves the group.
+mitmproxy binds its listeners itself (`RegularInstance.listen`, `Socks5Instance.listen`:
+asyncio.start_server without reuse_port). In a worker those methods are replaced by one that
+passes reuse_port=True, so N workers each own a listening socket on the same address and the
+kernel hashes each new connection to one of them. An inherited socket would wake every worker
+on every connection and leave the spread to whoever wins accept(); with SO_REUSEPORT a worker
+that stops (drain, crash) simply leaves the group.
 """
 
 from __future__ import annotations
@@ -26,19 +26,26 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+async def _listen(self: Any, host: str, port: int) -> list[asyncio.Server]:
+    return [await asyncio.start_server(self.handle_stream, host, port, reuse_port=True)]
+
+
 def share_port() -> None:
-    """Make mitmproxy's regular-mode listener bind with SO_REUSEPORT (idempotent)."""
+    """Make mitmproxy's listeners Sandgate uses (the HTTP proxy, --socks5) bind with
+    SO_REUSEPORT (idempotent)."""
     from mitmproxy.proxy import mode_servers
 
-    cls: Any = mode_servers.RegularInstance
-    if getattr(cls, _MARK, False):
-        return
+    for cls in (mode_servers.RegularInstance, mode_servers.Socks5Instance):
+        if not getattr(cls, _MARK, False):
+            setattr(cls, "listen", _listen)  # noqa: B010 (mypy: no assigning to a method)
+            setattr(cls, _MARK, True)
 
-    async def listen(self: Any, host: str, port: int) -> list[asyncio.Server]:
-        return [await asyncio.start_server(self.handle_stream, host, port, reuse_port=True)]
 
-    cls.listen = listen
-    setattr(cls, _MARK, True)
+def shared() -> bool:
+    from mitmproxy.proxy import mode_servers
+
+    return all(getattr(cls, _MARK, False)
+               for cls in (mode_servers.RegularInstance, mode_servers.Socks5Instance))
 
 
 def reserve(host: str, port: int) -> socket.socket:

@@ -294,7 +294,13 @@ class Supervisor:
         conf = confdir.ensure_confdir(self.cfg.confdir)
         confdir.ensure_ca(conf)  # once, before any worker: every worker presents this CA
         confdir.token_key(conf)
-        reserved = listen.reserve(self.cfg.listen_host, self.cfg.listen_port)
+        reserved = [listen.reserve(self.cfg.listen_host, self.cfg.listen_port)]
+        if self.cfg.socks5 is not None:
+            try:
+                reserved.append(listen.reserve(*self.cfg.socks5))
+            except ValueError as e:
+                reserved[0].close()
+                raise ValueError(str(e).replace("--listen", "--socks5", 1)) from None
         loop = asyncio.get_running_loop()
         handlers = {signal.SIGTERM: lambda: self.begin_stop(signal.SIGTERM),
                     signal.SIGINT: lambda: self.begin_stop(signal.SIGINT),
@@ -332,7 +338,8 @@ class Supervisor:
                 await front.cleanup()
             for sig in handlers:
                 loop.remove_signal_handler(sig)
-            reserved.close()
+            for s in reserved:
+                s.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
         bad = [w for w in self.workers if w.final not in (0, None)]
         return 1 if self.failed or bad else 0
