@@ -35,6 +35,12 @@ def _size(spec: str) -> str:
     return spec
 
 
+def _workers(spec: str) -> int:
+    if not spec.isdigit() or int(spec) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes >= 1, got {spec!r}")
+    return int(spec)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sandgate", description=__doc__)
     p.add_argument("--version", action="version", version=f"sandgate {__version__}")
@@ -93,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=("json", "text"), default=None,
                      help="process log format on stderr (default: json unless stderr is a "
                      "terminal)")
+    run.add_argument("--workers", type=_workers, default=None, metavar="N",
+                     help="proxy processes sharing the listening port (default: the number of "
+                     "cores this process may use; 1 runs a single process, no supervisor)")
+    # set only by the supervisor of --workers N on the processes it starts
+    run.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
+    run.add_argument("--worker-dir", type=Path, default=None, help=argparse.SUPPRESS)
 
     def resolve_arg(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--resolve", action="append", default=[], metavar="HOST=IP",
@@ -170,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    # `run --workers N` starts its workers with the same arguments
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     handler = {
         "run": cmd_run,
         "check": cmd_check,
@@ -465,8 +479,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
+    if args.worker_id is not None:
+        from sandgate.lifecycle import tag_logs
+
+        tag_logs(worker=args.worker_id)
     configure_logging(log_format)
     log = logging.getLogger("sandgate")
+    from sandgate.workers.listen import default_workers
+
+    workers = args.workers or default_workers()
+    role = None
+    if args.worker_id is not None:
+        from sandgate.workers.control import die_with_supervisor, role_from
+
+        if args.worker_dir is None:
+            return _err("--worker-id needs --worker-dir")
+        try:
+            role = role_from(args.worker_id, args.worker_dir)
+        except ValueError as e:
+            return _err(str(e))
+        die_with_supervisor()
+    supervising = role is None and workers > 1
 
     try:
         resolve = parse_resolve(args.resolve)
@@ -497,7 +530,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                      "%s with demo secrets", dev.addr)
             vault = VaultConfig(addr=dev.addr, token=dev.root_token, role_id=None,
                                 secret_id=None, cacert=None, namespace=None)
-        if args.docker_network:
+        if args.docker_network and not supervising:  # each worker follows Docker's events
             try:
                 from sandgate.identity.docker_labels import DockerLabelSource
             except ImportError as e:
@@ -519,12 +552,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
             socks5=args.socks5, socks5_allow=socks5_allow,
         )
+        if role is not None:
+            cfg.worker = role
+            asyncio.run(serve(cfg))
+            return 0
         for line in banner(cfg, args.confdir).splitlines():
             log.info("%s", line)
         log.info("sandgate: policy version %s (%d identities; report mode: %s)", loaded.version,
                  len(loaded.policy.identities),
                  ", ".join(n for n, i in sorted(loaded.policy.identities.items())
                            if i.mode == "report") or "none")
+        if supervising:
+            from sandgate.workers.supervisor import Supervisor
+
+            env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.token or ""} \
+                if dev is not None else {}
+            return asyncio.run(Supervisor(cfg, workers, args.argv, log_format, env).run())
         asyncio.run(serve(cfg))
         return 0
     except PolicyError as e:

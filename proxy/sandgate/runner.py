@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
@@ -30,6 +31,9 @@ from sandgate.policy import live as livepolicy
 from sandgate.policy.model import Policy
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
+
+if TYPE_CHECKING:
+    from sandgate.workers.control import WorkerRole
 
 log = logging.getLogger("sandgate")
 
@@ -62,6 +66,9 @@ class RunConfig:
     log_format: str = "text"
     socks5: tuple[str, int] | None = None  # --socks5 HOST:PORT (off unless given)
     socks5_allow: tuple[IPNetwork, ...] = ()  # --socks5-allow CIDR (empty: every source)
+    # set in the processes `--workers N` starts: SO_REUSEPORT, `worker` in audit events, the
+    # admin API on the worker's control socket (the supervisor owns the --admin listener)
+    worker: WorkerRole | None = None
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -97,7 +104,10 @@ def upstream_bundle(conf: Path, extra: Sequence[Path]) -> Path | None:
             raise ValueError(f"--upstream-ca {p}: no PEM certificate in the file")
         parts.append(text)
     bundle = conf / "upstream-ca-bundle.pem"
-    bundle.write_text("\n".join(parts))
+    # atomically: with --workers N a restarting worker rewrites it while the others read it
+    tmp = conf / f".upstream-ca-bundle.{os.getpid()}.pem"
+    tmp.write_text("\n".join(parts))
+    os.replace(tmp, bundle)
     return bundle
 
 
@@ -156,7 +166,12 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     except Exception as e:  # keep serving: each request needing a secret fails closed
         log.warning("sandgate: Vault not ready at start (%s); requests needing secrets get 503",
                     type(e).__name__)
-    sink = audit.AuditLog(cfg.audit_file)
+    if cfg.worker is None:
+        sink = audit.AuditLog(cfg.audit_file)
+    else:
+        from sandgate.workers.auditlog import WorkerAuditLog
+
+        sink = WorkerAuditLog(cfg.audit_file, cfg.worker.id)
     broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
     loop = asyncio.get_running_loop()
 
@@ -242,6 +257,10 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()
+    if cfg.worker is not None:
+        from sandgate.workers.listen import share_port
+
+        share_port()
 
     tasks: set[asyncio.Task[Any]] = set()
     drained: dict[str, Any] = {}
@@ -276,16 +295,26 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         except (NotImplementedError, RuntimeError):
             pass
     admin_runner = None
-    if cfg.admin is not None:
+    if cfg.admin is not None or cfg.worker is not None:
         from sandgate.admin import AdminState, start_admin
 
-        assert cfg.admin_token is not None
-        admin_runner = await start_admin(AdminState(
+        admin_token = cfg.worker.token if cfg.worker is not None else cfg.admin_token
+        assert admin_token is not None
+        state = AdminState(
             live=live, broker=broker, metrics=metrics, token_key=key,
-            admin_token=cfg.admin_token, listener_up=lambda: listener_up(m),
+            admin_token=admin_token, listener_up=lambda: listener_up(m),
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
             audit=sink.emit, resolve=dict(cfg.resolve),
-        ), *cfg.admin)
+        )
+        if cfg.worker is not None:
+            from sandgate.workers.control import start_control
+
+            role = cfg.worker
+            admin_runner = await start_control(state, role, lambda: {
+                "worker": role.id, "pid": os.getpid(), "listener_up": listener_up(m),
+                "draining": lifecycle.draining, "policy_version": live.current.version})
+        elif cfg.admin is not None:
+            admin_runner = await start_admin(state, *cfg.admin)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
     if ready is not None:
