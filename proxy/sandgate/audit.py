@@ -51,6 +51,7 @@ DIALED = "dialed"  # ip:port actually dialled
 EXFIL = "exfiltration"  # names of secrets / placeholders seen where they are not bound
 REDACTIONS = "redactions"
 ERROR = "error"  # what went wrong upstream or in transport (not a refusal)
+GATEWAY = "gateway"  # the gateway prefix a request came in under; absent for proxied requests
 
 # Free-text fields a sandbox can influence (path, Host, reasons quoting them): scrubbed of every
 # cached secret value before an event is written.
@@ -125,6 +126,7 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         EXFIL: rec.exfiltration,
         REDACTIONS: rec.redactions,
         ERROR: flow.error.msg if flow.error and not refusal else None,
+        **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
     }
 
 

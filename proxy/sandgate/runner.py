@@ -20,7 +20,7 @@ from mitmproxy.utils import human
 from sandgate import audit, confdir
 from sandgate.addons import patches
 from sandgate.addons.gate import Gate, GateConfig
-from sandgate.addons.pinned import Pinned, check_sets, pinned
+from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.identity.base import AddressIdentitySource
 from sandgate.identity.resolve import Identifier
 from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
@@ -60,6 +60,8 @@ class RunConfig:
     drain_timeout: float = 30.0
     watch_interval: float | None = 0.5  # None: no file watching (SIGHUP and the API still work)
     log_format: str = "text"
+    gateway: tuple[str, int] | None = None  # --gateway HOST:PORT
+    gateway_tls_name: str | None = None  # --gateway-tls-name: TLS only, a cert for this name
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -148,6 +150,12 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     selves = self_addresses(cfg.listen_host, cfg.listen_port)
     if cfg.admin is not None:  # a sandbox must never reach the admin API through the proxy
         selves += self_addresses(*cfg.admin)
+    if cfg.gateway is not None:
+        if same_address(cfg.gateway, (cfg.listen_host, cfg.listen_port)) or (
+                cfg.admin is not None and same_address(cfg.gateway, cfg.admin)):
+            raise ValueError(f"--gateway {cfg.gateway[0]}:{cfg.gateway[1]} is another "
+                             "listener's address; give the gateway its own port")
+        selves += self_addresses(*cfg.gateway)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -158,6 +166,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
         audit_best_effort=cfg.audit_best_effort,
         canaries=canaries(policy),
+        gateway_tls=cfg.gateway_tls_name is not None,
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy)
@@ -205,7 +214,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     if cfg.sets:
         opts.set(*cfg.sets)
     bundle = upstream_bundle(conf, cfg.upstream_cas)
-    values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None)
+    gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
+    values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None, gateway)
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()
@@ -288,6 +298,9 @@ def _audit_policy(sink: audit.AuditLog, o: livepolicy.ReloadOutcome,
 def banner(cfg: RunConfig, conf: Path) -> str:
     return (
         f"sandgate: listening on {cfg.listen_host}:{cfg.listen_port}, policies {cfg.policies}\n"
+        + (f"sandgate: gateway on {'https' if cfg.gateway_tls_name else 'http'}://"
+           f"{cfg.gateway_tls_name or cfg.gateway[0]}:{cfg.gateway[1]}/PREFIX\n"
+           if cfg.gateway else "") +
         f"sandgate: CA for sandboxes: sandgate ca --confdir {conf}\n"
         f"sandgate: a token: sandgate token issue --confdir {conf} --identity coding-agent\n"
         f"sandgate: try: curl --cacert <(sandgate ca --confdir {conf}) "

@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 
 from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
 from mitmproxy.net.dns import response_codes
+from mitmproxy.net.http import url
 from mitmproxy.proxy import server_hooks
+from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
 from sandgate.addons.forward import (
@@ -41,6 +43,7 @@ from sandgate.addons.stream import (
 )
 from sandgate.decision import decide, decide_connect, reported
 from sandgate.errors import BadRequest, Code, Refused
+from sandgate.gateway import route, take_token
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.inject import Leak, apply, find_leaks, find_leaks_in, own_forms
@@ -80,6 +83,8 @@ class GateConfig:
     canaries: dict[str, str] = field(default_factory=dict)
     # forward even while the audit log cannot be written (--audit-best-effort); off: fail closed
     audit_best_effort: bool = False
+    # the gateway listener takes TLS only (`--gateway-tls-name`)
+    gateway_tls: bool = False
 
 
 def guarded(fn: F) -> F:
@@ -274,14 +279,19 @@ class Gate:
         self._check_audit()
         rec = _record(flow)
         req = flow.request
-        auth = req.headers.pop("proxy-authorization", None)
-        tunnel = self._conn(flow.client_conn).tunnel
-        caller = rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
-        _check_wire(req)
         policy = self._flow_policy(rec)
-        if tunnel is not None and tunnel.policy is not policy:
-            self._rejudge_tunnel(tunnel, policy)
-        info = rec.info = self._parse(flow, tunnel)
+        if via_gateway(flow):
+            info = self._gateway_head(flow, rec, policy)
+        else:
+            auth = req.headers.pop("proxy-authorization", None)
+            tunnel = self._conn(flow.client_conn).tunnel
+            rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
+            _check_wire(req)
+            if tunnel is not None and tunnel.policy is not policy:
+                self._rejudge_tunnel(tunnel, policy)
+            info = rec.info = self._parse(flow, tunnel)
+        caller = rec.caller
+        assert caller is not None
         d = rec.decision = decide(policy, caller.identity, info)
         if not d.allowed:
             if not reported(policy, caller.identity, d):
@@ -292,6 +302,34 @@ class Gate:
         declared = _declared_length(req)
         if declared is not None:  # a chunked body is measured as it is received (request)
             self._check_size(declared, self._body_limit(rec))
+
+    def _gateway_head(self, flow: http.HTTPFlow, rec: FlowRecord, policy: Policy) -> RequestInfo:
+        """A request on the gateway listener, turned into the proxied request it stands for:
+        the upstream and the path after the prefix, the identity from the token header (which
+        is removed). From here on it is judged and forwarded exactly as a proxied request."""
+        req = flow.request
+        if self.cfg.gateway_tls and not flow.client_conn.tls_established:
+            raise BadRequest(Code.NOT_TLS, "this gateway takes TLS only: use https:// in the "
+                             "SDK's base URL")
+        _check_wire(req)
+        if req.authority and not (req.is_http2 or req.is_http3):
+            raise BadRequest(Code.BAD_REQUEST, "the gateway takes origin-form targets only "
+                             "(a path such as /anthropic/v1/messages), not absolute URLs")
+        routed = route(policy.gateways, req.method, req.path)
+        gw = routed.gateway
+        rec.gateway = gw.prefix
+        rec.info = routed.info  # refusals from here on name the upstream request
+        client_ip = flow.client_conn.peername[0]
+        identifier = self.cfg.identifier
+        token = take_token(req.headers, gw, identifier.address_known(client_ip))
+        rec.caller = identifier.identify_token(token, client_ip)
+        # Re-target: from now on mitmproxy, the hooks and the audit see the upstream request.
+        req.data.scheme = b"https"
+        req.data.host = gw.host
+        req.data.port = gw.port
+        req.data.path = routed.path.encode("latin-1", "surrogateescape")
+        req.host_header = url.hostport("https", gw.host, gw.port)
+        return routed.info
 
     def _rejudge_tunnel(self, tunnel: Tunnel, policy: Policy) -> None:
         """A reload happened since the CONNECT: its (deferred) refusal follows the new policy.
@@ -509,8 +547,11 @@ class Gate:
         rec = _record(flow)
         target = rec.info.target if rec.info is not None and flow.request.method != "CONNECT" \
             else _target(flow.request)
+        gateway = via_gateway(flow)
+        if gateway and rec.info is None:
+            target = A.redact_path(flow.request.path)  # no gateway matched: its own path
         identity = rec.caller.identity if rec.caller is not None else None
-        refusal = Refusal.from_error(error, identity=identity, target=target)
+        refusal = Refusal.from_error(error, identity=identity, target=target, gateway=gateway)
         secrets = self.secrets()
         if secrets.empty:
             return refusal
@@ -573,6 +614,11 @@ class Gate:
             self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), self.secrets()))
         except Exception:
             log.exception("sandgate: audit failed")
+
+
+def via_gateway(flow: http.HTTPFlow) -> bool:
+    """Did the flow arrive on the gateway listener (the only reverse-mode listener)?"""
+    return isinstance(flow.client_conn.proxy_mode, ReverseMode)
 
 
 def _record(flow: http.HTTPFlow) -> FlowRecord:

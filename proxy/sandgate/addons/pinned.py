@@ -16,7 +16,8 @@ from mitmproxy import ctx, exceptions
 _PINNED: dict[str, tuple[Any, str]] = {
     "mode": (["regular"], "the only mode whose every request passes Sandgate's hooks (socks5 "
              "has no CONNECT hook, dns resolves in-process, reverse/transparent/wireguard change "
-             "what is judged)"),
+             "what is judged); `--gateway` adds one reverse listener whose every request the "
+             "gate re-targets by its `gateways:` prefix or refuses"),
     "connection_strategy": ("lazy", "never dial before the request is judged"),
     "upstream_cert": (False, "it would dial at CONNECT, before anything is judged"),
     "stream_large_bodies": (None, "a streamed request reaches the upstream before the request "
@@ -58,9 +59,23 @@ _PINNED: dict[str, tuple[Any, str]] = {
 }
 
 
-def pinned(max_request_body: str, upstream_ca_bundle: str | None) -> dict[str, Any]:
-    """The pinned option values for one run."""
+def gateway_mode(host: str, port: int, tls_name: str | None) -> str:
+    """The mitmproxy mode of the gateway listener: a reverse proxy whose fixed target is never
+    dialled (the gate re-targets every request or refuses it, and `server_connect` refuses any
+    dial it did not approve). The target's name is the one the listener's certificate carries
+    (besides the client's SNI) when it serves TLS."""
+    name = tls_name or "gateway.sandgate.invalid"
+    name = f"[{name}]" if ":" in name else name
+    return f"reverse:http://{name}:1@{host}:{port}"  # mitmproxy splits at the last ':'
+
+
+
+def pinned(max_request_body: str, upstream_ca_bundle: str | None,
+           gateway: str | None = None) -> dict[str, Any]:
+    """The pinned option values for one run (`gateway`: the gateway listener's mode)."""
     values = {name: value for name, (value, _) in _PINNED.items()}
+    if gateway is not None:
+        values["mode"] = ["regular", gateway]
     values["body_size_limit"] = max_request_body
     values["ssl_verify_upstream_trusted_ca"] = upstream_ca_bundle
     return values

@@ -62,6 +62,8 @@ class FlowRecord:
     placeholders: dict[str, str] = field(default_factory=dict)
     # mode: report: the rules refused (decision.code says why); forwarded without credentials
     reported: bool = False
+    # the gateway prefix the request arrived under (gateway listener), None for proxied ones
+    gateway: str | None = None
 
     @property
     def refused(self) -> bool:
