@@ -39,6 +39,7 @@ pytestmark = pytest.mark.integration
 GATEWAY_IP = "127.0.16.1"
 TLS_GATEWAY_IP = "127.0.16.2"
 SSE_IP = "127.0.16.5"  # the paused SSE upstream, sse.r2.test (policies_gateway/gateways.yaml)
+SHARED_IP = "127.0.16.6"  # a.r2.test and b.r2.test: one address, SNI recorded
 TLS_NAME = "sandgate.internal"
 CLIENT_PY = Path(__file__).parents[2] / ".venv-clients" / "bin" / "python"
 
@@ -74,7 +75,8 @@ def gw(tmp_path_factory, vault, upstream, pki, policies) -> Iterator[Gw]:
     tmp = tmp_path_factory.mktemp("gw")
     port = free_port()
     p = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token},
-                    pki, f"--gateway={GATEWAY_IP}:{port}", f"--resolve=sse.r2.test={SSE_IP}")
+                    pki, f"--gateway={GATEWAY_IP}:{port}", f"--resolve=sse.r2.test={SSE_IP}",
+                    f"--resolve=a.r2.test={SHARED_IP}", f"--resolve=b.r2.test={SHARED_IP}")
     _wait_port(GATEWAY_IP, port, p)
     yield Gw(p, GATEWAY_IP, port)
     stop_proxy(p)
@@ -296,6 +298,78 @@ def test_sse_streams_through_the_gateway_unbuffered(gw, pki):
         assert tok.encode() not in sse.headers
     finally:
         sse.close()
+
+
+# ------------------------------------------------------------------ upstreams sharing an IP
+
+
+class SniRecorder:
+    """A TLS upstream (keep-alive HTTP/1.1) recording, per request, the SNI of the connection
+    it arrived on and its Host header."""
+
+    def __init__(self, cert: str, key: str) -> None:
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(cert, key)
+        self.ctx.sni_callback = self._sni
+        self.seen: list[tuple[str | None, str, str]] = []  # (sni, host, path)
+        self.sock = socket.create_server((SHARED_IP, 443))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @staticmethod
+    def _sni(sock, name, _ctx) -> None:  # type: ignore[no-untyped-def]
+        sock.sandgate_sni = name
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with self.ctx.wrap_socket(conn, server_side=True) as s:
+                sni = getattr(s, "sandgate_sni", None)
+                buf = b""
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        data = s.recv(65536)
+                        if not data:
+                            return
+                        buf += data
+                    head, _, buf = buf.partition(b"\r\n\r\n")
+                    lines = head.decode("latin-1").split("\r\n")
+                    hdrs = {k.strip().lower(): v.strip() for k, _, v in
+                            (ln.partition(":") for ln in lines[1:])}
+                    self.seen.append((sni, hdrs.get("host", ""), lines[0].split()[1]))
+                    s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        except (OSError, ssl.SSLError):
+            return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_upstreams_sharing_an_address_never_share_a_tls_connection(gw, pki):
+    """One keep-alive gateway connection, two prefixes whose upstreams resolve to one address:
+    each request reaches the upstream on a connection verified (SNI) for its own name."""
+    import http.client
+
+    rec = SniRecorder(str(pki.cert), str(pki.key))
+    try:
+        tok = gw.proxy.token("coding-agent")
+        c = http.client.HTTPConnection(gw.host, gw.port, timeout=10)
+        for path in ("/a/1", "/b/2", "/a/3", "/b/4"):
+            c.request("GET", path, headers={"x-api-key": tok})
+            r = c.getresponse()
+            assert (r.status, r.read()) == (200, b"ok"), path
+        c.close()
+        assert [(host, path) for _, host, path in rec.seen] == [
+            ("a.r2.test", "/1"), ("b.r2.test", "/2"), ("a.r2.test", "/3"), ("b.r2.test", "/4")]
+        assert all(sni == host for sni, host, _ in rec.seen), rec.seen
+    finally:
+        rec.close()
 
 
 # ------------------------------------------------------------------ identity

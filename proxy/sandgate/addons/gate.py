@@ -237,6 +237,11 @@ class Gate:
             server.error = "sandgate: no address"
             return
         key = (str(address[0]), int(address[1]))
+        named = conn.by_name.get(key)
+        if named is not None:  # a gateway request: dial the checked address, verify the name
+            server.address = named.address
+            server.sni = key[0]
+            return
         if key in conn.approved:
             # We dial the checked IP; TLS must still verify the name the request was judged for.
             server.sni = conn.approved[key]
@@ -248,6 +253,21 @@ class Gate:
                 server.address = target.address
                 return
         server.error = "sandgate: connection was not approved"
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """A gateway's upstream connection is known by the name it was verified for (see
+        `request`), so that mitmproxy reuses it only for requests to that same name."""
+        try:
+            conn = self.conns.get(data.client.id)
+            server = data.server
+            if conn is None or server.sni is None or server.address is None:
+                return
+            name = (server.sni, int(server.address[1]))
+            named = conn.by_name.get(name)
+            if named is not None and named.address == tuple(server.address):
+                server.address = name
+        except Exception:  # not a decision: without it the connection is simply not reused
+            log.exception("sandgate: server_connected failed")
 
     async def _choose(self, host: str, port: int, private_cidrs: Iterable[IPNetwork],
                       only_public: bool = False) -> DialTarget:
@@ -392,9 +412,16 @@ class Gate:
             target = await self._choose(info.host, info.port, private_cidrs, only_public)
             conn.pinned[(info.host, info.port)] = target
         rec.dialed = f"{target.ip}:{target.port}"
-        conn.approved[(str(target.ip), target.port)] = info.host
-        # Dial exactly the checked address; the Host header and SNI keep the name.
-        req.data.host = str(target.ip)
+        if via_gateway(flow):
+            # One gateway connection serves several upstreams. mitmproxy reuses an upstream
+            # connection for any request to the same address, so two names sharing an IP would
+            # share a TLS connection verified for one of them: the dial is keyed by name, and
+            # server_connect dials the checked address with that name as SNI.
+            conn.by_name[(info.host, info.port)] = target
+        else:
+            conn.approved[(str(target.ip), target.port)] = info.host
+            # Dial exactly the checked address; the Host header and SNI keep the name.
+            req.data.host = str(target.ip)
         # Scrubbing needs plain bytes: ask the upstream not to compress.
         req.headers["accept-encoding"] = "identity"
 

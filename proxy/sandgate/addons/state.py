@@ -37,6 +37,9 @@ class Conn:
     approved: dict[tuple[str, int], str] = field(default_factory=dict)
     # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
     pinned: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
+    # gateway connections: (host, port) a request was approved for -> the checked address;
+    # server_connect dials that address with the host as SNI (see Gate.request)
+    by_name: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
 
 
 @dataclass
