@@ -40,6 +40,8 @@ GATEWAY_IP = "127.0.16.1"
 TLS_GATEWAY_IP = "127.0.16.2"
 SSE_IP = "127.0.16.5"  # the paused SSE upstream, sse.r2.test (policies_gateway/gateways.yaml)
 SHARED_IP = "127.0.16.6"  # a.r2.test and b.r2.test: one address, SNI recorded
+CIDR_GATEWAY_IP = "127.0.16.3"
+SANDBOX_IP = "127.0.16.7"  # what --identity-cidr says is coding-agent
 TLS_NAME = "sandgate.internal"
 CLIENT_PY = Path(__file__).parents[2] / ".venv-clients" / "bin" / "python"
 
@@ -95,6 +97,18 @@ def tls_gw(tmp_path_factory, vault, upstream, pki, policies) -> Iterator[Gw]:
     stop_proxy(p)
 
 
+@pytest.fixture(scope="module")
+def cidr_gw(tmp_path_factory, vault, upstream, pki, policies) -> Iterator[Gw]:
+    tmp = tmp_path_factory.mktemp("cidrgw")
+    port = free_port()
+    p = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token},
+                    pki, f"--gateway={CIDR_GATEWAY_IP}:{port}",
+                    f"--identity-cidr={SANDBOX_IP}/32=coding-agent")
+    _wait_port(CIDR_GATEWAY_IP, port, p)
+    yield Gw(p, CIDR_GATEWAY_IP, port)
+    stop_proxy(p)
+
+
 def _clean_env() -> dict[str, str]:
     """No proxy variable, no CA, no key: only what each test gives."""
     return {k: v for k, v in os.environ.items()
@@ -103,11 +117,13 @@ def _clean_env() -> dict[str, str]:
                           "NODE_EXTRA_CA_CERTS")}
 
 
-def _raw(gw: Gw, head: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+def _raw(gw: Gw, head: str, body: bytes = b"",
+         source: str | None = None) -> tuple[int, dict[str, str], bytes]:
     """Send exactly these bytes (a request head, CRLFs added; the head must ask for
     `Connection: close`) and read the one response to the end."""
     data = head.replace("\n", "\r\n").encode() + b"\r\n\r\n" + body
-    with socket.create_connection((gw.host, gw.port), timeout=10) as s:
+    with socket.create_connection((gw.host, gw.port), timeout=10,
+                                  source_address=(source, 0) if source else None) as s:
         s.sendall(data)
         buf = b""
         while chunk := s.recv(65536):
@@ -587,6 +603,33 @@ def test_upstream_tls_is_verified(gw, upstream):
     assert len(upstream.seen) == before
 
 
+# ------------------------------------------------------------------ address identity
+
+
+def test_address_identity_needs_no_token_and_swaps_a_placeholder(cidr_gw, upstream):
+    before = len(upstream.seen)
+    status, _, body = _raw(cidr_gw, "POST /anthropic/v1/messages HTTP/1.1\nHost: x\n"
+                           "x-api-key: sandgate-placeholder-anthropic\nContent-Length: 2\n"
+                           "Connection: close", b"{}", source=SANDBOX_IP)
+    assert status == 200, body
+    seen = upstream.seen[before:]
+    assert_secret_equal(seen[0].headers.get("x-api-key"), ANTHROPIC_KEY, "upstream x-api-key")
+    ev = cidr_gw.proxy.wait_audit(lambda e: e.get("gateway") == "/anthropic")
+    assert (ev["identity"], ev["identity_source"]) == ("coding-agent", "cidr")
+
+
+def test_address_identity_and_a_token_of_another_identity_is_refused(cidr_gw, upstream):
+    before = len(upstream.seen)
+    status, _, body = _raw(cidr_gw, "POST /anthropic/v1/messages HTTP/1.1\nHost: x\n"
+                           f"x-api-key: {cidr_gw.proxy.token('bash-tool')}\n"
+                           "Content-Length: 2\nConnection: close", b"{}", source=SANDBOX_IP)
+    assert status == 401 and _refusal(body)["code"] == "auth_invalid"
+    status, _, body = _post(cidr_gw, "/anthropic/v1/messages",
+                            cidr_gw.proxy.token("coding-agent"))  # from an unknown address
+    assert status == 401 and _refusal(body)["code"] == "auth_invalid"
+    assert len(upstream.seen) == before
+
+
 # ------------------------------------------------------------------ TLS gateway
 
 
@@ -602,6 +645,23 @@ def test_tls_gateway_serves_a_certificate_for_its_name(tls_gw, upstream):
     assert r.stdout.endswith("\n200"), r.stdout + r.stderr
     seen = upstream.seen[before:]
     assert_secret_equal(seen[0].headers.get("x-api-key"), ANTHROPIC_KEY, "upstream x-api-key")
+
+
+def test_tls_gateway_over_http2(tls_gw, upstream):
+    tok = tls_gw.proxy.token("coding-agent")
+    before = len(upstream.seen)
+    r = subprocess.run(
+        ["curl", "-sS", "--http2", "--max-time", "15", "--cacert", str(tls_gw.proxy.ca),
+         "--resolve", f"{TLS_NAME}:{tls_gw.port}:{tls_gw.host}", "-w", "\n%{http_version}",
+         "-H", f"authorization: Bearer {tok}", "-H", "Host: api.openai.com", "-d", "{}",
+         f"https://{TLS_NAME}:{tls_gw.port}/anthropic/v1/messages"],
+        capture_output=True, text=True, env=_clean_env(), timeout=30)
+    assert r.stdout.endswith("\n2"), r.stdout + r.stderr
+    assert "hello from the test upstream" in r.stdout
+    seen = upstream.seen[before:]
+    assert [(s.host, s.path) for s in seen] == [("api.anthropic.com", "/v1/messages")]
+    assert_secret_equal(seen[0].headers.get("x-api-key"), ANTHROPIC_KEY, "upstream x-api-key")
+    _no_token_upstream(seen, tok)
 
 
 def test_tls_gateway_refuses_plain_http(tls_gw, upstream):
