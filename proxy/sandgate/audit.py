@@ -52,6 +52,7 @@ EXFIL = "exfiltration"  # names of secrets / placeholders seen where they are no
 REDACTIONS = "redactions"
 ERROR = "error"  # what went wrong upstream or in transport (not a refusal)
 LISTENER = "listener"  # the way in: "http" (the proxy port) or "socks5" (--socks5)
+GATEWAY = "gateway"  # the gateway prefix a request came in under; absent for proxied requests
 
 # Free-text fields a sandbox can influence (path, Host, reasons quoting them): scrubbed of every
 # cached secret value before an event is written.
@@ -127,6 +128,7 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         REDACTIONS: rec.redactions,
         ERROR: flow.error.msg if flow.error and not refusal else None,
         LISTENER: listener(flow),
+        **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
     }
 
 

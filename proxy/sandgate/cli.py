@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sandgate import __version__
@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--socks5-allow", action="append", default=[], metavar="CIDR",
                      help="serve SOCKS5 only to sources in this range (repeatable; others are "
                      "dropped at connect and audited)")
+    run.add_argument("--gateway", type=_listen, default=None, metavar="HOST:PORT",
+                     help="serve the policy's `gateways:` here (base-URL gateway mode: plain "
+                     "HTTP, for internal networks only, unless --gateway-tls-name)")
+    run.add_argument("--gateway-tls-name", default=None, metavar="NAME",
+                     help="the gateway takes TLS only, with a certificate for NAME from the "
+                     "confdir CA (sandboxes trust `sandgate ca`)")
     run.add_argument("--admin", type=_listen, default=None, metavar="HOST:PORT",
                      help="serve the admin API (health, readiness, metrics, policy, reload) "
                      "here; off unless given")
@@ -133,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="one request a line, `IDENTITY METHOD URL` (# comments; - for "
                          "stdin): one JSON object a line")
     resolve_arg(explain)
+    explain.add_argument("--gateway", action="store_true",
+                         help="URL is a gateway path (e.g. /anthropic/v1/messages, what follows "
+                         "the gateway's HOST:PORT): judged as the gateway listener judges it")
     explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
     explain.add_argument("url", nargs="?",
                          help="an absolute http(s) URL, or host:port after CONNECT")
@@ -341,9 +350,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return 1
     try:
-        out, allowed = explain(policy, args.identity, args.method, args.url, resolve)
+        url, prefix = args.url, None
+        if args.gateway:
+            from sandgate.gateway import gateway_url
+
+            url, gw = gateway_url(policy.gateways, args.method, args.url)
+            prefix = gw.prefix
+        out, allowed = explain(policy, args.identity, args.method, url, resolve)
     except ValueError as e:
         return _err(f"bad request: {e}")
+    if prefix is not None:
+        out = {"gateway": prefix, "gateway_path": args.url, **out}
     print(json.dumps(out, indent=2))
     return 0 if allowed else 1
 
@@ -426,6 +443,28 @@ def _admin_token(args: argparse.Namespace) -> str | None:
     return os.environ.get("SANDGATE_ADMIN_TOKEN", "").strip() or None
 
 
+def _check_gateway(args: argparse.Namespace, gateways: Sequence[object],
+                   same_address: Callable[[tuple[str, int], tuple[str, int]], bool]) -> None:
+    """--gateway and --gateway-tls-name make sense together with the other listeners."""
+    if args.gateway is None:
+        if args.gateway_tls_name is not None:
+            raise ValueError("--gateway-tls-name needs --gateway HOST:PORT")
+        return
+    if same_address(args.gateway, args.listen):
+        raise ValueError(f"--gateway {args.gateway[0]}:{args.gateway[1]} is the proxy "
+                         "listener's address; give the gateway its own port")
+    if args.admin is not None and same_address(args.gateway, args.admin):
+        raise ValueError(f"--gateway {args.gateway[0]}:{args.gateway[1]} is the admin "
+                         "listener's address; give the gateway its own port")
+    name = args.gateway_tls_name
+    if name is not None and (not name or any(c in name for c in "/@ \t")):
+        raise ValueError(f"--gateway-tls-name {name!r}: expected a host name or IP address")
+    if not gateways:
+        raise ValueError(f"--gateway given, but {args.policies} has no `gateways:` entries; "
+                         "add one, e.g. gateways: [{prefix: /anthropic, upstream: "
+                         "https://api.anthropic.com, token_header: x-api-key}]")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
@@ -468,6 +507,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if same_address(args.admin, args.listen):
                 raise ValueError(f"--admin {args.admin[0]}:{args.admin[1]} is the proxy "
                                  "listener's address; give the admin listener its own port")
+        _check_gateway(args, loaded.policy.gateways, same_address)
         max_ttl = parse_ttl(args.admin_max_token_ttl)
         socks5_allow = parse_allow(args.socks5_allow)
         check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
@@ -551,6 +591,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             admin_max_token_ttl=max_ttl, drain_timeout=args.drain_timeout,
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
             socks5=args.socks5, socks5_allow=socks5_allow,
+            gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
         )
         if role is not None:
             cfg.worker = role

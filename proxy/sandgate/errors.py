@@ -7,7 +7,8 @@ and a reason and hint that are safe to show the sandbox::
     SandgateError
     ├── Refused(code, reason, hint)      a request must not go on; STATUS[code] is its status
     │   ├── IdentityError                auth_required, auth_invalid     (identity/, tokens.py)
-    │   ├── BadRequest                   bad_request, not_tls, too_large  (request.py)
+    │   ├── BadRequest                   bad_request, not_tls, too_large  (request.py),
+    │   │                                no_gateway                       (gateway.py)
     │   ├── AddressRefused               internal_address, self_address, unresolvable
     │   │                                                                 (netguard.py)
     │   ├── SecretError                  secret_unavailable               (secrets/vault.py)
@@ -35,7 +36,8 @@ class Code(StrEnum):
     DENIED_BY_RULE = "denied_by_rule"  # an explicit deny rule matched
     BAD_REQUEST = "bad_request"  # malformed, or CONNECT / SNI / Host disagree
     TOO_LARGE = "too_large"  # a request body over the limit
-    NOT_TLS = "not_tls"  # a CONNECT tunnel that does not carry TLS
+    NOT_TLS = "not_tls"  # a CONNECT tunnel (or a TLS-only gateway request) without TLS
+    NO_GATEWAY = "no_gateway"  # a gateway-listener path under no `gateways:` prefix
     INTERNAL_ADDRESS = "internal_address"  # resolves to a non-public address the rule does not name
     SELF_ADDRESS = "self_address"  # would dial the proxy itself
     UNRESOLVABLE = "unresolvable"  # DNS gave no usable answer
@@ -58,6 +60,7 @@ STATUS: dict[Code, int] = {
     Code.BAD_REQUEST: 400,
     Code.TOO_LARGE: 413,
     Code.NOT_TLS: 403,
+    Code.NO_GATEWAY: 404,
     Code.INTERNAL_ADDRESS: 403,
     Code.SELF_ADDRESS: 403,
     Code.UNRESOLVABLE: 502,
@@ -110,7 +113,7 @@ class BadRequest(Refused, ValueError):
     Also a ValueError: the request parser is used at load time and by the CLI too.
     """
 
-    codes = frozenset({Code.BAD_REQUEST, Code.NOT_TLS, Code.TOO_LARGE})
+    codes = frozenset({Code.BAD_REQUEST, Code.NOT_TLS, Code.TOO_LARGE, Code.NO_GATEWAY})
 
 
 class AddressRefused(Refused):

@@ -21,7 +21,7 @@ from mitmproxy.utils import human
 from sandgate import audit, confdir
 from sandgate.addons import patches, socks5
 from sandgate.addons.gate import Gate, GateConfig
-from sandgate.addons.pinned import Pinned, check_sets, pinned
+from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
@@ -69,6 +69,8 @@ class RunConfig:
     # set in the processes `--workers N` starts: SO_REUSEPORT, `worker` in audit events, the
     # admin API on the worker's control socket (the supervisor owns the --admin listener)
     worker: WorkerRole | None = None
+    gateway: tuple[str, int] | None = None  # --gateway HOST:PORT
+    gateway_tls_name: str | None = None  # --gateway-tls-name: TLS only, a cert for this name
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -193,6 +195,12 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         selves += self_addresses(*cfg.admin)
     if cfg.socks5 is not None:
         selves += self_addresses(*cfg.socks5)
+    if cfg.gateway is not None:
+        if same_address(cfg.gateway, (cfg.listen_host, cfg.listen_port)) or (
+                cfg.admin is not None and same_address(cfg.gateway, cfg.admin)):
+            raise ValueError(f"--gateway {cfg.gateway[0]}:{cfg.gateway[1]} is another "
+                             "listener's address; give the gateway its own port")
+        selves += self_addresses(*cfg.gateway)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -204,6 +212,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         audit_best_effort=cfg.audit_best_effort,
         canaries=canaries(policy),
         socks5_allow=tuple(cfg.socks5_allow),
+        gateway_tls=cfg.gateway_tls_name is not None,
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy)
@@ -252,8 +261,9 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         opts.set(*cfg.sets)
     bundle = upstream_bundle(conf, cfg.upstream_cas)
     socks5.install()  # before the listeners start: the SOCKS5 mode gets Sandgate's layer
+    gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
     values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,
-                    cfg.socks5)
+                    cfg.socks5, gateway)
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()
@@ -353,7 +363,10 @@ def banner(cfg: RunConfig, conf: Path) -> str:
         socks = f"sandgate: SOCKS5 on {cfg.socks5[0]}:{cfg.socks5[1]} (from {allow})\n"
     return (
         f"sandgate: listening on {cfg.listen_host}:{cfg.listen_port}, policies {cfg.policies}\n"
-        + socks +
+        + socks
+        + (f"sandgate: gateway on {'https' if cfg.gateway_tls_name else 'http'}://"
+           f"{cfg.gateway_tls_name or cfg.gateway[0]}:{cfg.gateway[1]}/PREFIX\n"
+           if cfg.gateway else "") +
         f"sandgate: CA for sandboxes: sandgate ca --confdir {conf}\n"
         f"sandgate: a token: sandgate token issue --confdir {conf} --identity coding-agent\n"
         f"sandgate: try: curl --cacert <(sandgate ca --confdir {conf}) "

@@ -28,6 +28,7 @@ CASES = [
     (BadRequest(Code.BAD_REQUEST, "r"), 400),
     (BadRequest(Code.NOT_TLS, "r"), 403),
     (BadRequest(Code.TOO_LARGE, "r"), 413),
+    (BadRequest(Code.NO_GATEWAY, "r"), 404),
     (AddressRefused(Code.INTERNAL_ADDRESS, "r"), 403),
     (AddressRefused(Code.SELF_ADDRESS, "r"), 403),
     (AddressRefused(Code.UNRESOLVABLE, "r"), 502),

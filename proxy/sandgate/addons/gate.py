@@ -21,8 +21,10 @@ from typing import Any, TypeVar
 
 from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
 from mitmproxy.net.dns import response_codes
+from mitmproxy.net.http import url
 from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers import modes
+from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
 from sandgate.addons.forward import (
@@ -50,6 +52,7 @@ from sandgate.addons.stream import (
 )
 from sandgate.decision import decide, decide_connect, reported
 from sandgate.errors import BadRequest, Code, IdentityError, Refused
+from sandgate.gateway import route, take_token
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.inject import Leak, apply, find_leaks, find_leaks_in, own_forms
@@ -92,6 +95,8 @@ class GateConfig:
     audit_best_effort: bool = False
     # --socks5-allow: the source ranges the SOCKS5 listener serves (empty: every source)
     socks5_allow: tuple[IPNetwork, ...] = ()
+    # the gateway listener takes TLS only (`--gateway-tls-name`)
+    gateway_tls: bool = False
 
 
 def guarded(fn: F) -> F:
@@ -306,6 +311,11 @@ class Gate:
             server.error = "sandgate: no address"
             return
         key = (str(address[0]), int(address[1]))
+        named = conn.by_name.get(key)
+        if named is not None:  # a gateway request: dial the checked address, verify the name
+            server.address = named.address
+            server.sni = key[0]
+            return
         if key in conn.approved:
             # We dial the checked IP; TLS must still verify the name the request was judged for.
             server.sni = conn.approved[key]
@@ -317,6 +327,21 @@ class Gate:
                 server.address = target.address
                 return
         server.error = "sandgate: connection was not approved"
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """A gateway's upstream connection is known by the name it was verified for (see
+        `request`), so that mitmproxy reuses it only for requests to that same name."""
+        try:
+            conn = self.conns.get(data.client.id)
+            server = data.server
+            if conn is None or server.sni is None or server.address is None:
+                return
+            name = (server.sni, int(server.address[1]))
+            named = conn.by_name.get(name)
+            if named is not None and named.address == tuple(server.address):
+                server.address = name
+        except Exception:  # not a decision: without it the connection is simply not reused
+            log.exception("sandgate: server_connected failed")
 
     async def _choose(self, host: str, port: int, private_cidrs: Iterable[IPNetwork],
                       only_public: bool = False) -> DialTarget:
@@ -348,16 +373,21 @@ class Gate:
         self._check_audit()
         rec = _record(flow)
         req = flow.request
-        auth = req.headers.pop("proxy-authorization", None)
-        tunnel = self._conn(flow.client_conn).tunnel
-        if tunnel is None and is_socks5(flow.client_conn):
-            raise IdentityError(Code.AUTH_REQUIRED, "no SOCKS5 CONNECT was granted")
-        caller = rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
-        _check_wire(req)
         policy = self._flow_policy(rec)
-        if tunnel is not None and tunnel.policy is not policy:
-            self._rejudge_tunnel(tunnel, policy)
-        info = rec.info = self._parse(flow, tunnel)
+        if via_gateway(flow):
+            info = self._gateway_head(flow, rec, policy)
+        else:
+            auth = req.headers.pop("proxy-authorization", None)
+            tunnel = self._conn(flow.client_conn).tunnel
+            if tunnel is None and is_socks5(flow.client_conn):
+                raise IdentityError(Code.AUTH_REQUIRED, "no SOCKS5 CONNECT was granted")
+            rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
+            _check_wire(req)
+            if tunnel is not None and tunnel.policy is not policy:
+                self._rejudge_tunnel(tunnel, policy)
+            info = rec.info = self._parse(flow, tunnel)
+        caller = rec.caller
+        assert caller is not None
         d = rec.decision = decide(policy, caller.identity, info)
         if not d.allowed:
             if not reported(policy, caller.identity, d):
@@ -368,6 +398,34 @@ class Gate:
         declared = _declared_length(req)
         if declared is not None:  # a chunked body is measured as it is received (request)
             self._check_size(declared, self._body_limit(rec))
+
+    def _gateway_head(self, flow: http.HTTPFlow, rec: FlowRecord, policy: Policy) -> RequestInfo:
+        """A request on the gateway listener, turned into the proxied request it stands for:
+        the upstream and the path after the prefix, the identity from the token header (which
+        is removed). From here on it is judged and forwarded exactly as a proxied request."""
+        req = flow.request
+        if self.cfg.gateway_tls and not flow.client_conn.tls_established:
+            raise BadRequest(Code.NOT_TLS, "this gateway takes TLS only: use https:// in the "
+                             "SDK's base URL")
+        _check_wire(req)
+        if req.authority and not (req.is_http2 or req.is_http3):
+            raise BadRequest(Code.BAD_REQUEST, "the gateway takes origin-form targets only "
+                             "(a path such as /anthropic/v1/messages), not absolute URLs")
+        routed = route(policy.gateways, req.method, req.path)
+        gw = routed.gateway
+        rec.gateway = gw.prefix
+        rec.info = routed.info  # refusals from here on name the upstream request
+        client_ip = flow.client_conn.peername[0]
+        identifier = self.cfg.identifier
+        token = take_token(req.headers, gw, identifier.address_known(client_ip))
+        rec.caller = identifier.identify_token(token, client_ip)
+        # Re-target: from now on mitmproxy, the hooks and the audit see the upstream request.
+        req.data.scheme = b"https"
+        req.data.host = gw.host
+        req.data.port = gw.port
+        req.data.path = routed.path.encode("latin-1", "surrogateescape")
+        req.host_header = url.hostport("https", gw.host, gw.port)
+        return routed.info
 
     def _rejudge_tunnel(self, tunnel: Tunnel, policy: Policy) -> None:
         """A reload happened since the CONNECT: its (deferred) refusal follows the new policy.
@@ -436,9 +494,16 @@ class Gate:
             target = await self._choose(info.host, info.port, private_cidrs, only_public)
             conn.pinned[(info.host, info.port)] = target
         rec.dialed = f"{target.ip}:{target.port}"
-        conn.approved[(str(target.ip), target.port)] = info.host
-        # Dial exactly the checked address; the Host header and SNI keep the name.
-        req.data.host = str(target.ip)
+        if via_gateway(flow):
+            # One gateway connection serves several upstreams. mitmproxy reuses an upstream
+            # connection for any request to the same address, so two names sharing an IP would
+            # share a TLS connection verified for one of them: the dial is keyed by name, and
+            # server_connect dials the checked address with that name as SNI.
+            conn.by_name[(info.host, info.port)] = target
+        else:
+            conn.approved[(str(target.ip), target.port)] = info.host
+            # Dial exactly the checked address; the Host header and SNI keep the name.
+            req.data.host = str(target.ip)
         # Scrubbing needs plain bytes: ask the upstream not to compress.
         req.headers["accept-encoding"] = "identity"
 
@@ -591,8 +656,11 @@ class Gate:
         rec = _record(flow)
         target = rec.info.target if rec.info is not None and flow.request.method != "CONNECT" \
             else _target(flow.request)
+        gateway = via_gateway(flow)
+        if gateway and rec.info is None:
+            target = A.redact_path(flow.request.path)  # no gateway matched: its own path
         identity = rec.caller.identity if rec.caller is not None else None
-        refusal = Refusal.from_error(error, identity=identity, target=target)
+        refusal = Refusal.from_error(error, identity=identity, target=target, gateway=gateway)
         secrets = self.secrets()
         if secrets.empty:
             return refusal
@@ -655,6 +723,11 @@ class Gate:
             self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), self.secrets()))
         except Exception:
             log.exception("sandgate: audit failed")
+
+
+def via_gateway(flow: http.HTTPFlow) -> bool:
+    """Did the flow arrive on the gateway listener (the only reverse-mode listener)?"""
+    return isinstance(flow.client_conn.proxy_mode, ReverseMode)
 
 
 def _record(flow: http.HTTPFlow) -> FlowRecord:

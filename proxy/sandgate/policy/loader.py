@@ -31,8 +31,16 @@ from sandgate.policy.compiler import (
     compile_test,
     missing_hosts,
 )
-from sandgate.policy.model import Identity, Policy, PolicyTest, Rule, SecretRef, Source
-from sandgate.policy.schema import IdentitySpec, PolicyFile, RuleSpec, SecretSpec, TestSpec
+from sandgate.policy.gateways import check_overlaps, compile_gateway
+from sandgate.policy.model import Gateway, Identity, Policy, PolicyTest, Rule, SecretRef, Source
+from sandgate.policy.schema import (
+    GatewaySpec,
+    IdentitySpec,
+    PolicyFile,
+    RuleSpec,
+    SecretSpec,
+    TestSpec,
+)
 
 SCHEMA_FIX = "see `sandgate schema` for the file format"
 
@@ -153,6 +161,7 @@ class _FilePart:
     template_sources: dict[str, Source] = field(default_factory=dict)
     templates: dict[str, list[Rule]] = field(default_factory=dict)  # identity "" until used
     uses: list[SecretUse] = field(default_factory=list)
+    gateways: list[tuple[Gateway, Loc]] = field(default_factory=list)
 
     def line(self, loc: Loc) -> int:
         return line_of(self.root, loc)
@@ -296,6 +305,16 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         t = compile_test(tspec, tloc, Source(file, part.line(tloc)), report, part.uses)
         if t is not None:
             part.tests.append((t, tloc))
+
+    gateways = _section(data, "gateways", list, report)
+    for i, raw in enumerate(gateways):
+        gloc: Loc = ("gateways", i)
+        gspec = _validate(GatewaySpec, raw, gloc, report)
+        if gspec is None:
+            continue
+        gw = compile_gateway(gspec, gloc, Source(file, part.line(gloc)), report)
+        if gw is not None:
+            part.gateways.append((gw, gloc))
     return part
 
 
@@ -613,8 +632,20 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
                 continue
             tests.append(t)
 
+    gateways = [(gw, _gateway_problem(part, gloc, problems))
+                for part in parts for gw, gloc in part.gateways]
+    check_overlaps(gateways)
+
     return Policy(identities=dict(identities), secrets=dict(secrets), tests=tuple(tests),
-                  files=tuple(p.file for p in parts), templates=dict(template_first))
+                  files=tuple(p.file for p in parts), templates=dict(template_first),
+                  gateways=tuple(gw for gw, _ in gateways))
+
+
+def _gateway_problem(part: _FilePart, loc: Loc,
+                     problems: list[PolicyProblem]) -> Callable[[str, str], None]:
+    def problem(message: str, fix: str) -> None:
+        problems.append(part.problem((*loc, "prefix"), message, fix))
+    return problem
 
 
 _ONCE = ("description", "mode", "narrower_than")  # identity settings one file may set

@@ -246,12 +246,30 @@ class PolicyTest:
 
 
 @dataclass(frozen=True, slots=True)
+class Gateway:
+    """A `gateways:` entry: requests under `prefix` on the gateway listener go to the upstream
+    (always https, TLS verified), with the caller's token read from (and removed from)
+    `token_header`."""
+
+    prefix: str  # "/anthropic": one or more plain segments, no trailing slash
+    host: str  # normalised upstream host
+    port: int
+    token_headers: tuple[str, ...]  # lower case; exactly one carries the caller's token
+    source: Source
+
+    @property
+    def upstream(self) -> str:
+        return f"https://{self.host}" + ("" if self.port == 443 else f":{self.port}")
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     identities: Mapping[str, Identity]
     secrets: Mapping[str, SecretRef]
     tests: tuple[PolicyTest, ...] = ()
     files: tuple[str, ...] = field(default=())
     templates: Mapping[str, Source] = field(default_factory=dict)  # name -> where defined
+    gateways: tuple[Gateway, ...] = ()  # `gateways:` of every file, prefixes unique
 
     @property
     def placeholders(self) -> Mapping[str, str]:

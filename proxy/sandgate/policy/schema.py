@@ -191,6 +191,27 @@ class TestSpec(_Strict):
         "intercepted and each request inside is judged again.")
 
 
+class GatewaySpec(_Strict):
+    """A base-URL gateway entry, served by `sandgate run --gateway HOST:PORT`."""
+
+    prefix: str = Field(
+        description="The path prefix a sandbox puts in its SDK's base URL, e.g. /anthropic "
+        "(base URL http://sandgate:PORT/anthropic). One or more segments of letters, digits, "
+        "'.', '_', '~' and '-'; unique, and no prefix may be a whole-segment prefix of another.")
+    upstream: str = Field(
+        description="Where requests under the prefix go: https://HOST or https://HOST:PORT, "
+        "without a path (the path after the prefix is the upstream path, judged by the caller "
+        "identity's rules exactly as a proxied request to that host). Always dialled with "
+        "TLS verified.")
+    token_header: str | list[str] = Field(
+        description="The request header in which the sandbox's SDK carries its API key, and so "
+        "its Sandgate token: x-api-key, authorization (`Bearer ` is accepted), api-key, or any "
+        "other header name; or a list of them when SDK versions differ (newer Anthropic SDKs "
+        "send authorization, older ones x-api-key): exactly one of them must carry the token. "
+        "Sandgate reads the identity from it and removes it; the allowing rule's injection "
+        "then sets the real key.")
+
+
 class PolicyFile(_Strict):
     version: Literal["v1"]
     # null (an empty `secrets:` key, an identity written without rules) is what the loader
@@ -205,3 +226,7 @@ class PolicyFile(_Strict):
     )
     identities: dict[str, IdentitySpec | None] | None = Field(default_factory=dict)
     tests: list[TestSpec] | None = Field(default_factory=list)
+    gateways: list[GatewaySpec] | None = Field(
+        default_factory=list,
+        description="Base-URL gateway entries for clients that cannot use a proxy or trust a "
+        "CA (`sandgate run --gateway HOST:PORT`). Prefixes are unique across files.")

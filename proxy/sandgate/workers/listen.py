@@ -1,6 +1,7 @@
 """One proxy port for every worker: SO_REUSEPORT, and how many workers by default.
 
-mitmproxy binds its listeners itself (`RegularInstance.listen`, `Socks5Instance.listen`:
+mitmproxy binds its listeners itself (`RegularInstance.listen`, `Socks5Instance.listen`,
+`ReverseInstance.listen` for --gateway:
 asyncio.start_server without reuse_port). In a worker those methods are replaced by one that
 passes reuse_port=True, so N workers each own a listening socket on the same address and the
 kernel hashes each new connection to one of them. An inherited socket would wake every worker
@@ -31,21 +32,24 @@ async def _listen(self: Any, host: str, port: int) -> list[asyncio.Server]:
 
 
 def share_port() -> None:
-    """Make mitmproxy's listeners Sandgate uses (the HTTP proxy, --socks5) bind with
+    """Make mitmproxy's listeners Sandgate uses (the HTTP proxy, --socks5, --gateway) bind with
     SO_REUSEPORT (idempotent)."""
-    from mitmproxy.proxy import mode_servers
-
-    for cls in (mode_servers.RegularInstance, mode_servers.Socks5Instance):
+    for cls in _shared_classes():
         if not getattr(cls, _MARK, False):
             setattr(cls, "listen", _listen)  # noqa: B010 (mypy: no assigning to a method)
             setattr(cls, _MARK, True)
 
 
-def shared() -> bool:
+def _shared_classes() -> tuple[type[Any], ...]:
     from mitmproxy.proxy import mode_servers
 
-    return all(getattr(cls, _MARK, False)
-               for cls in (mode_servers.RegularInstance, mode_servers.Socks5Instance))
+    # the gateway is a TCP reverse listener (HTTP or TLS; never a UDP/DNS reverse mode)
+    return (mode_servers.RegularInstance, mode_servers.Socks5Instance,
+            mode_servers.ReverseInstance)
+
+
+def shared() -> bool:
+    return all(getattr(cls, _MARK, False) for cls in _shared_classes())
 
 
 def reserve(host: str, port: int) -> socket.socket:

@@ -295,12 +295,15 @@ class Supervisor:
         confdir.ensure_ca(conf)  # once, before any worker: every worker presents this CA
         confdir.token_key(conf)
         reserved = [listen.reserve(self.cfg.listen_host, self.cfg.listen_port)]
-        if self.cfg.socks5 is not None:
+        for flag, addr in (("--socks5", self.cfg.socks5), ("--gateway", self.cfg.gateway)):
+            if addr is None:
+                continue
             try:
-                reserved.append(listen.reserve(*self.cfg.socks5))
+                reserved.append(listen.reserve(*addr))
             except ValueError as e:
-                reserved[0].close()
-                raise ValueError(str(e).replace("--listen", "--socks5", 1)) from None
+                for s in reserved:
+                    s.close()
+                raise ValueError(str(e).replace("--listen", flag, 1)) from None
         loop = asyncio.get_running_loop()
         handlers = {signal.SIGTERM: lambda: self.begin_stop(signal.SIGTERM),
                     signal.SIGINT: lambda: self.begin_stop(signal.SIGINT),
