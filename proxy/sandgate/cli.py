@@ -35,6 +35,9 @@ def _size(spec: str) -> str:
     return spec
 
 
+ADMIN_OPENABLE = ("/readyz", "/metrics")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sandgate", description=__doc__)
     p.add_argument("--version", action="version", version=f"sandgate {__version__}")
@@ -76,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "here; off unless given")
     run.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
                      help="the admin API's bearer token (default: env SANDGATE_ADMIN_TOKEN)")
+    run.add_argument("--admin-open", action="append", default=[], choices=ADMIN_OPENABLE,
+                     metavar="PATH",
+                     help="serve this admin path without the bearer token, for probes and "
+                     "scrapers that carry none: /readyz or /metrics (repeatable; /healthz "
+                     "always is)")
+    run.add_argument("--instance", default=None, metavar="NAME",
+                     help="this replica's name, in every audit event and in sandgate_info "
+                     "(default: env SANDGATE_INSTANCE, else the host name)")
     run.add_argument("--admin-max-token-ttl", default="24h", metavar="TTL",
                      help="longest proxy token POST /v1/tokens issues (default %(default)s)")
     run.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -406,6 +417,13 @@ def _admin_token(args: argparse.Namespace) -> str | None:
     return os.environ.get("SANDGATE_ADMIN_TOKEN", "").strip() or None
 
 
+def _instance(given: str | None) -> str:
+    import socket
+
+    name = given or os.environ.get("SANDGATE_INSTANCE") or socket.gethostname()
+    return name.strip() or "sandgate"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
@@ -498,6 +516,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             loaded=loaded, admin=args.admin, admin_token=admin_token,
             admin_max_token_ttl=max_ttl, drain_timeout=args.drain_timeout,
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
+            admin_open=tuple(args.admin_open), instance=_instance(args.instance),
         )
         for line in banner(cfg, args.confdir).splitlines():
             log.info("%s", line)

@@ -60,6 +60,8 @@ class RunConfig:
     drain_timeout: float = 30.0
     watch_interval: float | None = 0.5  # None: no file watching (SIGHUP and the API still work)
     log_format: str = "text"
+    admin_open: Sequence[str] = ()  # admin paths served without the bearer token
+    instance: str = "sandgate"  # this replica's name: in every audit event and sandgate_info
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -139,7 +141,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     except Exception as e:  # keep serving: each request needing a secret fails closed
         log.warning("sandgate: Vault not ready at start (%s); requests needing secrets get 503",
                     type(e).__name__)
-    sink = audit.AuditLog(cfg.audit_file)
+    sink = audit.AuditLog(cfg.audit_file, instance=cfg.instance)
 
     def canaries(p: Policy) -> dict[str, str]:
         return {f"canary:{name}": canary(key, name) for name in p.identities} \
@@ -160,7 +162,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         canaries=canaries(policy),
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
-    metrics = Metrics(lambda: live.policy)
+    metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
     sink.add_listener(metrics.on_audit)
 
@@ -253,6 +255,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             admin_token=cfg.admin_token, listener_up=lambda: listener_up(m),
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
             audit=sink.emit, resolve=dict(cfg.resolve),
+            open_paths=frozenset(cfg.admin_open),
         ), *cfg.admin)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
