@@ -173,6 +173,10 @@ def test_services_select_the_pods_and_split_proxy_from_admin() -> None:
             assert p["targetPort"] in ports
     assert [p["targetPort"] for p in proxy["spec"]["ports"]] == ["proxy"]
     assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
+    # per-replica state (leases, reload) is reached replica by replica through a headless one
+    headless = _one("Service", "sandgate-admin-replicas")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"].items() <= labels.items()
     pdb = _one("PodDisruptionBudget", "sandgate")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
