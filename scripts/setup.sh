@@ -19,6 +19,8 @@ if ((want_test)); then
   command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need_apt+=(nginx-light)
   # wget: a real client strict about framing and TLS shutdown (tests/integration/test_clients.py)
   command -v wget >/dev/null || need_apt+=(wget)
+  # git: `git http-backend`, the smart-HTTP server of the client matrix (tests/integration/clients)
+  command -v git >/dev/null || need_apt+=(git)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then
