@@ -12,7 +12,7 @@
 # script fills on the host with `pip download` for the image's Python (cp311, glibc linux). It is
 # reused when it already holds both SDKs; --refresh downloads again. If PyPI is unreachable and
 # the wheelhouse is empty the agent image is built without the SDKs (a warning says so), unless
-# SANDGATE_REQUIRE_SDK=1 makes that an error.
+# SANDGATE_REQUIRE_SDK=1 makes that an error (for the bash-tool wheelhouse too).
 #
 #   sandbox_images/build.sh [--refresh] [--no-download] [agent|bash-tool ...]
 #
@@ -123,7 +123,10 @@ prepare_tool_wheelhouse() {
       --platform "manylinux_2_36_$arch" --platform "manylinux2014_$arch" \
       --platform "manylinux_2_17_$arch" --platform any \
       "${TOOL_PACKAGES[@]}" || log "WARNING: pip download failed ($((SECONDS - t)) s)"
-  have_tool_wheels || log "WARNING: building $BASH_TOOL_TAG without ${TOOL_PACKAGES[*]}"
+  if ! have_tool_wheels; then
+    [[ ${SANDGATE_REQUIRE_SDK:-0} == 1 ]] && die "the bash-tool wheelhouse lacks ${TOOL_PACKAGES[*]}"
+    log "WARNING: building $BASH_TOOL_TAG without ${TOOL_PACKAGES[*]}"
+  fi
 }
 
 build() {  # build DIR TAG
