@@ -34,6 +34,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.pki import Pki
+
 DOMAIN = "clients.test"
 HOSTS = ("pypi", "npm", "go", "crates", "git", "files", "forbidden")
 NAMES = [f"{h}.{DOMAIN}" for h in HOSTS]
@@ -54,6 +56,7 @@ class Seen:
 class Registries:
     root: Path
     git_password: str
+    pki: Pki  # the upstream CA (Sandgate's --upstream-ca) and the servers' certificate
     seen: list[Seen] = field(default_factory=list)
     files: dict[tuple[str, str], tuple[bytes, str]] = field(default_factory=dict)
 

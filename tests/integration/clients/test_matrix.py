@@ -48,10 +48,9 @@ PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_pro
 def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registries]:
     tmp = tmp_path_factory.mktemp("clients")
     pki = make_pki(tmp / "pki", NAMES)
-    reg = Registries(tmp / "srv", GIT_PASSWORD)
+    reg = Registries(tmp / "srv", GIT_PASSWORD, pki)
     reg.build()
     server = reg.serve(SERVER_IP, 443, pki.cert, pki.key)
-    reg.pki = pki  # type: ignore[attr-defined]
     yield reg
     server.shutdown()
     server.server_close()
