@@ -24,6 +24,8 @@ if ((want_test)); then
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
   # nodejs: Node's built-in fetch through the gateway mode (tests/integration/test_gateway.py)
   command -v node >/dev/null || need_apt+=(nodejs)
+  # git: `git http-backend`, the smart-HTTP server of the client matrix (tests/integration/clients)
+  command -v git >/dev/null || need_apt+=(git)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then

@@ -52,10 +52,20 @@ CA_DIR = "/usr/local/share/ca-certificates"
 CA_FILE = f"{CA_DIR}/sandgate.crt"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # system bundle, includes CA_FILE once updated
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
+# Clients that read a proxy setting of their own instead of (or before) the *_PROXY variables.
+CLIENT_PROXY_VARS = ("npm_config_proxy", "npm_config_https_proxy")
+# The system bundle (the distribution's roots + the Sandgate CA) for every client that takes a
+# file: OpenSSL and Go (SSL_CERT_FILE), requests, pip, git, curl, npm (its `cafile` replaces
+# its built-in roots, so it gets the whole bundle), cargo. uv reads SSL_CERT_FILE too.
+CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE",
+           "npm_config_cafile", "CARGO_HTTP_CAINFO")
+# Fixed settings: Node >= 24's fetch() and https honour the *_PROXY variables only with
+# NODE_USE_ENV_PROXY=1 (earlier versions ignore it: see README "Clients").
+CLIENT_FLAGS = {"NODE_USE_ENV_PROXY": "1"}
 _RESERVED_ENV = frozenset(
     [*PROXY_VARS, *(v.lower() for v in PROXY_VARS), "NO_PROXY", "no_proxy", *CA_VARS,
-     "NODE_EXTRA_CA_CERTS", "SANDGATE_IDENTITY", "SANDGATE_SANDBOX"]
+     *CLIENT_PROXY_VARS, *CLIENT_FLAGS, "NODE_EXTRA_CA_CERTS", "SANDGATE_IDENTITY",
+     "SANDGATE_SANDBOX"]
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
@@ -145,11 +155,14 @@ def sandbox_environment(spec: SandboxSpec, sandbox_id: str) -> dict[str, str]:
     for var in PROXY_VARS:
         env[var] = proxy
         env[var.lower()] = proxy
+    for var in CLIENT_PROXY_VARS:
+        env[var] = proxy
     env["NO_PROXY"] = ""
     env["no_proxy"] = ""
     for var in CA_VARS:
         env[var] = CA_BUNDLE
-    env["NODE_EXTRA_CA_CERTS"] = CA_FILE
+    env["NODE_EXTRA_CA_CERTS"] = CA_FILE  # added to Node's built-in roots
+    env.update(CLIENT_FLAGS)
     env["SANDGATE_IDENTITY"] = spec.identity
     env["SANDGATE_SANDBOX"] = sandbox_id
     return env
