@@ -111,6 +111,16 @@ def test_e2b_socks5_egress_proxy_with_the_sandbox_token(ca_pem, tmp_path):
     assert body["allow_internet_access"] is True
 
 
+def test_e2b_socks5_over_tls_to_a_terminator(ca_pem, tmp_path):
+    tls = {"server_name": "socks.sandgate.example", "ca_cert": ca_pem}
+    out = run("e2b", "socks5", ca_pem, host="sandgate.example.com", tmp=tmp_path,
+              template="sandgate-ca", socks5_tls=tls)
+    body = only(out, "POST", "/v2/sandboxes")
+    assert body["templateID"] == "sandgate-ca"
+    assert body["network"]["egressProxy"]["tls"] == {
+        "enabled": True, "serverName": "socks.sandgate.example", "caCert": ca_pem}
+
+
 def test_e2b_proxy_mode_denies_everything_but_sandgate(ca_pem, tmp_path):
     out = run("e2b", "proxy", ca_pem, tmp=tmp_path)
     assert_refused_by_stand_in(out)

@@ -91,7 +91,8 @@ def e2b(case: str, host: str, inp: dict[str, Any]) -> dict[str, Any]:
             template = e2b_template(inp["access"]["ca_pem"], base_image=inp.get("base_image"))
             Template.build(template, "sandgate-test", **opts)
         else:
-            kwargs = e2b_sandbox_kwargs(access_from(inp), template=inp.get("template"), mode=case)
+            kwargs = e2b_sandbox_kwargs(access_from(inp), template=inp.get("template"), mode=case,
+                                        socks5_tls=inp.get("socks5_tls", False))
             Sandbox.create(**kwargs, **opts)
     except Exception as e:  # the refusal (or a validation error, which the test reports)
         error = f"{type(e).__name__}: {e}"

@@ -115,6 +115,13 @@ def test_e2b_socks5_needs_the_socks5_port_and_a_public_address():
         e2b_sandbox_kwargs(access(host="10.0.0.5"))
     with pytest.raises(ValueError, match="255 bytes"):
         e2b_sandbox_kwargs(access(host="sandgate.example.com", token="t" * 256))
+    with pytest.raises(ValueError, match="unknown keys"):
+        e2b_sandbox_kwargs(access(host="sandgate.example.com"), socks5_tls={"verify": "no"})
+    with pytest.raises(ValueError, match="8192"):
+        e2b_sandbox_kwargs(access(host="sandgate.example.com"),
+                           socks5_tls={"ca_cert": CA + "x" * 8192})
+    with pytest.raises(ValueError, match="mode='socks5' only"):
+        e2b_sandbox_kwargs(access(), mode="proxy", socks5_tls=True)
     with pytest.raises(ValueError, match="mode must be"):
         e2b_sandbox_kwargs(access(), mode="vpn")  # type: ignore[arg-type]
 

@@ -9,6 +9,7 @@ unreachable, and does not tunnel UDP (DNS, QUIC).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sandgate.providers._common import SandgateAccess
@@ -32,7 +33,8 @@ def e2b_template(ca_pem: str, *, base_image: str | None = None) -> Any:
 
 
 def e2b_sandbox_kwargs(access: SandgateAccess, *, template: str | None = None,
-                       mode: Literal["socks5", "proxy"] = "socks5") -> dict[str, Any]:
+                       mode: Literal["socks5", "proxy"] = "socks5",
+                       socks5_tls: bool | Mapping[str, str] = False) -> dict[str, Any]:
     """Keyword arguments for `e2b.Sandbox.create(...)`.
 
     mode "socks5" (needs access.socks5_port): `network.egress_proxy` names Sandgate's SOCKS5
@@ -43,6 +45,10 @@ def e2b_sandbox_kwargs(access: SandgateAccess, *, template: str | None = None,
     mode "proxy" (needs access.proxy_port): `deny_out` everything, `allow_out` only Sandgate's
     address, and the proxy variables: clients that ignore them cannot connect at all, and UDP to
     anywhere but Sandgate is dropped as well.
+
+    socks5_tls: E2B's `egress_proxy.tls` (True, or {"server_name", "ca_cert"}): E2B then speaks
+    TLS to the proxy address, so the token does not cross the internet in clear. Sandgate's
+    SOCKS5 listener speaks no TLS itself: this needs a TLS terminator in front of it.
     """
     kwargs: dict[str, Any] = {"allow_internet_access": True}
     if template is not None:
@@ -58,20 +64,38 @@ def e2b_sandbox_kwargs(access: SandgateAccess, *, template: str | None = None,
         for field, value in (("identity", access.identity), ("token", access.token)):
             if len(value.encode()) > _SOCKS5_FIELD_MAX:
                 raise ValueError(f"{field} is longer than SOCKS5's 255 bytes")
-        kwargs["network"] = {
-            "egress_proxy": {
-                "address": address,
-                "username": access.identity,
-                "password": access.token,
-            },
+        proxy: dict[str, Any] = {
+            "address": address,
+            "username": access.identity,
+            "password": access.token,
         }
+        if socks5_tls:
+            proxy["tls"] = _tls(socks5_tls)
+        kwargs["network"] = {"egress_proxy": proxy}
         # A transparent tunnel needs no proxy variable, only the CA (also baked into the
         # template by e2b_template: the variables tell each client where the bundle is).
         kwargs["envs"] = access.ca_env()
     elif mode == "proxy":
+        if socks5_tls:
+            raise ValueError("socks5_tls applies to mode='socks5' only")
         cidr = access.cidr("E2B", "allow_out")
         kwargs["network"] = {"allow_out": [cidr], "deny_out": ["0.0.0.0/0"]}
         kwargs["envs"] = access.proxy_env()
     else:
         raise ValueError(f"mode must be 'socks5' or 'proxy', got {mode!r}")
     return kwargs
+
+
+def _tls(tls: bool | Mapping[str, str]) -> bool | dict[str, str]:
+    if tls is True:
+        return True
+    if not isinstance(tls, Mapping):
+        raise ValueError("socks5_tls must be True or a mapping with server_name and/or ca_cert")
+    unknown = set(tls) - {"server_name", "ca_cert"}
+    if unknown:
+        raise ValueError(f"socks5_tls: unknown keys {sorted(unknown)} (server_name, ca_cert)")
+    if "ca_cert" in tls:
+        check_ca_pem(tls["ca_cert"])
+        if len(tls["ca_cert"].encode()) > 8192:
+            raise ValueError("socks5_tls ca_cert: E2B takes at most 8192 bytes of PEM")
+    return dict(tls)
