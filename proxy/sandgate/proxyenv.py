@@ -55,10 +55,16 @@ def proxy_environment(proxy_url: str, *, ca_bundle: str = CA_BUNDLE,
         env[var.lower()] = proxy_url
     env["NO_PROXY"] = ""
     env["no_proxy"] = ""
-    for var in CA_VARS:
-        env[var] = ca_bundle
-    env["NODE_EXTRA_CA_CERTS"] = ca_file
+    env.update(ca_environment(ca_bundle=ca_bundle, ca_file=ca_file))
     env["NODE_USE_ENV_PROXY"] = "1"
+    return env
+
+
+def ca_environment(*, ca_bundle: str = CA_BUNDLE, ca_file: str = CA_FILE) -> dict[str, str]:
+    """Only the CA variables: for a transparent tunnel (E2B's SOCKS5), where no client needs
+    to be told about a proxy but every client must trust Sandgate's interception."""
+    env = {var: ca_bundle for var in CA_VARS}
+    env["NODE_EXTRA_CA_CERTS"] = ca_file
     return env
 
 

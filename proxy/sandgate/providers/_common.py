@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sandgate.proxyenv import (
+    ca_environment,
     check_ca_pem,
     check_identity,
     proxy_environment,
@@ -99,8 +100,7 @@ class SandgateAccess:
 
     def ca_env(self) -> dict[str, str]:
         """Only the CA variables (for a transparent tunnel: no proxy variable)."""
-        env = {k: v for k, v in proxy_environment("http://unused").items()
-               if "PROXY" not in k.upper()}
+        env = ca_environment()
         env["SANDGATE_IDENTITY"] = self.identity
         return env
 
