@@ -215,16 +215,16 @@ def modal(case: str, host: str, inp: dict[str, Any]) -> dict[str, Any]:
         reply_types[path.rsplit("/", 1)[1]] = h.reply_type
 
     async def run() -> str | None:
+        server = Server([service])
+        await server.start(host, 0)
+        port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        # set before modal is imported: its config reads the environment
+        os.environ.update(MODAL_SERVER_URL=f"http://{host}:{port}", MODAL_TOKEN_ID="ak-test",
+                          MODAL_TOKEN_SECRET="as-test")
         import modal
 
         from sandgate.providers import modal_sandbox_kwargs
 
-        server = Server([service])
-        await server.start(host, 0)
-        port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        url = f"http://{host}:{port}"
-        os.environ.update(MODAL_SERVER_URL=url, MODAL_TOKEN_ID="ak-test",
-                          MODAL_TOKEN_SECRET="as-test")
         error = None
         try:
             app = await modal.App.lookup.aio("sandgate-test", create_if_missing=True)
