@@ -12,17 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
+from sandgate.proxyenv import CA_BUNDLE, CA_FILE, CA_VARS, CLIENT_PROXY_VARS, PROXY_VARS
 from sandgate.sandbox.errors import SandboxError
-from sandgate.sandbox.launcher import (
-    CA_BUNDLE,
-    CA_FILE,
-    CA_VARS,
-    CLIENT_FLAGS,
-    CLIENT_PROXY_VARS,
-    PROXY_VARS,
-    SandboxSpec,
-    sandbox_environment,
-)
+from sandgate.sandbox.launcher import SandboxSpec, sandbox_environment
+
+CLIENT_FLAGS = {"NODE_USE_ENV_PROXY": "1"}
 
 REPO = Path(__file__).resolve().parents[2]
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
