@@ -9,6 +9,7 @@ that the response it got belongs to its own request. Path prefixes script misbeh
   /reset-early/...  reads the request head, then resets before reading the body
   /reset-head/...   reads the request, then resets the connection without a byte of response
   /reset-body/...   sends a head announcing 256 KiB, half of it (quoting the credential), resets
+  /reset-stream/... the same with 4 MiB (over what the proxy buffers whole: streamed)
   /silent/...       reads the request and never answers (held until the client goes)
 
 Keep-alive, one event loop in its own thread, no per-request allocation beyond the record.
@@ -135,11 +136,12 @@ class Recorder:
                 if path.startswith(b"/reset-head/"):
                     _reset(w)
                     return
-                if path.startswith(b"/reset-body/"):
+                if path.startswith((b"/reset-body/", b"/reset-stream/")):
                     quoted = json.dumps(creds).encode()
+                    size = 262144 if path.startswith(b"/reset-body/") else 4 << 20
                     w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
-                            b"Content-Length: 262144\r\n\r\n")
-                    w.write((quoted * (131072 // len(quoted) + 1))[:131072])
+                            b"Content-Length: " + str(size).encode() + b"\r\n\r\n")
+                    w.write((quoted * (size // 2 // len(quoted) + 1))[:size // 2])
                     await w.drain()
                     await asyncio.sleep(0.05)
                     _reset(w)

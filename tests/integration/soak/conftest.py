@@ -72,7 +72,7 @@ def policy_yaml() -> str:
             "        hosts: [api.soak.test]",
             "        methods: [POST]",
             "        paths: [/v1/**, /echo/**, /reset-early/**, /reset-head/**, /reset-body/**,"
-            " /silent/**]",
+            " /reset-stream/**, /silent/**]",
             f"        inject: {{headers: {{x-api-key: \"{{{{ secrets.key_{s} }}}}\"}}}}",
             f"        private_cidrs: [{UPSTREAM}/32]",
             "      - name: bearer",

@@ -101,9 +101,13 @@ def client_ssl(ca: str) -> ssl.SSLContext:
 async def run_worker(port: int, tokens: dict[str, str], ctx: ssl.SSLContext,
                      cases: Sequence[Case],
                      on_result: Callable[[Case, Res], None] | None = None,
-                     stop: asyncio.Event | None = None) -> list[tuple[Case, Res]]:
-    """One client: a keep-alive tunnel per (identity, scheme, host), the cases in order."""
-    tunnels: dict[tuple[str, str, str], Tunnel] = {}
+                     stop: asyncio.Event | None = None,
+                     tunnels: dict[tuple[str, str, str], Tunnel] | None = None,
+                     ) -> list[tuple[Case, Res]]:
+    """One client: a keep-alive tunnel per (identity, scheme, host), the cases in order.
+
+    `tunnels` may hold some already open (see `open_tunnel`)."""
+    tunnels = {} if tunnels is None else tunnels
     out = []
     try:
         for case in cases:
@@ -123,6 +127,15 @@ async def run_worker(port: int, tokens: dict[str, str], ctx: ssl.SSLContext,
         for t in tunnels.values():
             t.close()
     return out
+
+
+async def open_tunnel(port: int, tokens: dict[str, str], ctx: ssl.SSLContext,
+                      case: Case) -> dict[tuple[str, str, str], Tunnel]:
+    """A tunnel for `case`'s identity and host, opened now (for `run_worker(tunnels=...)`)."""
+    t = Tunnel(LISTEN, port, case.identity, tokens[case.identity], case.host,
+               scheme=case.scheme, ssl_ctx=ctx)
+    await t._open()
+    return {(case.identity, case.scheme, case.host): t}
 
 
 async def run_all(port: int, tokens: dict[str, str], ca: str,

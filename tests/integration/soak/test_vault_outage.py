@@ -23,6 +23,7 @@ from tests.integration.soak.mix import (
     check,
     client_ssl,
     make_case,
+    open_tunnel,
     run_worker,
     summary,
 )
@@ -34,6 +35,7 @@ VAULT_TIMEOUT = 1.0  # VAULT_CLIENT_TIMEOUT the soak proxies run with (conftest)
 VAULT_DEADLINE = 2 * VAULT_TIMEOUT + 1.0  # the broker's outer bound on one Vault call
 SLACK = 4.0  # scheduling on a loaded two-core machine; a hang would be 30 s (the client's limit)
 GRACE = VAULT_DEADLINE + 1.0  # after recovery, a request may still share a failing read
+OUTAGE = 6.0  # seconds each outage lasts
 
 
 def cold_case(secret: str, identity: str, rid: str) -> Case:
@@ -44,8 +46,8 @@ def cold_case(secret: str, identity: str, rid: str) -> Case:
 
 def test_openbao_stopped_and_restarted_under_load(tmp_path, soak_vault, soak_pki, recorder,
                                                   plain_recorder):
-    """Bounds: about 25 s of load: 40 steady clients (cached secrets and no secret) and 10
-    clients needing a secret nobody fetched before the outage; 2 outages of 4 s each.
+    """Bounds: about 30 s of load: 40 steady clients (cached secrets and no secret) and 10
+    clients needing a secret nobody fetched before the outage; 2 outages of 6 s each.
 
     1. OpenBao frozen (SIGSTOP: connections accepted, never answered), then thawed: requests
        for the uncached `cold1` get 503 secret_unavailable within the Vault timeout
@@ -77,10 +79,17 @@ def test_openbao_stopped_and_restarted_under_load(tmp_path, soak_vault, soak_pki
                                ident, f"vo-{w}-{n}") for n in range(2000)]
             steady.append(asyncio.create_task(run_worker(port, tokens, ctx, cases, stop=stop)))
 
+        # the cold clients' tunnels are opened now (a CONNECT fetches no secret), so that
+        # during the outage their time goes to requests
+        cold = {(secret, w): [cold_case(secret, IDENTITIES[w % 4], f"vo-{secret}-{w}-{n}")
+                              for n in range(2000)]
+                for secret in ("cold1", "cold2") for w in range(5)}
+        opened = {k: await open_tunnel(port, tokens, ctx, cases[0])
+                  for k, cases in cold.items()}
+
         def cold_lane(secret: str, w: int) -> asyncio.Task[list[tuple[Case, Res]]]:
-            ident = IDENTITIES[w % 4]
-            cases = [cold_case(secret, ident, f"vo-{secret}-{w}-{n}") for n in range(2000)]
-            return asyncio.create_task(run_worker(port, tokens, ctx, cases, stop=stop))
+            return asyncio.create_task(run_worker(port, tokens, ctx, cold[(secret, w)],
+                                                  stop=stop, tunnels=opened[(secret, w)]))
 
         lanes = []
         await asyncio.sleep(1.5)
@@ -88,7 +97,7 @@ def test_openbao_stopped_and_restarted_under_load(tmp_path, soak_vault, soak_pki
         os.kill(soak_vault._proc.pid, signal.SIGSTOP)
         marks["frozen"] = time.monotonic()
         lanes += [cold_lane("cold1", w) for w in range(5)]
-        await asyncio.sleep(4)
+        await asyncio.sleep(OUTAGE)
         marks["thawed"] = time.monotonic()
         os.kill(soak_vault._proc.pid, signal.SIGCONT)
         await asyncio.sleep(4)
@@ -96,7 +105,7 @@ def test_openbao_stopped_and_restarted_under_load(tmp_path, soak_vault, soak_pki
         await asyncio.to_thread(soak_vault.stop)
         marks["killed"] = time.monotonic()
         lanes += [cold_lane("cold2", w) for w in range(5)]
-        await asyncio.sleep(4)
+        await asyncio.sleep(OUTAGE)
         marks["restarting"] = time.monotonic()
         await asyncio.to_thread(soak_vault.start)
         await asyncio.to_thread(seed, soak_vault)
@@ -139,6 +148,10 @@ def test_openbao_stopped_and_restarted_under_load(tmp_path, soak_vault, soak_pki
         slow = [(c.req.rid, round(r.latency, 1)) for c, r in results
                 if r.latency > VAULT_DEADLINE + SLACK]
         assert not slow, f"requests hung past the Vault deadline: {slow[:10]}"
+        counts = {s: {p: sum(1 for c, r in results if c.kind == s and phase(c, r) == p)
+                      for p in ("down", "between", "up")} for s in windows}
+        print(f"vault outage: cold requests by phase {counts}; proxy log has "
+              f"{sp.proxy.logs().count('logged in to Vault')} AppRole logins")
         for secret in windows:
             phases = [phase(c, r) for c, r in results if c.kind == secret]
             assert phases.count("down") >= 3, f"{secret}: too few requests during the outage"
