@@ -15,10 +15,12 @@ import os
 import resource
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import hvac.exceptions
 import pytest
 
 from tests.integration.conftest import SANDGATE, Proxy, start_proxy, stop_proxy
@@ -115,6 +117,17 @@ def policy_yaml() -> str:
 
 def seed(v: SeedableVault) -> None:
     """Secrets and the proxy's AppRole (fixed ids): run again after every restart."""
+    # A fresh dev server upgrades its KV v2 mount for a moment after it reports healthy
+    # ("Upgrading from non-versioned to versioned data"): writes fail until it is done.
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            v.put_kv2("soak/ready", {"value": "yes"})
+            break
+        except hvac.exceptions.InvalidRequest:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     for name, value in SECRET_VALUES.items():
         v.put_kv2(f"soak/{name}", {"value": value})
     c = v.client()
