@@ -57,7 +57,18 @@ def test_from_env_approle_wins_over_token():
     assert c.role_id == "r" and c.token is None
 
 
+@pytest.mark.parametrize("spec, seconds", [("2", 2.0), ("0.5s", 0.5), (" 30s ", 30.0)])
+def test_from_env_client_timeout(spec, seconds):
+    c = VaultConfig.from_env({"VAULT_ADDR": "http://v", "VAULT_TOKEN": "t",
+                              "VAULT_CLIENT_TIMEOUT": spec})
+    assert c.timeout == seconds
+
+
 @pytest.mark.parametrize("env, words", [
+    ({"VAULT_ADDR": "http://v", "VAULT_TOKEN": "t", "VAULT_CLIENT_TIMEOUT": "0"},
+     ["VAULT_CLIENT_TIMEOUT", "seconds"]),
+    ({"VAULT_ADDR": "http://v", "VAULT_TOKEN": "t", "VAULT_CLIENT_TIMEOUT": "1m"},
+     ["VAULT_CLIENT_TIMEOUT", "seconds"]),
     ({"VAULT_ADDR": "http://v"}, ["VAULT_TOKEN", "VAULT_ROLE_ID"]),
     ({"VAULT_ADDR": "http://v", "VAULT_ROLE_ID": "r"}, ["VAULT_SECRET_ID"]),
     ({"VAULT_ADDR": "http://v", "VAULT_SECRET_ID": "s"}, ["VAULT_ROLE_ID"]),

@@ -86,8 +86,24 @@ class VaultConfig:
         if token and role_id:
             log.info("both VAULT_TOKEN and AppRole credentials are set; using AppRole")
             token = None
+        timeout = _parse_timeout(opt("VAULT_CLIENT_TIMEOUT"))
         return cls(addr=addr, token=token, role_id=role_id, secret_id=secret_id,
-                   cacert=opt("VAULT_CACERT"), namespace=opt("VAULT_NAMESPACE"))
+                   cacert=opt("VAULT_CACERT"), namespace=opt("VAULT_NAMESPACE"),
+                   timeout=timeout)
+
+
+def _parse_timeout(spec: str | None, default: float = 5.0) -> float:
+    """VAULT_CLIENT_TIMEOUT as Vault's own CLI reads it: seconds, optionally with an `s`."""
+    if spec is None:
+        return default
+    try:
+        value = float(spec.removesuffix("s"))
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise ValueError(f"VAULT_CLIENT_TIMEOUT must be a number of seconds (like 5 or 2.5s), "
+                         f"between 0 and 3600; got {spec!r}")
+    return value
 
 
 _Loc = tuple[str, str, str, int]
