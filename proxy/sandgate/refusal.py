@@ -21,12 +21,14 @@ class Refusal:
     identity: str | None = None
     target: str | None = None
     hint: str | None = None
+    retry_after: int | None = None  # seconds: the Retry-After header (429)
 
     @classmethod
     def from_error(cls, error: Refused, identity: str | None = None,
                    target: str | None = None) -> Refusal:
         """The one mapping from a raised refusal to the answer the sandbox sees."""
-        return cls(error.code, error.reason, identity=identity, target=target, hint=error.hint)
+        return cls(error.code, error.reason, identity=identity, target=target, hint=error.hint,
+                   retry_after=error.retry_after)
 
     @property
     def status(self) -> int:
@@ -48,4 +50,6 @@ class Refusal:
         h = {"Content-Type": "application/json", REASON_HEADER: str(self.code)}
         if self.status == 407:
             h["Proxy-Authenticate"] = 'Basic realm="sandgate"'
+        if self.retry_after is not None:
+            h["Retry-After"] = str(self.retry_after)
         return h

@@ -18,12 +18,13 @@ from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import audit, confdir
-from sandgate.addons import patches
+from sandgate.addons import patches, wirelimits
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, pinned
 from sandgate.identity.base import AddressIdentitySource
 from sandgate.identity.resolve import Identifier
 from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
+from sandgate.limits import Limiter, LimitsConfig
 from sandgate.metrics import Metrics
 from sandgate.netguard import IPAddress
 from sandgate.policy import live as livepolicy
@@ -60,6 +61,7 @@ class RunConfig:
     drain_timeout: float = 30.0
     watch_interval: float | None = 0.5  # None: no file watching (SIGHUP and the API still work)
     log_format: str = "text"
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -158,6 +160,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
         audit_best_effort=cfg.audit_best_effort,
         canaries=canaries(policy),
+        limiter=Limiter(cfg.limits),
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy)
@@ -167,6 +170,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     def swap(new: livepolicy.LoadedPolicy) -> None:
         broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
         gate.set_policy(new.policy, canaries(new.policy))
+        gate.cfg.limiter.forget(new.policy.identities, new.policy.secrets)
         metrics.policy_swapped(new.version, new.loaded_at)
 
     def outcome(o: livepolicy.ReloadOutcome) -> None:
@@ -192,6 +196,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     m.addons.add(*default_addons())
     m.addons.add(errorcheck.ErrorCheck())
     m.addons.add(gate)
+    m.addons.add(wirelimits.WireLimits())
     lifecycle = Lifecycle()
     m.addons.add(lifecycle)  # after the gate: a flow leaves it only once audited
     metrics.open_connections.set_function(lambda: open_connections(m))
@@ -209,6 +214,11 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()
+
+    def limit_event(event: str, fields: dict[str, Any]) -> None:
+        sink.emit(event, **fields)
+
+    wirelimits.install(cfg.limits, limit_event)
 
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[Any]] = set()

@@ -28,6 +28,23 @@ class Source:
 
 
 @dataclass(frozen=True, slots=True)
+class SecretBudget:
+    """`budget:` of a secret: at most `calls` injections per window of `per` seconds."""
+
+    calls: int
+    per: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityLimits:
+    """`limits:` of an identity; None: the proxy's flag applies."""
+
+    rps: float | None = None  # requests a second (token bucket)
+    burst: int | None = None  # bucket size; default rps rounded up
+    max_connections: int | None = None  # open client connections at once
+
+
+@dataclass(frozen=True, slots=True)
 class SecretRef:
     name: str
     mount: str  # KV mount point, e.g. "secret"
@@ -38,6 +55,7 @@ class SecretRef:
     source: Source
     # `hosts:` the only hosts it may be sent to (proved by sandgate.policy.proofs); None: any
     hosts: tuple[HostPattern, ...] | None = None
+    budget: SecretBudget | None = None  # call budget per window (sandgate.limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +192,7 @@ class Identity:
     # "report": policy refusals (no_rule, denied_by_rule) are forwarded uninjected and audited
     mode: Literal["enforce", "report"] = "enforce"
     narrower_than: str | None = None  # proved by sandgate.policy.proofs
+    limits: IdentityLimits | None = None  # rate and connection limits (sandgate.limits)
 
 
 @dataclass(frozen=True, slots=True)
