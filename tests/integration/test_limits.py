@@ -272,6 +272,21 @@ def test_oversized_head_inside_the_tunnel_431(lproxy, http, what):
     assert json.loads(body)["code"] == "headers_too_large"
 
 
+@pytest.mark.parametrize("http", ["--http1.1", "--http2"])
+def test_far_oversized_head_inside_the_tunnel_never_buffered(lproxy, upstream, http):
+    """Bounds: 1 request with a 40 KB header (limit 4 KB). HTTP/1: 431 while reading the head;
+    HTTP/2: the header list is over what the decoder accepts, the connection is ended."""
+    before = len(upstream.seen)
+    r = _curl(lproxy, "agent", "https://upstream.test/docs/huge", http,
+              "-H", "x-huge: " + "h" * 40_000)
+    body, status = split_status(r.stdout)
+    if http == "--http1.1":
+        assert status == 431 and json.loads(body)["code"] == "headers_too_large", r.stdout
+    else:
+        assert status in (0, 431), r.stdout + r.stderr
+    assert len(upstream.seen) == before
+
+
 # ------------------------------------------------------------------------ slow client: 408
 
 def test_head_sent_a_byte_at_a_time_is_cut_off(lproxy):

@@ -167,8 +167,11 @@ def _wrap_read_headers(original: Any) -> Any:
         if not pending:
             _cancel_head_timer(self)
         elif limits.header_timeout and getattr(self, "_sg_head_timer", None) is None:
-            self._sg_head_timer = asyncio.get_running_loop().call_later(
-                limits.header_timeout, _head_timed_out, self)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # driven without an event loop (a layer test): no timer
+                return
+            self._sg_head_timer = loop.call_later(limits.header_timeout, _head_timed_out, self)
 
     return read_headers
 
