@@ -86,6 +86,12 @@ class ScriptedUpstream:
             path = head.split(b" ")[1]
             if path.startswith(b"/hang"):
                 await asyncio.sleep(30)
+            elif path.startswith(b"/bighead"):
+                writer.write(b"HTTP/1.1 200 OK\r\n")
+                for _ in range(100):  # 400 KB of one header, never ended
+                    writer.write(b"X-Pad: " + b"p" * 4000 + b"\r\n")
+                    await writer.drain()
+                await asyncio.sleep(10)
             elif path.startswith(b"/late"):
                 await asyncio.sleep(2.5)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
@@ -306,6 +312,30 @@ def test_head_sent_a_byte_at_a_time_is_cut_off(lproxy):
     lproxy.wait_audit(lambda e: e.get("event") == "limit" and e.get("code") == "header_timeout")
 
 
+def test_slow_head_inside_the_tunnel_is_cut_off(lproxy):
+    """Bounds: 1 connection: CONNECT, TLS, half a request head, then silence; --header-timeout
+    1; < 5 s. The 408 comes back through the tunnel's TLS."""
+    with socket.create_connection((lproxy.host, lproxy.port)) as raw:
+        raw.sendall(_connect_head(lproxy, "agent"))
+        raw.settimeout(5)
+        assert b" 200 " in raw.recv(4096)
+        ctx = ssl.create_default_context(cafile=str(lproxy.ca))
+        ctx.set_alpn_protocols(["http/1.1"])
+        with ctx.wrap_socket(raw, server_hostname="upstream.test") as s:
+            started = time.monotonic()
+            s.sendall(b"GET /docs/slow HTTP/1.1\r\nHost: upstream.test\r\n")
+            out = b""
+            try:
+                while chunk := s.recv(65536):
+                    out += chunk
+            except (TimeoutError, ConnectionResetError, ssl.SSLError):
+                pass
+            elapsed = time.monotonic() - started
+    assert 0.9 < elapsed < 5
+    status, body = _refusal(out)
+    assert status == 408 and body["code"] == "header_timeout"
+
+
 # ------------------------------------------------------------------------ upstream: 504
 
 @pytest.mark.parametrize("http", ["--http1.1", "--http2"])
@@ -337,6 +367,13 @@ def test_unreachable_upstream_connect_504(lproxy):
     assert status == 504, r.stdout + r.stderr
     assert json.loads(body)["code"] == "upstream_timeout"
     assert time.monotonic() - started < 5
+
+
+def test_endless_response_head_502(lproxy):
+    """Bounds: 1 request; the upstream sends a head of 400 KB that never ends (bound 256 KiB)."""
+    r = _curl(lproxy, "agent", "https://late.r2.test/bighead")
+    body, status = split_status(r.stdout)
+    assert status == 502 and json.loads(body)["code"] == "upstream_error", r.stdout
 
 
 def test_stream_longer_than_the_read_timeout_keeps_flowing(lproxy):
