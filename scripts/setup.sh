@@ -19,6 +19,11 @@ if ((want_test)); then
   command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need_apt+=(nginx-light)
   # wget: a real client strict about framing and TLS shutdown (tests/integration/test_clients.py)
   command -v wget >/dev/null || need_apt+=(wget)
+  # postgresql: a real database for the dynamic-secrets test (tests/integration/test_fleet_secrets.py:
+  # OpenBao's database engine mints PostgreSQL users); initdb lives in /usr/lib/postgresql/*/bin
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
+  # nodejs: Node's built-in fetch through the gateway mode (tests/integration/test_gateway.py)
+  command -v node >/dev/null || need_apt+=(nodejs)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then

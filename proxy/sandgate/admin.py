@@ -21,6 +21,7 @@ from aiohttp import web
 from sandgate.explain import explain
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
+from sandgate.secrets.scope import SAFE_ID
 from sandgate.secrets.vault import SecretBroker
 from sandgate.tokens import issue_token, parse_ttl
 
@@ -189,6 +190,18 @@ def build_app(state: AdminState) -> web.Application:
         return _json(200, {"token": token, "identity": identity, "sandbox": sandbox,
                            "ttl": ttl, "expires_at": int(time.time()) + ttl})
 
+    async def end_sandbox(request: web.Request) -> web.Response:
+        """A fleet controller says a sandbox has ended: revoke its dynamic secrets now."""
+        sandbox = request.match_info["sandbox"]
+        if not SAFE_ID.fullmatch(sandbox):
+            return _error(400, "bad_request", "the sandbox id must be letters, digits, '.', "
+                          "'_', '@' and '-'")
+        counts = await state.broker.end_sandbox(sandbox, "admin_api")
+        log.info("sandbox %s ended via the admin API: %d lease(s) revoked, %d pending",
+                 sandbox, counts["revoked"], counts["pending"])
+        # 202 while a revocation is still being retried (Vault down): it is not done yet
+        return _json(200 if not counts["pending"] else 202, {"sandbox": sandbox, **counts})
+
     app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -197,6 +210,7 @@ def build_app(state: AdminState) -> web.Application:
     app.router.add_post("/v1/reload", reload)
     app.router.add_post("/v1/explain", explain_)
     app.router.add_post("/v1/tokens", tokens)
+    app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
     return app
 
 

@@ -51,6 +51,8 @@ DIALED = "dialed"  # ip:port actually dialled
 EXFIL = "exfiltration"  # names of secrets / placeholders seen where they are not bound
 REDACTIONS = "redactions"
 ERROR = "error"  # what went wrong upstream or in transport (not a refusal)
+LISTENER = "listener"  # the way in: "http" (the proxy port) or "socks5" (--socks5)
+GATEWAY = "gateway"  # the gateway prefix a request came in under; absent for proxied requests
 
 # Free-text fields a sandbox can influence (path, Host, reasons quoting them): scrubbed of every
 # cached secret value before an event is written.
@@ -125,7 +127,15 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         EXFIL: rec.exfiltration,
         REDACTIONS: rec.redactions,
         ERROR: flow.error.msg if flow.error and not refusal else None,
+        LISTENER: listener(flow),
+        **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
     }
+
+
+def listener(flow: http.HTTPFlow) -> str:
+    """Which listener the flow's client came in through ("http" for mitmproxy's regular mode)."""
+    name = flow.client_conn.proxy_mode.type_name
+    return "http" if name == "regular" else name
 
 
 def scrub_fields(fields: dict[str, Any], secrets: SecretSet) -> dict[str, Any]:

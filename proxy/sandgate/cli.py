@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,12 @@ def _size(spec: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected a size like 512k, 32m or 1g, got {spec!r}") from None
     return spec
+
+
+def _workers(spec: str) -> int:
+    if not spec.isdigit() or int(spec) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes >= 1, got {spec!r}")
+    return int(spec)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="identify clients from this range without a token (VMs, namespaces)")
     run.add_argument("--docker-network", action="append", default=[], metavar="NAME",
                      help="identify clients on this Docker network by their container labels")
+    run.add_argument("--socks5", type=_listen, default=None, metavar="HOST:PORT",
+                     help="also listen for SOCKS5 here (username/password = identity/token, "
+                     "names resolved by Sandgate); off unless given")
+    run.add_argument("--socks5-allow", action="append", default=[], metavar="CIDR",
+                     help="serve SOCKS5 only to sources in this range (repeatable; others are "
+                     "dropped at connect and audited)")
+    run.add_argument("--gateway", type=_listen, default=None, metavar="HOST:PORT",
+                     help="serve the policy's `gateways:` here (base-URL gateway mode: plain "
+                     "HTTP, for internal networks only, unless --gateway-tls-name)")
+    run.add_argument("--gateway-tls-name", default=None, metavar="NAME",
+                     help="the gateway takes TLS only, with a certificate for NAME from the "
+                     "confdir CA (sandboxes trust `sandgate ca`)")
     run.add_argument("--admin", type=_listen, default=None, metavar="HOST:PORT",
                      help="serve the admin API (health, readiness, metrics, policy, reload) "
                      "here; off unless given")
@@ -125,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=("json", "text"), default=None,
                      help="process log format on stderr (default: json unless stderr is a "
                      "terminal)")
+    run.add_argument("--workers", type=_workers, default=None, metavar="N",
+                     help="proxy processes sharing the listening port (default: the number of "
+                     "cores this process may use; 1 runs a single process, no supervisor)")
+    # set only by the supervisor of --workers N on the processes it starts
+    run.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
+    run.add_argument("--worker-dir", type=Path, default=None, help=argparse.SUPPRESS)
 
     def resolve_arg(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--resolve", action="append", default=[], metavar="HOST=IP",
@@ -153,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="one request a line, `IDENTITY METHOD URL` (# comments; - for "
                          "stdin): one JSON object a line")
     resolve_arg(explain)
+    explain.add_argument("--gateway", action="store_true",
+                         help="URL is a gateway path (e.g. /anthropic/v1/messages, what follows "
+                         "the gateway's HOST:PORT): judged as the gateway listener judges it")
     explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
     explain.add_argument("url", nargs="?",
                          help="an absolute http(s) URL, or host:port after CONNECT")
@@ -202,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    # `run --workers N` starts its workers with the same arguments
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     handler = {
         "run": cmd_run,
         "check": cmd_check,
@@ -359,9 +388,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return 1
     try:
-        out, allowed = explain(policy, args.identity, args.method, args.url, resolve)
+        url, prefix = args.url, None
+        if args.gateway:
+            from sandgate.gateway import gateway_url
+
+            url, gw = gateway_url(policy.gateways, args.method, args.url)
+            prefix = gw.prefix
+        out, allowed = explain(policy, args.identity, args.method, url, resolve)
     except ValueError as e:
         return _err(f"bad request: {e}")
+    if prefix is not None:
+        out = {"gateway": prefix, "gateway_path": args.url, **out}
     print(json.dumps(out, indent=2))
     return 0 if allowed else 1
 
@@ -444,6 +481,28 @@ def _admin_token(args: argparse.Namespace) -> str | None:
     return os.environ.get("SANDGATE_ADMIN_TOKEN", "").strip() or None
 
 
+def _check_gateway(args: argparse.Namespace, gateways: Sequence[object],
+                   same_address: Callable[[tuple[str, int], tuple[str, int]], bool]) -> None:
+    """--gateway and --gateway-tls-name make sense together with the other listeners."""
+    if args.gateway is None:
+        if args.gateway_tls_name is not None:
+            raise ValueError("--gateway-tls-name needs --gateway HOST:PORT")
+        return
+    if same_address(args.gateway, args.listen):
+        raise ValueError(f"--gateway {args.gateway[0]}:{args.gateway[1]} is the proxy "
+                         "listener's address; give the gateway its own port")
+    if args.admin is not None and same_address(args.gateway, args.admin):
+        raise ValueError(f"--gateway {args.gateway[0]}:{args.gateway[1]} is the admin "
+                         "listener's address; give the gateway its own port")
+    name = args.gateway_tls_name
+    if name is not None and (not name or any(c in name for c in "/@ \t")):
+        raise ValueError(f"--gateway-tls-name {name!r}: expected a host name or IP address")
+    if not gateways:
+        raise ValueError(f"--gateway given, but {args.policies} has no `gateways:` entries; "
+                         "add one, e.g. gateways: [{prefix: /anthropic, upstream: "
+                         "https://api.anthropic.com, token_header: x-api-key}]")
+
+
 def limits_config(args: argparse.Namespace) -> LimitsConfig:
     """The `limits` flags of `sandgate run` as a LimitsConfig (ValueError says which is wrong)."""
     from mitmproxy.utils import human
@@ -493,10 +552,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_sets(args.sets)  # before anything heavy is imported or started
     except ValueError as e:
         return _err(str(e))
+    from sandgate.addons.socks5 import parse_allow
     from sandgate.lifecycle import configure_logging, default_log_format
     from sandgate.policy import live
     from sandgate.policy.loader import PolicyError
-    from sandgate.runner import RunConfig, banner, parse_resolve, same_address, serve
+    from sandgate.runner import (
+        RunConfig,
+        banner,
+        check_listeners,
+        parse_resolve,
+        same_address,
+        serve,
+    )
     from sandgate.secrets.vault import VaultConfig
     from sandgate.tokens import parse_ttl
 
@@ -518,15 +585,40 @@ def cmd_run(args: argparse.Namespace) -> int:
             if same_address(args.admin, args.listen):
                 raise ValueError(f"--admin {args.admin[0]}:{args.admin[1]} is the proxy "
                                  "listener's address; give the admin listener its own port")
+        _check_gateway(args, loaded.policy.gateways, same_address)
         max_ttl = parse_ttl(args.admin_max_token_ttl)
+        socks5_allow = parse_allow(args.socks5_allow)
+        check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
+                                  listen_host=args.listen[0], listen_port=args.listen[1],
+                                  admin=args.admin, socks5=args.socks5,
+                                  socks5_allow=socks5_allow))
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
+    if args.worker_id is not None:
+        from sandgate.lifecycle import tag_logs
+
+        tag_logs(worker=args.worker_id)
     configure_logging(log_format)
     log = logging.getLogger("sandgate")
+    from sandgate.workers.listen import default_workers
+
+    workers = args.workers or default_workers()
+    role = None
+    if args.worker_id is not None:
+        from sandgate.workers.control import die_with_supervisor, role_from
+
+        if args.worker_dir is None:
+            return _err("--worker-id needs --worker-dir")
+        try:
+            role = role_from(args.worker_id, args.worker_dir)
+        except ValueError as e:
+            return _err(str(e))
+        die_with_supervisor()
+    supervising = role is None and workers > 1
 
     try:
         resolve = parse_resolve(args.resolve)
@@ -557,7 +649,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                      "%s with demo secrets", dev.addr)
             vault = VaultConfig(addr=dev.addr, token=dev.root_token, role_id=None,
                                 secret_id=None, cacert=None, namespace=None)
-        if args.docker_network:
+        if args.docker_network and not supervising:  # each worker follows Docker's events
             try:
                 from sandgate.identity.docker_labels import DockerLabelSource
             except ImportError as e:
@@ -577,14 +669,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             loaded=loaded, admin=args.admin, admin_token=admin_token,
             admin_max_token_ttl=max_ttl, drain_timeout=args.drain_timeout,
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
+            socks5=args.socks5, socks5_allow=socks5_allow,
+            gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
             limits=limits,
         )
+        if role is not None:
+            cfg.worker = role
+            asyncio.run(serve(cfg))
+            return 0
         for line in banner(cfg, args.confdir).splitlines():
             log.info("%s", line)
         log.info("sandgate: policy version %s (%d identities; report mode: %s)", loaded.version,
                  len(loaded.policy.identities),
                  ", ".join(n for n, i in sorted(loaded.policy.identities.items())
                            if i.mode == "report") or "none")
+        if supervising:
+            from sandgate.workers.supervisor import Supervisor
+
+            env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.token or ""} \
+                if dev is not None else {}
+            return asyncio.run(Supervisor(cfg, workers, args.argv, log_format, env).run())
         asyncio.run(serve(cfg))
         return 0
     except PolicyError as e:

@@ -7,10 +7,12 @@ and a reason and hint that are safe to show the sandbox::
     SandgateError
     ├── Refused(code, reason, hint)      a request must not go on; STATUS[code] is its status
     │   ├── IdentityError                auth_required, auth_invalid     (identity/, tokens.py)
-    │   ├── BadRequest                   bad_request, not_tls, too_large  (request.py)
+    │   ├── BadRequest                   bad_request, not_tls, too_large  (request.py),
+    │   │                                no_gateway                       (gateway.py)
     │   ├── AddressRefused               internal_address, self_address, unresolvable
     │   │                                                                 (netguard.py)
     │   ├── SecretError                  secret_unavailable               (secrets/vault.py)
+    │   ├── SandboxRequired              sandbox_required                 (secrets/scope.py)
     │   ├── UnsafeValue                  unsafe_injection                 (inject.py)
     │   └── LimitExceeded                headers_too_large, rate_limited, budget_exhausted,
     │                                    too_many_connections (+ retry_after) (limits.py)
@@ -36,7 +38,8 @@ class Code(StrEnum):
     DENIED_BY_RULE = "denied_by_rule"  # an explicit deny rule matched
     BAD_REQUEST = "bad_request"  # malformed, or CONNECT / SNI / Host disagree
     TOO_LARGE = "too_large"  # a request body over the limit
-    NOT_TLS = "not_tls"  # a CONNECT tunnel that does not carry TLS
+    NOT_TLS = "not_tls"  # a CONNECT tunnel (or a TLS-only gateway request) without TLS
+    NO_GATEWAY = "no_gateway"  # a gateway-listener path under no `gateways:` prefix
     INTERNAL_ADDRESS = "internal_address"  # resolves to a non-public address the rule does not name
     SELF_ADDRESS = "self_address"  # would dial the proxy itself
     UNRESOLVABLE = "unresolvable"  # DNS gave no usable answer
@@ -45,6 +48,7 @@ class Code(StrEnum):
     UPSTREAM_ERROR = "upstream_error"  # the upstream failed or answered something unforwardable
     UPSTREAM_TIMEOUT = "upstream_timeout"  # the upstream did not answer in time
     SECRET_UNAVAILABLE = "secret_unavailable"  # Vault down, secret missing, auth to Vault failed
+    SANDBOX_REQUIRED = "sandbox_required"  # a per-sandbox secret, and the caller has no sandbox id
     AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit log cannot be written: fail closed
     INTERNAL_ERROR = "internal_error"  # an exception inside Sandgate: fail closed
     # limits (sandgate/limits.py, sandgate/addons/wirelimits.py)
@@ -65,6 +69,7 @@ STATUS: dict[Code, int] = {
     Code.BAD_REQUEST: 400,
     Code.TOO_LARGE: 413,
     Code.NOT_TLS: 403,
+    Code.NO_GATEWAY: 404,
     Code.INTERNAL_ADDRESS: 403,
     Code.SELF_ADDRESS: 403,
     Code.UNRESOLVABLE: 502,
@@ -73,6 +78,7 @@ STATUS: dict[Code, int] = {
     Code.UPSTREAM_ERROR: 502,
     Code.UPSTREAM_TIMEOUT: 504,
     Code.SECRET_UNAVAILABLE: 503,
+    Code.SANDBOX_REQUIRED: 403,
     Code.AUDIT_UNAVAILABLE: 503,
     Code.INTERNAL_ERROR: 503,
     Code.HEADERS_TOO_LARGE: 431,
@@ -125,7 +131,7 @@ class BadRequest(Refused, ValueError):
     Also a ValueError: the request parser is used at load time and by the CLI too.
     """
 
-    codes = frozenset({Code.BAD_REQUEST, Code.NOT_TLS, Code.TOO_LARGE})
+    codes = frozenset({Code.BAD_REQUEST, Code.NOT_TLS, Code.TOO_LARGE, Code.NO_GATEWAY})
 
 
 class AddressRefused(Refused):
@@ -146,6 +152,17 @@ class SecretError(Refused):
 
     def __repr__(self) -> str:
         return f"SecretError(secret={self.secret!r}, message={str(self)!r})"
+
+
+class SandboxRequired(Refused):
+    """A rule needs a per-sandbox secret (a `{{ sandbox }}` path, a dynamic secret) and the
+    caller has no usable sandbox id: refused before anything is read from Vault."""
+
+    codes = frozenset({Code.SANDBOX_REQUIRED})
+
+    def __init__(self, secret: str, message: str, hint: str | None = None) -> None:
+        super().__init__(Code.SANDBOX_REQUIRED, message, hint=hint)
+        self.secret = secret
 
 
 class UnsafeValue(Refused):

@@ -26,7 +26,8 @@ def apply(
 ) -> None:
     """Inject the rule's credentials and swap its bound placeholders for values.
 
-    `values` maps secret name -> value for every secret in `rule.secrets`; `placeholders` maps
+    `values` maps secret name -> value for every secret in `rule.secrets` (and "NAME.username"
+    -> the user name of a dynamic secret that has one); `placeholders` maps
     secret name -> its placeholder text. Injected headers replace whatever the client sent
     under that name (in any case); they never duplicate it.
     """
@@ -87,13 +88,13 @@ def own_forms(policy: Policy, values: Mapping[str, str]) -> dict[str, list[bytes
                 continue
             if inj.basic is not None:
                 user, password = inj.basic
-                need = user.secrets | password.secrets
+                need = user.keys | password.keys
                 if need and need <= values.keys():
                     form = basic_auth_form(user.render(values), password.render(values))
-                    for name in sorted(need):
+                    for name in sorted(user.secrets | password.secrets):
                         out.setdefault(name, []).append(form)
             for _, template in inj.query:
-                if template.secrets and template.secrets <= values.keys():
+                if template.secrets and template.keys <= values.keys():
                     forms = query_forms(template.render(values))
                     for name in sorted(template.secrets):
                         out.setdefault(name, []).extend(sorted(forms))

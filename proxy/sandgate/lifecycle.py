@@ -87,6 +87,20 @@ def default_log_format(stream: TextIO = sys.stderr) -> str:
         return "json"
 
 
+_TAGS: dict[str, Any] = {}
+
+
+def tag_logs(**fields: Any) -> None:
+    """Add these fields to every process log line from now on (a worker's id, with --workers)."""
+    _TAGS.update(fields)
+
+
+def _add_tags(_logger: Any, _method: str, event_dict: Any) -> Any:
+    if _TAGS:
+        event_dict.update(_TAGS)
+    return event_dict
+
+
 def formatter(fmt: str) -> logging.Formatter:
     """A stdlib formatter rendering every record (Sandgate's and mitmproxy's) through structlog:
     one JSON object per line, or readable key=value lines."""
@@ -97,6 +111,7 @@ def formatter(fmt: str) -> logging.Formatter:
             structlog.stdlib.add_log_level,
             structlog.stdlib.add_logger_name,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _add_tags,
         ],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,

@@ -56,6 +56,10 @@ class Metrics:
         self.connects = Counter(
             "sandgate_connects", "CONNECTs judged, by decision and code",
             ["decision", "code"], registry=r)
+        self.leases = Counter(
+            "sandgate_lease_events", "Dynamic-secret lease events (mint, renew, revoke, "
+            "expire, sandbox_end) by outcome (ok, failed, pending, expired, abandoned)",
+            ["action", "outcome"], registry=r)
         self.request_duration = Histogram(
             "sandgate_request_duration_seconds", "Time from the request head to the end of the "
             "response (streams included), by decision", ["decision"],
@@ -159,6 +163,10 @@ class Metrics:
                 self.upstream_responses.labels(f"{status // 100}xx").inc()
             for s in fields.get(A.SECRETS) or ():
                 self.injections.labels(self.secret_label(str(s).partition("@")[0])).inc()
+        elif event == "lease":
+            self.leases.labels(str(fields.get("action") or UNKNOWN),
+                               str(fields.get("outcome") or UNKNOWN)).inc()
+            return
         elif event == "connect":
             self.connects.labels(str(fields.get(A.DECISION) or UNKNOWN),
                                  str(fields.get(A.CODE) or NONE)).inc()

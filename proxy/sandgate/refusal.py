@@ -22,16 +22,21 @@ class Refusal:
     target: str | None = None
     hint: str | None = None
     retry_after: int | None = None  # seconds: the Retry-After header (429)
+    # Answered on the gateway listener: the caller is no proxy client, so an authentication
+    # failure is a 401 with WWW-Authenticate rather than a 407.
+    gateway: bool = False
 
     @classmethod
     def from_error(cls, error: Refused, identity: str | None = None,
-                   target: str | None = None) -> Refusal:
+                   target: str | None = None, gateway: bool = False) -> Refusal:
         """The one mapping from a raised refusal to the answer the sandbox sees."""
         return cls(error.code, error.reason, identity=identity, target=target, hint=error.hint,
-                   retry_after=error.retry_after)
+                   retry_after=error.retry_after, gateway=gateway)
 
     @property
     def status(self) -> int:
+        if self.gateway and self.code in _AUTH:
+            return 401
         return STATUS[self.code]
 
     def body(self) -> bytes:
@@ -50,6 +55,11 @@ class Refusal:
         h = {"Content-Type": "application/json", REASON_HEADER: str(self.code)}
         if self.status == 407:
             h["Proxy-Authenticate"] = 'Basic realm="sandgate"'
+        elif self.status == 401:
+            h["WWW-Authenticate"] = 'Bearer realm="sandgate"'
         if self.retry_after is not None:
             h["Retry-After"] = str(self.retry_after)
         return h
+
+
+_AUTH = frozenset({Code.AUTH_REQUIRED, Code.AUTH_INVALID})

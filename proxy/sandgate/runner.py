@@ -6,31 +6,35 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import audit, confdir
-from sandgate.addons import patches, wirelimits
+from sandgate.addons import patches, socks5, wirelimits
 from sandgate.addons.gate import Gate, GateConfig
-from sandgate.addons.pinned import Pinned, check_sets, pinned
-from sandgate.identity.base import AddressIdentitySource
+from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
+from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.metrics import Metrics
-from sandgate.netguard import IPAddress
+from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy import live as livepolicy
 from sandgate.policy.model import Policy
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
+
+if TYPE_CHECKING:
+    from sandgate.workers.control import WorkerRole
 
 log = logging.getLogger("sandgate")
 
@@ -61,6 +65,13 @@ class RunConfig:
     drain_timeout: float = 30.0
     watch_interval: float | None = 0.5  # None: no file watching (SIGHUP and the API still work)
     log_format: str = "text"
+    socks5: tuple[str, int] | None = None  # --socks5 HOST:PORT (off unless given)
+    socks5_allow: tuple[IPNetwork, ...] = ()  # --socks5-allow CIDR (empty: every source)
+    # set in the processes `--workers N` starts: SO_REUSEPORT, `worker` in audit events, the
+    # admin API on the worker's control socket (the supervisor owns the --admin listener)
+    worker: WorkerRole | None = None
+    gateway: tuple[str, int] | None = None  # --gateway HOST:PORT
+    gateway_tls_name: str | None = None  # --gateway-tls-name: TLS only, a cert for this name
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
@@ -97,7 +108,10 @@ def upstream_bundle(conf: Path, extra: Sequence[Path]) -> Path | None:
             raise ValueError(f"--upstream-ca {p}: no PEM certificate in the file")
         parts.append(text)
     bundle = conf / "upstream-ca-bundle.pem"
-    bundle.write_text("\n".join(parts))
+    # atomically: with --workers N a restarting worker rewrites it while the others read it
+    tmp = conf / f".upstream-ca-bundle.{os.getpid()}.pem"
+    tmp.write_text("\n".join(parts))
+    os.replace(tmp, bundle)
     return bundle
 
 
@@ -110,6 +124,23 @@ def self_addresses(host: str, port: int) -> tuple[tuple[IPAddress, int], ...]:
     if ip.is_unspecified:
         out.append((ipaddress.ip_address("::"), port))
     return tuple(out)
+
+
+def check_listeners(cfg: RunConfig) -> None:
+    """No two listeners (proxy, SOCKS5, admin) on one address (ValueError says which)."""
+    named = [("--listen", (cfg.listen_host, cfg.listen_port))]
+    if cfg.socks5 is not None:
+        named.append(("--socks5", cfg.socks5))
+    if cfg.admin is not None:
+        named.append(("--admin", cfg.admin))
+    for i, (name, addr) in enumerate(named):
+        for other, other_addr in named[:i]:
+            if same_address(addr, other_addr):
+                raise ValueError(f"{name} {addr[0]}:{addr[1]} is the address of {other} "
+                                 f"({other_addr[0]}:{other_addr[1]}); give each listener its "
+                                 "own port")
+    if cfg.socks5_allow and cfg.socks5 is None:
+        raise ValueError("--socks5-allow restricts the SOCKS5 listener: give --socks5 HOST:PORT")
 
 
 def same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
@@ -128,10 +159,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     policy = loaded.policy
     if cfg.vault is None:
         raise ValueError("no Vault configured")
+    check_listeners(cfg)
     if cfg.admin is not None:
-        if same_address(cfg.admin, (cfg.listen_host, cfg.listen_port)):
-            raise ValueError(f"--admin {cfg.admin[0]}:{cfg.admin[1]} is the proxy listener's "
-                             "address; give the admin listener its own port")
         if not cfg.admin_token:
             raise ValueError("--admin needs a token: set SANDGATE_ADMIN_TOKEN or give "
                              "--admin-token-file")
@@ -141,7 +170,23 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     except Exception as e:  # keep serving: each request needing a secret fails closed
         log.warning("sandgate: Vault not ready at start (%s); requests needing secrets get 503",
                     type(e).__name__)
-    sink = audit.AuditLog(cfg.audit_file)
+    if cfg.worker is None:
+        sink = audit.AuditLog(cfg.audit_file)
+    else:
+        from sandgate.workers.auditlog import WorkerAuditLog
+
+        sink = WorkerAuditLog(cfg.audit_file, cfg.worker.id)
+    broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
+    loop = asyncio.get_running_loop()
+
+    def sandbox_gone(caller: Caller, why: str) -> None:  # a Docker thread: hop to the loop
+        assert caller.sandbox is not None
+        sandbox = caller.sandbox
+        loop.call_soon_threadsafe(lambda: spawn(broker.end_sandbox(sandbox, why)))
+
+    for src in cfg.address_sources:
+        if hasattr(src, "on_sandbox_end"):  # Docker labels: container death ends a sandbox
+            src.on_sandbox_end = sandbox_gone
 
     def canaries(p: Policy) -> dict[str, str]:
         return {f"canary:{name}": canary(key, name) for name in p.identities} \
@@ -150,6 +195,14 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     selves = self_addresses(cfg.listen_host, cfg.listen_port)
     if cfg.admin is not None:  # a sandbox must never reach the admin API through the proxy
         selves += self_addresses(*cfg.admin)
+    if cfg.socks5 is not None:
+        selves += self_addresses(*cfg.socks5)
+    if cfg.gateway is not None:
+        if same_address(cfg.gateway, (cfg.listen_host, cfg.listen_port)) or (
+                cfg.admin is not None and same_address(cfg.gateway, cfg.admin)):
+            raise ValueError(f"--gateway {cfg.gateway[0]}:{cfg.gateway[1]} is another "
+                             "listener's address; give the gateway its own port")
+        selves += self_addresses(*cfg.gateway)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -160,6 +213,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
         audit_best_effort=cfg.audit_best_effort,
         canaries=canaries(policy),
+        socks5_allow=tuple(cfg.socks5_allow),
+        gateway_tls=cfg.gateway_tls_name is not None,
         limiter=Limiter(cfg.limits),
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
@@ -210,17 +265,23 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     if cfg.sets:
         opts.set(*cfg.sets)
     bundle = upstream_bundle(conf, cfg.upstream_cas)
-    values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None)
+    socks5.install()  # before the listeners start: the SOCKS5 mode gets Sandgate's layer
+    gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
+    values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,
+                    cfg.socks5, gateway)
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()
+    if cfg.worker is not None:
+        from sandgate.workers.listen import share_port
+
+        share_port()
 
     def limit_event(event: str, fields: dict[str, Any]) -> None:
         sink.emit(event, **fields)
 
     wirelimits.install(cfg.limits, limit_event)
 
-    loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[Any]] = set()
     drained: dict[str, Any] = {}
 
@@ -254,16 +315,26 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         except (NotImplementedError, RuntimeError):
             pass
     admin_runner = None
-    if cfg.admin is not None:
+    if cfg.admin is not None or cfg.worker is not None:
         from sandgate.admin import AdminState, start_admin
 
-        assert cfg.admin_token is not None
-        admin_runner = await start_admin(AdminState(
+        admin_token = cfg.worker.token if cfg.worker is not None else cfg.admin_token
+        assert admin_token is not None
+        state = AdminState(
             live=live, broker=broker, metrics=metrics, token_key=key,
-            admin_token=cfg.admin_token, listener_up=lambda: listener_up(m),
+            admin_token=admin_token, listener_up=lambda: listener_up(m),
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
             audit=sink.emit, resolve=dict(cfg.resolve),
-        ), *cfg.admin)
+        )
+        if cfg.worker is not None:
+            from sandgate.workers.control import start_control
+
+            role = cfg.worker
+            admin_runner = await start_control(state, role, lambda: {
+                "worker": role.id, "pid": os.getpid(), "listener_up": listener_up(m),
+                "draining": lifecycle.draining, "policy_version": live.current.version})
+        elif cfg.admin is not None:
+            admin_runner = await start_admin(state, *cfg.admin)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
     if ready is not None:
@@ -296,8 +367,16 @@ def _audit_policy(sink: audit.AuditLog, o: livepolicy.ReloadOutcome,
 
 
 def banner(cfg: RunConfig, conf: Path) -> str:
+    socks = ""
+    if cfg.socks5 is not None:
+        allow = ", ".join(str(n) for n in cfg.socks5_allow) or "every source"
+        socks = f"sandgate: SOCKS5 on {cfg.socks5[0]}:{cfg.socks5[1]} (from {allow})\n"
     return (
         f"sandgate: listening on {cfg.listen_host}:{cfg.listen_port}, policies {cfg.policies}\n"
+        + socks
+        + (f"sandgate: gateway on {'https' if cfg.gateway_tls_name else 'http'}://"
+           f"{cfg.gateway_tls_name or cfg.gateway[0]}:{cfg.gateway[1]}/PREFIX\n"
+           if cfg.gateway else "") +
         f"sandgate: CA for sandboxes: sandgate ca --confdir {conf}\n"
         f"sandgate: a token: sandgate token issue --confdir {conf} --identity coding-agent\n"
         f"sandgate: try: curl --cacert <(sandgate ca --confdir {conf}) "

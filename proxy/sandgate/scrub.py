@@ -68,11 +68,11 @@ def _automaton(words: Mapping[str, object]) -> Any:
 class SecretSet:
     """All forms of a set of secret values, compiled for scrubbing and for detection.
 
-    `secrets` maps name -> value; a ``str`` value is matched as its UTF-8 encoding. `extra`
-    adds exact byte forms under a name (the base64 of a Basic pair, the query spelling that
-    Sandgate injected: `sandgate.secrets.forms.basic_auth_form`, `query_forms`); they are not
-    encoded further. Empty values and forms are skipped. When two names share a needle, the
-    first name wins.
+    `secrets` maps name -> value (or is a list of (name, value) pairs); a ``str`` value is
+    matched as its UTF-8 encoding. `extra` adds exact byte forms under a name (the base64 of a
+    Basic pair, the query spelling that Sandgate injected:
+    `sandgate.secrets.forms.basic_auth_form`, `query_forms`); they are not encoded further.
+    Empty values and forms are skipped. When two names share a needle, the first name wins.
 
     Complexity: building is about linear in the total length of all forms (some 25 forms, at most
     six times the value's length, per secret). Scrubbing and detection are one automaton pass,
@@ -82,7 +82,7 @@ class SecretSet:
 
     def __init__(
         self,
-        secrets: Mapping[str, str | bytes],
+        secrets: Mapping[str, str | bytes] | Iterable[tuple[str, str | bytes]],
         extra: Mapping[str, Iterable[bytes]] = _NO_EXTRA,
     ) -> None:
         exact: dict[str, _Needle] = {}
@@ -96,7 +96,10 @@ class SecretSet:
             exact[key] = _Needle(len(key), marker)
             folded.setdefault(form.lower().decode("latin-1"), Hit(name, kind))
 
-        for name, value in secrets.items():
+        # (name, value) pairs as well as a mapping: per-sandbox secrets have one value per
+        # sandbox under one name, and every one of them is scrubbed
+        pairs = secrets.items() if isinstance(secrets, Mapping) else secrets
+        for name, value in pairs:
             raw = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
             for form, kind in classified_forms(bytes(raw)).items():
                 add(name, form, kind)

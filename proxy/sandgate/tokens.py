@@ -198,6 +198,20 @@ def authenticate_basic(header_value: str | None, key: bytes, now: float | None =
             raise IdentityError(Code.AUTH_INVALID, f"user '{user}' does not match the token")
         # Never echo something that may be (part of) a token pasted into the user field.
         raise IdentityError(Code.AUTH_INVALID, "the Basic user does not match the token")
+    return Caller(identity=claims.identity, sandbox=claims.sandbox, source="token",
+                  expires=float(claims.expires_at))
+
+
+def authenticate_bare(token: str | None, key: bytes, now: float | None = None) -> Caller:
+    """The caller a bare token proves (the gateway's token header: no Basic user to match).
+    Raises IdentityError like `authenticate_basic`; messages never include the token."""
+    if token is None or not token.strip():
+        raise IdentityError(Code.AUTH_REQUIRED, "authentication required: send a Sandgate "
+                            "token")
+    try:
+        claims = verify_token(key, token.strip(), now=now)
+    except TokenError as e:
+        raise IdentityError(Code.AUTH_INVALID, str(e)) from None
     return Caller(identity=claims.identity, sandbox=claims.sandbox, source="token")
 
 

@@ -120,7 +120,7 @@ SANDGATE = [sys.executable, "-m", "sandgate.cli"]
 
 
 def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extra: str,
-                listen_host: str = "127.0.0.1") -> Proxy:
+                listen_host: str = "127.0.0.1", start_timeout: float = 30) -> Proxy:
     port = free_port()
     confdir = tmp / "conf"
     audit = tmp / "audit.jsonl"
@@ -132,13 +132,17 @@ def start_proxy(tmp: Path, policies: Path, vault_env: dict[str, str], pki, *extr
                 "plain.test", "other.test", "tunnel.test", "nocert.test")]
     resolve += ["--resolve=inside.test=10.1.2.3", "--resolve=meta.test=169.254.169.254",
                 f"--resolve=old.test={OLD_SERVER_IP}"]
+    # One process unless the test asks for workers (tests/integration/test_workers.py): the
+    # other suites assert single-process facts (one shutdown event, exact metric deltas).
+    workers = [] if "--workers" in extra else ["--workers", "1"]
     cmd = [*SANDGATE, "run", "--policies", str(policies), "--listen", f"{listen_host}:{port}",
            "--confdir", str(confdir), "--audit", str(audit), "--upstream-ca", str(pki.ca_cert),
-           *resolve, *extra]
+           *resolve, *workers, *extra]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                             cwd=str(HERE.parent.parent))
     p = Proxy(listen_host, port, confdir, audit, log, proc)
-    deadline = time.monotonic() + 30
+    # workers are N interpreters starting at once: give them longer on a loaded machine
+    deadline = time.monotonic() + (start_timeout if workers else max(start_timeout, 120))
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sandgate exited {proc.returncode}:\n{p.logs()[-3000:]}")

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 
 ENDPOINTS = [("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/policy"),
              ("POST", "/v1/reload"), ("POST", "/v1/explain"), ("POST", "/v1/tokens"),
-             ("GET", "/nope")]
+             ("DELETE", "/v1/sandboxes/sbx-1"), ("GET", "/nope")]
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,24 @@ from tests.support.secrets import assert_no_secret, assert_secret_equal, assert_
 
 pytestmark = pytest.mark.integration
 
+# Case tables, also run over every listener by tests/integration/test_listeners.py.
+PATH_TRICKS = ["/docs/../admin/x", "/docs/%2e%2e/admin/x", "//admin/x", "/docs/..%2fadmin/x"]
+ADDRESS_SPELLINGS = [
+    "127.0.0.1", "127.1", "0x7f000001", "2130706433", "0177.0.0.1", "[::1]",
+    "[::ffff:127.0.0.1]", "169.254.169.254", "10.0.0.1", "100.64.0.1", "[fd00::1]",
+]
+HOST_TRICKS = [
+    "https://api.anthropic.com.evil.test/v1/messages",
+    "https://API.ANTHROPIC.COM:8443/v1/messages",
+    "https://xn--pi-anthropic-xyz.com/v1/messages",
+]
+INTERNAL_NAMES = ["inside.test", "meta.test"]  # --resolve'd to 10.1.2.3 and 169.254.169.254
+TUNNEL_DISAGREEMENTS = [
+    ("upstream.test", "upstream.test", "api.anthropic.com"),  # Host disagrees
+    ("upstream.test", "api.anthropic.com", "upstream.test"),  # SNI disagrees
+    ("upstream.test", "upstream.test", "upstream.test:8443"),  # port disagrees
+]
+
 
 def _no_secret(*texts: str) -> None:
     assert_no_secret(texts, SECRET_VALUES, "the client side")
@@ -127,9 +145,7 @@ def test_explicit_deny_wins(proxy, upstream):
     assert len(upstream.seen) == before
 
 
-@pytest.mark.parametrize("path", [
-    "/docs/../admin/x", "/docs/%2e%2e/admin/x", "//admin/x", "/docs/..%2fadmin/x",
-])
+@pytest.mark.parametrize("path", PATH_TRICKS)
 def test_path_tricks_normalised_before_matching(proxy, upstream, path):
     before = len(upstream.seen)
     r = curl(proxy, "coding-agent", f"https://upstream.test{path}", "--path-as-is")
@@ -234,7 +250,7 @@ def test_secret_missing_in_vault_gives_503_and_nothing_forwarded(proxy, upstream
     assert len(upstream.seen) == before
 
 
-@pytest.mark.parametrize("host", ["inside.test", "meta.test"])
+@pytest.mark.parametrize("host", INTERNAL_NAMES)
 def test_dns_answer_pointing_inside_refused(proxy, host):
     r = curl(proxy, "coding-agent", f"https://{host}/x")
     body, status = split_status(r.stdout)
@@ -242,10 +258,7 @@ def test_dns_answer_pointing_inside_refused(proxy, host):
     assert _refusal(body)["code"] == "internal_address"
 
 
-@pytest.mark.parametrize("host", [
-    "127.0.0.1", "127.1", "0x7f000001", "2130706433", "0177.0.0.1", "[::1]",
-    "[::ffff:127.0.0.1]", "169.254.169.254", "10.0.0.1", "100.64.0.1", "[fd00::1]",
-])
+@pytest.mark.parametrize("host", ADDRESS_SPELLINGS)
 def test_address_spellings_refused(proxy, host):
     r = curl(proxy, "coding-agent", f"https://{host}/x")
     assert r.returncode != 0 or split_status(r.stdout)[1] in (400, 403)
@@ -253,11 +266,7 @@ def test_address_spellings_refused(proxy, host):
     assert ev["identity"] == "coding-agent"
 
 
-@pytest.mark.parametrize("url", [
-    "https://api.anthropic.com.evil.test/v1/messages",
-    "https://API.ANTHROPIC.COM:8443/v1/messages",
-    "https://xn--pi-anthropic-xyz.com/v1/messages",
-])
+@pytest.mark.parametrize("url", HOST_TRICKS)
 def test_host_and_port_tricks_refused(proxy, url):
     r = curl(proxy, "coding-agent", url, "-d", "{}")
     assert r.returncode != 0 or split_status(r.stdout)[1] == 403
@@ -302,11 +311,7 @@ def _raw_tunnel(proxy, identity: str, connect_host: str, sni: str, host_header: 
     return out
 
 
-@pytest.mark.parametrize("connect_host,sni,host_header", [
-    ("upstream.test", "upstream.test", "api.anthropic.com"),  # Host disagrees
-    ("upstream.test", "api.anthropic.com", "upstream.test"),  # SNI disagrees
-    ("upstream.test", "upstream.test", "upstream.test:8443"),  # port disagrees
-])
+@pytest.mark.parametrize("connect_host,sni,host_header", TUNNEL_DISAGREEMENTS)
 def test_connect_sni_host_disagreement_refused(proxy, upstream, connect_host, sni, host_header):
     before = len(upstream.seen)
     out = _raw_tunnel(proxy, "coding-agent", connect_host, sni, host_header)

@@ -21,7 +21,10 @@ from typing import Any, TypeVar
 
 from mitmproxy import connection, ctx, dns, http, tcp, tls, udp
 from mitmproxy.net.dns import response_codes
+from mitmproxy.net.http import url
 from mitmproxy.proxy import server_hooks
+from mitmproxy.proxy.layers import modes
+from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
 from sandgate.addons import wirelimits
@@ -32,6 +35,14 @@ from sandgate.addons.forward import (
     is_websocket_upgrade,
     prepare,
 )
+from sandgate.addons.socks5 import (
+    REP_NOT_ALLOWED,
+    Socks5ConnectData,
+    basic_credentials,
+    connect_flow,
+    is_socks5,
+    source_allowed,
+)
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord, Tunnel
 from sandgate.addons.stream import (
     ResponseScrubber,
@@ -41,7 +52,8 @@ from sandgate.addons.stream import (
     scrub_whole_candidate,
 )
 from sandgate.decision import decide, decide_connect, reported
-from sandgate.errors import BadRequest, Code, LimitExceeded, Refused
+from sandgate.errors import BadRequest, Code, IdentityError, LimitExceeded, Refused
+from sandgate.gateway import route, take_token
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.inject import Leak, apply, find_leaks, find_leaks_in, own_forms
@@ -59,6 +71,7 @@ from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo, check_head, check_tunnel, parse_proxied, same_host
 from sandgate.scrub import SecretSet
+from sandgate.secrets.scope import resolve as resolve_secret_path
 from sandgate.secrets.vault import SecretBroker
 
 log = logging.getLogger("sandgate")
@@ -84,6 +97,10 @@ class GateConfig:
     audit_best_effort: bool = False
     # rates, budgets, connection counts and head limits (sandgate.limits, `sandgate run` flags)
     limiter: Limiter = field(default_factory=lambda: Limiter(LimitsConfig()))
+    # --socks5-allow: the source ranges the SOCKS5 listener serves (empty: every source)
+    socks5_allow: tuple[IPNetwork, ...] = ()
+    # the gateway listener takes TLS only (`--gateway-tls-name`)
+    gateway_tls: bool = False
 
 
 def guarded(fn: F) -> F:
@@ -136,10 +153,15 @@ class Gate:
         """Every cached secret value and its encodings, compiled once per change of the cache."""
         broker = self.cfg.broker
         if broker.generation != self._secret_generation:
-            values = broker.cached_values()
-            self._secret_set = SecretSet({**self.cfg.canaries, **values},
-                                         own_forms(self.policy, values))
-            self._secret_generation = broker.generation
+            generation = broker.generation
+            # Every value of every sandbox: a sandbox must not receive another's value either.
+            pairs = [*self.cfg.canaries.items(), *broker.cached_pairs()]
+            extra: dict[str, list[bytes]] = {}
+            for view in broker.value_views():  # one caller's values together (a Basic pair)
+                for name, forms in own_forms(self.policy, view).items():
+                    extra.setdefault(name, []).extend(forms)
+            self._secret_set = SecretSet(pairs, extra)
+            self._secret_generation = generation
         return self._secret_set
 
     # ---------------------------------------------------------------- connections
@@ -150,11 +172,11 @@ class Gate:
             c = self.conns[client.id] = Conn()
         return c
 
-    def client_connected(self, client: connection.Client) -> None:
+    def _admit_client(self, client: connection.Client) -> bool:
         """Past --max-connections a new client connection is closed at once (and audited)."""
         try:
             if self.cfg.limiter.connected(client.id):
-                return
+                return True
             reason = (f"Sandgate has {self.cfg.limiter.config.max_connections} client "
                       "connections open (--max-connections)")
         except Exception:
@@ -162,6 +184,7 @@ class Gate:
             reason = "Sandgate hit an internal error"
         client.error = f"sandgate: {reason}"
         self._audit_limit(Code.TOO_MANY_CONNECTIONS, reason, client)
+        return False
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.conns.pop(client.id, None)
@@ -233,6 +256,66 @@ class Gate:
     def http_connect_error(self, flow: http.HTTPFlow) -> None:
         self._audit(flow, event="connect")
 
+    # ---------------------------------------------------------------- SOCKS5 (addons/socks5.py)
+    # Each SOCKS5 step is judged on a CONNECT flow built from it, by the HTTP listener's code:
+    # the same identity check, decision, tunnel state, refusal and `connect` audit event.
+
+    def client_connected(self, client: connection.Client) -> None:
+        """--socks5-allow: a SOCKS5 client from another source is dropped before one byte of
+        its handshake is read (audited as auth_invalid: no sandbox is served from there).
+        Any client past --max-connections is closed at once."""
+        if not self._admit_client(client):
+            return
+        try:
+            if not is_socks5(client) or source_allowed(client.peername[0],
+                                                       self.cfg.socks5_allow):
+                return
+            client.error = "sandgate: source address outside --socks5-allow"
+            self._socks_refused(connect_flow(client, "", 0, None), IdentityError(
+                Code.AUTH_INVALID, f"the SOCKS5 listener does not serve address "
+                f"{client.peername[0]} (outside --socks5-allow)"))
+        except Exception:
+            log.exception("sandgate: client_connected failed; dropping the client")
+            client.error = "sandgate: internal error"
+
+    def socks5_auth(self, data: modes.Socks5AuthData) -> None:
+        """The SOCKS5 username/password are the identity and the token of Proxy-Authorization;
+        no credentials is auth_required even where an address source would vouch."""
+        data.valid = False
+        flow = connect_flow(data.client_conn, "", 0, None)
+        try:
+            header = basic_credentials(data.username, data.password)
+            if header is None:
+                raise IdentityError(Code.AUTH_REQUIRED, "proxy authentication required: the "
+                                    "SOCKS5 listener needs username/password authentication "
+                                    "with the identity as user and a proxy token as password")
+            _record(flow).caller = self._identify(flow, header)
+            self._conn(data.client_conn).socks_auth = header
+            data.valid = True
+        except Refused as e:
+            self._socks_refused(flow, e)
+        except Exception:
+            log.exception("sandgate: socks5_auth failed; refusing")
+            self._socks_refused(flow, Refused(Code.INTERNAL_ERROR, "Sandgate hit an internal "
+                                              "error; nothing was sent"))
+
+    async def socks5_connect(self, data: Socks5ConnectData) -> None:
+        """A SOCKS5 CONNECT is an HTTP CONNECT: granted unless http_connect answered it."""
+        data.reply = REP_NOT_ALLOWED
+        flow = connect_flow(data.client_conn, data.host, data.port,
+                            self._conn(data.client_conn).socks_auth)
+        await self.http_connect(flow)
+        if flow.response is None and _record(flow).caller is not None:
+            data.reply = None  # granted (a deferred policy refusal is answered inside)
+        else:
+            self._audit(flow, event="connect")
+
+    def _socks_refused(self, flow: http.HTTPFlow, error: Refused) -> None:
+        try:
+            self._refused(flow, error)
+        finally:
+            self._audit(flow, event="connect")
+
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         try:
             tunnel = self._conn(data.context.client).tunnel
@@ -282,6 +365,11 @@ class Gate:
             server.error = "sandgate: no address"
             return
         key = (str(address[0]), int(address[1]))
+        named = conn.by_name.get(key)
+        if named is not None:  # a gateway request: dial the checked address, verify the name
+            server.address = named.address
+            server.sni = key[0]
+            return
         if key in conn.approved:
             # We dial the checked IP; TLS must still verify the name the request was judged for.
             server.sni = conn.approved[key]
@@ -294,6 +382,21 @@ class Gate:
                 wirelimits.exempt(server)  # raw bytes: the idle timeout applies, not the read one
                 return
         server.error = "sandgate: connection was not approved"
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """A gateway's upstream connection is known by the name it was verified for (see
+        `request`), so that mitmproxy reuses it only for requests to that same name."""
+        try:
+            conn = self.conns.get(data.client.id)
+            server = data.server
+            if conn is None or server.sni is None or server.address is None:
+                return
+            name = (server.sni, int(server.address[1]))
+            named = conn.by_name.get(name)
+            if named is not None and named.address == tuple(server.address):
+                server.address = name
+        except Exception:  # not a decision: without it the connection is simply not reused
+            log.exception("sandgate: server_connected failed")
 
     async def _choose(self, host: str, port: int, private_cidrs: Iterable[IPNetwork],
                       only_public: bool = False) -> DialTarget:
@@ -326,19 +429,25 @@ class Gate:
         rec = _record(flow)
         req = flow.request
         self._check_head_size(req)
-        auth = req.headers.pop("proxy-authorization", None)
-        tunnel = self._conn(flow.client_conn).tunnel
-        caller = rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
-        _check_wire(req)
         policy = self._flow_policy(rec)
-        if tunnel is None:
-            self._count_connection(flow, caller, policy)
+        if via_gateway(flow):
+            info = self._gateway_head(flow, rec, policy)
+        else:
+            auth = req.headers.pop("proxy-authorization", None)
+            tunnel = self._conn(flow.client_conn).tunnel
+            if tunnel is None and is_socks5(flow.client_conn):
+                raise IdentityError(Code.AUTH_REQUIRED, "no SOCKS5 CONNECT was granted")
+            rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
+            _check_wire(req)
+            if tunnel is not None and tunnel.policy is not policy:
+                self._rejudge_tunnel(tunnel, policy)
+            info = rec.info = self._parse(flow, tunnel)
+        caller = rec.caller
+        assert caller is not None
+        self._count_connection(flow, caller, policy)  # once per connection
         ident = policy.identities.get(caller.identity)
         if ident is not None:  # an unknown identity is refused by decide()
             self.cfg.limiter.admit(caller.identity, ident.limits)
-        if tunnel is not None and tunnel.policy is not policy:
-            self._rejudge_tunnel(tunnel, policy)
-        info = rec.info = self._parse(flow, tunnel)
         d = rec.decision = decide(policy, caller.identity, info)
         if not d.allowed:
             if not reported(policy, caller.identity, d):
@@ -349,6 +458,34 @@ class Gate:
         declared = _declared_length(req)
         if declared is not None:  # a chunked body is measured as it is received (request)
             self._check_size(declared, self._body_limit(rec))
+
+    def _gateway_head(self, flow: http.HTTPFlow, rec: FlowRecord, policy: Policy) -> RequestInfo:
+        """A request on the gateway listener, turned into the proxied request it stands for:
+        the upstream and the path after the prefix, the identity from the token header (which
+        is removed). From here on it is judged and forwarded exactly as a proxied request."""
+        req = flow.request
+        if self.cfg.gateway_tls and not flow.client_conn.tls_established:
+            raise BadRequest(Code.NOT_TLS, "this gateway takes TLS only: use https:// in the "
+                             "SDK's base URL")
+        _check_wire(req)
+        if req.authority and not (req.is_http2 or req.is_http3):
+            raise BadRequest(Code.BAD_REQUEST, "the gateway takes origin-form targets only "
+                             "(a path such as /anthropic/v1/messages), not absolute URLs")
+        routed = route(policy.gateways, req.method, req.path)
+        gw = routed.gateway
+        rec.gateway = gw.prefix
+        rec.info = routed.info  # refusals from here on name the upstream request
+        client_ip = flow.client_conn.peername[0]
+        identifier = self.cfg.identifier
+        token = take_token(req.headers, gw, identifier.address_known(client_ip))
+        rec.caller = identifier.identify_token(token, client_ip)
+        # Re-target: from now on mitmproxy, the hooks and the audit see the upstream request.
+        req.data.scheme = b"https"
+        req.data.host = gw.host
+        req.data.port = gw.port
+        req.data.path = routed.path.encode("latin-1", "surrogateescape")
+        req.host_header = url.hostport("https", gw.host, gw.port)
+        return routed.info
 
     def _rejudge_tunnel(self, tunnel: Tunnel, policy: Policy) -> None:
         """A reload happened since the CONNECT: its (deferred) refusal follows the new policy.
@@ -395,16 +532,22 @@ class Gate:
             if info.scheme != "https" or ctx.options.ssl_insecure:
                 raise Refused(Code.UNSAFE_INJECTION,
                               "credentials are injected only over verified TLS to the upstream")
+            caller = rec.caller
+            assert caller is not None
+            for name in sorted(rule.secrets):  # refuse a sandbox-less caller before any read
+                resolve_secret_path(policy.secrets[name], caller.identity, caller.sandbox)
             values: dict[str, str] = {}
             versions: list[str] = []
             for name in sorted(rule.secrets):
-                sv = await self.cfg.broker.get(name)
+                sv = await self.cfg.broker.get(name, caller)
                 values[name] = sv.value
+                if sv.username is not None:
+                    values[f"{name}.username"] = sv.username
                 versions.append(f"{name}@{sv.version}" if sv.version else name)
             # counted only now that the secrets are there to inject (or 429, nothing spent)
             self.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
             rec.secrets += versions
-            apply(rule, req, values, {n: policy.secrets[n].placeholder for n in values})
+            apply(rule, req, values, {n: policy.secrets[n].placeholder for n in rule.secrets})
 
         conn = self._conn(flow.client_conn)
         target = conn.pinned.get((info.host, info.port))
@@ -415,9 +558,16 @@ class Gate:
             target = await self._choose(info.host, info.port, private_cidrs, only_public)
             conn.pinned[(info.host, info.port)] = target
         rec.dialed = f"{target.ip}:{target.port}"
-        conn.approved[(str(target.ip), target.port)] = info.host
-        # Dial exactly the checked address; the Host header and SNI keep the name.
-        req.data.host = str(target.ip)
+        if via_gateway(flow):
+            # One gateway connection serves several upstreams. mitmproxy reuses an upstream
+            # connection for any request to the same address, so two names sharing an IP would
+            # share a TLS connection verified for one of them: the dial is keyed by name, and
+            # server_connect dials the checked address with that name as SNI.
+            conn.by_name[(info.host, info.port)] = target
+        else:
+            conn.approved[(str(target.ip), target.port)] = info.host
+            # Dial exactly the checked address; the Host header and SNI keep the name.
+            req.data.host = str(target.ip)
         # Scrubbing needs plain bytes: ask the upstream not to compress.
         req.headers["accept-encoding"] = "identity"
 
@@ -576,8 +726,11 @@ class Gate:
         rec = _record(flow)
         target = rec.info.target if rec.info is not None and flow.request.method != "CONNECT" \
             else _target(flow.request)
+        gateway = via_gateway(flow)
+        if gateway and rec.info is None:
+            target = A.redact_path(flow.request.path)  # no gateway matched: its own path
         identity = rec.caller.identity if rec.caller is not None else None
-        refusal = Refusal.from_error(error, identity=identity, target=target)
+        refusal = Refusal.from_error(error, identity=identity, target=target, gateway=gateway)
         secrets = self.secrets()
         if secrets.empty:
             return refusal
@@ -641,6 +794,11 @@ class Gate:
             self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), self.secrets()))
         except Exception:
             log.exception("sandgate: audit failed")
+
+
+def via_gateway(flow: http.HTTPFlow) -> bool:
+    """Did the flow arrive on the gateway listener (the only reverse-mode listener)?"""
+    return isinstance(flow.client_conn.proxy_mode, ReverseMode)
 
 
 def _record(flow: http.HTTPFlow) -> FlowRecord:

@@ -14,9 +14,12 @@ from mitmproxy import ctx, exceptions
 
 # name -> (value, why). Values that depend on the run's configuration are filled by `pinned()`.
 _PINNED: dict[str, tuple[Any, str]] = {
-    "mode": (["regular"], "the only mode whose every request passes Sandgate's hooks (socks5 "
-             "has no CONNECT hook, dns resolves in-process, reverse/transparent/wireguard change "
-             "what is judged)"),
+    "mode": (["regular"], "regular, plus socks5@HOST:PORT for --socks5 and one reverse listener "
+             "for --gateway: the only modes whose every request passes Sandgate's hooks (socks5 "
+             "only with Sandgate's own layer, addons/socks5.py, which requires the token and "
+             "judges the CONNECT; the gateway's every request is re-targeted by its `gateways:` "
+             "prefix or refused; dns resolves in-process, transparent/wireguard and other "
+             "reverse targets change what is judged)"),
     "connection_strategy": ("lazy", "never dial before the request is judged"),
     "upstream_cert": (False, "it would dial at CONNECT, before anything is judged"),
     "stream_large_bodies": (None, "a streamed request reaches the upstream before the request "
@@ -58,9 +61,28 @@ _PINNED: dict[str, tuple[Any, str]] = {
 }
 
 
-def pinned(max_request_body: str, upstream_ca_bundle: str | None) -> dict[str, Any]:
-    """The pinned option values for one run."""
+def gateway_mode(host: str, port: int, tls_name: str | None) -> str:
+    """The mitmproxy mode of the gateway listener: a reverse proxy whose fixed target is never
+    dialled (the gate re-targets every request or refuses it, and `server_connect` refuses any
+    dial it did not approve). The target's name is the one the listener's certificate carries
+    (besides the client's SNI) when it serves TLS."""
+    name = tls_name or "gateway.sandgate.invalid"
+    name = f"[{name}]" if ":" in name else name
+    return f"reverse:http://{name}:1@{host}:{port}"  # mitmproxy splits at the last ':'
+
+
+def pinned(max_request_body: str, upstream_ca_bundle: str | None,
+           socks5: tuple[str, int] | None = None, gateway: str | None = None) -> dict[str, Any]:
+    """The pinned option values for one run: `mode` is exactly the configured listeners
+    (`socks5`: the SOCKS5 listen address; `gateway`: the gateway listener's mode)."""
     values = {name: value for name, (value, _) in _PINNED.items()}
+    modes = ["regular"]
+    if socks5 is not None:
+        # mitmproxy splits the listen address at the last ':' (no brackets for IPv6)
+        modes.append(f"socks5@{socks5[0]}:{socks5[1]}")
+    if gateway is not None:
+        modes.append(gateway)
+    values["mode"] = modes
     values["body_size_limit"] = max_request_body
     values["ssl_verify_upstream_trusted_ca"] = upstream_ca_bundle
     return values

@@ -37,6 +37,12 @@ class Conn:
     approved: dict[tuple[str, int], str] = field(default_factory=dict)
     # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
     pinned: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
+    # SOCKS5 listener: the username/password it authenticated with, as the Proxy-Authorization
+    # value they stand for (addons/socks5.py), so its CONNECT is identified like an HTTP one
+    socks_auth: str | None = field(default=None, repr=False)
+    # gateway connections: (host, port) a request was approved for -> the checked address;
+    # server_connect dials that address with the host as SNI (see Gate.request)
+    by_name: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +68,8 @@ class FlowRecord:
     placeholders: dict[str, str] = field(default_factory=dict)
     # mode: report: the rules refused (decision.code says why); forwarded without credentials
     reported: bool = False
+    # the gateway prefix the request arrived under (gateway listener), None for proxied ones
+    gateway: str | None = None
 
     @property
     def refused(self) -> bool:

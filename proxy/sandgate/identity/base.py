@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -11,6 +12,12 @@ class Caller:
     identity: str
     sandbox: str | None
     source: str  # "token", "cidr", "docker": which source vouched for this caller
+    # a token caller: when its token expires (epoch seconds); a sandbox known only by tokens
+    # ends then (its dynamic secrets are revoked)
+    expires: float | None = field(default=None, compare=False)
+
+
+SandboxEnded = Callable[[Caller, str], None]  # (the caller that is gone, why); any thread
 
 
 class AddressIdentitySource(Protocol):

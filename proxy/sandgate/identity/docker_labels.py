@@ -34,7 +34,7 @@ import docker
 import requests
 from docker.errors import DockerException, NotFound
 
-from sandgate.identity.base import Caller
+from sandgate.identity.base import Caller, SandboxEnded
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
 from sandgate.sandbox.errors import DockerUnavailable, docker_endpoint
 
@@ -86,6 +86,9 @@ class DockerLabelSource:
         # Test hook: cleared, the worker's Docker calls wait (a consumer lagging behind).
         self._io_gate = threading.Event()
         self._io_gate.set()
+        # Called (on the reader thread) with each sandbox whose container died: its dynamic
+        # secrets are revoked (set by the runner).
+        self.on_sandbox_end: SandboxEnded | None = None
 
     # --- hot path -------------------------------------------------------------------------------
 
@@ -217,6 +220,12 @@ class DockerLabelSource:
                 self._publish()
                 log.info("docker identity map: container %s (%s) unmapped: %s", cid[:12], why,
                          ", ".join(sorted(old)))
+        if old and why in _CONTAINER_GONE and self.on_sandbox_end is not None:
+            for caller in {c for c in old.values() if c.sandbox is not None}:
+                try:
+                    self.on_sandbox_end(caller, f"container_{why}")
+                except Exception:
+                    log.exception("docker identity source: sandbox end callback failed")
 
     def _schedule(self, cid: str) -> None:
         """Have the worker read the container's labels and addresses (start, connect)."""

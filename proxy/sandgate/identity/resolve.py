@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sandgate.errors import Code, IdentityError
 from sandgate.identity.base import AddressIdentitySource, Caller
-from sandgate.tokens import authenticate_basic
+from sandgate.tokens import authenticate_bare, authenticate_basic
 
 
 @dataclass(frozen=True)
@@ -21,14 +21,29 @@ class Identifier:
         With address sources configured, an address no source vouches for is refused even with
         a valid token, and a token that names another identity than the address is refused.
         """
+        return self._combine(proxy_authorization is not None, client_ip,
+                             lambda: authenticate_basic(proxy_authorization, self.token_key))
+
+    def identify_token(self, token: str | None, client_ip: str) -> Caller:
+        """The same, for a bare token (the gateway's token header) instead of Basic
+        Proxy-Authorization; None: the request carries no token."""
+        return self._combine(token is not None, client_ip,
+                             lambda: authenticate_bare(token, self.token_key))
+
+    def address_known(self, client_ip: str) -> bool:
+        """Does an address source vouch for this client (so a token is optional)?"""
+        return self._by_address(client_ip) is not None
+
+    def _combine(self, has_token: bool, client_ip: str,
+                 by_token_of: Callable[[], Caller]) -> Caller:
         by_address = self._by_address(client_ip)
         if self.address_sources and by_address is None:
             raise IdentityError(
                 Code.AUTH_INVALID, f"no sandbox is known at address {client_ip}"
             )
-        if proxy_authorization is None and by_address is not None:
+        if not has_token and by_address is not None:
             return by_address
-        by_token = authenticate_basic(proxy_authorization, self.token_key)
+        by_token = by_token_of()
         if by_address is not None:
             if by_token.identity != by_address.identity or (
                 by_token.sandbox is not None

@@ -13,6 +13,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mitmproxy.utils import human
 
@@ -22,6 +23,7 @@ from sandgate.policy import paths as P
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
+    DynamicRef,
     HostPattern,
     Injection,
     IPNetwork,
@@ -36,6 +38,7 @@ from sandgate.policy.paths import PathPattern
 from sandgate.policy.schema import RuleSpec, SecretSpec, TestSpec
 from sandgate.policy.suffixes import overbroad_wildcard
 from sandgate.request import parse_url, split_authority
+from sandgate.secrets.scope import parse_path
 from sandgate.text import has_control_chars
 
 Loc = tuple[str | int, ...]
@@ -43,7 +46,8 @@ Report = Callable[[Loc, str, str], None]  # (loc, message, fix)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SECRET_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
-_SLOT_RE = re.compile(r"\{\{\s*secrets\.([A-Za-z0-9_][A-Za-z0-9_-]*)\s*\}\}")
+_SLOT_RE = re.compile(
+    r"\{\{\s*secrets\.([A-Za-z0-9_][A-Za-z0-9_-]*)(?:\.(username))?\s*\}\}")
 _TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 # Headers an injection may not set: framing, routing and Sandgate's own.
 _NO_INJECT = frozenset({
@@ -80,6 +84,7 @@ class SecretUse:
 
     name: str
     loc: Loc
+    part: str | None = None  # "username": `{{ secrets.NAME.username }}`
 
 
 @dataclass
@@ -97,7 +102,7 @@ def parse_template(text: str) -> Template:
         _check_literal(lit, text)
         if lit:
             parts.append(lit)
-        parts.append(SecretSlot(m.group(1)))
+        parts.append(SecretSlot(m.group(1), m.group(2)))
         pos = m.end()
     lit = text[pos:]
     _check_literal(lit, text)
@@ -144,48 +149,25 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
         ok = False
     mount = path = ""
     kv_version = spec.kv_version
-    if spec.vault is not None and (spec.mount is not None or spec.path is not None):
-        report(("secrets", name, "vault"), "give either `vault` or `mount` + `path`, not both",
-               "keep `vault: <mount>/data/<path>` for KV v2, or `mount`/`path` alone")
-        return None
-    if spec.vault is not None:
-        if "kv_version" in spec.model_fields_set and spec.kv_version != 2:
-            report(("secrets", name, "kv_version"),
-                   "`vault:` is a KV v2 API path; kv_version must not be 1 with it",
-                   f"for a KV v1 secret write `mount: ..., path: ..., kv_version: 1` "
-                   f"under secrets.{name}")
+    dynamic: DynamicRef | None = None
+    if spec.dynamic is not None:
+        dynamic = _compile_dynamic(name, spec, report)
+        if dynamic is None:
             return None
-        v = spec.vault.strip().strip("/")
-        if "/data/" not in v:
-            report(("secrets", name, "vault"),
-                   f"vault path {spec.vault!r} is not a KV v2 API path (no '/data/')",
-                   "write the KV v2 API path, e.g. secret/data/llm/anthropic; for a KV v1 "
-                   "mount write `mount: <mount>, path: <path>, kv_version: 1` instead")
-            return None
-        mount, _, path = v.partition("/data/")
-        kv_version = 2
-        if not mount or not path.strip("/"):
-            report(("secrets", name, "vault"),
-                   f"vault path {spec.vault!r} needs a mount before and a path after '/data/'",
-                   "e.g. secret/data/llm/anthropic")
-            return None
-    elif spec.mount is not None or spec.path is not None:
-        if spec.mount is None or spec.path is None:
-            missing = "mount" if spec.mount is None else "path"
-            report(("secrets", name), f"secret {name!r} has no `{missing}`",
-                   "give both `mount` and `path` (or a KV v2 `vault:` path)")
-            return None
-        mount, path = spec.mount.strip().strip("/"), spec.path.strip().strip("/")
-        if not mount or not path:
-            report(("secrets", name, "mount" if not mount else "path"), "empty mount or path",
-                   "name the KV mount and the path inside it")
-            return None
+        field_name = dynamic.field
     else:
-        report(("secrets", name), f"secret {name!r} says neither `vault` nor `mount` + `path`",
-               "add `vault: secret/data/<path>` (KV v2) or `mount`, `path` and kv_version")
-        return None
-    if not spec.field.strip():
-        report(("secrets", name, "field"), "empty field", "name the key inside the secret's data")
+        kv = _compile_kv_location(name, spec, report)
+        if kv is None:
+            return None
+        mount, path, kv_version = kv
+        if spec.field is None:
+            report(("secrets", name, "field"), "required key `field` is missing",
+                   "name the key inside the secret's data, e.g. `field: api_key`")
+            return None
+        field_name = spec.field
+    if not field_name.strip():
+        report(("secrets", name, "dynamic", "field") if dynamic else ("secrets", name, "field"),
+               "empty field", "name the key inside the secret's data")
         ok = False
     placeholder = spec.placeholder if spec.placeholder is not None else (
         f"sandgate-placeholder-{name}")
@@ -217,9 +199,107 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
         ok = ok and budget is not None
     if not ok:
         return None
-    return SecretRef(name=name, mount=mount, path=path.strip("/"), field=spec.field,
+    return SecretRef(name=name, mount=mount, path=path.strip("/"), field=field_name,
                      kv_version=kv_version, placeholder=placeholder, source=src,
-                     hosts=tuple(hosts) if hosts is not None else None, budget=budget)
+                     hosts=tuple(hosts) if hosts is not None else None, dynamic=dynamic,
+                     budget=budget)
+
+
+_PATH_FIX = ("write literal path segments plus `{{ identity }}` or `{{ sandbox }}`, e.g. "
+             "secret/data/sandboxes/{{ sandbox }}/github")
+
+
+def _path(text: str, loc: Loc, report: Report) -> str | None:
+    """A secret path with its `{{ identity }}`/`{{ sandbox }}` variables checked."""
+    try:
+        return parse_path(text)
+    except ValueError as e:
+        report(loc, str(e), _PATH_FIX)
+        return None
+
+
+def _compile_dynamic(name: str, spec: SecretSpec, report: Report) -> DynamicRef | None:
+    assert spec.dynamic is not None
+    given = [k for k in ("vault", "mount", "path", "field") if getattr(spec, k) is not None]
+    if "kv_version" in spec.model_fields_set:
+        given.append("kv_version")
+    if given:
+        report(("secrets", name, given[0]), f"`{given[0]}` is for KV secrets; a `dynamic` "
+               "secret names its engine path and field inside `dynamic:`",
+               f"remove `{given[0]}`, or write secrets.{name}.dynamic.path/field")
+        return None
+    d = spec.dynamic
+    raw = d.path.strip().strip("/")
+    if not raw:
+        report(("secrets", name, "dynamic", "path"), "empty dynamic path",
+               "name the engine path that mints the credential, e.g. database/creds/readonly")
+        return None
+    path = _path(raw, ("secrets", name, "dynamic", "path"), report)
+    if path is None:
+        return None
+    if d.username_field is not None and not d.username_field.strip():
+        report(("secrets", name, "dynamic", "username_field"), "empty username_field",
+               "name the key of the user name in the engine's answer, e.g. username")
+        return None
+    return DynamicRef(path=path, field=d.field, username_field=d.username_field)
+
+
+def _compile_kv_location(name: str, spec: SecretSpec,
+                         report: Report) -> tuple[str, str, Literal[1, 2]] | None:
+    """(mount, path, kv_version) of a KV secret, variables checked; None after a report."""
+    kv_version = spec.kv_version
+    if spec.vault is not None and (spec.mount is not None or spec.path is not None):
+        report(("secrets", name, "vault"), "give either `vault` or `mount` + `path`, not both",
+               "keep `vault: <mount>/data/<path>` for KV v2, or `mount`/`path` alone")
+        return None
+    if spec.vault is not None:
+        if "kv_version" in spec.model_fields_set and spec.kv_version != 2:
+            report(("secrets", name, "kv_version"),
+                   "`vault:` is a KV v2 API path; kv_version must not be 1 with it",
+                   f"for a KV v1 secret write `mount: ..., path: ..., kv_version: 1` "
+                   f"under secrets.{name}")
+            return None
+        v = spec.vault.strip().strip("/")
+        if "/data/" not in v:
+            report(("secrets", name, "vault"),
+                   f"vault path {spec.vault!r} is not a KV v2 API path (no '/data/')",
+                   "write the KV v2 API path, e.g. secret/data/llm/anthropic; for a KV v1 "
+                   "mount write `mount: <mount>, path: <path>, kv_version: 1` instead")
+            return None
+        mount, _, path = v.partition("/data/")
+        kv_version = 2
+        if not mount or not path.strip("/"):
+            report(("secrets", name, "vault"),
+                   f"vault path {spec.vault!r} needs a mount before and a path after '/data/'",
+                   "e.g. secret/data/llm/anthropic")
+            return None
+        loc: Loc = ("secrets", name, "vault")
+    elif spec.mount is not None or spec.path is not None:
+        if spec.mount is None or spec.path is None:
+            missing = "mount" if spec.mount is None else "path"
+            report(("secrets", name), f"secret {name!r} has no `{missing}`",
+                   "give both `mount` and `path` (or a KV v2 `vault:` path)")
+            return None
+        mount, path = spec.mount.strip().strip("/"), spec.path.strip().strip("/")
+        if not mount or not path:
+            report(("secrets", name, "mount" if not mount else "path"), "empty mount or path",
+                   "name the KV mount and the path inside it")
+            return None
+        loc = ("secrets", name, "path")
+    else:
+        report(("secrets", name), f"secret {name!r} says neither `vault` nor `mount` + `path`, "
+               "nor `dynamic`", "add `vault: secret/data/<path>` (KV v2), `mount`, `path` "
+               "and kv_version, or `dynamic: {path: database/creds/<role>}`")
+        return None
+    if "{" in mount or "}" in mount:
+        report(("secrets", name, "vault" if spec.vault is not None else "mount"),
+               f"the mount {mount!r} cannot use variables; only the path inside it can",
+               _PATH_FIX)
+        return None
+    checked = _path(path, loc, report)
+    if checked is None:
+        return None
+    return mount, checked, kv_version
 
 
 def compile_identity(
@@ -521,7 +601,8 @@ def _template(text: str, loc: Loc, report: Report, uses: list[SecretUse]) -> Tem
     except ValueError as e:
         report(loc, str(e), template_fix(text))
         return None
-    uses.extend(SecretUse(s, loc) for s in sorted(t.secrets))
+    slots = {(p.name, p.part) for p in t.parts if isinstance(p, SecretSlot)}
+    uses.extend(SecretUse(n, loc, part) for n, part in sorted(slots, key=str))
     return t
 
 

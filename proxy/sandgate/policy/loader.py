@@ -31,9 +31,17 @@ from sandgate.policy.compiler import (
     compile_test,
     missing_hosts,
 )
+from sandgate.policy.gateways import check_overlaps, compile_gateway
 from sandgate.policy.limits import compile_limits
-from sandgate.policy.model import Identity, Policy, PolicyTest, Rule, SecretRef, Source
-from sandgate.policy.schema import IdentitySpec, PolicyFile, RuleSpec, SecretSpec, TestSpec
+from sandgate.policy.model import Gateway, Identity, Policy, PolicyTest, Rule, SecretRef, Source
+from sandgate.policy.schema import (
+    GatewaySpec,
+    IdentitySpec,
+    PolicyFile,
+    RuleSpec,
+    SecretSpec,
+    TestSpec,
+)
 
 SCHEMA_FIX = "see `sandgate schema` for the file format"
 
@@ -154,6 +162,7 @@ class _FilePart:
     template_sources: dict[str, Source] = field(default_factory=dict)
     templates: dict[str, list[Rule]] = field(default_factory=dict)  # identity "" until used
     uses: list[SecretUse] = field(default_factory=list)
+    gateways: list[tuple[Gateway, Loc]] = field(default_factory=list)
 
     def line(self, loc: Loc) -> int:
         return line_of(self.root, loc)
@@ -300,6 +309,16 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         t = compile_test(tspec, tloc, Source(file, part.line(tloc)), report, part.uses)
         if t is not None:
             part.tests.append((t, tloc))
+
+    gateways = _section(data, "gateways", list, report)
+    for i, raw in enumerate(gateways):
+        gloc: Loc = ("gateways", i)
+        gspec = _validate(GatewaySpec, raw, gloc, report)
+        if gspec is None:
+            continue
+        gw = compile_gateway(gspec, gloc, Source(file, part.line(gloc)), report)
+        if gw is not None:
+            part.gateways.append((gw, gloc))
     return part
 
 
@@ -590,7 +609,7 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
         by_placeholder[ref.placeholder] = ref
 
     for part in parts:
-        _check_uses(part, part.uses, secret_first, problems)
+        _check_uses(part, part.uses, secret_first, problems, secrets)
         for name, ipart in part.identities.items():
             wider = ipart.spec.narrower_than if ipart.spec is not None else None
             if wider is not None and wider not in identity_first:
@@ -617,8 +636,20 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
                 continue
             tests.append(t)
 
+    gateways = [(gw, _gateway_problem(part, gloc, problems))
+                for part in parts for gw, gloc in part.gateways]
+    check_overlaps(gateways)
+
     return Policy(identities=dict(identities), secrets=dict(secrets), tests=tuple(tests),
-                  files=tuple(p.file for p in parts), templates=dict(template_first))
+                  files=tuple(p.file for p in parts), templates=dict(template_first),
+                  gateways=tuple(gw for gw, _ in gateways))
+
+
+def _gateway_problem(part: _FilePart, loc: Loc,
+                     problems: list[PolicyProblem]) -> Callable[[str, str], None]:
+    def problem(message: str, fix: str) -> None:
+        problems.append(part.problem((*loc, "prefix"), message, fix))
+    return problem
 
 
 _ONCE = ("description", "mode", "narrower_than", "limits")  # identity settings one file may set
@@ -711,8 +742,16 @@ def _at_secret(parts: list[_FilePart], ref: SecretRef, key: str, msg: str,
 
 
 def _check_uses(part: _FilePart, uses: list[SecretUse], secrets: Mapping[str, object],
-                problems: list[PolicyProblem]) -> None:
+                problems: list[PolicyProblem], refs: Mapping[str, SecretRef]) -> None:
     for use in uses:
+        ref = refs.get(use.name)
+        if use.part is not None and ref is not None and (
+                ref.dynamic is None or ref.dynamic.username_field is None):
+            problems.append(part.problem(
+                use.loc, f"`{{{{ secrets.{use.name}.{use.part} }}}}` needs a dynamic secret "
+                "with a username_field",
+                f"add `username_field: username` under secrets.{use.name}.dynamic, or use "
+                f"`{{{{ secrets.{use.name} }}}}`"))
         if use.name not in secrets:
             close = difflib.get_close_matches(use.name, list(secrets), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""

@@ -28,6 +28,24 @@ class Source:
 
 
 @dataclass(frozen=True, slots=True)
+class DynamicRef:
+    """A secret minted by a Vault/OpenBao engine that answers with a lease (database/creds/...)."""
+
+    path: str  # the full API path to read, e.g. "database/creds/readonly" (may hold {{ sandbox }})
+    field: str  # the key of the credential in the response's data, e.g. "password"
+    username_field: str | None = None  # the key of its user name: `{{ secrets.NAME.username }}`
+
+
+# The variables a secret's path may use: `{{ identity }}` and `{{ sandbox }}`, resolved from the
+# caller (token or Docker label) at request time. Stored in this one spelling.
+PATH_VARIABLES = ("identity", "sandbox")
+
+
+def path_variable(name: str) -> str:
+    return "{{ " + name + " }}"
+
+
+@dataclass(frozen=True, slots=True)
 class SecretBudget:
     """`budget:` of a secret: at most `calls` injections per window of `per` seconds."""
 
@@ -47,22 +65,48 @@ class IdentityLimits:
 @dataclass(frozen=True, slots=True)
 class SecretRef:
     name: str
-    mount: str  # KV mount point, e.g. "secret"
-    path: str  # path inside the mount, e.g. "llm/anthropic"
+    mount: str  # KV mount point, e.g. "secret" ("" for a dynamic secret)
+    path: str  # path inside the mount, e.g. "llm/anthropic"; may use {{ identity }}/{{ sandbox }}
     field: str  # key inside the secret's data
     kv_version: Literal[1, 2]
     placeholder: str  # what a sandbox may hold instead of the value (SDKs refuse an empty key)
     source: Source
     # `hosts:` the only hosts it may be sent to (proved by sandgate.policy.proofs); None: any
     hosts: tuple[HostPattern, ...] | None = None
+    # minted per sandbox with a lease instead of read from KV (then mount/path/field are unused)
+    dynamic: DynamicRef | None = None
     budget: SecretBudget | None = None  # call budget per window (sandgate.limits)
+
+    @property
+    def location(self) -> str:
+        """Where it is read, unresolved: "mount/path" (KV) or the dynamic engine's path."""
+        if self.dynamic is not None:
+            return self.dynamic.path
+        return f"{self.mount}/{self.path}"
+
+    @property
+    def per_sandbox(self) -> bool:
+        """Each sandbox gets its own value: a dynamic secret, or a path using {{ sandbox }}.
+        A caller without a sandbox id is refused (sandbox_required) on a rule that needs it."""
+        return self.dynamic is not None or path_variable("sandbox") in self.location
+
+    @property
+    def per_identity(self) -> bool:
+        return path_variable("identity") in self.location
 
 
 @dataclass(frozen=True, slots=True)
 class SecretSlot:
-    """A `{{ secrets.NAME }}` hole inside a template."""
+    """A `{{ secrets.NAME }}` hole inside a template; `{{ secrets.NAME.username }}` has
+    part "username" (the user name a dynamic secret was minted with)."""
 
     name: str
+    part: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Its key in the values a template is rendered from: "NAME" or "NAME.username"."""
+        return self.name if self.part is None else f"{self.name}.{self.part}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +120,12 @@ class Template:
         return frozenset(p.name for p in self.parts if isinstance(p, SecretSlot))
 
     def render(self, values: Mapping[str, str]) -> str:
-        return "".join(values[p.name] if isinstance(p, SecretSlot) else p for p in self.parts)
+        return "".join(values[p.key] if isinstance(p, SecretSlot) else p for p in self.parts)
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """The value keys `render` needs."""
+        return frozenset(p.key for p in self.parts if isinstance(p, SecretSlot))
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +265,30 @@ class PolicyTest:
 
 
 @dataclass(frozen=True, slots=True)
+class Gateway:
+    """A `gateways:` entry: requests under `prefix` on the gateway listener go to the upstream
+    (always https, TLS verified), with the caller's token read from (and removed from)
+    `token_header`."""
+
+    prefix: str  # "/anthropic": one or more plain segments, no trailing slash
+    host: str  # normalised upstream host
+    port: int
+    token_headers: tuple[str, ...]  # lower case; exactly one carries the caller's token
+    source: Source
+
+    @property
+    def upstream(self) -> str:
+        return f"https://{self.host}" + ("" if self.port == 443 else f":{self.port}")
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     identities: Mapping[str, Identity]
     secrets: Mapping[str, SecretRef]
     tests: tuple[PolicyTest, ...] = ()
     files: tuple[str, ...] = field(default=())
     templates: Mapping[str, Source] = field(default_factory=dict)  # name -> where defined
+    gateways: tuple[Gateway, ...] = ()  # `gateways:` of every file, prefixes unique
 
     @property
     def placeholders(self) -> Mapping[str, str]:

@@ -16,6 +16,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class DynamicSpec(_Strict):
+    """A secret minted per sandbox by a Vault/OpenBao engine that answers with a lease."""
+
+    path: str = Field(description="The engine path to read, e.g. database/creds/readonly. May "
+                      "use {{ identity }} and {{ sandbox }}.")
+    field: str = Field(default="password",
+                       description="The key of the credential in the answer's data.")
+    username_field: str | None = Field(
+        default=None, description="The key of the user name it was minted with (e.g. "
+        "username), for `{{ secrets.NAME.username }}` in templates.")
 class BudgetSpec(_Strict):
     """A call budget for an expensive credential, counted per Sandgate process."""
 
@@ -39,7 +49,11 @@ class LimitsSpec(_Strict):
 
 
 class SecretSpec(_Strict):
-    """Where a secret lives in Vault. Exactly one of `vault` or `mount` + `path`."""
+    """Where a secret lives in Vault. Exactly one of `vault`, `mount` + `path`, or `dynamic`.
+
+    Paths may use `{{ identity }}` and `{{ sandbox }}` (e.g.
+    secret/data/sandboxes/{{ sandbox }}/github): filled from the caller; a caller without a
+    sandbox id is refused (sandbox_required) on a rule needing a per-sandbox secret."""
 
     vault: str | None = Field(
         default=None,
@@ -47,7 +61,11 @@ class SecretSpec(_Strict):
     )
     mount: str | None = Field(default=None, description="KV mount point, e.g. 'kv'.")
     path: str | None = Field(default=None, description="Path inside the mount.")
-    field: str = Field(description="Key inside the secret's data.")
+    field: str | None = Field(default=None,
+                              description="Key inside the secret's data (KV secrets).")
+    dynamic: DynamicSpec | None = Field(
+        default=None, description="Minted per sandbox with a lease (database/creds/ROLE...), "
+        "renewed while the sandbox lives and revoked when it ends.")
     kv_version: Literal[1, 2] = Field(default=2, description="KV engine version (mount form).")
     placeholder: str | None = Field(
         default=None,
@@ -199,6 +217,27 @@ class TestSpec(_Strict):
         "intercepted and each request inside is judged again.")
 
 
+class GatewaySpec(_Strict):
+    """A base-URL gateway entry, served by `sandgate run --gateway HOST:PORT`."""
+
+    prefix: str = Field(
+        description="The path prefix a sandbox puts in its SDK's base URL, e.g. /anthropic "
+        "(base URL http://sandgate:PORT/anthropic). One or more segments of letters, digits, "
+        "'.', '_', '~' and '-'; unique, and no prefix may be a whole-segment prefix of another.")
+    upstream: str = Field(
+        description="Where requests under the prefix go: https://HOST or https://HOST:PORT, "
+        "without a path (the path after the prefix is the upstream path, judged by the caller "
+        "identity's rules exactly as a proxied request to that host). Always dialled with "
+        "TLS verified.")
+    token_header: str | list[str] = Field(
+        description="The request header in which the sandbox's SDK carries its API key, and so "
+        "its Sandgate token: x-api-key, authorization (`Bearer ` is accepted), api-key, or any "
+        "other header name; or a list of them when SDK versions differ (newer Anthropic SDKs "
+        "send authorization, older ones x-api-key): exactly one of them must carry the token. "
+        "Sandgate reads the identity from it and removes it; the allowing rule's injection "
+        "then sets the real key.")
+
+
 class PolicyFile(_Strict):
     version: Literal["v1"]
     # null (an empty `secrets:` key, an identity written without rules) is what the loader
@@ -213,3 +252,7 @@ class PolicyFile(_Strict):
     )
     identities: dict[str, IdentitySpec | None] | None = Field(default_factory=dict)
     tests: list[TestSpec] | None = Field(default_factory=list)
+    gateways: list[GatewaySpec] | None = Field(
+        default_factory=list,
+        description="Base-URL gateway entries for clients that cannot use a proxy or trust a "
+        "CA (`sandgate run --gateway HOST:PORT`). Prefixes are unique across files.")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import time
@@ -30,7 +31,11 @@ import hvac.exceptions
 import requests
 
 from sandgate.errors import SecretError
+from sandgate.identity.base import Caller
 from sandgate.policy.model import SecretRef
+from sandgate.secrets.leases import LeaseManager
+from sandgate.secrets.scope import GLOBAL, Scope, scope_of
+from sandgate.secrets.scope import resolve as resolve_path
 from sandgate.text import breaks_header
 
 log = logging.getLogger("sandgate.vault")
@@ -42,6 +47,8 @@ class SecretValue:
     name: str
     value: str = field(repr=False)
     version: int | None = None
+    username: str | None = field(default=None, repr=False)  # a dynamic secret's user name
+    lease_id: str | None = None  # a dynamic secret's lease (not a credential)
 
 
 @dataclass(frozen=True)
@@ -83,20 +90,25 @@ class VaultConfig:
                    cacert=opt("VAULT_CACERT"), namespace=opt("VAULT_NAMESPACE"))
 
 
+_Loc = tuple[str, str, str, int]
+
+
 @dataclass
 class _Entry:
-    key: tuple[str, str, str, int]
+    key: _Loc  # the policy's location (unresolved): a reload that changes it drops the entry
     value: SecretValue
     expires: float  # monotonic
+    scope: Scope = GLOBAL  # whose value it is (per-identity / per-sandbox paths)
 
 
-def _ref_key(ref: SecretRef) -> tuple[str, str, str, int]:
-    """What identifies the secret's location; a change of `placeholder` or `source` keeps cache."""
-    return (ref.mount, ref.path, ref.field, ref.kv_version)
+def _ref_key(ref: SecretRef, path: str | None = None) -> _Loc:
+    """What identifies the secret's location (`path`: resolved for one caller); a change of
+    `placeholder` or `source` keeps cache."""
+    return (ref.mount, ref.path if path is None else path, ref.field, ref.kv_version)
 
 
-def _where(ref: SecretRef) -> str:
-    return f"{ref.mount.strip('/')}/{ref.path.strip('/')}"
+def _where(ref: SecretRef, path: str | None = None) -> str:
+    return f"{ref.mount.strip('/')}/{(ref.path if path is None else path).strip('/')}"
 
 
 class BrokerObserver(Protocol):
@@ -185,11 +197,14 @@ class SecretBroker:
         self.vault_reads = 0  # number of secret reads sent to Vault (for tests and benchmarks)
         self.logins = 0  # number of AppRole logins performed
         self._refs: dict[str, SecretRef] = dict(secrets)
-        self._cache: dict[str, _Entry] = {}
-        # Bumped whenever a cached value appears, changes or goes: consumers that compile the
-        # values (the scrubber's automaton) rebuild only then.
-        self.generation = 0
-        self._inflight: dict[tuple[str, tuple[str, str, str, int]], asyncio.Task[SecretValue]] = {}
+        # (name, resolved location) -> entry: per-sandbox paths give one entry per sandbox
+        self._cache: dict[tuple[str, _Loc], _Entry] = {}
+        self._kv_generation = 0
+        self._inflight: dict[tuple[str, _Loc], asyncio.Task[SecretValue]] = {}
+        self.leases = LeaseManager(_HvacLeases(self))
+        self.leases.on_sandbox_end = self._forget_sandbox
+        self._lease_task: asyncio.Task[None] | None = None
+        self.lease_tick = 0.5  # seconds between lease steps (renewals, expiries, retries)
         self._login_task: asyncio.Task[None] | None = None
         self._renew_task: asyncio.Task[None] | None = None
         self._clock: Callable[[], float] = time.monotonic
@@ -201,6 +216,12 @@ class SecretBroker:
         self.observer: BrokerObserver | None = None
         self._health: tuple[float, str | None] | None = None  # (checked at, problem) for check()
         self._health_task: asyncio.Task[str | None] | None = None
+
+    @property
+    def generation(self) -> int:
+        """Bumped whenever a cached value (KV or lease) appears, changes or goes: consumers that
+        compile the values (the scrubber's automaton) rebuild only then."""
+        return self._kv_generation + self.leases.generation
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -281,6 +302,8 @@ class SecretBroker:
         """
         if self._renew_task is None:
             self._renew_task = asyncio.create_task(self._renew_loop(), name="sandgate-vault-renew")
+        if self._lease_task is None:
+            self._lease_task = asyncio.create_task(self._lease_loop(), name="sandgate-leases")
         if self.config.approle:
             try:
                 await self._login()
@@ -334,6 +357,30 @@ class SecretBroker:
             if self._closed:
                 return
             await asyncio.sleep(delay)
+
+    async def _lease_loop(self) -> None:
+        while not self._closed:
+            try:
+                await self.leases.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the task die
+                log.exception("sandgate: lease step failed")
+            await asyncio.sleep(self.lease_tick)
+
+    async def end_sandbox(self, sandbox: str, why: str) -> dict[str, int]:
+        """A sandbox ended: revoke its leases (retried when Vault is down) and forget its
+        per-sandbox KV values."""
+        return await self.leases.end_sandbox(sandbox, why)
+
+    def _forget_sandbox(self, sandbox: str) -> None:
+        """Its per-sandbox KV values leave the cache (and the scrubbing set): a fleet running
+        for months must not keep every sandbox it ever served. Back, it reads them again."""
+        gone = [k for k, e in self._cache.items() if e.scope.sandbox == sandbox]
+        for k in gone:
+            del self._cache[k]
+        if gone:
+            self._kv_generation += 1
 
     async def _relogin(self) -> float:
         """AppRole login from the renewal task; returns the delay before the next check."""
@@ -397,28 +444,65 @@ class SecretBroker:
     def update_secrets(self, secrets: Mapping[str, SecretRef]) -> None:
         """Adopt a reloaded policy's secrets; forget cached values whose location changed."""
         new = dict(secrets)
-        for name in list(self._cache):
-            ref = new.get(name)
-            if ref is None or _ref_key(ref) != self._cache[name].key:
-                del self._cache[name]
-                self.generation += 1
+        for ck in list(self._cache):
+            ref = new.get(ck[0])
+            if ref is None or ref.dynamic is not None or _ref_key(ref) != self._cache[ck].key:
+                del self._cache[ck]
+                self._kv_generation += 1
         self._refs = new
 
     def cached_values(self) -> dict[str, str]:
-        """name -> value of every cached value, expired ones included (no I/O).
+        """name -> value of every cached value shared by all callers (no per-identity or
+        per-sandbox path), expired ones included (no I/O). `cached_pairs` has them all."""
+        return {ck[0]: e.value.value for ck, e in self._cache.items() if e.scope == GLOBAL}
 
-        Expired entries are never served, but they are still real credentials, so they stay
-        here for response scrubbing and exfiltration checks until replaced or dropped.
-        """
-        return {name: e.value.value for name, e in self._cache.items()}
+    def cached_pairs(self) -> list[tuple[str, str]]:
+        """(name, value) of every value held, of every sandbox: KV entries (expired ones
+        included: never served, but still real credentials until replaced or dropped), leases,
+        and recently retired lease values. For response scrubbing and exfiltration checks."""
+        pairs = [(ck[0], e.value.value) for ck, e in self._cache.items()]
+        pairs += [(name, value) for _, name, value, _ in self.leases.values()]
+        pairs += list(self.leases.retired)
+        return pairs
 
-    async def get(self, name: str) -> SecretValue:
+    def value_views(self) -> list[dict[str, str]]:
+        """The values one caller may be given together, per scope held: name -> value, plus
+        "name.username" for dynamic secrets. Sandgate's own encodings (a Basic pair) are built
+        from these (`sandgate.inject.own_forms`)."""
+        held: list[tuple[Scope, str, str]] = [
+            (e.scope, ck[0], e.value.value) for ck, e in self._cache.items()]
+        for scope, name, value, username in self.leases.values():
+            held.append((scope, name, value))
+            if username is not None:
+                held.append((scope, f"{name}.username", username))
+        scopes = {GLOBAL} | {scope for scope, _, _ in held}
+        views: list[dict[str, str]] = []
+        for view_scope in sorted(scopes, key=lambda x: (x.identity or "", x.sandbox or "")):
+            views.append({name: value for scope, name, value in held
+                          if view_scope.covers(scope)})
+        return views
+
+    async def get(self, name: str, caller: Caller | None = None) -> SecretValue:
+        """The value of secret `name` for `caller` (None: a caller with neither identity nor
+        sandbox, enough for shared secrets). Raises SecretError, or SandboxRequired when the
+        secret is per sandbox and the caller has no (usable) sandbox id."""
         ref = self._refs.get(name)
         if ref is None:
             raise SecretError(name, f"secret '{name}' is not defined in the policy")
-        key = _ref_key(ref)
-        entry = self._cache.get(name)
-        if entry is not None and entry.key == key and self._clock() < entry.expires:
+        identity = caller.identity if caller is not None else None
+        sandbox = caller.sandbox if caller is not None else None
+        path = resolve_path(ref, identity, sandbox)
+        scope = scope_of(ref, identity, sandbox)
+        expires = caller.expires if caller is not None and caller.source == "token" else None
+        if ref.dynamic is not None:
+            lease = await self.leases.get(ref, path, scope, expires)
+            return SecretValue(name=name, value=lease.value, username=lease.username,
+                               lease_id=lease.lease_id)
+        if scope.sandbox is not None:  # its values go when the sandbox ends (token expiry)
+            self.leases.note_token(scope.sandbox, expires)
+        key = _ref_key(ref, path)
+        entry = self._cache.get((name, key))
+        if entry is not None and entry.key == _ref_key(ref) and self._clock() < entry.expires:
             if self.observer is not None:
                 self.observer.secret_cache(name, True)
             return entry.value
@@ -427,7 +511,8 @@ class SecretBroker:
         flight_key = (name, key)
         task = self._inflight.get(flight_key)
         if task is None:
-            task = asyncio.create_task(self._fetch(ref), name=f"sandgate-vault-read-{name}")
+            task = asyncio.create_task(self._fetch(ref, path, scope),
+                                       name=f"sandgate-vault-read-{name}")
             self._inflight[flight_key] = task
 
             def done(t: asyncio.Task[SecretValue], k: Any = flight_key) -> None:
@@ -439,19 +524,20 @@ class SecretBroker:
             task.add_done_callback(done)
         return await asyncio.shield(task)
 
-    async def _fetch(self, ref: SecretRef) -> SecretValue:
-        name, where = ref.name, _where(ref)
+    async def _fetch(self, ref: SecretRef, path: str, scope: Scope) -> SecretValue:
+        name, where = ref.name, _where(ref, path)
+        resolved = dataclasses.replace(ref, path=path)  # the location read for this caller
         try:
             if not self._logged_in:
                 await self._login()
             try:
-                raw = await self._read(ref)
+                raw = await self._read(resolved)
             except _VaultFailure as f:
                 if f.kind != "denied" or not self.config.approle:
                     raise
                 log.info("Vault denied reading secret '%s'; logging in again with AppRole", name)
                 await self._login()
-                raw = await self._read(ref)
+                raw = await self._read(resolved)
         except _VaultFailure as f:
             self._observe_fetch(name, f.kind)
             if f.kind == "notfound":
@@ -479,10 +565,11 @@ class SecretBroker:
         sv = SecretValue(name=name, value=value, version=version)
         current = self._refs.get(name)
         if current is not None and _ref_key(current) == _ref_key(ref):
-            old = self._cache.get(name)
-            self._cache[name] = _Entry(_ref_key(ref), sv, self._clock() + self.ttl)
+            ck = (name, _ref_key(ref, path))
+            old = self._cache.get(ck)
+            self._cache[ck] = _Entry(_ref_key(ref), sv, self._clock() + self.ttl, scope)
             if old is None or old.value.value != value:
-                self.generation += 1
+                self._kv_generation += 1
         log.debug("fetched secret '%s' from %s (version %s)", name, where, version)
         return sv
 
@@ -494,24 +581,35 @@ class SecretBroker:
                 log.exception("secret broker observer failed")
 
     async def _read(self, ref: SecretRef) -> tuple[Any, int | None]:
+        """One read at `ref`'s (resolved) location."""
+        path = ref.path
         client = self._client
         self.vault_reads += 1
         if ref.kv_version == 2:
             resp = await self._call(lambda: client.secrets.kv.v2.read_secret_version(
-                path=ref.path, mount_point=ref.mount, raise_on_deleted_version=True))
+                path=path, mount_point=ref.mount, raise_on_deleted_version=True))
             body = (resp or {}).get("data") or {}
             meta = body.get("metadata") or {}
             version = meta.get("version")
             return body.get("data"), version if isinstance(version, int) else None
         resp = await self._call(lambda: client.secrets.kv.v1.read_secret(
-            path=ref.path, mount_point=ref.mount))
+            path=path, mount_point=ref.mount))
         return (resp or {}).get("data"), None
 
     # ----------------------------------------------------------------------------- shutdown
 
-    async def aclose(self) -> None:
+    async def aclose(self, revoke_timeout: float = 10.0) -> None:
+        """Revoke every lease still held (once each, within `revoke_timeout`: what cannot be
+        revoked is logged and audited and runs out on its own), then stop."""
         if self._closed:
             return
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            await asyncio.gather(self._lease_task, return_exceptions=True)
+        try:
+            await self.leases.shutdown(revoke_timeout)
+        except Exception:
+            log.exception("sandgate: revoking leases at shutdown failed")
         self._closed = True
         tasks = [t for t in (self._renew_task, self._login_task, self._health_task,
                              *self._inflight.values())
@@ -522,4 +620,36 @@ class SecretBroker:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.adapter.close()
         self._cache.clear()
-        self.generation += 1
+        self._kv_generation += 1
+
+
+class _HvacLeases:
+    """The broker's hvac client as a LeaseBackend: generic read (any engine answering with a
+    lease), `sys.renew_lease`, `sys.revoke_lease`; each through the pool, with the deadline and
+    the message-safe failures of `SecretBroker._call`."""
+
+    def __init__(self, broker: SecretBroker) -> None:
+        self.broker = broker
+
+    async def _ready(self) -> hvac.Client:
+        if not self.broker._logged_in:
+            await self.broker._login()
+        return self.broker._client
+
+    async def mint(self, path: str) -> Mapping[str, Any]:
+        client = await self._ready()
+        self.broker.vault_reads += 1
+        resp = await self.broker._call(lambda: client.read(path))
+        if not isinstance(resp, Mapping):
+            raise _VaultFailure("notfound", f"nothing at {path} (HTTP 404 or empty answer)")
+        return resp
+
+    async def renew(self, lease_id: str, increment: int) -> Mapping[str, Any]:
+        client = await self._ready()
+        resp = await self.broker._call(
+            lambda: client.sys.renew_lease(lease_id=lease_id, increment=increment))
+        return resp if isinstance(resp, Mapping) else {}
+
+    async def revoke(self, lease_id: str) -> None:
+        client = await self._ready()
+        await self.broker._call(lambda: client.sys.revoke_lease(lease_id=lease_id))

@@ -1,0 +1,73 @@
+"""A worker's side of the supervisor: its control socket, and dying with the supervisor.
+
+Each worker serves the ordinary admin API (`sandgate.admin.build_app`: readiness, metrics,
+policy, reload, explain, tokens) on a Unix socket in the supervisor's private run directory
+(mode 0700), authenticated with a random token the supervisor made for this run and passed in
+the environment (never on the command line, which `ps` shows). `/worker/status` adds what the
+supervisor needs to know that the worker is up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+TOKEN_ENV = "SANDGATE_WORKER_TOKEN"
+SUPERVISOR_ENV = "SANDGATE_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    id: int
+    socket: Path
+    token: str = field(repr=False)
+
+
+def socket_path(run_dir: Path, worker: int) -> Path:
+    return Path(run_dir) / f"worker-{worker}.sock"
+
+
+def role_from(worker_id: int, run_dir: Path) -> WorkerRole:
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        raise ValueError("--worker-id is for the processes `sandgate run --workers N` starts")
+    return WorkerRole(worker_id, socket_path(run_dir, worker_id), token)
+
+
+def die_with_supervisor() -> None:
+    """SIGTERM this worker (a graceful drain) when the supervisor dies, even by SIGKILL."""
+    parent = os.environ.get(SUPERVISOR_ENV, "")
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if parent.isdigit() and os.getppid() != int(parent):  # it died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def start_control(state: Any, role: WorkerRole,
+                        status: Callable[[], dict[str, Any]]) -> web.AppRunner:
+    """Serve the admin API (`state`: an admin.AdminState) on the worker's control socket."""
+    from sandgate.admin import build_app
+
+    app = build_app(state)
+
+    async def worker_status(_: web.Request) -> web.Response:
+        return web.json_response(status())
+
+    app.router.add_get("/worker/status", worker_status)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    with contextlib.suppress(FileNotFoundError):
+        role.socket.unlink()  # left by a worker of the same id that crashed
+    await web.UnixSite(runner, str(role.socket)).start()
+    os.chmod(role.socket, 0o600)
+    return runner

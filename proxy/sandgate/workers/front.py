@@ -1,0 +1,88 @@
+"""The one admin listener of `sandgate run --workers N`, served by the supervisor.
+
+Same endpoints, token and answers as the single-process admin API (sandgate/admin.py), for the
+whole process group:
+
+- `/healthz`: the supervisor is up.
+- `/readyz`: ready only when every worker runs and says it is ready; the body lists each
+  worker, and the reasons name the worker they come from.
+- `/metrics`: the workers' metrics merged into one answer (aggregate.merge), plus the
+  supervisor's own (`sandgate_workers`, `sandgate_workers_running`,
+  `sandgate_worker_restarts_total`).
+- `POST /v1/reload`: every worker reloads; one answer (an error in any worker is an error).
+- `/v1/policy`, `/v1/explain`, `/v1/tokens`: answered by one running worker (every worker
+  serves the same policy; tokens are stateless and signed with the shared key).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from sandgate.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from sandgate.workers.supervisor import Supervisor
+
+MAX_BODY = 64 * 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(status: int, body: Any) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, indent=2) + "\n",
+                        content_type="application/json")
+
+
+def build_front(sup: Supervisor, admin_token: str) -> web.Application:
+    expected = f"Bearer {admin_token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/healthz":
+            return await handler(request)
+        given = request.headers.get("Authorization", "").encode("utf-8", "replace")
+        if not hmac.compare_digest(given, expected):
+            return _json(401, {"error": "unauthorized",
+                               "reason": "send Authorization: Bearer <admin token> "
+                               "(SANDGATE_ADMIN_TOKEN or --admin-token-file)"})
+        return await handler(request)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return _json(200, {"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        r = await sup.readiness()
+        return _json(200 if r.ready else 503, r.body)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=await sup.metrics(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def reload(_: web.Request) -> web.Response:
+        status, body = await sup.reload_all()
+        return _json(status, body)
+
+    async def forward(request: web.Request) -> web.Response:
+        raw = await request.content.read(MAX_BODY + 1)
+        if len(raw) > MAX_BODY:
+            return _json(413, {"error": "too_large", "reason": f"body over {MAX_BODY} bytes"})
+        answer = await sup.ask_one(request.method, request.path, raw or None,
+                                   request.headers.get("Content-Type"))
+        if answer is None:
+            return _json(503, {"error": "unavailable", "reason": "no worker is running"})
+        status, body, ctype = answer
+        return web.Response(status=status, body=body, headers={"Content-Type": ctype})
+
+    app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/reload", reload)
+    app.router.add_get("/v1/policy", forward)
+    app.router.add_post("/v1/explain", forward)
+    app.router.add_post("/v1/tokens", forward)
+    return app

@@ -1,0 +1,250 @@
+"""Pure parts of `sandgate run --workers N`: merging metrics, readiness and reloads of workers,
+the worker's audit lines, the shared port, the admin front and the CLI flags."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from sandgate import cli
+from sandgate.metrics import Metrics
+from sandgate.policy.loader import load_policy_dir
+from sandgate.workers import aggregate as A
+from sandgate.workers import listen
+from sandgate.workers.auditlog import WorkerAuditLog
+from sandgate.workers.front import build_front
+from sandgate.workers.supervisor import describe_exit
+
+pytestmark = pytest.mark.unit
+
+POLICY = """\
+version: v1
+secrets:
+  k: {vault: secret/data/k, field: v}
+identities:
+  agent:
+    rules:
+      - {name: api, hosts: [api.example.com], inject: {headers: {x-key: "{{ secrets.k }}"}}}
+"""
+
+
+def _metrics(tmp_path: Path, version: str, requests: int, open_conns: int,
+             draining: int = 0) -> str:
+    d = tmp_path / f"p{version}{requests}"
+    d.mkdir()
+    (d / "p.yaml").write_text(POLICY)
+    policy = load_policy_dir(d)
+    m = Metrics(lambda: policy)
+    for _ in range(requests):
+        m.on_audit("request", {"identity": "agent", "rule": "api", "decision": "allow",
+                               "duration_ms": 20, "secrets": ["k@1"]})
+    m.open_connections.set_function(lambda: open_conns)
+    m.draining.set(draining)
+    m.policy_swapped(version, 1000.0 + requests)
+    return m.render().decode()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_merge_adds_counters_histograms_and_gauges_in_progress(tmp_path):
+    a = _metrics(tmp_path, "v1", 3, 2)
+    b = _metrics(tmp_path, "v1", 4, 5, draining=1)
+    out = _samples(A.merge([a, b], "v1").decode())
+    key = (("code", "none"), ("decision", "allow"), ("identity", "agent"), ("rule", "api"))
+    assert out[("sandgate_requests_total", key)] == 7
+    assert out[("sandgate_injections_total", (("secret", "k"),))] == 7
+    assert out[("sandgate_request_duration_seconds_count", (("decision", "allow"),))] == 7
+    assert out[("sandgate_request_duration_seconds_bucket",
+                (("decision", "allow"), ("le", "0.025")))] == 7
+    assert out[("sandgate_open_client_connections", ())] == 7
+    assert out[("sandgate_draining", ())] == 1  # the largest, not the sum
+    assert out[("sandgate_policy_loaded_timestamp_seconds", ())] == 1004.0
+    sa, sb = _samples(a), _samples(b)
+    created = ("sandgate_requests_created", key)
+    assert out[created] == min(sa[created], sb[created])
+
+
+def test_merge_shows_one_policy_version(tmp_path):
+    a = _metrics(tmp_path, "old", 1, 0)
+    b = _metrics(tmp_path, "new", 2, 0)
+    tracker = A.VersionTracker("old")
+    versions = [A.policy_version(t) for t in (a, b)]
+    assert versions == ["old", "new"]
+    shown = tracker.observe(versions)  # mid-reload: the workers disagree
+    assert shown == "old"
+    info = [k for k in _samples(A.merge([a, b], shown).decode())
+            if k[0] == "sandgate_policy_info"]
+    assert info == [("sandgate_policy_info", (("version", "old"),))]
+    assert tracker.observe(["new", "new"]) == "new"  # every worker swapped
+    assert tracker.observe([]) == "new" and tracker.observe([None]) == "new"
+
+
+def _view(i: int, status: int = 200, **body: Any) -> A.WorkerView:
+    return A.WorkerView(i, 100 + i, True, True,
+                        (status, {"ready": status == 200, "reasons": [],
+                                  "policy_version": "v", **body}))
+
+
+def test_readiness_needs_every_worker():
+    t = A.VersionTracker("v")
+    r = A.readiness([_view(0), _view(1)], t, draining=False)
+    assert r.ready and r.body["reasons"] == [] and r.body["policy_version"] == "v"
+    assert r.body["workers"]["1"] == {"pid": 101, "ready": True, "policy_version": "v"}
+
+    r = A.readiness([_view(0), A.WorkerView(1, None, False, False)], t, draining=False)
+    assert not r.ready and r.body["reasons"] == [
+        "worker 1 is not running (it is being restarted)"]
+    r = A.readiness([_view(0), A.WorkerView(1, 7, True, False)], t, draining=False)
+    assert r.body["reasons"] == ["worker 1 is starting"]
+    r = A.readiness([_view(0), A.WorkerView(1, 7, True, True, error="TimeoutError")], t,
+                    draining=False)
+    assert r.body["reasons"] == ["worker 1 did not answer: TimeoutError"]
+    r = A.readiness([_view(0, 503, reasons=["vault: down"]), _view(1)], t, draining=False)
+    assert r.body["reasons"] == ["worker 0: vault: down"]
+    r = A.readiness([_view(0, policy_reload_problems=["a.yaml:3: bad"]), _view(1)], t,
+                    draining=False)
+    assert r.ready and r.body["policy_reload_problems"] == ["a.yaml:3: bad"]
+    r = A.readiness([_view(0, 503, reasons=["shutting down"]), _view(1)], t, draining=True)
+    assert not r.ready
+    assert r.body["reasons"] == ["shutting down: not accepting new connections"]
+
+
+def test_combine_reloads():
+    t = A.VersionTracker("v0")
+    ok = {"outcome": "ok", "version": "v1", "previous": "v0", "problems": []}
+    same = {"outcome": "unchanged", "version": "v1", "previous": "v1", "problems": []}
+    status, body = A.combine_reloads({0: (200, ok), 1: (200, same)}, t)
+    assert status == 200 and body["outcome"] == "ok" and body["version"] == "v1"
+    assert body["previous"] == "v0" and set(body["workers"]) == {"0", "1"}
+
+    bad = {"outcome": "error", "version": "v1", "previous": "v1", "problems": ["x.yaml:1: y"]}
+    status, body = A.combine_reloads({0: (422, bad), 1: (422, bad)}, t)
+    assert status == 422 and body["outcome"] == "error" and body["problems"] == ["x.yaml:1: y"]
+
+    status, body = A.combine_reloads({0: (200, same), 1: "not running"}, t)
+    assert status == 200 and body["outcome"] == "unchanged"
+    assert body["workers"]["1"]["outcome"] == "not_running"
+    status, body = A.combine_reloads({0: "not running"}, t)
+    assert status == 422 and body["problems"] == ["no worker is running"]
+
+
+def test_worker_audit_lines_name_the_worker_and_are_whole(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    log = WorkerAuditLog(path, 3)
+    seen: list[dict[str, Any]] = []
+    log.add_listener(lambda e, f: seen.append(f))
+    log.emit("request", identity="a", path="/" + "x" * 100_000)
+    log.emit("shutdown", drained=True)
+    log.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(ln)["worker"] for ln in lines] == [3, 3]
+    assert list(json.loads(lines[0]))[:4] == ["time", "event", "worker", "identity"]
+    assert seen[0]["worker"] == 3
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_worker_audit_write_failure_marks_the_log_unhealthy():
+    log = WorkerAuditLog(Path("/dev/full"), 0)
+    with pytest.raises(OSError) as e:
+        log.emit("request", identity="a")
+    assert e.value.errno == errno.ENOSPC and not log.healthy
+    log.close()
+
+
+async def test_share_port_lets_workers_bind_one_address():
+    listen.share_port()
+    listen.share_port()  # idempotent
+    assert listen.shared()  # the HTTP proxy and the SOCKS5 listener
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    reserved = listen.reserve("127.0.0.1", port)
+    servers = []
+    try:
+        for _ in range(2):
+            servers.append(await asyncio.start_server(lambda r, w: None, "127.0.0.1", port,
+                                                      reuse_port=True))
+        with socket.socket() as other, pytest.raises(OSError):  # a program without it
+            other.bind(("127.0.0.1", port))
+        with pytest.raises(ValueError, match="cannot bind"):  # not an address of this host
+            listen.reserve("192.0.2.1", port)
+    finally:
+        for s in servers:
+            s.close()
+        reserved.close()
+
+
+def test_exit_status_is_described_for_the_log():
+    assert describe_exit(0) == "exit status 0"
+    assert describe_exit(1) == "exit status 1"
+    assert describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(-200) == "killed by signal 200"
+
+
+def test_default_workers_is_the_usable_cores():
+    assert listen.default_workers() == len(os.sched_getaffinity(0))
+
+
+def test_cli_workers_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--policies", "policies", "--workers", "0"])
+    assert e.value.code == 2 and "--workers" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["run", "--policies", "p", "--workers", "3"])
+    assert args.workers == 3 and args.worker_id is None
+    assert cli.build_parser().parse_args(["run", "--policies", "p"]).workers is None
+
+
+class FakeSupervisor:
+    def __init__(self, ready: bool = True, worker: bool = True) -> None:
+        self.ready = ready
+        self.worker = worker
+        self.asked: list[tuple[str, str, bytes | None]] = []
+
+    async def readiness(self) -> A.Readiness:
+        return A.Readiness(self.ready, {"ready": self.ready, "reasons": []})
+
+    async def metrics(self) -> bytes:
+        return b"sandgate_workers 2.0\n"
+
+    async def reload_all(self) -> tuple[int, dict[str, Any]]:
+        return 200, {"outcome": "ok"}
+
+    async def ask_one(self, method: str, path: str, body: bytes | None,
+                      content_type: str | None) -> tuple[int, bytes, str] | None:
+        self.asked.append((method, path, body))
+        return (200, b'{"from": "worker"}', "application/json") if self.worker else None
+
+
+async def test_front_auth_and_routing():
+    sup = FakeSupervisor()
+    c = TestClient(TestServer(build_front(sup, "tok")))  # type: ignore[arg-type]
+    await c.start_server()
+    h = {"Authorization": "Bearer tok"}
+    try:
+        assert (await c.get("/healthz")).status == 200
+        for path in ("/readyz", "/metrics", "/v1/policy"):
+            r = await c.get(path, headers={"Authorization": "Bearer nope"})
+            assert r.status == 401 and (await r.json())["error"] == "unauthorized"
+        assert (await c.get("/readyz", headers=h)).status == 200
+        assert await (await c.get("/metrics", headers=h)).read() == b"sandgate_workers 2.0\n"
+        assert (await (await c.post("/v1/reload", headers=h)).json()) == {"outcome": "ok"}
+        r = await c.post("/v1/tokens", headers=h, json={"identity": "a"})
+        assert r.status == 200 and (await r.json()) == {"from": "worker"}
+        assert sup.asked == [("POST", "/v1/tokens", b'{"identity": "a"}')]
+        sup.ready, sup.worker = False, False
+        assert (await c.get("/readyz", headers=h)).status == 503
+        assert (await c.get("/v1/policy", headers=h)).status == 503
+    finally:
+        await c.close()
