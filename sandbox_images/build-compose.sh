@@ -10,7 +10,10 @@
 #      has iptables, or when the host has no apt: the image build then uses apt-get itself)
 #   4. `<compose> build` (with docker-compose.ci.yml too when --ci is given)
 #
-#   sandbox_images/build-compose.sh [--ci] [--no-download]
+#   sandbox_images/build-compose.sh [--ci] [--replicas] [--no-download]
+#
+# --replicas builds docker-compose.replicas.yml instead (Sandgate replicas behind HAProxy; step 3
+# then also fetches haproxy's .debs for sandbox_images/haproxy/debs).
 #
 # The compose command is `docker compose` (v2 plugin) if it works, else `docker-compose` (v1;
 # Debian bookworm's package, installed with apt-get when missing and running as root).
@@ -24,12 +27,13 @@ export BASE_IMAGE=${BASE_IMAGE:-sandgate-base:bookworm}
 export DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0}  # the classic builder: no buildx plugin needed
 export COMPOSE_DOCKER_CLI_BUILD=${COMPOSE_DOCKER_CLI_BUILD:-0}
 
-ci=0 download=1
+ci=0 download=1 replicas=0
 for arg in "$@"; do
   case $arg in
     --ci) ci=1 ;;
+    --replicas) replicas=1 ;;
     --no-download) download=0 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "build-compose.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -97,44 +101,59 @@ rm -rf "$src"
 trap - EXIT
 log "wheelhouse ready: $(find "$WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheels ($((SECONDS - t)) s)"
 
-# --- 3. iptables .debs for the sandbox-firewall image ------------------------------------------------
-# The packages iptables needs beyond a minimal Debian bookworm (same suite as the base image).
-FIREWALL_DEBS=(iptables libip4tc2 libip6tc2 libxtables12 libmnl0 libnetfilter-conntrack3 \
-               libnfnetlink0 libnftnl11 netbase)
-t=$SECONDS
-DEBS=$HERE/firewall/debs
-mkdir -p "$DEBS"
-if docker run --rm --entrypoint sh "$BASE_IMAGE" -c \
-    'command -v iptables-nft && command -v iptables-legacy' >/dev/null 2>&1; then
-  log "base image has iptables: no .debs needed"
-  rm -f "$DEBS"/*.deb
-elif ! command -v apt-get >/dev/null 2>&1; then
-  log "no apt-get on this host: the sandbox-firewall build installs iptables with apt-get itself"
-else
-  missing=()
-  for pkg in "${FIREWALL_DEBS[@]}"; do
+# --- 3. .debs for the images that add Debian packages to the base (no network in `docker build`) --
+# fetch_debs DIR CHECK PKG...: fill DIR with PKG's .debs from apt's cache or `apt-get download`,
+# unless CHECK (a shell command) succeeds in the base image (then DIR is emptied: nothing needed).
+fetch_debs() {
+  local dir=$1 check=$2 name t=$SECONDS; shift 2
+  name=$(basename "$(dirname "$dir")")
+  mkdir -p "$dir"
+  if docker run --rm --entrypoint sh "$BASE_IMAGE" -c "$check" >/dev/null 2>&1; then
+    log "$name: the base image has what it needs: no .debs"
+    rm -f "$dir"/*.deb
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "$name: no apt-get on this host: its image build uses apt-get itself"
+    return 0
+  fi
+  local pkg ver file alt f missing=()
+  for pkg in "$@"; do
     ver=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ { print $2 }')
     [[ -n $ver && $ver != "(none)" ]] || die "apt knows no package $pkg (run apt-get update)"
     file="${pkg}_${ver//:/%3a}_$(dpkg --print-architecture).deb"
     alt="${pkg}_${ver//:/%3a}_all.deb"
     for f in "$file" "$alt"; do
-      if [[ -f $DEBS/$f ]]; then continue 2; fi
-      if [[ -f /var/cache/apt/archives/$f ]]; then cp "/var/cache/apt/archives/$f" "$DEBS/"; continue 2; fi
+      if [[ -f $dir/$f ]]; then continue 2; fi
+      if [[ -f /var/cache/apt/archives/$f ]]; then cp "/var/cache/apt/archives/$f" "$dir/"; continue 2; fi
     done
     missing+=("$pkg")
   done
   if ((${#missing[@]})); then
-    ((download)) || die "iptables .debs missing in $DEBS: ${missing[*]} (run once without --no-download)"
-    log "apt-get download ${missing[*]}"
-    (cd "$DEBS" && apt-get download -qq "${missing[@]}" 2>&1 | grep -v -e 'unsandboxed' >&2 || true)
+    ((download)) || die "$name .debs missing in $dir: ${missing[*]} (run once without --no-download)"
+    log "$name: apt-get download ${missing[*]}"
+    (cd "$dir" && apt-get download -qq "${missing[@]}" 2>&1 | grep -v -e 'unsandboxed' >&2 || true)
   fi
-  log "iptables .debs ready: $(find "$DEBS" -maxdepth 1 -name '*.deb' | wc -l) ($((SECONDS - t)) s)"
+  log "$name .debs ready: $(find "$dir" -maxdepth 1 -name '*.deb' | wc -l) ($((SECONDS - t)) s)"
+}
+# What iptables and haproxy need beyond a minimal Debian bookworm (same suite as the base image).
+fetch_debs "$HERE/firewall/debs" 'command -v iptables-nft && command -v iptables-legacy' \
+  iptables libip4tc2 libip6tc2 libxtables12 libmnl0 libnetfilter-conntrack3 libnfnetlink0 \
+  libnftnl11 netbase
+if ((replicas)); then
+  fetch_debs "$HERE/haproxy/debs" 'command -v haproxy' \
+    haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 lsb-base
 fi
 
 # --- 4. compose build ---------------------------------------------------------------------------------
 t=$SECONDS
-files=(-f "$REPO/docker-compose.yml")
-((ci)) && files+=(-f "$REPO/docker-compose.ci.yml")
+if ((replicas)); then
+  files=(-f "$REPO/docker-compose.replicas.yml")
+  ((ci)) && files+=(-f "$REPO/docker-compose.replicas.ci.yml")
+else
+  files=(-f "$REPO/docker-compose.yml")
+  ((ci)) && files+=(-f "$REPO/docker-compose.ci.yml")
+fi
 log "$COMPOSE ${files[*]} build"
 out=$(mktemp)
 # shellcheck disable=SC2086  # COMPOSE is one or two words

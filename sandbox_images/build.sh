@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Build the sandbox images from the local base image (no registry, no network in `docker build`):
+# Build the sandbox images from the local base image (no image registry; the bash-tool image's
+# Debian packages come from the archive its apt sources name, in a layer the builder caches):
 #   sandgate-agent:dev      pattern 1: agent with the anthropic + openai SDKs, placeholder keys
-#   sandgate-bash-tool:dev  pattern 2: bash, curl, git, python3, pip for agent-host tool calls
+#   sandgate-bash-tool:dev  pattern 2: the clients agent-host tool calls run (bash, curl, wget, git,
+#                           python3 + pip/uv/requests/httpx/aiohttp, node + npm, go, cargo; see
+#                           README "Clients"): Debian packages from the base image's apt sources
+#                           (a cached layer), the Python ones from its wheelhouse
+#                           (sandbox_images/bash-tool/wheels, gitignored, filled like the agent's)
 #
 # The agent's SDKs come from a wheelhouse (sandbox_images/agent/wheels, gitignored) that this
 # script fills on the host with `pip download` for the image's Python (cp311, glibc linux). It is
 # reused when it already holds both SDKs; --refresh downloads again. If PyPI is unreachable and
 # the wheelhouse is empty the agent image is built without the SDKs (a warning says so), unless
-# SANDGATE_REQUIRE_SDK=1 makes that an error.
+# SANDGATE_REQUIRE_SDK=1 makes that an error (for the bash-tool wheelhouse too).
 #
 #   sandbox_images/build.sh [--refresh] [--no-download] [agent|bash-tool ...]
 #
@@ -29,7 +34,7 @@ for arg in "$@"; do
     --refresh) refresh=1 ;;
     --no-download) download=0 ;;
     agent|bash-tool) targets+=("$arg") ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -93,6 +98,37 @@ prepare_wheelhouse() {
   fi
 }
 
+TOOL_WHEELS=$HERE/bash-tool/wheels
+TOOL_PACKAGES=(requests httpx aiohttp uv)
+have_tool_wheels() {
+  local p
+  for p in "${TOOL_PACKAGES[@]}"; do compgen -G "$TOOL_WHEELS/$p-*.whl" >/dev/null || return 1; done
+}
+
+prepare_tool_wheelhouse() {
+  mkdir -p "$TOOL_WHEELS"
+  if ((refresh)); then rm -f "$TOOL_WHEELS"/*.whl; fi
+  if have_tool_wheels; then
+    log "bash-tool wheelhouse has ${TOOL_PACKAGES[*]} ($(ls "$TOOL_WHEELS"/*.whl | wc -l) wheels)"
+    return 0
+  fi
+  ((download)) || { log "WARNING: --no-download and the bash-tool wheelhouse is incomplete"; return 0; }
+  local py arch t=$SECONDS
+  py=$(pick_python) || die "no pip available on the host (install python3-venv)"
+  arch=$(uname -m)
+  log "pip download ${TOOL_PACKAGES[*]} -> $TOOL_WHEELS (cp$PY_VERSION, manylinux $arch)"
+  "$py" -m pip download --quiet --disable-pip-version-check --dest "$TOOL_WHEELS" \
+      --only-binary=:all: --implementation cp --python-version "$PY_VERSION" \
+      --abi "cp$PY_VERSION" --abi abi3 --abi none \
+      --platform "manylinux_2_36_$arch" --platform "manylinux2014_$arch" \
+      --platform "manylinux_2_17_$arch" --platform any \
+      "${TOOL_PACKAGES[@]}" || log "WARNING: pip download failed ($((SECONDS - t)) s)"
+  if ! have_tool_wheels; then
+    [[ ${SANDGATE_REQUIRE_SDK:-0} == 1 ]] && die "the bash-tool wheelhouse lacks ${TOOL_PACKAGES[*]}"
+    log "WARNING: building $BASH_TOOL_TAG without ${TOOL_PACKAGES[*]}"
+  fi
+}
+
 build() {  # build DIR TAG
   local t=$SECONDS
   log "docker build $2 from $BASE_IMAGE"
@@ -103,7 +139,7 @@ build() {  # build DIR TAG
 for target in "${targets[@]}"; do
   case $target in
     agent) prepare_wheelhouse; build "$HERE/agent" "$AGENT_TAG" ;;
-    bash-tool) build "$HERE/bash-tool" "$BASH_TOOL_TAG" ;;
+    bash-tool) prepare_tool_wheelhouse; build "$HERE/bash-tool" "$BASH_TOOL_TAG" ;;
   esac
 done
 log "done ($((SECONDS - t_all)) s)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything Sandgate needs on a fresh Debian machine (Python 3.11+): idempotent.
 #   scripts/setup.sh          the proxy: .venv with sandgate installed
-#   scripts/setup.sh --test   also test tools: curl, iproute2, the SDK client venv
+#   scripts/setup.sh --test   also test tools: curl, iproute2, the SDK client and provider venvs
 #   scripts/setup.sh --no-apt the proxy's .venv only, never apt (the fast lane; no root needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,8 @@ if ((want_test)); then
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
   # nodejs: Node's built-in fetch through the gateway mode (tests/integration/test_gateway.py)
   command -v node >/dev/null || need_apt+=(nodejs)
+  # git: `git http-backend`, the smart-HTTP server of the client matrix (tests/integration/clients)
+  command -v git >/dev/null || need_apt+=(git)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then
@@ -53,5 +55,16 @@ if ((want_test)); then
   if [[ ! -f .venv-clients/.installed ]] || ! cmp -s "$pins" .venv-clients/.installed; then
     .venv-clients/bin/pip install -q -r "$pins"
     cp "$pins" .venv-clients/.installed
+  fi
+  # The hosted-sandbox provider SDKs (tests/integration/test_providers.py): their own venv, as
+  # they pin protobuf/grpclib/httpx on their own; sandgate.providers comes from proxy/ on
+  # PYTHONPATH (it needs only the standard library).
+  if [[ ! -x .venv-providers/bin/python ]]; then
+    "$PY" -m venv .venv-providers
+  fi
+  pins=tests/requirements-providers.txt
+  if [[ ! -f .venv-providers/.installed ]] || ! cmp -s "$pins" .venv-providers/.installed; then
+    .venv-providers/bin/pip install -q -r "$pins"
+    cp "$pins" .venv-providers/.installed
   fi
 fi

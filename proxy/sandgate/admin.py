@@ -1,7 +1,8 @@
 """The admin listener (`sandgate run --admin HOST:PORT`): health, readiness, metrics, policy.
 
-aiohttp, in the same event loop as mitmproxy. Every endpoint but `/healthz` needs
-`Authorization: Bearer <token>` (compared in constant time). Nothing here answers with a secret
+aiohttp, in the same event loop as mitmproxy. Every endpoint but `/healthz` (and what
+`--admin-open` names: `/readyz`, `/metrics`) needs `Authorization: Bearer <token>` (compared in
+constant time). Nothing here answers with a secret
 value: explanations name secrets, proxy tokens are issued only for identities of the loaded
 policy and only with a capped TTL.
 """
@@ -48,6 +49,12 @@ class AdminState:
     audit: Callable[..., None] | None = None
     # the proxy's --resolve pins: explain shows the address step exactly as the proxy runs it
     resolve: Mapping[str, str] = field(default_factory=dict)
+    # --admin-open: paths served without the token (kubelet probes and Prometheus carry none);
+    # only these two can be opened, and neither answers with anything secret
+    open_paths: frozenset[str] = frozenset()
+
+
+OPENABLE = frozenset({"/readyz", "/metrics"})
 
 
 def _json(status: int, body: Any) -> web.Response:
@@ -66,10 +73,15 @@ def needs_vault(state: AdminState) -> bool:
 
 def build_app(state: AdminState) -> web.Application:
     expected = f"Bearer {state.admin_token}".encode()
+    unexpected = state.open_paths - OPENABLE
+    if unexpected:
+        raise ValueError(f"admin paths that cannot be served without a token: "
+                         f"{sorted(unexpected)} (only {sorted(OPENABLE)} can)")
+    open_paths = state.open_paths | {"/healthz"}
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/healthz":
+        if request.path in open_paths:
             return await handler(request)
         given = request.headers.get("Authorization", "").encode("utf-8", "replace")
         if not hmac.compare_digest(given, expected):

@@ -29,6 +29,7 @@ _logger = logging.getLogger("sandgate")
 
 TIME = "time"
 EVENT = "event"
+INSTANCE = "instance"  # the replica that wrote the line (`sandgate run --instance`)
 IDENTITY = "identity"
 SANDBOX = "sandbox"
 IDENTITY_SOURCE = "identity_source"
@@ -169,7 +170,8 @@ class AuditLog:
     Uses a dedicated structlog logger; the global structlog configuration is left untouched.
     """
 
-    def __init__(self, sink: TextIO | str | Path | None = None) -> None:
+    def __init__(self, sink: TextIO | str | Path | None = None, *,
+                 instance: str | None = None) -> None:
         self._owned: IO[str] | None = None
         stream: TextIO
         if sink is None:
@@ -197,6 +199,9 @@ class AuditLog:
             context_class=dict,
             cache_logger_on_first_use=False,
         )
+        if instance is not None:
+            # every line names the replica that wrote it (--instance), right after the event
+            self._log = self._log.bind(**{INSTANCE: instance})
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one JSON object on one line: time, event, then `fields` as given."""

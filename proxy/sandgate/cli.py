@@ -45,6 +45,9 @@ def _workers(spec: str) -> int:
     return int(spec)
 
 
+ADMIN_OPENABLE = ("/readyz", "/metrics")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sandgate", description=__doc__)
     p.add_argument("--version", action="version", version=f"sandgate {__version__}")
@@ -132,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "here; off unless given")
     run.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
                      help="the admin API's bearer token (default: env SANDGATE_ADMIN_TOKEN)")
+    run.add_argument("--admin-open", action="append", default=[], choices=ADMIN_OPENABLE,
+                     metavar="PATH",
+                     help="serve this admin path without the bearer token, for probes and "
+                     "scrapers that carry none: /readyz or /metrics (repeatable; /healthz "
+                     "always is)")
+    run.add_argument("--instance", default=None, metavar="NAME",
+                     help="this replica's name, in every audit event and in sandgate_info "
+                     "(default: env SANDGATE_INSTANCE, else the host name)")
     run.add_argument("--admin-max-token-ttl", default="24h", metavar="TTL",
                      help="longest proxy token POST /v1/tokens issues (default %(default)s)")
     run.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -501,6 +512,11 @@ def _check_gateway(args: argparse.Namespace, gateways: Sequence[object],
         raise ValueError(f"--gateway given, but {args.policies} has no `gateways:` entries; "
                          "add one, e.g. gateways: [{prefix: /anthropic, upstream: "
                          "https://api.anthropic.com, token_header: x-api-key}]")
+def _instance(given: str | None) -> str:
+    import socket
+
+    name = given or os.environ.get("SANDGATE_INSTANCE") or socket.gethostname()
+    return name.strip() or "sandgate"
 
 
 def limits_config(args: argparse.Namespace) -> LimitsConfig:
@@ -672,6 +688,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             socks5=args.socks5, socks5_allow=socks5_allow,
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
             limits=limits,
+            admin_open=tuple(args.admin_open), instance=_instance(args.instance),
         )
         if role is not None:
             cfg.worker = role

@@ -34,6 +34,15 @@ LIMIT_CODES = frozenset(str(c) for c in (
 _VAULT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sandgate")
+    except PackageNotFoundError:
+        return UNKNOWN
+
+
 class _Bounds:
     """Label values the loaded policy allows, computed once per policy object."""
 
@@ -45,7 +54,7 @@ class _Bounds:
 
 
 class Metrics:
-    def __init__(self, policy: Callable[[], Policy]) -> None:
+    def __init__(self, policy: Callable[[], Policy], instance: str = "sandgate") -> None:
         self._policy = policy
         self._bounds: _Bounds | None = None
         r = self.registry = CollectorRegistry(auto_describe=True)
@@ -115,6 +124,11 @@ class Metrics:
         self.draining = Gauge(
             "sandgate_draining", "1 while shutting down (no new connections accepted)",
             registry=r)
+        # Which replica answered this scrape (--instance): Prometheus adds its own `instance`
+        # (the scraped address) too; this one names the replica as the audit lines do.
+        self.info = Gauge("sandgate_info", "Always 1; labels name this replica and version",
+                          ["instance", "version"], registry=r)
+        self.info.labels(instance=instance, version=_version()).set(1)
 
     # ------------------------------------------------------------------ label bounds
 

@@ -72,6 +72,8 @@ class RunConfig:
     worker: WorkerRole | None = None
     gateway: tuple[str, int] | None = None  # --gateway HOST:PORT
     gateway_tls_name: str | None = None  # --gateway-tls-name: TLS only, a cert for this name
+    admin_open: Sequence[str] = ()  # admin paths served without the bearer token
+    instance: str = "sandgate"  # this replica's name: in every audit event and sandgate_info
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
@@ -171,11 +173,11 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         log.warning("sandgate: Vault not ready at start (%s); requests needing secrets get 503",
                     type(e).__name__)
     if cfg.worker is None:
-        sink = audit.AuditLog(cfg.audit_file)
+        sink = audit.AuditLog(cfg.audit_file, instance=cfg.instance)
     else:
         from sandgate.workers.auditlog import WorkerAuditLog
 
-        sink = WorkerAuditLog(cfg.audit_file, cfg.worker.id)
+        sink = WorkerAuditLog(cfg.audit_file, cfg.worker.id, instance=cfg.instance)
     broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
     loop = asyncio.get_running_loop()
 
@@ -218,7 +220,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         limiter=Limiter(cfg.limits),
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
-    metrics = Metrics(lambda: live.policy)
+    metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
     sink.add_listener(metrics.on_audit)
 
@@ -325,6 +327,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             admin_token=admin_token, listener_up=lambda: listener_up(m),
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
             audit=sink.emit, resolve=dict(cfg.resolve),
+            open_paths=frozenset(cfg.admin_open) if cfg.worker is None else frozenset(),
         )
         if cfg.worker is not None:
             from sandgate.workers.control import start_control

@@ -8,6 +8,7 @@
 #      $SANDGATE_CA_PUBLIC_DIR (mounted read-only by the sandboxes):
 #        sandgate-ca.pem   the Sandgate CA certificate
 #        ca-bundle.pem     the system roots + the Sandgate CA (for SSL_CERT_FILE and friends)
+#        wgetrc            `ca_certificate = <the bundle>` (wget reads no CA variable; WGETRC)
 #   3. exec `sandgate run "$@"`.
 set -eu
 
@@ -48,7 +49,12 @@ if [ -s "$SYSTEM_BUNDLE" ]; then cat "$SYSTEM_BUNDLE" > "$tmp"; fi
 cat "$CA_PUBLIC_DIR/sandgate-ca.pem" >> "$tmp"
 chmod 0644 "$tmp"
 mv -f "$tmp" "$CA_PUBLIC_DIR/ca-bundle.pem"
-log "published the CA certificate to $CA_PUBLIC_DIR (sandgate-ca.pem, ca-bundle.pem)"
+tmp=$(mktemp "$CA_PUBLIC_DIR/.wgetrc.XXXXXX")
+# The path the sandboxes mount the directory at (docker-compose.yml), not ours.
+echo "ca_certificate = ${SANDGATE_CA_SANDBOX_DIR:-/etc/sandgate/ca}/ca-bundle.pem" > "$tmp"
+chmod 0644 "$tmp"
+mv -f "$tmp" "$CA_PUBLIC_DIR/wgetrc"
+log "published the CA certificate to $CA_PUBLIC_DIR (sandgate-ca.pem, ca-bundle.pem, wgetrc)"
 
 # --- 3. run -------------------------------------------------------------------------------------
 exec sandgate run --confdir "$CONFDIR" "$@"

@@ -336,9 +336,12 @@ def test_gateway_mode_is_a_reverse_listener(host, port, name, address):
     assert isinstance(spec, ReverseMode)
     assert (spec.scheme, spec.address) == ("http", address)
     assert (spec.listen_host(), spec.listen_port()) == (host, port)
-    values = pinned("32m", None, gateway_mode(host, port, name))
+    values = pinned("32m", None, gateway=gateway_mode(host, port, name))
     assert values["mode"] == ["regular", gateway_mode(host, port, name)]
     assert pinned("32m", None)["mode"] == ["regular"]
+    # with --socks5 too: exactly the three configured listeners, in a fixed order
+    both = pinned("32m", None, ("127.0.15.1", 1080), gateway_mode(host, port, name))["mode"]
+    assert both == ["regular", "socks5@127.0.15.1:1080", gateway_mode(host, port, name)]
     Pinned(values)  # the pinned set carries it; a change is refused like any pinned option
 
 

@@ -249,7 +249,8 @@ async def _client(tmp_path: Path, **kw: Any) -> TestClient[Any, Any]:
     state = AdminState(live=lp, broker=kw.get("broker", StubBroker()),  # type: ignore[arg-type]
                        metrics=Metrics(lambda: lp.policy), token_key=b"k" * 32,
                        admin_token="tok", listener_up=lambda: kw.get("up", True),
-                       draining=lambda: kw.get("draining", False))
+                       draining=lambda: kw.get("draining", False),
+                       open_paths=kw.get("open_paths", frozenset()))
     client = TestClient(TestServer(build_app(state)))
     await client.start_server()
     return client
@@ -278,6 +279,46 @@ async def test_admin_auth_and_readiness(tmp_path):
         assert body["reasons"] == ["the proxy listener is not up", "vault: Vault is unreachable"]
     finally:
         await c.close()
+
+
+async def test_admin_open_paths_serve_probes_and_scrapers_without_the_token(tmp_path):
+    c = await _client(tmp_path, open_paths=frozenset({"/readyz", "/metrics"}))
+    try:
+        r = await c.get("/readyz")
+        assert r.status == 200 and (await r.json())["ready"] is True
+        r = await c.get("/metrics")
+        assert r.status == 200 and b"sandgate_info" in await r.read()
+        # everything else still needs the token: policy, tokens, reload, explain
+        assert (await c.get("/v1/policy")).status == 401
+        assert (await c.post("/v1/tokens", json={"identity": "agent"})).status == 401
+        assert (await c.post("/v1/reload")).status == 401
+        assert (await c.get("/readyz/../v1/policy")).status == 401
+    finally:
+        await c.close()
+
+
+async def test_admin_open_paths_are_a_closed_set(tmp_path):
+    with pytest.raises(ValueError, match="cannot be served without a token"):
+        await _client(tmp_path, open_paths=frozenset({"/v1/tokens"}))
+
+
+def test_instance_names_every_audit_line_and_the_info_metric(tmp_path):
+    import io
+    import json
+
+    out = io.StringIO()
+    log = A.AuditLog(out, instance="sandgate-7f9c")
+    log.emit("request", identity="agent")
+    log.emit("shutdown")
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [list(x)[:3] for x in lines] == [["time", "event", "instance"]] * 2
+    assert {x["instance"] for x in lines} == {"sandgate-7f9c"}
+    d = _dir(tmp_path)
+    lp = live.LivePolicy(d, live.load(d))
+    text = Metrics(lambda: lp.policy, instance="sandgate-7f9c").render().decode()
+    (info,) = [f for f in text_string_to_metric_families(text) if f.name == "sandgate_info"]
+    assert info.samples[0].labels["instance"] == "sandgate-7f9c"
+    assert info.samples[0].value == 1
 
 
 async def test_admin_tokens(tmp_path):

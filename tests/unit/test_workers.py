@@ -248,3 +248,27 @@ async def test_front_auth_and_routing():
         assert (await c.get("/v1/policy", headers=h)).status == 503
     finally:
         await c.close()
+
+
+async def test_front_serves_admin_open_paths_without_the_token():
+    """--admin-open reaches the supervisor's admin listener as it does the single process's."""
+    sup = FakeSupervisor()
+    front = build_front(sup, "tok", frozenset({"/readyz", "/metrics"}))  # type: ignore[arg-type]
+    c = TestClient(TestServer(front))
+    await c.start_server()
+    try:
+        assert (await c.get("/readyz")).status == 200
+        assert await (await c.get("/metrics")).read() == b"sandgate_workers 2.0\n"
+        assert (await c.get("/v1/policy")).status == 401
+        assert (await c.post("/v1/reload")).status == 401
+    finally:
+        await c.close()
+    with pytest.raises(ValueError, match="cannot be served without a token"):
+        build_front(sup, "tok", frozenset({"/v1/tokens"}))  # type: ignore[arg-type]
+
+
+def test_merge_keeps_the_replica_info_at_one():
+    info = ('# HELP sandgate_info Always 1\n# TYPE sandgate_info gauge\n'
+            'sandgate_info{instance="r1",version="1"} 1.0\n')
+    text = A.merge([info, info], "v").decode()
+    assert 'sandgate_info{instance="r1",version="1"} 1.0' in text

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import docker
 import requests
@@ -41,6 +41,14 @@ from docker.models.containers import Container
 from docker.utils.socket import STDERR, frames_iter
 
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_MANAGED, LABEL_SANDBOX
+from sandgate.proxyenv import (
+    CA_BUNDLE,
+    CA_DIR,
+    CA_FILE,
+    ENV_NAMES,
+    proxy_environment,
+    proxy_url_with_credentials,
+)
 from sandgate.sandbox.errors import SandboxError, unavailable
 from sandgate.sandbox.network import NETWORK_NAME, inspect_network, restrict_host_access
 
@@ -48,15 +56,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "sandgate-bash-tool:dev"
 
-CA_DIR = "/usr/local/share/ca-certificates"
-CA_FILE = f"{CA_DIR}/sandgate.crt"
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # system bundle, includes CA_FILE once updated
-PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE")
-_RESERVED_ENV = frozenset(
-    [*PROXY_VARS, *(v.lower() for v in PROXY_VARS), "NO_PROXY", "no_proxy", *CA_VARS,
-     "NODE_EXTRA_CA_CERTS", "SANDGATE_IDENTITY", "SANDGATE_SANDBOX"]
-)
+_RESERVED_ENV = ENV_NAMES | {"SANDGATE_IDENTITY", "SANDGATE_SANDBOX"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 _OUTPUT_LIMIT = 4 * 1024 * 1024  # per stream; the rest is dropped (and said so)
@@ -131,25 +131,13 @@ class SandboxSpec:
             raise SandboxError("cpus and pids_limit must be positive")
 
     def proxy_url_with_token(self) -> str:
-        if self.token is None:
-            return self.proxy_url
-        url = urlsplit(self.proxy_url)
-        userinfo = f"{quote(self.identity, safe='')}:{quote(self.token, safe='')}"
-        return urlunsplit(url._replace(netloc=f"{userinfo}@{url.netloc}"))
+        return proxy_url_with_credentials(self.proxy_url, self.identity, self.token)
 
 
 def sandbox_environment(spec: SandboxSpec, sandbox_id: str) -> dict[str, str]:
     """Everything a sandbox's processes see: proxy, CA locations, placeholders. No secret."""
-    proxy = spec.proxy_url_with_token()
     env: dict[str, str] = dict(spec.placeholders)
-    for var in PROXY_VARS:
-        env[var] = proxy
-        env[var.lower()] = proxy
-    env["NO_PROXY"] = ""
-    env["no_proxy"] = ""
-    for var in CA_VARS:
-        env[var] = CA_BUNDLE
-    env["NODE_EXTRA_CA_CERTS"] = CA_FILE
+    env.update(proxy_environment(spec.proxy_url_with_token(), ca_bundle=CA_BUNDLE, ca_file=CA_FILE))
     env["SANDGATE_IDENTITY"] = spec.identity
     env["SANDGATE_SANDBOX"] = sandbox_id
     return env

@@ -28,7 +28,8 @@ from prometheus_client.samples import Sample
 
 POLICY_INFO = "sandgate_policy_info"
 _LARGEST = frozenset({"sandgate_draining", "sandgate_policy_loaded_timestamp_seconds",
-                      "sandgate_policy_last_reload_timestamp_seconds"})
+                      "sandgate_policy_last_reload_timestamp_seconds",
+                      "sandgate_info"})  # always 1: the replica's name, not a count
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]
 

@@ -53,10 +53,11 @@ class AppendLines:
 class WorkerAuditLog(AuditLog):
     """AuditLog whose every event names the worker that wrote it (right after `event`)."""
 
-    def __init__(self, audit_file: Path | None, worker: int) -> None:
+    def __init__(self, audit_file: Path | None, worker: int, *,
+                 instance: str | None = None) -> None:
         self._file = AppendLines(audit_file) if audit_file is not None else None
         stream: TextIO = self._file if self._file is not None else sys.stdout  # type: ignore[assignment]
-        super().__init__(stream)
+        super().__init__(stream, instance=instance)
         self.worker = worker
 
     def emit(self, event: str, **fields: Any) -> None:

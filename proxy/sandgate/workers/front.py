@@ -38,12 +38,19 @@ def _json(status: int, body: Any) -> web.Response:
                         content_type="application/json")
 
 
-def build_front(sup: Supervisor, admin_token: str) -> web.Application:
+def build_front(sup: Supervisor, admin_token: str,
+                open_paths: frozenset[str] = frozenset()) -> web.Application:
+    from sandgate.admin import OPENABLE
+
     expected = f"Bearer {admin_token}".encode()
+    if open_paths - OPENABLE:
+        raise ValueError(f"admin paths that cannot be served without a token: "
+                         f"{sorted(open_paths - OPENABLE)} (only {sorted(OPENABLE)} can)")
+    unauthenticated = open_paths | {"/healthz"}  # --admin-open, as the single-process API
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/healthz":
+        if request.path in unauthenticated:
             return await handler(request)
         given = request.headers.get("Authorization", "").encode("utf-8", "replace")
         if not hmac.compare_digest(given, expected):

@@ -317,7 +317,8 @@ class Supervisor:
 
                 assert self.cfg.admin_token is not None
                 front = web_runner = web.AppRunner(
-                    build_front(self, self.cfg.admin_token), access_log=None,
+                    build_front(self, self.cfg.admin_token, frozenset(self.cfg.admin_open)),
+                    access_log=None,
                     handle_signals=False)
                 await web_runner.setup()
                 await web.TCPSite(web_runner, *self.cfg.admin).start()
