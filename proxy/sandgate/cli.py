@@ -9,9 +9,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandgate import __version__
 from sandgate.identity.base import AddressIdentitySource
+
+if TYPE_CHECKING:
+    from sandgate.limits import LimitsConfig
 
 DEFAULT_CONFDIR = Path(os.environ.get("SANDGATE_CONFDIR", "~/.sandgate")).expanduser()
 
@@ -69,6 +73,40 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-request-body", type=_size, default="32m", metavar="SIZE",
                      help="refuse request bodies larger than this with 413 (default %(default)s; "
                      "bodies are buffered to be inspected before anything is sent)")
+    lim = run.add_argument_group(
+        "limits", "0 turns a count or timeout limit off; identities' `limits:` in the policy "
+        "override the per-identity ones (README, Limits)")
+    lim.add_argument("--max-header-bytes", type=_size, default="64k", metavar="SIZE",
+                     help="refuse a request head (CONNECT or request) larger than this with 431 "
+                     "(default %(default)s)")
+    lim.add_argument("--max-headers", type=int, default=100, metavar="N",
+                     help="refuse a request with more header fields with 431 (default "
+                     "%(default)s)")
+    lim.add_argument("--max-connections", type=int, default=4096, metavar="N",
+                     help="client connections open at once; past it a new one is closed at "
+                     "once (default %(default)s)")
+    lim.add_argument("--max-connections-per-identity", type=int, default=256, metavar="N",
+                     help="client connections one identity may hold open; past it 429 "
+                     "too_many_connections (default %(default)s)")
+    lim.add_argument("--rps", type=float, default=0.0, metavar="N",
+                     help="requests per second per identity (token bucket); past it 429 "
+                     "rate_limited with Retry-After (default: off)")
+    lim.add_argument("--burst", type=int, default=0, metavar="N",
+                     help="requests an identity may send at once before --rps applies "
+                     "(default: --rps rounded up)")
+    lim.add_argument("--header-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="a started HTTP/1 request head must end within this; else 408 and "
+                     "the connection is closed (default %(default)s)")
+    lim.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
+                     help="close a connection on which nothing moved for this long (default "
+                     "%(default)s; 0: mitmproxy's own 600)")
+    lim.add_argument("--upstream-connect-timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="504 upstream_timeout when the upstream's TCP connect takes longer "
+                     "(default %(default)s)")
+    lim.add_argument("--upstream-read-timeout", type=float, default=120.0, metavar="SECONDS",
+                     help="504 upstream_timeout when the upstream sends nothing for this long "
+                     "after the last byte either way: to the response head, between chunks "
+                     "(default %(default)s)")
     run.add_argument("--audit-best-effort", action="store_true",
                      help="keep forwarding while the audit log cannot be written (default: "
                      "refuse with 503 audit_unavailable until a write succeeds)")
@@ -481,6 +519,46 @@ def _instance(given: str | None) -> str:
     return name.strip() or "sandgate"
 
 
+def limits_config(args: argparse.Namespace) -> LimitsConfig:
+    """The `limits` flags of `sandgate run` as a LimitsConfig (ValueError says which is wrong)."""
+    from mitmproxy.utils import human
+
+    from sandgate.limits import LimitsConfig
+
+    def count(flag: str, value: int) -> int | None:
+        if value < 0:
+            raise ValueError(f"{flag} must be 0 (no limit) or more, not {value}")
+        return value or None
+
+    def seconds(flag: str, value: float) -> float | None:
+        if not (value >= 0) or value == float("inf"):
+            raise ValueError(f"{flag} must be 0 (off) or a number of seconds, not {value}")
+        return value or None
+
+    header_bytes = int(human.parse_size(args.max_header_bytes) or 0)
+    if header_bytes < 1024:
+        raise ValueError("--max-header-bytes must be at least 1k (a request line and a few "
+                         "headers)")
+    if args.max_headers < 8:
+        raise ValueError("--max-headers must be at least 8")
+    rps = seconds("--rps", args.rps)
+    burst = count("--burst", args.burst)
+    if burst is not None and rps is None:
+        raise ValueError("--burst needs --rps")
+    return LimitsConfig(
+        max_header_bytes=header_bytes, max_headers=args.max_headers,
+        max_connections=count("--max-connections", args.max_connections),
+        max_connections_per_identity=count("--max-connections-per-identity",
+                                           args.max_connections_per_identity),
+        rps=rps, burst=burst,
+        header_timeout=seconds("--header-timeout", args.header_timeout),
+        idle_timeout=seconds("--idle-timeout", args.idle_timeout),
+        upstream_connect_timeout=seconds("--upstream-connect-timeout",
+                                         args.upstream_connect_timeout),
+        upstream_read_timeout=seconds("--upstream-read-timeout", args.upstream_read_timeout),
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
@@ -532,6 +610,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                   socks5_allow=socks5_allow))
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
+        limits = limits_config(args)
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
@@ -608,6 +687,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
             socks5=args.socks5, socks5_allow=socks5_allow,
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
+            limits=limits,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
         )
         if role is not None:

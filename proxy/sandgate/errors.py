@@ -12,8 +12,10 @@ and a reason and hint that are safe to show the sandbox::
     │   ├── AddressRefused               internal_address, self_address, unresolvable
     │   │                                                                 (netguard.py)
     │   ├── SecretError                  secret_unavailable               (secrets/vault.py)
-│   ├── SandboxRequired              sandbox_required                 (secrets/scope.py)
-    │   └── UnsafeValue                  unsafe_injection                 (inject.py)
+    │   ├── SandboxRequired              sandbox_required                 (secrets/scope.py)
+    │   ├── UnsafeValue                  unsafe_injection                 (inject.py)
+    │   └── LimitExceeded                headers_too_large, rate_limited, budget_exhausted,
+    │                                    too_many_connections (+ retry_after) (limits.py)
     └── PolicyError                      policy files are broken          (policy/loader.py)
 
 Policy refusals (`unknown_identity`, `no_rule`, `denied_by_rule`) are not exceptions: `decide()`
@@ -49,6 +51,13 @@ class Code(StrEnum):
     SANDBOX_REQUIRED = "sandbox_required"  # a per-sandbox secret, and the caller has no sandbox id
     AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit log cannot be written: fail closed
     INTERNAL_ERROR = "internal_error"  # an exception inside Sandgate: fail closed
+    # limits (sandgate/limits.py, sandgate/addons/wirelimits.py)
+    HEADERS_TOO_LARGE = "headers_too_large"  # request head over --max-header-bytes/--max-headers
+    RATE_LIMITED = "rate_limited"  # the identity's requests per second (token bucket)
+    BUDGET_EXHAUSTED = "budget_exhausted"  # a secret's call budget for its window is spent
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # per identity, or in total
+    HEADER_TIMEOUT = "header_timeout"  # the request head did not arrive within --header-timeout
+    IDLE_TIMEOUT = "idle_timeout"  # nothing moved on the connection for --idle-timeout
 
 
 STATUS: dict[Code, int] = {
@@ -72,6 +81,12 @@ STATUS: dict[Code, int] = {
     Code.SANDBOX_REQUIRED: 403,
     Code.AUDIT_UNAVAILABLE: 503,
     Code.INTERNAL_ERROR: 503,
+    Code.HEADERS_TOO_LARGE: 431,
+    Code.RATE_LIMITED: 429,
+    Code.BUDGET_EXHAUSTED: 429,
+    Code.TOO_MANY_CONNECTIONS: 429,
+    Code.HEADER_TIMEOUT: 408,
+    Code.IDLE_TIMEOUT: 408,  # audited only: an idle connection is closed without an answer
 }
 
 
@@ -84,6 +99,9 @@ class Refused(SandgateError):
 
     # The codes a subclass may carry; empty means any.
     codes: ClassVar[frozenset[Code]] = frozenset()
+
+    # Seconds after which a retry may succeed (the Retry-After header of a 429); None: not said.
+    retry_after: int | None = None
 
     def __init__(self, code: Code, reason: str, hint: str | None = None) -> None:
         if self.codes and code not in self.codes:
@@ -154,3 +172,16 @@ class UnsafeValue(Refused):
 
     def __init__(self, reason: str) -> None:
         super().__init__(Code.UNSAFE_INJECTION, reason)
+
+
+class LimitExceeded(Refused):
+    """A limit of Sandgate's own (sizes, rates, budgets, connections), not of the policy's rules.
+    `retry_after` (whole seconds, rounded up) becomes the 429's Retry-After header."""
+
+    codes = frozenset({Code.HEADERS_TOO_LARGE, Code.RATE_LIMITED, Code.BUDGET_EXHAUSTED,
+                       Code.TOO_MANY_CONNECTIONS})
+
+    def __init__(self, code: Code, reason: str, hint: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(code, reason, hint)
+        self.retry_after = retry_after

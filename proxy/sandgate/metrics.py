@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from sandgate import audit as A
+from sandgate.errors import Code
 from sandgate.policy.model import Policy
 
 UNKNOWN = "unknown"
@@ -26,6 +27,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     300.0)
+# Refusals of Sandgate's own limits (sandgate.limits, sandgate.addons.wirelimits)
+LIMIT_CODES = frozenset(str(c) for c in (
+    Code.TOO_LARGE, Code.HEADERS_TOO_LARGE, Code.RATE_LIMITED, Code.BUDGET_EXHAUSTED,
+    Code.TOO_MANY_CONNECTIONS, Code.HEADER_TIMEOUT, Code.IDLE_TIMEOUT, Code.UPSTREAM_TIMEOUT))
 _VAULT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -91,6 +96,9 @@ class Metrics:
             "sandgate_exfiltration_attempts", "Requests or WebSocket messages refused for "
             "carrying a credential where its rule does not bind it, by secret name "
             "(canary for decoys)", ["secret"], registry=r)
+        self.limit_refusals = Counter(
+            "sandgate_limit_refusals", "Requests, CONNECTs and connections stopped by a limit "
+            "(size, rate, budget, connections, timeouts), by code", ["code"], registry=r)
         self.redactions = Counter(
             "sandgate_redactions", "Secret values scrubbed from what went back to sandboxes",
             registry=r)
@@ -152,6 +160,9 @@ class Metrics:
     # ------------------------------------------------------------------ the audit point
 
     def on_audit(self, event: str, fields: Mapping[str, Any]) -> None:
+        code = fields.get(A.CODE)
+        if event in ("request", "connect", "limit") and code in LIMIT_CODES:
+            self.limit_refusals.labels(str(code)).inc()
         if event == "request":
             identity = self._identity(fields.get(A.IDENTITY))
             rule = self._rule(identity, fields.get(A.RULE))

@@ -21,6 +21,7 @@ class Refusal:
     identity: str | None = None
     target: str | None = None
     hint: str | None = None
+    retry_after: int | None = None  # seconds: the Retry-After header (429)
     # Answered on the gateway listener: the caller is no proxy client, so an authentication
     # failure is a 401 with WWW-Authenticate rather than a 407.
     gateway: bool = False
@@ -30,7 +31,7 @@ class Refusal:
                    target: str | None = None, gateway: bool = False) -> Refusal:
         """The one mapping from a raised refusal to the answer the sandbox sees."""
         return cls(error.code, error.reason, identity=identity, target=target, hint=error.hint,
-                   gateway=gateway)
+                   retry_after=error.retry_after, gateway=gateway)
 
     @property
     def status(self) -> int:
@@ -56,6 +57,8 @@ class Refusal:
             h["Proxy-Authenticate"] = 'Basic realm="sandgate"'
         elif self.status == 401:
             h["WWW-Authenticate"] = 'Bearer realm="sandgate"'
+        if self.retry_after is not None:
+            h["Retry-After"] = str(self.retry_after)
         return h
 
 

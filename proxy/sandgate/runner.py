@@ -19,12 +19,13 @@ from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import audit, confdir
-from sandgate.addons import patches, socks5
+from sandgate.addons import patches, socks5, wirelimits
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
+from sandgate.limits import Limiter, LimitsConfig
 from sandgate.metrics import Metrics
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy import live as livepolicy
@@ -73,6 +74,7 @@ class RunConfig:
     gateway_tls_name: str | None = None  # --gateway-tls-name: TLS only, a cert for this name
     admin_open: Sequence[str] = ()  # admin paths served without the bearer token
     instance: str = "sandgate"  # this replica's name: in every audit event and sandgate_info
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -215,6 +217,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         canaries=canaries(policy),
         socks5_allow=tuple(cfg.socks5_allow),
         gateway_tls=cfg.gateway_tls_name is not None,
+        limiter=Limiter(cfg.limits),
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
@@ -224,6 +227,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     def swap(new: livepolicy.LoadedPolicy) -> None:
         broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
         gate.set_policy(new.policy, canaries(new.policy))
+        gate.cfg.limiter.forget(new.policy.identities, new.policy.secrets)
         metrics.policy_swapped(new.version, new.loaded_at)
 
     def outcome(o: livepolicy.ReloadOutcome) -> None:
@@ -249,6 +253,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     m.addons.add(*default_addons())
     m.addons.add(errorcheck.ErrorCheck())
     m.addons.add(gate)
+    m.addons.add(wirelimits.WireLimits())
     lifecycle = Lifecycle()
     m.addons.add(lifecycle)  # after the gate: a flow leaves it only once audited
     metrics.open_connections.set_function(lambda: open_connections(m))
@@ -273,6 +278,11 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         from sandgate.workers.listen import share_port
 
         share_port()
+
+    def limit_event(event: str, fields: dict[str, Any]) -> None:
+        sink.emit(event, **fields)
+
+    wirelimits.install(cfg.limits, limit_event)
 
     tasks: set[asyncio.Task[Any]] = set()
     drained: dict[str, Any] = {}

@@ -12,6 +12,7 @@ from sandgate.errors import (
     BadRequest,
     Code,
     IdentityError,
+    LimitExceeded,
     Refused,
     SandboxRequired,
     SandgateError,
@@ -43,6 +44,12 @@ CASES = [
     (Refused(Code.UPSTREAM_ERROR, "r"), 502),
     (Refused(Code.UPSTREAM_TIMEOUT, "r"), 504),
     (Refused(Code.INTERNAL_ERROR, "r"), 503),
+    (LimitExceeded(Code.HEADERS_TOO_LARGE, "r"), 431),
+    (LimitExceeded(Code.RATE_LIMITED, "r", retry_after=3), 429),
+    (LimitExceeded(Code.BUDGET_EXHAUSTED, "r", retry_after=60), 429),
+    (LimitExceeded(Code.TOO_MANY_CONNECTIONS, "r", retry_after=1), 429),
+    (Refused(Code.HEADER_TIMEOUT, "r"), 408),
+    (Refused(Code.IDLE_TIMEOUT, "r"), 408),
 ]
 
 
@@ -64,12 +71,17 @@ def test_error_maps_to_one_status_in_one_place(error, status):
     assert body["code"] == str(error.code) and body["status"] == status
     assert r.headers()[REASON_HEADER] == str(error.code)
     assert ("Proxy-Authenticate" in r.headers()) == (status == 407)
+    # a 429 says when to come back (whole seconds); nothing else does
+    assert r.headers().get("Retry-After") == (
+        str(error.retry_after) if error.retry_after is not None else None)
+    assert (error.retry_after is not None) == (status == 429)
 
 
 @pytest.mark.parametrize("cls,code", [
     (IdentityError, Code.NO_RULE),
     (BadRequest, Code.AUTH_INVALID),
     (AddressRefused, Code.BAD_REQUEST),
+    (LimitExceeded, Code.NO_RULE),
 ])
 def test_a_class_cannot_carry_a_foreign_code(cls, code):
     with pytest.raises(TypeError):

@@ -27,6 +27,7 @@ from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
+from sandgate.addons import wirelimits
 from sandgate.addons.forward import (
     check_authority,
     check_upgrade,
@@ -51,11 +52,12 @@ from sandgate.addons.stream import (
     scrub_whole_candidate,
 )
 from sandgate.decision import decide, decide_connect, reported
-from sandgate.errors import BadRequest, Code, IdentityError, Refused
+from sandgate.errors import BadRequest, Code, IdentityError, LimitExceeded, Refused
 from sandgate.gateway import route, take_token
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.inject import Leak, apply, find_leaks, find_leaks_in, own_forms
+from sandgate.limits import Limiter, LimitsConfig
 from sandgate.netguard import (
     DialTarget,
     IPAddress,
@@ -93,6 +95,8 @@ class GateConfig:
     canaries: dict[str, str] = field(default_factory=dict)
     # forward even while the audit log cannot be written (--audit-best-effort); off: fail closed
     audit_best_effort: bool = False
+    # rates, budgets, connection counts and head limits (sandgate.limits, `sandgate run` flags)
+    limiter: Limiter = field(default_factory=lambda: Limiter(LimitsConfig()))
     # --socks5-allow: the source ranges the SOCKS5 listener serves (empty: every source)
     socks5_allow: tuple[IPNetwork, ...] = ()
     # the gateway listener takes TLS only (`--gateway-tls-name`)
@@ -168,8 +172,53 @@ class Gate:
             c = self.conns[client.id] = Conn()
         return c
 
+    def _admit_client(self, client: connection.Client) -> bool:
+        """Past --max-connections a new client connection is closed at once (and audited)."""
+        try:
+            if self.cfg.limiter.connected(client.id):
+                return True
+            reason = (f"Sandgate has {self.cfg.limiter.config.max_connections} client "
+                      "connections open (--max-connections)")
+        except Exception:
+            log.exception("sandgate: client_connected failed; closing")
+            reason = "Sandgate hit an internal error"
+        client.error = f"sandgate: {reason}"
+        self._audit_limit(Code.TOO_MANY_CONNECTIONS, reason, client)
+        return False
+
     def client_disconnected(self, client: connection.Client) -> None:
         self.conns.pop(client.id, None)
+        self.cfg.limiter.disconnected(client.id)
+
+    def _audit_limit(self, code: Code, reason: str, client: connection.Client) -> None:
+        """A limit met where there is no flow (a connection, a head that never ended)."""
+        peer = client.peername
+        try:
+            self.cfg.audit.emit("limit", code=str(code), reason=reason,
+                                client=f"{peer[0]}:{peer[1]}" if peer else None)
+        except Exception:
+            log.exception("sandgate: audit failed")
+
+    def _count_connection(self, flow: http.HTTPFlow, caller: Caller, policy: Policy) -> None:
+        """The connection counts for its identity from its first CONNECT or request on."""
+        ident = policy.identities.get(caller.identity)
+        self.cfg.limiter.identified(flow.client_conn.id, caller.identity,
+                                    ident.limits if ident is not None else None)
+
+    def _check_head_size(self, req: http.Request) -> None:
+        """Bounded before trusted: the head's size and header count, before anything else.
+        (HTTP/1 heads past the byte limit never get this far: sandgate.addons.wirelimits.)"""
+        lim = self.cfg.limiter.config
+        count = len(req.headers.fields)
+        if count > lim.max_headers:
+            raise LimitExceeded(Code.HEADERS_TOO_LARGE, f"the request has {count} header "
+                                f"fields; at most {lim.max_headers} are accepted",
+                                hint="send fewer headers")
+        size = wirelimits.head_bytes(req)
+        if size > lim.max_header_bytes:
+            raise LimitExceeded(Code.HEADERS_TOO_LARGE, f"the request head is {size} bytes; "
+                                f"at most {lim.max_header_bytes} are accepted",
+                                hint="send smaller headers (cookies, tokens)")
 
     # ---------------------------------------------------------------- CONNECT
 
@@ -177,7 +226,9 @@ class Gate:
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         rec = _record(flow)
         req = flow.request
+        self._check_head_size(req)
         caller = rec.caller = self._identify(flow, req.headers.get("proxy-authorization"))
+        self._count_connection(flow, caller, self._flow_policy(rec))
         try:
             host = normalise_host(req.host)
         except ValueError as e:
@@ -211,7 +262,10 @@ class Gate:
 
     def client_connected(self, client: connection.Client) -> None:
         """--socks5-allow: a SOCKS5 client from another source is dropped before one byte of
-        its handshake is read (audited as auth_invalid: no sandbox is served from there)."""
+        its handshake is read (audited as auth_invalid: no sandbox is served from there).
+        Any client past --max-connections is closed at once."""
+        if not self._admit_client(client):
+            return
         try:
             if not is_socks5(client) or source_allowed(client.peername[0],
                                                        self.cfg.socks5_allow):
@@ -325,6 +379,7 @@ class Gate:
             if same_host(str(address[0]), tunnel.host) and address[1] == tunnel.port:
                 target = await self._choose(tunnel.host, tunnel.port, tunnel.rule.private_cidrs)
                 server.address = target.address
+                wirelimits.exempt(server)  # raw bytes: the idle timeout applies, not the read one
                 return
         server.error = "sandgate: connection was not approved"
 
@@ -373,6 +428,7 @@ class Gate:
         self._check_audit()
         rec = _record(flow)
         req = flow.request
+        self._check_head_size(req)
         policy = self._flow_policy(rec)
         if via_gateway(flow):
             info = self._gateway_head(flow, rec, policy)
@@ -388,6 +444,10 @@ class Gate:
             info = rec.info = self._parse(flow, tunnel)
         caller = rec.caller
         assert caller is not None
+        self._count_connection(flow, caller, policy)  # once per connection
+        ident = policy.identities.get(caller.identity)
+        if ident is not None:  # an unknown identity is refused by decide()
+            self.cfg.limiter.admit(caller.identity, ident.limits)
         d = rec.decision = decide(policy, caller.identity, info)
         if not d.allowed:
             if not reported(policy, caller.identity, d):
@@ -477,12 +537,16 @@ class Gate:
             for name in sorted(rule.secrets):  # refuse a sandbox-less caller before any read
                 resolve_secret_path(policy.secrets[name], caller.identity, caller.sandbox)
             values: dict[str, str] = {}
+            versions: list[str] = []
             for name in sorted(rule.secrets):
                 sv = await self.cfg.broker.get(name, caller)
                 values[name] = sv.value
                 if sv.username is not None:
                     values[f"{name}.username"] = sv.username
-                rec.secrets.append(f"{name}@{sv.version}" if sv.version else name)
+                versions.append(f"{name}@{sv.version}" if sv.version else name)
+            # counted only now that the secrets are there to inject (or 429, nothing spent)
+            self.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
+            rec.secrets += versions
             apply(rule, req, values, {n: policy.secrets[n].placeholder for n in rule.secrets})
 
         conn = self._conn(flow.client_conn)
@@ -606,6 +670,12 @@ class Gate:
         self._audit(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        rec = _record(flow)
+        if (flow.error is not None and wirelimits.TIMEOUT_MARK in flow.error.msg
+                and rec.refusal is None):
+            rec.refusal = Refusal(Code.UPSTREAM_TIMEOUT, "the upstream did not answer in time",
+                                  identity=rec.caller.identity if rec.caller else None,
+                                  target=rec.info.target if rec.info is not None else None)
         self._audit(flow)
 
     # ---------------------------------------------------------------- WebSocket
@@ -680,7 +750,8 @@ class Gate:
     def _refuse(self, flow: http.HTTPFlow, refusal: Refusal) -> None:
         _record(flow).refusal = refusal
         flow.response = http.Response.make(refusal.status, refusal.body(), refusal.headers())
-        if refusal.status == 407 or flow.request.method == "CONNECT":
+        if refusal.status == 407 or flow.request.method == "CONNECT" or (
+                refusal.code == Code.TOO_MANY_CONNECTIONS):
             flow.response.headers["connection"] = "close"
 
     def _fail(self, obj: Any) -> None:

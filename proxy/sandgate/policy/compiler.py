@@ -191,11 +191,18 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
                        "write an exact host (api.example.com) or a leading wildcard over a "
                        "registered domain ('*.example.com', quoted in YAML)")
                 ok = False
+    budget = None
+    if spec.budget is not None:
+        from sandgate.policy.limits import compile_budget  # imports this module
+
+        budget = compile_budget(spec.budget, ("secrets", name, "budget"), report)
+        ok = ok and budget is not None
     if not ok:
         return None
     return SecretRef(name=name, mount=mount, path=path.strip("/"), field=field_name,
                      kv_version=kv_version, placeholder=placeholder, source=src,
-                     hosts=tuple(hosts) if hosts is not None else None, dynamic=dynamic)
+                     hosts=tuple(hosts) if hosts is not None else None, dynamic=dynamic,
+                     budget=budget)
 
 
 _PATH_FIX = ("write literal path segments plus `{{ identity }}` or `{{ sandbox }}`, e.g. "

@@ -32,6 +32,7 @@ from sandgate.policy.compiler import (
     missing_hosts,
 )
 from sandgate.policy.gateways import check_overlaps, compile_gateway
+from sandgate.policy.limits import compile_limits
 from sandgate.policy.model import Gateway, Identity, Policy, PolicyTest, Rule, SecretRef, Source
 from sandgate.policy.schema import (
     GatewaySpec,
@@ -286,6 +287,9 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         raw_rules = raw.get("rules")
         top = {k: v for k, v in raw.items() if k != "rules"}
         ispec = _validate(IdentitySpec, top, loc, report)
+        if ispec is not None and ispec.limits is not None and compile_limits(
+                ispec.limits, (*loc, "limits"), report) is None:
+            ispec = None  # reported; the identity does not load
         specs: list[tuple[int, RuleSpec]] = []
         if raw_rules is not None and not isinstance(raw_rules, list):
             report((*loc, "rules"), f"`rules` must be a list, not a {_yaml_type(raw_rules)}",
@@ -648,7 +652,7 @@ def _gateway_problem(part: _FilePart, loc: Loc,
     return problem
 
 
-_ONCE = ("description", "mode", "narrower_than")  # identity settings one file may set
+_ONCE = ("description", "mode", "narrower_than", "limits")  # identity settings one file may set
 
 
 def _merge_identity(name: str, parts: list[_FilePart], templates: Mapping[str, list[Rule]],
@@ -722,8 +726,11 @@ def _merge_identity(name: str, parts: list[_FilePart], templates: Mapping[str, l
         return None
     mode = settings.get("mode", ("enforce", first))[0]
     narrower = settings.get("narrower_than", (None, first))[0]
+    lspec = settings.get("limits", (None, first))[0]
+    # checked (and reported) where the file was read: compiling again cannot fail
+    limits = compile_limits(lspec, (), lambda *_: None) if lspec is not None else None
     return Identity(name=name, rules=tuple(rules), source=first, mode=mode,
-                    narrower_than=narrower)
+                    narrower_than=narrower, limits=limits)
 
 
 def _at_secret(parts: list[_FilePart], ref: SecretRef, key: str, msg: str,

@@ -46,6 +46,23 @@ def path_variable(name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class SecretBudget:
+    """`budget:` of a secret: at most `calls` injections per window of `per` seconds."""
+
+    calls: int
+    per: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityLimits:
+    """`limits:` of an identity; None: the proxy's flag applies."""
+
+    rps: float | None = None  # requests a second (token bucket)
+    burst: int | None = None  # bucket size; default rps rounded up
+    max_connections: int | None = None  # open client connections at once
+
+
+@dataclass(frozen=True, slots=True)
 class SecretRef:
     name: str
     mount: str  # KV mount point, e.g. "secret" ("" for a dynamic secret)
@@ -58,6 +75,7 @@ class SecretRef:
     hosts: tuple[HostPattern, ...] | None = None
     # minted per sandbox with a lease instead of read from KV (then mount/path/field are unused)
     dynamic: DynamicRef | None = None
+    budget: SecretBudget | None = None  # call budget per window (sandgate.limits)
 
     @property
     def location(self) -> str:
@@ -223,6 +241,7 @@ class Identity:
     # "report": policy refusals (no_rule, denied_by_rule) are forwarded uninjected and audited
     mode: Literal["enforce", "report"] = "enforce"
     narrower_than: str | None = None  # proved by sandgate.policy.proofs
+    limits: IdentityLimits | None = None  # rate and connection limits (sandgate.limits)
 
 
 @dataclass(frozen=True, slots=True)

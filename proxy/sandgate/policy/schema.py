@@ -26,6 +26,26 @@ class DynamicSpec(_Strict):
     username_field: str | None = Field(
         default=None, description="The key of the user name it was minted with (e.g. "
         "username), for `{{ secrets.NAME.username }}` in templates.")
+class BudgetSpec(_Strict):
+    """A call budget for an expensive credential, counted per Sandgate process."""
+
+    calls: int = Field(description="How many requests may have this secret injected per window "
+                       "(at least 1). Past it: 429 budget_exhausted with Retry-After.")
+    per: str | int = Field(description="The window: 30s, 15m, 1h, 7d, or seconds as an integer.")
+
+
+class LimitsSpec(_Strict):
+    """Limits for one identity; each overrides the matching `sandgate run` flag."""
+
+    rps: float | None = Field(
+        default=None, description="Requests per second (token bucket), e.g. 5 or 0.5. Past it: "
+        "429 rate_limited with Retry-After. Overrides --rps.")
+    burst: int | None = Field(
+        default=None, description="How many requests may come at once before rps applies "
+        "(default: rps rounded up). Overrides --burst.")
+    max_connections: int | None = Field(
+        default=None, description="Client connections open at once; a new one past it gets "
+        "429 too_many_connections. Overrides --max-connections-per-identity.")
 
 
 class SecretSpec(_Strict):
@@ -58,6 +78,9 @@ class SecretSpec(_Strict):
         "wildcards). `sandgate check` proves that no allow rule injecting or substituting it "
         "can match a host outside them. Default: not checked.",
     )
+    budget: BudgetSpec | None = Field(
+        default=None, description="At most `calls` injections of this secret per `per` window, "
+        "e.g. {calls: 1000, per: 1h}; counted per Sandgate process.")
 
 
 class BasicSpec(_Strict):
@@ -153,6 +176,9 @@ class IdentitySpec(_Strict):
         "secrets this one gets on it, and every passthrough tunnel it gets, the other gets; "
         "otherwise it prints a counter-example request.",
     )
+    limits: LimitsSpec | None = Field(
+        default=None, description="Rate and connection limits of this identity (set in one "
+        "of its files only).")
     rules: list[RuleSpec] = Field(
         default_factory=list,
         description="The identity's rules, in order. Several files may add rules to one "

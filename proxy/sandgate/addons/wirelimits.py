@@ -1,0 +1,384 @@
+"""Limits below the hooks: how much of a request head is buffered, and how long anything may take.
+
+mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close them:
+
+1. HTTP/1 request heads (the CONNECT head and heads inside a tunnel) are buffered until the blank
+   line with no bound (`Http1Server.read_headers`: "FIXME: protect against header size DoS").
+   Here a head that has not ended within `max_header_bytes` is answered 431
+   `headers_too_large` and the connection closed (at most one read, 64 KiB, past the limit is
+   ever held). The header count, and the size of heads that did fit, are checked in the hooks.
+   Upstream response heads (same FIXME in `Http1Client`) are bounded at RESPONSE_HEAD_BYTES or
+   `max_header_bytes`, whichever is larger: 502 `upstream_error`.
+2. HTTP/2 header blocks are bounded by h2 itself: at most 64 CONTINUATION frames of up to
+   mitmproxy's 128 KiB frame size (8 MiB encoded), decoded up to 64 KiB (hpack). On client
+   connections the encoded block is bounded here by about `max_header_bytes`, and the decoded
+   list by `max_header_bytes` plus hpack's 32 bytes a header; above those h2 ends the connection
+   (GOAWAY), below them the hooks answer 431 on the stream.
+3. Slow clients: an HTTP/1 head that has started must end within `header_timeout` (408
+   `header_timeout`, connection closed); any connection on which nothing moves in either
+   direction for `idle_timeout` is closed (mitmproxy's own watchdog, whose fixed 600 s this sets).
+4. Upstreams: the TCP connect must succeed within `upstream_connect_timeout`, and once connected
+   the upstream must send something within `upstream_read_timeout` of the last byte that went
+   either way on that connection (so: to the response head after the request was sent, and
+   between body chunks of a response). WebSocket and passthrough connections are exempt (the
+   idle timeout applies to them). Either answers 504 `upstream_timeout` with the refusal body.
+
+`install(limits, on_event)` is idempotent and takes the latest limits; `installed()` lets a unit
+test pin the patched attributes, so a mitmproxy upgrade that moves them fails loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import re
+import time
+import types
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import h2.exceptions
+import h2.frame_buffer
+from hyperframe.frame import HeadersFrame
+from mitmproxy import connection, http
+from mitmproxy.net.http import http1
+from mitmproxy.proxy import commands, events, server
+from mitmproxy.proxy.layers import http as http_layer
+from mitmproxy.proxy.layers.http import _http1, _http_h2
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
+from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
+from sandgate.errors import Code
+from sandgate.limits import LimitsConfig
+from sandgate.refusal import Refusal
+
+log = logging.getLogger("sandgate")
+
+_MARK = "_sandgate_wirelimits"
+# In every error message of a timeout Sandgate imposed upstream: HttpStream turns it into a 504.
+TIMEOUT_MARK = "sandgate: upstream timeout"
+_HPACK_OVERHEAD = 32  # hpack counts 32 bytes per header on top of name and value (RFC 7541 4.1)
+_BLANK_LINE = re.compile(rb"\n\r?\n")
+RESPONSE_HEAD_BYTES = 256 * 1024  # upstream response heads: generous (cookies), but bounded
+
+# (event, fields) -> None: the audit sink for what happens below the hooks
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class _State:
+    limits: LimitsConfig
+    on_event: OnEvent
+
+
+_state = _State(LimitsConfig(), lambda _e, _f: None)
+# The upstream connection ConnectionHandler.open_connection is dialling (read by the dialler).
+_dialling: contextvars.ContextVar[connection.Server | None] = contextvars.ContextVar(
+    "sandgate_dialling", default=None)
+# Upstream connections the read timeout does not apply to (WebSocket, passthrough), and those it
+# closed (their stream's error becomes a 504). Connection ids; emptied on server_disconnected.
+_exempt: set[str] = set()
+_timed_out: set[str] = set()
+
+
+def head_bytes(req: http.Request) -> int:
+    """The size of a request head as HTTP/1 carries it (request line, header lines, blank line);
+    an HTTP/2 head is measured the same way, its pseudo-headers as the request line."""
+    d = req.data
+    target = d.path or d.authority
+    n = len(d.method) + len(target) + len(b"HTTP/1.1") + 4 + 2
+    for name, value in req.headers.fields:
+        n += len(name) + len(value) + 4
+    return n
+
+
+def _refusal_response(code: Code, reason: str) -> bytes:
+    r = Refusal(code, reason)
+    headers = {**r.headers(), "connection": "close"}
+    return bytes(http1.assemble_response(http.Response.make(r.status, r.body(), headers)))
+
+
+def _peer(conn: connection.Connection) -> str | None:
+    p = conn.peername
+    return f"{p[0]}:{p[1]}" if p else None
+
+
+def _emit(event: str, code: Code, reason: str, conn: connection.Connection) -> None:
+    try:
+        _state.on_event(event, {"code": str(code), "reason": reason, "client": _peer(conn)})
+    except Exception:
+        log.exception("sandgate: audit failed")
+
+
+# ------------------------------------------------------------------------ 1 + 3: HTTP/1 heads
+
+def _head_over(buf: Any, limit: int) -> bool:
+    """Has more than `limit` bytes been buffered without the head ending within them?"""
+    if len(buf) <= limit:
+        return False
+    return _BLANK_LINE.search(bytes(buf)[:limit + 4]) is None
+
+
+def _refuse_head(self: Any, code: Code, reason: str) -> Generator[Any, Any, None]:
+    """Answer a head that will not be read (through the layers: a TLS client gets it
+    encrypted), close the connection and stop reading."""
+    self._sg_head_deadline = None
+    _emit("limit", code, reason, self.conn)
+    yield commands.SendData(self.conn, _refusal_response(code, reason))
+    yield commands.CloseConnection(self.conn)
+    self.state = self.done
+
+
+def _wrap_read_headers(original: Any) -> Any:
+    def read_headers(self: Any, event: events.ConnectionEvent) -> Generator[Any, Any, None]:
+        limits = _state.limits
+        if isinstance(event, events.DataReceived) and _head_over(self.buf,
+                                                                 limits.max_header_bytes):
+            yield from _refuse_head(self, Code.HEADERS_TOO_LARGE, "the request head is larger "
+                                    f"than {limits.max_header_bytes} bytes")
+            return
+        yield from original(self, event)
+        if not (self.state == self.read_headers and self.buf):
+            self._sg_head_deadline = None  # no head in progress
+        elif limits.header_timeout and getattr(self, "_sg_head_deadline", None) is None:
+            self._sg_head_deadline = time.monotonic() + limits.header_timeout
+            yield from _wake_at_deadline(self)
+
+    return read_headers
+
+
+def _wake_at_deadline(self: Any) -> Generator[Any, Any, None]:
+    """One wakeup outstanding at a time; a stale one (the head ended) is ignored on arrival."""
+    if getattr(self, "_sg_wakeup", None) is None and self._sg_head_deadline is not None:
+        self._sg_wakeup = commands.RequestWakeup(
+            max(0.0, self._sg_head_deadline - time.monotonic()))
+        yield self._sg_wakeup
+
+
+def _wrap_handle_event(original: Any) -> Any:
+    def _handle_event(self: Any, event: events.Event) -> Generator[Any, Any, None]:
+        if isinstance(event, events.Wakeup) and event.command is getattr(self, "_sg_wakeup",
+                                                                          None):
+            self._sg_wakeup = None
+            deadline = getattr(self, "_sg_head_deadline", None)
+            if deadline is None or self.state != self.read_headers:
+                return
+            if time.monotonic() >= deadline - 0.01:
+                yield from _refuse_head(self, Code.HEADER_TIMEOUT, "the request head did not "
+                                        f"arrive within {_state.limits.header_timeout:g}s")
+            else:  # a later head than the one this wakeup was for
+                yield from _wake_at_deadline(self)
+            return
+        yield from original(self, event)
+
+    return _handle_event
+
+
+def _wrap_response_head(original: Any) -> Any:
+    def read_headers(self: Any, event: events.ConnectionEvent) -> Generator[Any, Any, None]:
+        limit = max(RESPONSE_HEAD_BYTES, _state.limits.max_header_bytes)
+        if (isinstance(event, events.DataReceived) and self.stream_id is not None
+                and self.request is not None and _head_over(self.buf, limit)):
+            yield commands.CloseConnection(self.conn)
+            yield ReceiveHttp(ResponseProtocolError(
+                self.stream_id, f"sandgate: the upstream's response head is larger than "
+                f"{limit} bytes"))
+            self.state = self.done
+            return
+        yield from original(self, event)
+
+    return read_headers
+
+
+# ------------------------------------------------------------------------ 2: HTTP/2 headers
+
+def _wrap_h2_init(original: Any) -> Any:
+    def __init__(self: Any, config: Any) -> None:
+        original(self, config)
+        if not config.client_side:  # facing a client
+            limits = _state.limits
+            decoded = limits.max_header_bytes + _HPACK_OVERHEAD * (limits.max_headers + 8)
+            self.decoder.max_header_list_size = decoded
+            self.local_settings.max_header_list_size = decoded
+            self.local_settings.acknowledge()
+            self.incoming_buffer._sg_max_block = limits.max_header_bytes + 8 * (
+                limits.max_headers + 8) + 1024
+
+    return __init__
+
+
+def _wrap_update_header_buffer(original: Any) -> Any:
+    def _update_header_buffer(self: Any, f: Any) -> Any:
+        limit = getattr(self, "_sg_max_block", None)
+        out = original(self, f)
+        if limit is not None:
+            held = sum(len(x.data) for x in self._headers_buffer)
+            if isinstance(out, HeadersFrame):
+                held = max(held, len(out.data))
+            if held > limit:
+                raise h2.exceptions.DenialOfServiceError(
+                    f"header block larger than {limit} bytes")
+        return out
+
+    return _update_header_buffer
+
+
+# ------------------------------------------------------------------------ 4: upstream timeouts
+
+class _TimedReader:
+    """An upstream reader whose read() gives up once the connection has been silent for the
+    read timeout (counted from the last byte read or written)."""
+
+    def __init__(self, inner: asyncio.StreamReader, server_conn: connection.Server | None,
+                 activity: list[float]) -> None:
+        self._inner = inner
+        self._server = server_conn
+        self._activity = activity
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def read(self, n: int = -1) -> bytes:
+        loop = asyncio.get_running_loop()
+        pending = asyncio.ensure_future(self._inner.read(n))
+        try:
+            while True:
+                timeout = _state.limits.upstream_read_timeout
+                sid = self._server.id if self._server is not None else None
+                if not timeout or sid in _exempt:
+                    wait: float | None = None
+                else:
+                    left = self._activity[0] + timeout - loop.time()
+                    if left <= 0:
+                        if sid is not None:
+                            _timed_out.add(sid)
+                        raise TimeoutError(f"{TIMEOUT_MARK}: nothing from the upstream for "
+                                           f"{timeout:g}s")
+                    wait = min(left, 1.0)  # an exemption (a 101) may come while waiting
+                done, _ = await asyncio.wait({pending}, timeout=wait)
+                if done:
+                    self._activity[0] = loop.time()
+                    return pending.result()
+        finally:
+            if not pending.done():
+                pending.cancel()
+
+
+class _TimedWriter:
+    def __init__(self, inner: asyncio.StreamWriter, activity: list[float]) -> None:
+        self._inner = inner
+        self._activity = activity
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def write(self, data: bytes) -> None:
+        self._activity[0] = asyncio.get_running_loop().time()
+        self._inner.write(data)
+
+
+class _AsyncioForServer(types.ModuleType):
+    """`asyncio` as mitmproxy's proxy/server.py sees it: open_connection with the connect
+    timeout, returning the timed reader and writer. Everything else is asyncio's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def open_connection(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        timeout = _state.limits.upstream_connect_timeout
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(*args, **kwargs),
+                                                    timeout or None)
+        except TimeoutError:
+            raise TimeoutError(f"{TIMEOUT_MARK}: could not connect within {timeout:g}s") \
+                from None
+        activity = [asyncio.get_running_loop().time()]
+        return _TimedReader(reader, _dialling.get(), activity), _TimedWriter(writer, activity)
+
+
+def _wrap_open_connection(original: Any) -> Any:
+    async def open_connection(self: Any, command: commands.OpenConnection) -> None:
+        token = _dialling.set(command.connection)
+        try:
+            await original(self, command)
+        finally:
+            _dialling.reset(token)
+
+    return open_connection
+
+
+def _wrap_protocol_error(original: Any) -> Any:
+    def handle_protocol_error(self: Any, event: Any) -> Generator[Any, Any, None]:
+        if isinstance(event, ResponseProtocolError) and event.code != 504 and (
+                TIMEOUT_MARK in event.message or self.flow.server_conn.id in _timed_out):
+            message = event.message if TIMEOUT_MARK in event.message else (
+                f"{TIMEOUT_MARK}: nothing from the upstream for "
+                f"{_state.limits.upstream_read_timeout:g}s")
+            event = ResponseProtocolError(event.stream_id, message, 504)
+        yield from original(self, event)
+
+    return handle_protocol_error
+
+
+def exempt(server_conn: connection.Server) -> None:
+    """No read timeout on this upstream connection (a WebSocket, a passthrough tunnel)."""
+    _exempt.add(server_conn.id)
+
+
+class WireLimits:
+    """The addon side: exemptions, and forgetting connections that closed."""
+
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        exempt(flow.server_conn)
+
+    def server_disconnected(self, data: Any) -> None:
+        _exempt.discard(data.server.id)
+        _timed_out.discard(data.server.id)
+
+
+# ------------------------------------------------------------------------ idle timeout
+
+def _wrap_on_timeout(original: Any) -> Any:
+    async def on_timeout(self: Any) -> None:
+        if self.client.transport_protocol == "tcp":
+            _emit("limit", Code.IDLE_TIMEOUT, "nothing moved on the connection for "
+                  f"{_state.limits.idle_timeout:g}s", self.client)
+        await original(self)
+
+    return on_timeout
+
+
+def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
+    _state.limits = limits
+    if on_event is not None:
+        _state.on_event = on_event
+    # read by each connection at its start; off (None): mitmproxy's own 600 s
+    setattr(server, "TCP_TIMEOUT", limits.idle_timeout or 600)  # noqa: B010
+    if getattr(_http1, _MARK, False):
+        return
+    srv = _http1.Http1Server
+    srv.read_headers = _wrap_read_headers(srv.read_headers)  # type: ignore[method-assign]
+    srv._handle_event = _wrap_handle_event(srv._handle_event)  # type: ignore[method-assign]
+    cli = _http1.Http1Client
+    cli.read_headers = _wrap_response_head(cli.read_headers)  # type: ignore[method-assign]
+    conn_cls = _http_h2.BufferedH2Connection
+    conn_cls.__init__ = _wrap_h2_init(conn_cls.__init__)  # type: ignore[method-assign]
+    fb = h2.frame_buffer.FrameBuffer
+    fb._update_header_buffer = _wrap_update_header_buffer(
+        fb._update_header_buffer)
+    handler = server.ConnectionHandler
+    handler.open_connection = _wrap_open_connection(  # type: ignore[method-assign]
+        handler.open_connection)
+    handler.on_timeout = _wrap_on_timeout(handler.on_timeout)  # type: ignore[method-assign]
+    setattr(server, "asyncio", _AsyncioForServer("asyncio"))  # noqa: B010
+    stream = http_layer.HttpStream
+    stream.handle_protocol_error = _wrap_protocol_error(  # type: ignore[method-assign]
+        stream.handle_protocol_error)
+    setattr(_http1, _MARK, True)
+
+
+def installed() -> bool:
+    return bool(getattr(_http1, _MARK, False)) and isinstance(
+        getattr(server, "asyncio", None), _AsyncioForServer)
