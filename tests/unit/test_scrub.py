@@ -14,7 +14,6 @@ import json
 import random
 import re
 import string
-import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 
@@ -541,18 +540,16 @@ def test_flush_then_reuse() -> None:
     assert s.feed(b"-123FAKE-KEY-123") == b"-123[REDACTED:api]"
 
 
-def test_memory_bounded_and_fast_for_large_clean_streams() -> None:
+def test_memory_bounded_for_large_clean_streams() -> None:
     secrets = SecretSet({**FAKE, **PREFIXES})
     s = secrets.scrubber()
     chunk = (b"The quick brown fox jumps over the lazy dog. FAKE " * 1400)[:64 * 1024]
     total = 0
-    t0 = time.monotonic()
     for _ in range(160):  # 10 MiB
         total += len(s.feed(chunk))
         assert s.held < secrets.max_len
     total += len(s.flush())
     assert total == 160 * len(chunk)
-    assert time.monotonic() - t0 < 5
 
 
 def test_one_mib_chunks_with_secrets() -> None:
@@ -562,20 +559,17 @@ def test_one_mib_chunks_with_secrets() -> None:
     secrets = SecretSet(FAKE)
     want, want_n = secrets.scrub(body)
     assert want_n == 256
-    t0 = time.monotonic()
     got, s = stream([body[: len(body) // 2], body[len(body) // 2:]], secrets)
     assert got == want and s.replacements == 256
-    assert time.monotonic() - t0 < 2
 
 
-def test_building_fifty_secrets_is_fast() -> None:
+def test_fifty_secrets_build_one_automaton() -> None:
+    # (speed is bench/'s business: no timed assertion here)
     rng = random.Random(3)
     alphabet = string.ascii_letters + string.digits
     secrets = {f"s{i}": "FAKE-" + "".join(rng.choice(alphabet) for _ in range(48))
                for i in range(50)}
-    t0 = time.monotonic()
     compiled = SecretSet(secrets)
-    assert time.monotonic() - t0 < 1
     assert compiled.scrub(secrets["s7"].encode()) == (b"[REDACTED:s7]", 1)
 
 
