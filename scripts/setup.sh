@@ -19,6 +19,8 @@ if ((want_test)); then
   command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || need_apt+=(nginx-light)
   # wget: a real client strict about framing and TLS shutdown (tests/integration/test_clients.py)
   command -v wget >/dev/null || need_apt+=(wget)
+  # squid: the bench's CONNECT-tunnel baseline (tests/integration/test_bench.py runs bench/)
+  command -v squid >/dev/null || [[ -x /usr/sbin/squid ]] || need_apt+=(squid)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then
