@@ -24,6 +24,7 @@ from mitmproxy.net.dns import response_codes
 from mitmproxy.proxy import server_hooks
 
 from sandgate import audit as A
+from sandgate.addons import relay
 from sandgate.addons.forward import (
     check_authority,
     check_upgrade,
@@ -148,6 +149,7 @@ class Gate:
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.conns.pop(client.id, None)
+        relay.forget(client)
 
     # ---------------------------------------------------------------- CONNECT
 
@@ -193,6 +195,7 @@ class Gate:
             # hook refuse the disagreement with a readable answer.
             if sni is not None and same_host(sni, tunnel.host):
                 data.ignore_connection = True
+                relay.verified(data.context)  # relayed lean once the approved dial is up
         except Exception:
             log.exception("sandgate: tls_clienthello failed; intercepting instead")
 
