@@ -202,3 +202,73 @@ def test_lean_relay_never_for_a_tcp_flow_that_hooks_see() -> None:
         assert relay.peer_writer(handler, ctx.client) is None
     finally:
         relay.forget(ctx.client)
+
+
+# ---------------------------------------------------------------------------- inert addons
+
+
+def test_inert_addons_are_exactly_those_pinned_off() -> None:
+    from mitmproxy.addons import default_addons
+
+    from sandgate.addons import speed
+    from sandgate.addons.pinned import _PINNED, pinned
+
+    for name, (option, value) in speed.INERT.items():
+        assert option in _PINNED, name  # skipping is only sound while the option is pinned
+        assert _PINNED[option][0] == value, name
+
+    async def go() -> tuple[set[str], set[str]]:
+        m = master.Master(options.Options())
+        addons = dispatch.install(m)
+        m.addons.add(*default_addons())
+        values = pinned("32m", None)
+        m.options.update(**values)
+        inert = speed.inert_addons(m, values)
+        names = {a.__class__.__name__.lower() for a in inert}
+        m.options.update(anticache=True)  # not pinned in this bare master: no longer inert
+        still = {a.__class__.__name__.lower()
+                 for a in speed.inert_addons(m, {**values, "anticache": True})}
+        addons.set_inert(inert)
+        return names, still
+
+    names, still = asyncio.run(go())
+    assert names == set(speed.INERT)
+    assert still == set(speed.INERT) - {"anticache"}
+
+
+def test_inert_addons_get_lifecycle_hooks_only() -> None:
+    calls: list[str] = []
+
+    class Inert:
+        name = "inert"
+
+        def request(self, flow: Any) -> None:
+            calls.append("request")
+
+        def running(self) -> None:
+            calls.append("running")
+
+    async def go() -> None:
+        m = master.Master(options.Options())
+        addons = dispatch.install(m)
+        inert = Inert()
+        m.addons.add(inert, Recorder("live", calls))
+        addons.set_inert({inert})
+        await m.addons.trigger_event(HttpRequestHook("f"))
+        await m.addons.trigger_event(hooks.RunningHook())
+
+    asyncio.run(go())
+    assert calls == ["live:f", "running"]
+
+
+def test_speed_install_drops_only_debug_type_checks() -> None:
+    from mitmproxy import http
+
+    from sandgate.addons import speed
+
+    speed.install()
+    speed.install()
+    assert speed.installed()
+    # what mitmproxy would only check without -O is not checked; the objects are the same
+    r = http.Request.make("GET", "https://example.com/x")
+    assert r.host == "example.com" and r.path == "/x"

@@ -9,7 +9,9 @@ that hook. Profiled under keep-alive load this walk was about a tenth of Sandgat
 chain order) and rebuilds it whenever the chain can change: an addon registered or removed, the
 chain cleared, options changed. Calls are the same as mitmproxy's, in the same order, with the
 same error handling: each top-level addon's hooks run under mitmproxy's `safecall` (an exception
-is logged and the next addon still runs), `AddonHalt` stops the event.
+is logged and the next addon still runs), `AddonHalt` stops the event. The one difference is
+asked for explicitly: addons that pinned options make inert get lifecycle hooks only
+(`set_inert`, see speed.py).
 """
 
 from __future__ import annotations
@@ -24,12 +26,19 @@ from mitmproxy.addonmanager import AddonManager, safecall, traverse
 
 # mitmproxy's AddonManager is unannotated: calls into it carry no-untyped-call ignores.
 Entry = tuple[Any, tuple[Callable[..., Any], ...]]
+LIFECYCLE = frozenset({"load", "configure", "running", "done"})
 
 
 class CachedAddons(AddonManager):
     def __init__(self, m: master.Master) -> None:
         super().__init__(m)  # type: ignore[no-untyped-call]
         self._hooks: dict[str, tuple[Entry, ...]] = {}
+        self._inert: frozenset[int] = frozenset()  # id() of addons without per-flow hooks
+
+    def set_inert(self, addons: set[Any]) -> None:
+        """Addons whose hooks, other than the lifecycle ones, are no-ops (see speed.py)."""
+        self._inert = frozenset(id(a) for a in addons)
+        self._invalidate()
 
     def _invalidate(self) -> None:
         self._hooks.clear()
@@ -65,6 +74,8 @@ class CachedAddons(AddonManager):
             for top in self.chain:
                 funcs: list[Callable[..., Any]] = []
                 for a in traverse([top]):
+                    if name not in LIFECYCLE and id(a) in self._inert:
+                        continue
                     func = getattr(a, name, None)
                     if not func or isinstance(func, types.ModuleType):
                         continue  # mitmproxy skips module imports named like a hook too
