@@ -18,7 +18,7 @@ from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import audit, confdir
-from sandgate.addons import dispatch, patches, relay, speed
+from sandgate.addons import dispatch, patches, relay, speed, writes
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, pinned
 from sandgate.identity.base import AddressIdentitySource
@@ -211,6 +211,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     m.addons.add(Pinned(values))
     patches.install()
     relay.install()
+    writes.install()
     speed.install()
     addons.set_inert(speed.inert_addons(m, values))
 

@@ -30,6 +30,8 @@ from mitmproxy.proxy import events, server
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.tcp import TCPLayer
 
+from sandgate.addons import writes
+
 _MARK = "_sandgate_relay"
 # client connection id -> the context of its verified passthrough tunnel (its TLS layer's);
 # entries leave with the client (`forget`, from Gate.client_disconnected)
@@ -45,7 +47,7 @@ def forget(client: connection.Client) -> None:
     _VERIFIED.pop(client.id, None)
 
 
-def peer_writer(handler: Any, conn: connection.Connection) -> asyncio.StreamWriter | None:
+def peer_writer(handler: Any, conn: connection.Connection) -> Any:
     """The writer a chunk read on `conn` goes to, if the lean relay may send it; else None."""
     ctx = _VERIFIED.get(handler.client.id)
     if ctx is None:
@@ -63,8 +65,7 @@ def peer_writer(handler: Any, conn: connection.Connection) -> asyncio.StreamWrit
     io = handler.transports.get(to)
     if io is None or io.writer is None or io.writer.is_closing():
         return None  # mitmproxy's own path drops it, as it always did
-    writer: asyncio.StreamWriter = io.writer
-    return writer
+    return io.writer
 
 
 async def handle_connection(self: Any, conn: connection.Connection) -> None:
@@ -87,6 +88,7 @@ async def handle_connection(self: Any, conn: connection.Connection) -> None:
         if writer is not None:
             self.timeout_watchdog.register_activity()
             writer.write(data)
+            writes.flush(self)
         else:
             await self.server_event(events.DataReceived(conn, data))
 
