@@ -272,3 +272,92 @@ def test_speed_install_drops_only_debug_type_checks() -> None:
     # what mitmproxy would only check without -O is not checked; the objects are the same
     r = http.Request.make("GET", "https://example.com/x")
     assert r.host == "example.com" and r.path == "/x"
+
+
+# ---------------------------------------------------------------------------- batched writes
+
+
+class _RawWriter:
+    def __init__(self, log: list[Any]) -> None:
+        self.log = log
+
+    def write(self, data: bytes) -> None:
+        self.log.append(("write", bytes(data)))
+
+    def is_closing(self) -> bool:
+        self.log.append("is_closing")
+        return False
+
+    def write_eof(self) -> None:
+        self.log.append("write_eof")
+
+    def close(self) -> None:
+        self.log.append("close")
+
+
+def test_batched_writer_keeps_bytes_and_order_and_sends_once() -> None:
+    from sandgate.addons import writes
+
+    log: list[Any] = []
+    w = writes.Batched(_RawWriter(log))  # type: ignore[arg-type]
+    assert not w.is_closing()  # answered without sending what is pending
+    w.write(b"head ")
+    w.write(b"body")
+    assert not w.is_closing()
+    assert log == ["is_closing", "is_closing"]
+    w.write_eof()  # anything else first sends what was written, in order
+    w.write(b"x")
+    w.flush()
+    w.flush()
+    w.close()
+    assert log == ["is_closing", "is_closing", ("write", b"head body"), "write_eof",
+                   ("write", b"x"), "close"]
+
+
+def test_batched_writers_flush_when_the_event_is_done() -> None:
+    from mitmproxy.proxy.server import ConnectionIO
+
+    from sandgate.addons import writes
+
+    writes.install()
+    writes.install()
+    assert writes.installed()
+
+    async def go() -> tuple[bool, list[Any]]:
+        log: list[Any] = []
+        reader = asyncio.StreamReader()
+        transport = _FakeTransport(log)
+        raw = asyncio.StreamWriter(transport, asyncio.Protocol(), reader,  # type: ignore[arg-type]
+                                   asyncio.get_running_loop())
+        transports = writes._Transports()
+        transports["c"] = ConnectionIO(reader=reader, writer=raw)
+        w = transports["c"].writer
+        w.write(b"a")
+        w.write(b"b")
+        before = list(log)
+
+        class H:
+            pass
+
+        h = H()
+        h.transports = transports  # type: ignore[attr-defined]
+        writes.flush(h)
+        return isinstance(w, writes.Batched) and before == [], list(log)
+
+    wrapped, log = asyncio.run(go())
+    assert wrapped and log == [b"ab"]
+
+
+class _FakeTransport(asyncio.Transport):
+    def __init__(self, log: list[Any]) -> None:
+        super().__init__()
+        self.log = log
+
+    def write(self, data: Any) -> None:
+        self.log.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.log.append("close")
