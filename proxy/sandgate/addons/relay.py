@@ -15,8 +15,10 @@ shortcut: a chunk read on a connection whose tunnel was verified *and* whose TCP
 relaying state is written straight to the peer's writer. Everything else takes mitmproxy's own
 path unchanged: bytes before the upstream connection is open (the layer buffers them until the
 dial that `server_connect` approved), end of stream and half-closes, errors, cancellation
-(shutdown, timeouts and `drain` cancel this same task), backpressure (the same `drain_writers`
-after every chunk), the inactivity watchdog (registered per chunk as before).
+(shutdown, timeouts and `drain` cancel this same task), the inactivity watchdog (registered per
+chunk as before). Backpressure stays: a lean chunk waits for the peer's writer to drain whenever
+that writer's buffer is over asyncio's high-water mark (mitmproxy drains all of the connection's
+writers after every chunk, which costs a lock and two coroutines per chunk).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mitmproxy.proxy.layers.tcp import TCPLayer
 from sandgate.addons import writes
 
 _MARK = "_sandgate_relay"
+_HIGH_WATER = 64 * 1024  # asyncio's default high-water mark for a transport's write buffer
 # client connection id -> the context of its verified passthrough tunnel (its TLS layer's);
 # entries leave with the client (`forget`, from Gate.client_disconnected)
 _VERIFIED: dict[str, Context] = {}
@@ -87,10 +90,21 @@ async def handle_connection(self: Any, conn: connection.Connection) -> None:
         writer = peer_writer(self, conn)
         if writer is not None:
             self.timeout_watchdog.register_activity()
+            if type(writer) is writes.Batched:
+                writer.flush()  # nothing is pending outside an event; kept in order regardless
+                writer = writer.raw
             writer.write(data)
-            writes.flush(self)
-        else:
-            await self.server_event(events.DataReceived(conn, data))
+            # Backpressure for this direction: wait while the peer's buffer is over its limit
+            # (mitmproxy drains every writer of the connection after every chunk).
+            if writer.transport.get_write_buffer_size() > _HIGH_WATER:
+                try:
+                    await self.drain_writers()  # mitmproxy's, with its error handling
+                except asyncio.CancelledError as e:
+                    cancelled = e
+                    break
+            continue
+
+        await self.server_event(events.DataReceived(conn, data))
 
         try:
             await self.drain_writers()
