@@ -26,6 +26,8 @@ if ((want_test)); then
   command -v node >/dev/null || need_apt+=(nodejs)
   # git: `git http-backend`, the smart-HTTP server of the client matrix (tests/integration/clients)
   command -v git >/dev/null || need_apt+=(git)
+  # squid: the bench's CONNECT-tunnel baseline (tests/integration/test_bench.py runs bench/)
+  command -v squid >/dev/null || [[ -x /usr/sbin/squid ]] || need_apt+=(squid)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then

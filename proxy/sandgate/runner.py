@@ -19,7 +19,7 @@ from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import audit, confdir
-from sandgate.addons import patches, socks5, wirelimits
+from sandgate.addons import dispatch, patches, relay, socks5, speed, wirelimits, writes
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.identity.base import AddressIdentitySource, Caller
@@ -249,6 +249,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     opts = options.Options(listen_host=cfg.listen_host, listen_port=cfg.listen_port,
                            confdir=str(conf))
     m = master.Master(opts)
+    addons = dispatch.install(m)  # hook lookup once per event name (profiled: ~10% of the CPU)
     m.addons.add(termlog.TermLog(out=sys.stderr))  # stdout carries the audit stream
     m.addons.add(*default_addons())
     m.addons.add(errorcheck.ErrorCheck())
@@ -283,6 +284,10 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         sink.emit(event, **fields)
 
     wirelimits.install(cfg.limits, limit_event)
+    relay.install()
+    writes.install()
+    speed.install()
+    addons.set_inert(speed.inert_addons(m, values))
 
     tasks: set[asyncio.Task[Any]] = set()
     drained: dict[str, Any] = {}

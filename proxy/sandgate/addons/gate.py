@@ -27,7 +27,7 @@ from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
-from sandgate.addons import wirelimits
+from sandgate.addons import relay, wirelimits
 from sandgate.addons.forward import (
     check_authority,
     check_upgrade,
@@ -189,6 +189,7 @@ class Gate:
     def client_disconnected(self, client: connection.Client) -> None:
         self.conns.pop(client.id, None)
         self.cfg.limiter.disconnected(client.id)
+        relay.forget(client)
 
     def _audit_limit(self, code: Code, reason: str, client: connection.Client) -> None:
         """A limit met where there is no flow (a connection, a head that never ended)."""
@@ -326,6 +327,7 @@ class Gate:
             # hook refuse the disagreement with a readable answer.
             if sni is not None and same_host(sni, tunnel.host):
                 data.ignore_connection = True
+                relay.verified(data.context)  # relayed lean once the approved dial is up
         except Exception:
             log.exception("sandgate: tls_clienthello failed; intercepting instead")
 

@@ -1,0 +1,155 @@
+"""Verified passthrough tunnels at tunnel speed: once relaying, bytes skip mitmproxy's layers.
+
+A `passthrough: true` rule's tunnel is judged in full by mitmproxy's machinery, as before: the
+CONNECT (identity, decision, audit), the ClientHello's SNI against the CONNECT target
+(`Gate.tls_clienthello`, which only then sets `ignore_connection` and calls `verified`), the
+dial (`Gate.server_connect`: only the checked address, connection limits). After that mitmproxy
+relays each chunk through its whole layer stack (HTTP proxy layer, the CONNECT stream, the
+ignored TLS layer, the TCP layer: generators, events and commands for every read), which costs
+2-3x a plain CONNECT tunnel's CPU. Nothing in that stack looks at the bytes any more: the TCP
+layer of an ignored connection has no flow and calls no hook, it only answers "send this to the
+other side".
+
+So `handle_connection`, the per-connection read loop of mitmproxy's ConnectionHandler, gets one
+shortcut: a chunk read on a connection whose tunnel was verified *and* whose TCP layer is in its
+relaying state is written straight to the peer's writer. Everything else takes mitmproxy's own
+path unchanged: bytes before the upstream connection is open (the layer buffers them until the
+dial that `server_connect` approved), end of stream and half-closes, errors, cancellation
+(shutdown, timeouts and `drain` cancel this same task), the inactivity watchdog (registered per
+chunk as before). Backpressure stays: a lean chunk waits for the peer's writer to drain whenever
+that writer's buffer is over asyncio's high-water mark (mitmproxy drains all of the connection's
+writers after every chunk, which costs a lock and two coroutines per chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from mitmproxy import connection
+from mitmproxy.connection import ConnectionState
+from mitmproxy.proxy import events, server
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers.tcp import TCPLayer
+
+from sandgate.addons import writes
+
+_MARK = "_sandgate_relay"
+_HIGH_WATER = 64 * 1024  # asyncio's default high-water mark for a transport's write buffer
+# client connection id -> the context of its verified passthrough tunnel (its TLS layer's);
+# entries leave with the client (`forget`, from Gate.client_disconnected)
+_VERIFIED: dict[str, Context] = {}
+
+
+def verified(context: Context) -> None:
+    """The tunnel of `context.client` passed the SNI check: relay it lean once it relays."""
+    _VERIFIED[context.client.id] = context
+
+
+def forget(client: connection.Client) -> None:
+    _VERIFIED.pop(client.id, None)
+
+
+def peer_writer(handler: Any, conn: connection.Connection) -> Any:
+    """The writer a chunk read on `conn` goes to, if the lean relay may send it; else None."""
+    ctx = _VERIFIED.get(handler.client.id)
+    if ctx is None:
+        return None
+    layer = ctx.layers[-1]
+    if (not isinstance(layer, TCPLayer) or layer.flow is not None
+            or getattr(layer._handle_event, "__func__", None) is not TCPLayer.relay_messages):
+        return None  # not relaying yet (dial pending) or not an ignored tunnel
+    if conn is layer.context.client:
+        to: connection.Connection = layer.context.server
+    elif conn is layer.context.server:
+        to = layer.context.client
+    else:
+        return None
+    io = handler.transports.get(to)
+    if io is None or io.writer is None or io.writer.is_closing():
+        return None  # mitmproxy's own path drops it, as it always did
+    return io.writer
+
+
+async def handle_connection(self: Any, conn: connection.Connection) -> None:
+    """mitmproxy 11.0.2's ConnectionHandler.handle_connection with the lean relay step."""
+    cancelled = None
+    reader = self.transports[conn].reader
+    assert reader
+    while True:
+        try:
+            data = await reader.read(65535)
+            if not data:
+                raise OSError("Connection closed by peer.")
+        except OSError:
+            break
+        except asyncio.CancelledError as e:
+            cancelled = e
+            break
+
+        writer = peer_writer(self, conn)
+        if writer is not None:
+            self.timeout_watchdog.register_activity()
+            if type(writer) is writes.Batched:
+                writer.flush()  # nothing is pending outside an event; kept in order regardless
+                writer = writer.raw
+            writer.write(data)
+            # Backpressure for this direction: wait while the peer's buffer is over its limit
+            # (mitmproxy drains every writer of the connection after every chunk).
+            if writer.transport.get_write_buffer_size() > _HIGH_WATER:
+                try:
+                    await self.drain_writers()  # mitmproxy's, with its error handling
+                except asyncio.CancelledError as e:
+                    cancelled = e
+                    break
+            continue
+
+        await self.server_event(events.DataReceived(conn, data))
+
+        try:
+            await self.drain_writers()
+        except asyncio.CancelledError as e:
+            cancelled = e
+            break
+
+    if cancelled is None and conn.transport_protocol == "tcp":
+        # TCP connections can be half-closed.
+        conn.state &= ~ConnectionState.CAN_READ
+    else:
+        conn.state = ConnectionState.CLOSED
+
+    await self.server_event(events.ConnectionClosed(conn))
+
+    if conn.state is ConnectionState.CAN_WRITE:
+        # we may still use this connection to *send* stuff,
+        # even though the remote has closed their side of the connection.
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as e:
+            cancelled = e
+
+    try:
+        w = self.transports[conn].writer
+        assert w
+        w.close()
+    except OSError:
+        pass
+    self.transports.pop(conn)
+
+    if cancelled:
+        raise cancelled
+
+
+ORIGINAL = server.ConnectionHandler.handle_connection  # what `handle_connection` copies
+
+
+def install() -> None:
+    cls = server.ConnectionHandler
+    if getattr(cls, _MARK, False):
+        return
+    cls.handle_connection = handle_connection  # type: ignore[method-assign, assignment]
+    setattr(cls, _MARK, True)
+
+
+def installed() -> bool:
+    return bool(getattr(server.ConnectionHandler, _MARK, False))

@@ -1,0 +1,66 @@
+"""mitmproxy work Sandgate does not need, turned off (profiled under keep-alive load).
+
+1. Inert addons leave per-flow dispatch. mitmproxy's default addons include a dozen features
+   whose option Sandgate pins to "off" (addons/pinned.py: map_local, modify_headers, ...): each
+   still gets every request/response hook only to return at once (about 3% of the CPU). Those
+   addons stay loaded (their options exist, so `--set` of them is refused as pinned, and the
+   Pinned addon still refuses changes), but `CachedAddons` no longer calls their per-flow hooks.
+   An addon is only skipped while its option is pinned to the inert value named here.
+2. The debug-only type checks of every parsed request and response. mitmproxy's `MessageData`
+   checks each field's type in `__post_init__` under `if __debug__:`, i.e. only when Python
+   runs without -O (about 5% of the CPU). Sandgate cannot run with -O (its asserts must stay),
+   so the checks are removed directly: they check what mitmproxy's own parser built, not input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mitmproxy import http, master
+
+_MARK = "_sandgate_speed"
+
+# addon name -> (the pinned option that makes it inert, that value)
+INERT: dict[str, tuple[str, Any]] = {
+    "maplocal": ("map_local", []),
+    "mapremote": ("map_remote", []),
+    "modifyheaders": ("modify_headers", []),
+    "modifybody": ("modify_body", []),
+    "anticache": ("anticache", False),
+    "anticomp": ("anticomp", False),
+    "stickyauth": ("stickyauth", None),
+    "stickycookie": ("stickycookie", None),
+    "savehar": ("hardump", ""),
+    "save": ("save_stream_file", None),
+    "blocklist": ("block_list", []),
+    "serverplayback": ("server_replay", []),
+}
+
+
+def inert_addons(m: master.Master, pinned_values: Mapping[str, Any]) -> set[Any]:
+    """The loaded addons whose per-flow hooks are no-ops under the pinned options."""
+    out: set[Any] = set()
+    for name, (option, value) in INERT.items():
+        addon = m.addons.get(name)
+        if addon is None:
+            continue
+        if option in pinned_values and pinned_values[option] == value \
+                and getattr(m.options, option) == value:
+            out.add(addon)
+    return out
+
+
+def _no_type_checks(self: Any) -> None:
+    return None
+
+
+def install() -> None:
+    if getattr(http.MessageData, _MARK, False):
+        return
+    http.MessageData.__post_init__ = _no_type_checks  # type: ignore[method-assign]
+    setattr(http.MessageData, _MARK, True)
+
+
+def installed() -> bool:
+    return bool(getattr(http.MessageData, _MARK, False))
