@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sandgate.proxyenv import CA_BUNDLE, CA_FILE, CA_VARS, PROXY_VARS
+from sandgate.proxyenv import CA_BUNDLE, CA_FILE, CA_VARS, CLIENT_PROXY_VARS, PROXY_VARS
 from sandgate.tokens import issue_token
 from tests.support.pki import make_pki
 
@@ -68,6 +68,7 @@ def run(provider: str, case: str, ca_pem: str, host: str = PUBLIC_IP,
 
 def proxy_env() -> dict[str, str]:
     env = {v: PROXY_URL for v in PROXY_VARS} | {v.lower(): PROXY_URL for v in PROXY_VARS}
+    env |= {v: PROXY_URL for v in CLIENT_PROXY_VARS}  # npm's own proxy settings
     env |= {"NO_PROXY": "", "no_proxy": ""} | {v: CA_BUNDLE for v in CA_VARS}
     env |= {"NODE_EXTRA_CA_CERTS": CA_FILE, "NODE_USE_ENV_PROXY": "1",
             "SANDGATE_IDENTITY": IDENTITY}
