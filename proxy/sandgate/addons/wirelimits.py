@@ -19,8 +19,8 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
    direction for `idle_timeout` is closed (mitmproxy's own watchdog, whose fixed 600 s this sets).
 4. Upstreams: the TCP connect must succeed within `upstream_connect_timeout`, and once connected
    the upstream must send something within `upstream_read_timeout` of the last byte that went
-   either way on that connection (so: to the response head after the request was sent, and
-   between body chunks of a response). WebSocket and passthrough connections are exempt (the
+   either way on that connection (so: to the ServerHello after the ClientHello, to the response
+   head after the request was sent, and between body chunks of a response). WebSocket and passthrough connections are exempt (the
    idle timeout applies to them). Either answers 504 `upstream_timeout` with the refusal body.
 
 `install(limits, on_event)` is idempotent and takes the latest limits; `installed()` lets a unit
@@ -46,6 +46,7 @@ from mitmproxy import connection, http
 from mitmproxy.net.http import http1
 from mitmproxy.proxy import commands, events, server
 from mitmproxy.proxy.layers import http as http_layer
+from mitmproxy.proxy.layers import tls as tls_layer
 from mitmproxy.proxy.layers.http import _http1, _http_h2
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
@@ -322,6 +323,19 @@ def _wrap_protocol_error(original: Any) -> Any:
     return handle_protocol_error
 
 
+def _wrap_handshake_finished(original: Any) -> Any:
+    def _handshake_finished(self: Any, err: str | None) -> Generator[Any, Any, None]:
+        # The read timeout closed the connection mid-handshake: mitmproxy only sees a close
+        # ("connection closed", a 502); say it was a timeout so the stream answers 504.
+        if err and TIMEOUT_MARK not in err and self.tunnel_connection.id in _timed_out:
+            err = (f"{TIMEOUT_MARK}: no TLS handshake from the upstream within "
+                   f"{_state.limits.upstream_read_timeout:g}s")
+            self.conn.error = err
+        yield from original(self, err)
+
+    return _handshake_finished
+
+
 def exempt(server_conn: connection.Server) -> None:
     """No read timeout on this upstream connection (a WebSocket, a passthrough tunnel)."""
     _exempt.add(server_conn.id)
@@ -373,6 +387,9 @@ def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
         handler.open_connection)
     handler.on_timeout = _wrap_on_timeout(handler.on_timeout)  # type: ignore[method-assign]
     setattr(server, "asyncio", _AsyncioForServer("asyncio"))  # noqa: B010
+    server_tls = tls_layer.ServerTLSLayer
+    server_tls._handshake_finished = _wrap_handshake_finished(  # type: ignore[method-assign]
+        server_tls._handshake_finished)
     stream = http_layer.HttpStream
     stream.handle_protocol_error = _wrap_protocol_error(  # type: ignore[method-assign]
         stream.handle_protocol_error)
