@@ -20,8 +20,9 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
 4. Upstreams: the TCP connect must succeed within `upstream_connect_timeout`, and once connected
    the upstream must send something within `upstream_read_timeout` of the last byte that went
    either way on that connection (so: to the ServerHello after the ClientHello, to the response
-   head after the request was sent, and between body chunks of a response). WebSocket and passthrough connections are exempt (the
-   idle timeout applies to them). Either answers 504 `upstream_timeout` with the refusal body.
+   head after the request was sent, and between body chunks of a response). WebSocket and
+   passthrough connections are exempt (the idle timeout applies to them). Either answers 504
+   `upstream_timeout` with the refusal body.
 
 `install(limits, on_event)` is idempotent and takes the latest limits; `installed()` lets a unit
 test pin the patched attributes, so a mitmproxy upgrade that moves them fails loudly.
