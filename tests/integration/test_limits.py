@@ -350,6 +350,24 @@ def test_slow_head_inside_the_tunnel_is_cut_off(lproxy):
     assert status == 408 and body["code"] == "header_timeout"
 
 
+@pytest.mark.parametrize("head", [
+    b"GARBAGE\r\n\r\n",  # no request line
+    b"GET http://upstream.test/docs/x HTTP/1.1\r\nHost upstream.test\r\n\r\n",  # no colon
+], ids=["request-line", "header-line"])
+def test_unparseable_head_is_audited(lproxy, head):
+    """Bounds: 1 connection, 1 head mitmproxy cannot parse; < 5 s. mitmproxy answers it itself
+    (400, before any hook) and logs it only: Sandgate writes its request event."""
+    with socket.create_connection((lproxy.host, lproxy.port)) as s:
+        host, port = s.getsockname()[:2]
+        client = f"{host}:{port}"
+        s.sendall(head)
+        status, body = _refusal(_read_all(s))
+    assert status == 400 and body["code"] == "bad_request"
+    ev = lproxy.wait_audit(lambda e: e.get("client") == client)
+    assert (ev["event"], ev["decision"], ev["code"]) == ("request", "deny", "bad_request"), ev
+    assert "GARBAGE" not in ev["reason"]  # a fixed reason: the head itself is not quoted
+
+
 # ------------------------------------------------------------------------ upstream: 504
 
 @pytest.mark.parametrize("http", ["--http1.1", "--http2"])

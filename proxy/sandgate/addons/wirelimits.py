@@ -24,6 +24,10 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
    passthrough connections are exempt (the idle timeout applies to them). Either answers 504
    `upstream_timeout` with the refusal body.
 
+5. Unparseable HTTP/1 request heads: mitmproxy answers them 400 itself, before any flow or hook
+   exists, and only logs them. Each gets its `request` event here (decision deny, code
+   bad_request, a fixed reason: mitmproxy's message quotes the head, which may hold a secret).
+
 `install(limits, on_event)` is idempotent and takes the latest limits; `installed()` lets a unit
 test pin the patched attributes, so a mitmproxy upgrade that moves them fails loudly.
 """
@@ -52,6 +56,7 @@ from mitmproxy.proxy.layers.http import _http1, _http_h2
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
+from sandgate import audit as A
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.refusal import Refusal
@@ -114,6 +119,22 @@ def _emit(event: str, code: Code, reason: str, conn: connection.Connection) -> N
         log.exception("sandgate: audit failed")
 
 
+def _emit_unparsed(conn: connection.Client) -> None:
+    """The request event of a head mitmproxy refused before there was a flow (see 5.)."""
+    mode = conn.proxy_mode.type_name
+    try:
+        _state.on_event("request", {
+            A.IDENTITY: None, A.SANDBOX: None, A.IDENTITY_SOURCE: None, A.CLIENT: _peer(conn),
+            A.METHOD: None, A.SCHEME: None, A.HOST: None, A.PORT: None, A.PATH: None,
+            A.RULE: None, A.DECISION: "deny", A.CODE: str(Code.BAD_REQUEST),
+            A.REASON: "the request head could not be parsed as HTTP/1",
+            A.SECRETS: [], A.UPSTREAM_STATUS: None, A.BYTES_IN: 0, A.BYTES_OUT: 0,
+            A.DURATION_MS: 0.0, A.DIALED: None, A.EXFIL: [], A.REDACTIONS: 0, A.ERROR: None,
+            A.LISTENER: "http" if mode == "regular" else mode})
+    except Exception:
+        log.exception("sandgate: audit failed")
+
+
 # ------------------------------------------------------------------------ 1 + 3: HTTP/1 heads
 
 def _head_over(buf: Any, limit: int) -> bool:
@@ -142,6 +163,9 @@ def _wrap_read_headers(original: Any) -> Any:
                                     f"than {limits.max_header_bytes} bytes")
             return
         yield from original(self, event)
+        if (isinstance(event, events.DataReceived) and self.state == self.done
+                and self.request is None):
+            _emit_unparsed(self.conn)  # answered 400 and closed by mitmproxy, no flow made
         if not (self.state == self.read_headers and self.buf):
             self._sg_head_deadline = None  # no head in progress
         elif limits.header_timeout and getattr(self, "_sg_head_deadline", None) is None:
