@@ -220,7 +220,7 @@ def test_slow_idle_and_oversized_clients(tmp_path, soak_vault, soak_pki, recorde
     that counts: 2,000 idle connections (bare, in a TLS tunnel, half a request head), 20 slow
     clients (a header byte a second, giving up after 12 s), 30 oversized requests (1 MiB
     heads, 8 MiB and 2 MiB chunked bodies over --max-request-body 1m), held for 15 s; a probe
-    client calls throughout; --header-timeout 4. About 90 s.
+    client calls throughout; --header-timeout 4. About 60 s.
 
     The probe's every request is answered right, its median latency while the round is held
     within 5x (+0.5 s) of the quiet baseline. Every slow client, and every idle connection
