@@ -35,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 SCRIPTED_IP = "127.0.11.2"  # hang.r2.test, sse.r2.test, late.r2.test
 BLACKHOLE_IP = "127.0.11.3"  # blackhole.r2.test: the accept queue is full
+MUTE_IP = "127.0.12.30"  # mute.r2.test: connects, then never says a word (no ServerHello)
 
 POLICY = """\
 version: v1
@@ -44,8 +45,9 @@ templates:
   reach:
     - {name: docs, hosts: [upstream.test], methods: [GET], paths: [/docs/**],
        private_cidrs: [127.0.0.2/32]}
-    - {name: scripted, hosts: [hang.r2.test, sse.r2.test, late.r2.test, blackhole.r2.test],
-       methods: [GET], private_cidrs: [127.0.11.0/24]}
+    - {name: scripted, hosts: [hang.r2.test, sse.r2.test, late.r2.test, blackhole.r2.test,
+              mute.r2.test],
+       methods: [GET], private_cidrs: [127.0.11.0/24, 127.0.12.30/32]}
 identities:
   agent:
     use: [reach]
@@ -159,17 +161,29 @@ def blackhole() -> Iterator[None]:
     lsock.close()
 
 
+@pytest.fixture(scope="module")
+def mute() -> Iterator[None]:
+    """A listener that is never accepted from: the kernel completes each TCP handshake and
+    queues what the proxy sends (its ClientHello); no byte ever comes back."""
+    lsock = socket.socket()
+    lsock.bind((MUTE_IP, 443))
+    lsock.listen(64)
+    yield
+    lsock.close()
+
+
 def _env(vault) -> dict[str, str]:
     return {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}
 
 
 def _resolve() -> list[str]:
     return [f"--resolve={n}.r2.test={SCRIPTED_IP}" for n in ("hang", "sse", "late")] + [
-        f"--resolve=blackhole.r2.test={BLACKHOLE_IP}"]
+        f"--resolve=blackhole.r2.test={BLACKHOLE_IP}", f"--resolve=mute.r2.test={MUTE_IP}"]
 
 
 @pytest.fixture(scope="module")
-def lproxy(tmp_path_factory, vault, upstream, scripted, blackhole, pki) -> Iterator[Proxy]:
+def lproxy(tmp_path_factory, vault, upstream, scripted, blackhole, mute,
+           pki) -> Iterator[Proxy]:
     tmp = tmp_path_factory.mktemp("limits")
     pol = tmp / "policies"
     pol.mkdir()
@@ -336,6 +350,24 @@ def test_slow_head_inside_the_tunnel_is_cut_off(lproxy):
     assert status == 408 and body["code"] == "header_timeout"
 
 
+@pytest.mark.parametrize("head", [
+    b"GARBAGE\r\n\r\n",  # no request line
+    b"GET http://upstream.test/docs/x HTTP/1.1\r\nHost upstream.test\r\n\r\n",  # no colon
+], ids=["request-line", "header-line"])
+def test_unparseable_head_is_audited(lproxy, head):
+    """Bounds: 1 connection, 1 head mitmproxy cannot parse; < 5 s. mitmproxy answers it itself
+    (400, before any hook) and logs it only: Sandgate writes its request event."""
+    with socket.create_connection((lproxy.host, lproxy.port)) as s:
+        host, port = s.getsockname()[:2]
+        client = f"{host}:{port}"
+        s.sendall(head)
+        status, body = _refusal(_read_all(s))
+    assert status == 400 and body["code"] == "bad_request"
+    ev = lproxy.wait_audit(lambda e: e.get("client") == client)
+    assert (ev["event"], ev["decision"], ev["code"]) == ("request", "deny", "bad_request"), ev
+    assert "GARBAGE" not in ev["reason"]  # a fixed reason: the head itself is not quoted
+
+
 # ------------------------------------------------------------------------ upstream: 504
 
 @pytest.mark.parametrize("http", ["--http1.1", "--http2"])
@@ -367,6 +399,20 @@ def test_unreachable_upstream_connect_504(lproxy):
     assert status == 504, r.stdout + r.stderr
     assert json.loads(body)["code"] == "upstream_timeout"
     assert time.monotonic() - started < 5
+
+
+def test_upstream_silent_in_the_tls_handshake_504(lproxy):
+    """Bounds: 1 request; the upstream accepts TCP and never sends a ServerHello;
+    --upstream-read-timeout 1; < 5 s. A timeout, not a failed handshake: 504 (with the
+    refusal body, and the request event's code), not 502."""
+    started = time.monotonic()
+    r = _curl(lproxy, "agent", "https://mute.r2.test/quiet")
+    body, status = split_status(r.stdout)
+    assert status == 504, r.stdout + r.stderr
+    assert json.loads(body)["code"] == "upstream_timeout"
+    assert time.monotonic() - started < 5
+    lproxy.wait_audit(lambda e: e.get("event") == "request" and e.get("path") == "/quiet"
+                      and e.get("code") == "upstream_timeout")
 
 
 def test_endless_response_head_502(lproxy):

@@ -19,9 +19,14 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
    direction for `idle_timeout` is closed (mitmproxy's own watchdog, whose fixed 600 s this sets).
 4. Upstreams: the TCP connect must succeed within `upstream_connect_timeout`, and once connected
    the upstream must send something within `upstream_read_timeout` of the last byte that went
-   either way on that connection (so: to the response head after the request was sent, and
-   between body chunks of a response). WebSocket and passthrough connections are exempt (the
-   idle timeout applies to them). Either answers 504 `upstream_timeout` with the refusal body.
+   either way on that connection (so: to the ServerHello after the ClientHello, to the response
+   head after the request was sent, and between body chunks of a response). WebSocket and
+   passthrough connections are exempt (the idle timeout applies to them). Either answers 504
+   `upstream_timeout` with the refusal body.
+
+5. Unparseable HTTP/1 request heads: mitmproxy answers them 400 itself, before any flow or hook
+   exists, and only logs them. Each gets its `request` event here (decision deny, code
+   bad_request, a fixed reason: mitmproxy's message quotes the head, which may hold a secret).
 
 `install(limits, on_event)` is idempotent and takes the latest limits; `installed()` lets a unit
 test pin the patched attributes, so a mitmproxy upgrade that moves them fails loudly.
@@ -46,10 +51,12 @@ from mitmproxy import connection, http
 from mitmproxy.net.http import http1
 from mitmproxy.proxy import commands, events, server
 from mitmproxy.proxy.layers import http as http_layer
+from mitmproxy.proxy.layers import tls as tls_layer
 from mitmproxy.proxy.layers.http import _http1, _http_h2
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
+from sandgate import audit as A
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.refusal import Refusal
@@ -112,6 +119,22 @@ def _emit(event: str, code: Code, reason: str, conn: connection.Connection) -> N
         log.exception("sandgate: audit failed")
 
 
+def _emit_unparsed(conn: connection.Client) -> None:
+    """The request event of a head mitmproxy refused before there was a flow (see 5.)."""
+    mode = conn.proxy_mode.type_name
+    try:
+        _state.on_event("request", {
+            A.IDENTITY: None, A.SANDBOX: None, A.IDENTITY_SOURCE: None, A.CLIENT: _peer(conn),
+            A.METHOD: None, A.SCHEME: None, A.HOST: None, A.PORT: None, A.PATH: None,
+            A.RULE: None, A.DECISION: "deny", A.CODE: str(Code.BAD_REQUEST),
+            A.REASON: "the request head could not be parsed as HTTP/1",
+            A.SECRETS: [], A.UPSTREAM_STATUS: None, A.BYTES_IN: 0, A.BYTES_OUT: 0,
+            A.DURATION_MS: 0.0, A.DIALED: None, A.EXFIL: [], A.REDACTIONS: 0, A.ERROR: None,
+            A.LISTENER: "http" if mode == "regular" else mode})
+    except Exception:
+        log.exception("sandgate: audit failed")
+
+
 # ------------------------------------------------------------------------ 1 + 3: HTTP/1 heads
 
 def _head_over(buf: Any, limit: int) -> bool:
@@ -140,6 +163,9 @@ def _wrap_read_headers(original: Any) -> Any:
                                     f"than {limits.max_header_bytes} bytes")
             return
         yield from original(self, event)
+        if (isinstance(event, events.DataReceived) and self.state == self.done
+                and self.request is None):
+            _emit_unparsed(self.conn)  # answered 400 and closed by mitmproxy, no flow made
         if not (self.state == self.read_headers and self.buf):
             self._sg_head_deadline = None  # no head in progress
         elif limits.header_timeout and getattr(self, "_sg_head_deadline", None) is None:
@@ -322,6 +348,19 @@ def _wrap_protocol_error(original: Any) -> Any:
     return handle_protocol_error
 
 
+def _wrap_handshake_finished(original: Any) -> Any:
+    def _handshake_finished(self: Any, err: str | None) -> Generator[Any, Any, None]:
+        # The read timeout closed the connection mid-handshake: mitmproxy only sees a close
+        # ("connection closed", a 502); say it was a timeout so the stream answers 504.
+        if err and TIMEOUT_MARK not in err and self.tunnel_connection.id in _timed_out:
+            err = (f"{TIMEOUT_MARK}: no TLS handshake from the upstream within "
+                   f"{_state.limits.upstream_read_timeout:g}s")
+            self.conn.error = err
+        yield from original(self, err)
+
+    return _handshake_finished
+
+
 def exempt(server_conn: connection.Server) -> None:
     """No read timeout on this upstream connection (a WebSocket, a passthrough tunnel)."""
     _exempt.add(server_conn.id)
@@ -373,6 +412,9 @@ def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
         handler.open_connection)
     handler.on_timeout = _wrap_on_timeout(handler.on_timeout)  # type: ignore[method-assign]
     setattr(server, "asyncio", _AsyncioForServer("asyncio"))  # noqa: B010
+    server_tls = tls_layer.ServerTLSLayer
+    server_tls._handshake_finished = _wrap_handshake_finished(  # type: ignore[method-assign]
+        server_tls._handshake_finished)
     stream = http_layer.HttpStream
     stream.handle_protocol_error = _wrap_protocol_error(  # type: ignore[method-assign]
         stream.handle_protocol_error)

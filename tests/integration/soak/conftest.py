@@ -3,6 +3,7 @@
   127.0.12.1        the proxies under test listen here
   127.0.12.2:443    `Recorder` TLS upstream (api/bearer/open/cold*.soak.test), :80 plain
   127.0.12.4-.7     broken TLS upstreams (test_faults.py)
+  127.0.12.30       a listener that never accepts (test_limits.py, not a soak test)
 
 OpenBao is a dev server with a fixed root token and a fixed AppRole (role id and secret id set
 by the seed), so a restarted server, seeded again, accepts the proxy's AppRole login again: what

@@ -34,8 +34,10 @@ class Abuse:
     slow: int
     oversized: int
     slow_seconds: float
-    held: list[asyncio.StreamWriter] = field(default_factory=list)
+    held: list[Stream] = field(default_factory=list)
+    half_heads: list[Stream] = field(default_factory=list)  # idle with half a request head
     outcomes: dict[str, list[int | str]] = field(default_factory=dict)
+    slow_cut_after: list[float] = field(default_factory=list)  # seconds until the proxy answered
 
     def note(self, kind: str, outcome: int | str) -> None:
         self.outcomes.setdefault(kind, []).append(outcome)
@@ -62,21 +64,23 @@ async def _idle(sp: SoakProxy, a: Abuse, n: int, ctx: ssl.SSLContext,
     async with gate:
         try:
             if n % 3 == 0:
-                _, w = await asyncio.open_connection(LISTEN, sp.proxy.port)
+                r, w = await asyncio.open_connection(LISTEN, sp.proxy.port)
             elif n % 3 == 1:
-                _, w = await _tunnel(sp, IDENTITIES[n % 4], "open.soak.test", ctx)
+                r, w = await _tunnel(sp, IDENTITIES[n % 4], "open.soak.test", ctx)
             else:
-                _, w = await asyncio.open_connection(LISTEN, sp.proxy.port)
+                r, w = await asyncio.open_connection(LISTEN, sp.proxy.port)
                 w.write(b"GET http://open.soak.test/pub/idle HTTP/1.1\r\nHost: open.soa")
                 await w.drain()
-            a.held.append(w)
+                a.half_heads.append((r, w))
+            a.held.append((r, w))
             a.note("idle", "open")
         except (OSError, TimeoutError, AssertionError) as e:
             a.note("idle", type(e).__name__)
 
 
 async def _slow(sp: SoakProxy, a: Abuse, n: int) -> None:
-    """A request head sent a byte a second; the client gives up after `slow_seconds`."""
+    """A request head sent a byte a second until the proxy answers (or the client gives up
+    after `slow_seconds`)."""
     ident = IDENTITIES[n % 4]
     head = (f"GET http://open.soak.test/pub/slow-{n} HTTP/1.1\r\nHost: open.soak.test\r\n"
             f"X-Soak-Id: slow-{n}\r\nProxy-Authorization: {_auth(ident, sp.tokens[ident])}"
@@ -86,23 +90,35 @@ async def _slow(sp: SoakProxy, a: Abuse, n: int) -> None:
     except OSError as e:
         a.note("slow", type(e).__name__)
         return
-    ended = "gave up"
+    started = time.monotonic()
+    answer = asyncio.create_task(read_response(r, "GET"))
     try:
-        deadline = time.monotonic() + a.slow_seconds
         for i in range(len(head)):
-            if time.monotonic() > deadline:
+            if answer.done() or time.monotonic() - started > a.slow_seconds:
                 break
             w.write(head[i:i + 1])
             await w.drain()
-            await asyncio.sleep(1)
-            if r.at_eof():
-                ended = "closed by proxy"
-                break
+            await asyncio.wait({answer}, timeout=1)
     except OSError:
-        ended = "closed by proxy"
+        pass
     finally:
+        a.note("slow", await _outcome(answer, 0))
+        a.slow_cut_after.append(time.monotonic() - started)
         w.transport.abort()
-    a.note("slow", ended)
+
+
+async def _outcome(answer: asyncio.Task[tuple[int, str, bytes, bytes, bool]],
+                   wait: float) -> str:
+    """What a client got: "STATUS CODE", "closed (...)", or "gave up" (no answer in `wait`)."""
+    try:
+        status, code, *_ = await asyncio.wait_for(asyncio.shield(answer), wait) if wait else \
+            answer.result()
+        return f"{status} {code}".strip()
+    except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as e:
+        return f"closed ({type(e).__name__})"
+    except (TimeoutError, asyncio.InvalidStateError):
+        answer.cancel()
+        return "gave up"
 
 
 async def _oversized(sp: SoakProxy, a: Abuse, n: int, ctx: ssl.SSLContext) -> None:
@@ -118,9 +134,22 @@ async def _oversized(sp: SoakProxy, a: Abuse, n: int, ctx: ssl.SSLContext) -> No
     try:
         base = f"POST /v1/big/{rid} HTTP/1.1\r\nHost: api.soak.test\r\nX-Soak-Id: {rid}\r\n"
         if kind == "header":
+            # sent in pieces while the answer is read: the proxy answers at the limit (64 KiB)
+            # and closes; the rest of the head would only meet a reset
             pad = "".join(f"X-Pad-{i}: {'p' * 16000}\r\n" for i in range(64))
-            w.write((base + pad + "Content-Length: 2\r\n\r\n{}").encode())
-        elif kind == "body":
+            data = (base + pad + "Content-Length: 2\r\n\r\n{}").encode()
+            answer = asyncio.create_task(read_response(r, "POST"))
+            try:
+                for off in range(0, len(data), 16384):
+                    if answer.done():
+                        break
+                    w.write(data[off:off + 16384])
+                    await w.drain()
+            except (OSError, ssl.SSLError):
+                pass
+            a.note(kind, await _outcome(answer, 30))
+            return
+        if kind == "body":
             w.write((base + f"Content-Length: {8 << 20}\r\n\r\n").encode())
             for _ in range(8):
                 w.write(b"b" * (1 << 20))
@@ -167,7 +196,12 @@ async def _abuse(sp: SoakProxy, a: Abuse, hold: float, probe: list[Res]) -> tupl
         await asyncio.sleep(0.5)
     stop.set()
     await prober
-    for w in a.held:
+    # the half heads: each answered 408 and closed once --header-timeout passed
+    outcomes = await asyncio.gather(*(_outcome(asyncio.create_task(read_response(r, "GET")), 6)
+                                      for r, _ in a.half_heads))
+    for o in outcomes:
+        a.note("half-head", o)
+    for _, w in a.held:
         w.transport.abort()
     return peak, held_from
 
@@ -184,12 +218,15 @@ def test_slow_idle_and_oversized_clients(tmp_path, soak_vault, soak_pki, recorde
                                          plain_recorder):
     """Bounds: a warm-up (800 mixed requests, then one full round, held 1 s), then the round
     that counts: 2,000 idle connections (bare, in a TLS tunnel, half a request head), 20 slow
-    clients (a header byte a second for 12 s), 30 oversized requests (1 MiB heads, 8 MiB and
-    2 MiB chunked bodies over --max-request-body 1m), held for 15 s; a probe client calls
-    throughout. About 90 s.
+    clients (a header byte a second, giving up after 12 s), 30 oversized requests (1 MiB
+    heads, 8 MiB and 2 MiB chunked bodies over --max-request-body 1m), held for 15 s; a probe
+    client calls throughout; --header-timeout 4. About 60 s.
 
     The probe's every request is answered right, its median latency while the round is held
-    within 5x (+0.5 s) of the quiet baseline; no oversized body reaches the upstream; after
+    within 5x (+0.5 s) of the quiet baseline. Every slow client, and every idle connection
+    holding half a head, is cut off with 408 header_timeout (after --header-timeout, before
+    the client would give up); every 1 MiB head gets 431 headers_too_large, and none of them
+    (nor any oversized body) reaches the upstream; after
     the round the proxy's descriptors come back, and its RSS returns to within 10% of the
     baseline taken after the warm-up. The warm-up ran the same round once, because the heap
     keeps its high-water mark (the first round takes RSS from ~110 to ~190 MiB and it stays
@@ -197,7 +234,9 @@ def test_slow_idle_and_oversized_clients(tmp_path, soak_vault, soak_pki, recorde
     the check would measure the allocator; against this one, state kept per connection (a
     round holds ~70 MiB of it) shows.
     """
-    sp = start_soak_proxy(tmp_path, soak_vault, soak_pki, "--max-request-body", "1m")
+    header_timeout = 4
+    sp = start_soak_proxy(tmp_path, soak_vault, soak_pki, "--max-request-body", "1m",
+                          "--header-timeout", str(header_timeout))
     try:
         # warm-up: every path once, at small scale
         asyncio.run(run_all(sp.proxy.port, sp.tokens, str(sp.proxy.ca),
@@ -237,7 +276,9 @@ def test_slow_idle_and_oversized_clients(tmp_path, soak_vault, soak_pki, recorde
         p50 = statistics.median(r.latency for r in held)
         print(f"\nabuse: {took:.0f} s; outcomes "
               f"{ {k: sorted(set(map(str, v))) for k, v in a.outcomes.items()} }; "
-              f"idle open {a.outcomes['idle'].count('open')}; probe {len(probe)} requests, "
+              f"idle open {a.outcomes['idle'].count('open')}; slow clients cut after "
+              f"{min(a.slow_cut_after):.1f}-{max(a.slow_cut_after):.1f} s; "
+              f"probe {len(probe)} requests, "
               f"{len(held)} while held: p50 {p50 * 1000:.0f} ms (quiet {q50 * 1000:.0f} ms), "
               f"max {max(r.latency for r in held) * 1000:.0f} ms; "
               f"RSS fresh {rss_fresh // 1024} MiB, "
@@ -255,12 +296,18 @@ def test_slow_idle_and_oversized_clients(tmp_path, soak_vault, soak_pki, recorde
         for kind in ("body", "chunked"):
             bad = [o for o in a.outcomes[kind] if not str(o).startswith(("413", "closed"))]
             assert not bad, f"oversized {kind}: {bad}"
-        # 1 MiB heads: refused (400/431) or a cut connection once the proxy limits heads
-        # (issue #11, limits); until then forwarded, and the recorder (64 KiB heads at most,
-        # like real servers) hangs up: 502. Never another 5xx, never a hang.
-        bad = [o for o in a.outcomes["header"]
-               if str(o).startswith(("5", "no answer")) and not str(o).startswith("502")]
+        # 1 MiB heads: 431 at the head limit, never forwarded
+        assert not [k for k in recorder.seen if k.startswith("big-header")]
+        bad = [o for o in a.outcomes["header"] if o != "431 headers_too_large"]
         assert not bad, f"oversized header: {bad}"
+        # a head trickling in (a byte a second, or stopped half way): 408 at --header-timeout,
+        # well before the slow client gives up (12 s); never forwarded
+        bad = [o for o in a.outcomes["slow"] if o != "408 header_timeout"]
+        assert not bad, f"slow clients: {bad}"
+        assert min(a.slow_cut_after) >= header_timeout - 0.5, a.slow_cut_after
+        assert not [k for k in plain_recorder.seen if k.startswith("slow-")]
+        bad = [o for o in a.outcomes["half-head"] if o != "408 header_timeout"]
+        assert len(a.outcomes["half-head"]) == 666 and not bad, f"half heads: {bad[:10]}"
         assert fds1 <= fds0 + 16, f"descriptors {fds0} -> {fds1}: connections kept"
         assert rss1 <= rss0 * 1.10, (f"RSS {rss0 // 1024} MiB after warm-up, peak "
                                      f"{peak // 1024} MiB, {rss1 // 1024} MiB after the round")
