@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from sandgate.explain import explain
 from sandgate.metrics import CONTENT_TYPE, Metrics
@@ -71,23 +72,31 @@ def needs_vault(state: AdminState) -> bool:
                for r in ident.rules)
 
 
-def build_app(state: AdminState) -> web.Application:
-    expected = f"Bearer {state.admin_token}".encode()
-    unexpected = state.open_paths - OPENABLE
+def auth_middleware(admin_token: str, open_paths: frozenset[str]) -> Middleware:
+    """The admin token check of every admin listener (this one and the workers' front):
+    constant-time, `/healthz` always open, and `--admin-open` paths from OPENABLE only."""
+    unexpected = open_paths - OPENABLE
     if unexpected:
         raise ValueError(f"admin paths that cannot be served without a token: "
                          f"{sorted(unexpected)} (only {sorted(OPENABLE)} can)")
-    open_paths = state.open_paths | {"/healthz"}
+    expected = f"Bearer {admin_token}".encode()
+    unauthenticated = open_paths | {"/healthz"}
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in open_paths:
+        if request.path in unauthenticated:
             return await handler(request)
         given = request.headers.get("Authorization", "").encode("utf-8", "replace")
         if not hmac.compare_digest(given, expected):
             return _error(401, "unauthorized", "send Authorization: Bearer <admin token> "
                           "(SANDGATE_ADMIN_TOKEN or --admin-token-file)")
         return await handler(request)
+
+    return auth
+
+
+def build_app(state: AdminState) -> web.Application:
+    auth = auth_middleware(state.admin_token, state.open_paths)
 
     async def healthz(_: web.Request) -> web.Response:
         return _json(200, {"status": "ok"})

@@ -16,7 +16,6 @@ whole process group:
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -40,24 +39,9 @@ def _json(status: int, body: Any) -> web.Response:
 
 def build_front(sup: Supervisor, admin_token: str,
                 open_paths: frozenset[str] = frozenset()) -> web.Application:
-    from sandgate.admin import OPENABLE
+    from sandgate.admin import auth_middleware
 
-    expected = f"Bearer {admin_token}".encode()
-    if open_paths - OPENABLE:
-        raise ValueError(f"admin paths that cannot be served without a token: "
-                         f"{sorted(open_paths - OPENABLE)} (only {sorted(OPENABLE)} can)")
-    unauthenticated = open_paths | {"/healthz"}  # --admin-open, as the single-process API
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in unauthenticated:
-            return await handler(request)
-        given = request.headers.get("Authorization", "").encode("utf-8", "replace")
-        if not hmac.compare_digest(given, expected):
-            return _json(401, {"error": "unauthorized",
-                               "reason": "send Authorization: Bearer <admin token> "
-                               "(SANDGATE_ADMIN_TOKEN or --admin-token-file)"})
-        return await handler(request)
+    auth = auth_middleware(admin_token, open_paths)  # the same check as the single process
 
     async def healthz(_: web.Request) -> web.Response:
         return _json(200, {"status": "ok"})
