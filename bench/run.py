@@ -440,13 +440,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         b.pki()
         b.upstream()
+        one = ("--workers", "1") if any(n.startswith("sandgate") for n in wanted) \
+            and "--workers" in b.sandgate_help() else ()
         makers: dict[str, Callable[[], Variant]] = {
             "direct": b.direct,
             "squid": b.squid,
             "mitmdump": lambda: b.mitmdump("mitmdump", False),
             "mitmdump+header": lambda: b.mitmdump("mitmdump+header", True),
-            "sandgate": lambda: b.sandgate("sandgate"),
-            "sandgate-passthrough": lambda: b.sandgate("sandgate-passthrough",
+            # one process: `sandgate run` defaults to one worker per core where it has --workers
+            "sandgate": lambda: b.sandgate("sandgate", *one),
+            "sandgate-passthrough": lambda: b.sandgate("sandgate-passthrough", *one,
                                                        passthrough=True),
             "sandgate-workers2": lambda: (
                 b.sandgate("sandgate-workers2", "--workers", "2")
