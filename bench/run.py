@@ -307,6 +307,9 @@ class Bench:
                               capture_output=True, text=True).stdout
 
     def sandgate(self, name: str, *extra: str, passthrough: bool = False) -> Variant:
+        if "--workers" not in extra and "--workers" in self.sandgate_help():
+            extra = ("--workers", "1", *extra)  # one process unless asked: the CLI's default
+            # is one worker per core
         port = free_port(PROXY_IP)
         env = {k: v for k, v in self.env.items() if not k.startswith("VAULT_")}
         env.update(VAULT_ADDR=self.vault.addr, VAULT_TOKEN=self.vault.root_token)
@@ -440,16 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         b.pki()
         b.upstream()
-        one = ("--workers", "1") if any(n.startswith("sandgate") for n in wanted) \
-            and "--workers" in b.sandgate_help() else ()
         makers: dict[str, Callable[[], Variant]] = {
             "direct": b.direct,
             "squid": b.squid,
             "mitmdump": lambda: b.mitmdump("mitmdump", False),
             "mitmdump+header": lambda: b.mitmdump("mitmdump+header", True),
-            # one process: `sandgate run` defaults to one worker per core where it has --workers
-            "sandgate": lambda: b.sandgate("sandgate", *one),
-            "sandgate-passthrough": lambda: b.sandgate("sandgate-passthrough", *one,
+            "sandgate": lambda: b.sandgate("sandgate"),
+            "sandgate-passthrough": lambda: b.sandgate("sandgate-passthrough",
                                                        passthrough=True),
             "sandgate-workers2": lambda: (
                 b.sandgate("sandgate-workers2", "--workers", "2")
