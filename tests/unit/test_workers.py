@@ -221,6 +221,10 @@ class FakeSupervisor:
     async def reload_all(self) -> tuple[int, dict[str, Any]]:
         return 200, {"outcome": "ok"}
 
+    async def end_sandbox_all(self, sandbox: str) -> tuple[int, dict[str, Any]]:
+        self.asked.append(("DELETE", sandbox, None))
+        return 202, {"sandbox": sandbox, "revoked": 1, "pending": 1}
+
     async def ask_one(self, method: str, path: str, body: bytes | None,
                       content_type: str | None) -> tuple[int, bytes, str] | None:
         self.asked.append((method, path, body))
@@ -272,3 +276,43 @@ def test_merge_keeps_the_replica_info_at_one():
             'sandgate_info{instance="r1",version="1"} 1.0\n')
     text = A.merge([info, info], "v").decode()
     assert 'sandgate_info{instance="r1",version="1"} 1.0' in text
+
+
+async def test_front_ends_a_sandbox_in_every_worker():
+    """DELETE /v1/sandboxes/{id} on the group's admin listener reaches the supervisor's fan-out
+    (each worker holds its own leases), behind the token like every other /v1 endpoint."""
+    sup = FakeSupervisor()
+    c = TestClient(TestServer(build_front(sup, "tok")))  # type: ignore[arg-type]
+    await c.start_server()
+    try:
+        assert (await c.delete("/v1/sandboxes/sbx-1")).status == 401
+        r = await c.delete("/v1/sandboxes/sbx-1", headers={"Authorization": "Bearer tok"})
+        assert r.status == 202 and (await r.json())["pending"] == 1
+        assert sup.asked == [("DELETE", "sbx-1", None)]
+    finally:
+        await c.close()
+
+
+async def test_end_sandbox_fans_out_and_waits_for_every_worker():
+    from sandgate.workers.supervisor import Supervisor
+
+    class W:
+        def __init__(self, wid: int, running: bool) -> None:
+            self.id, self.running, self.started = wid, running, True
+
+    calls: list[tuple[int, str, str]] = []
+
+    async def fake_json(w: Any, method: str, path: str, timeout: float = 0) -> Any:
+        calls.append((w.id, method, path))
+        return 200, {"revoked": 2, "pending": 0}
+
+    sup = Supervisor.__new__(Supervisor)
+    sup.workers = [W(0, True), W(1, True)]  # type: ignore[assignment]
+    sup._json = fake_json  # type: ignore[method-assign]
+    status, body = await sup.end_sandbox_all("a/b")
+    assert status == 200 and body["revoked"] == 4 and body["workers_unanswered"] == 0
+    path = "/v1/sandboxes/a%2Fb"  # one path segment, whatever the id holds
+    assert sorted(calls) == [(0, "DELETE", path), (1, "DELETE", path)]
+    sup.workers = [W(0, True), W(1, False)]  # type: ignore[assignment]
+    status, body = await sup.end_sandbox_all("x")
+    assert status == 202 and body["workers_unanswered"] == 1

@@ -10,6 +10,8 @@ whole process group:
   supervisor's own (`sandgate_workers`, `sandgate_workers_running`,
   `sandgate_worker_restarts_total`).
 - `POST /v1/reload`: every worker reloads; one answer (an error in any worker is an error).
+- `DELETE /v1/sandboxes/{id}`: every worker revokes the sandbox's leases it holds; 202 until all
+  did.
 - `/v1/policy`, `/v1/explain`, `/v1/tokens`: answered by one running worker (every worker
   serves the same policy; tokens are stateless and signed with the shared key).
 """
@@ -68,6 +70,10 @@ def build_front(sup: Supervisor, admin_token: str,
         status, body, ctype = answer
         return web.Response(status=status, body=body, headers={"Content-Type": ctype})
 
+    async def end_sandbox(request: web.Request) -> web.Response:
+        status, body = await sup.end_sandbox_all(request.match_info["sandbox"])
+        return _json(status, body)
+
     app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -76,4 +82,6 @@ def build_front(sup: Supervisor, admin_token: str,
     app.router.add_get("/v1/policy", forward)
     app.router.add_post("/v1/explain", forward)
     app.router.add_post("/v1/tokens", forward)
+    # leases live in every worker: the end of a sandbox reaches all of them
+    app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
     return app

@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -258,6 +259,29 @@ class Supervisor:
 
         answers = dict(await asyncio.gather(*(one(w) for w in self.workers)))
         return aggregate.combine_reloads(answers, self.tracker)
+
+    async def end_sandbox_all(self, sandbox: str) -> tuple[int, dict[str, Any]]:
+        """DELETE /v1/sandboxes/{id} on every worker: each holds its own leases. 200 when every
+        worker revoked what it held, 202 while any revocation is pending or a worker did not
+        answer (it is not done yet; the controller asks again)."""
+        path = f"/v1/sandboxes/{quote(sandbox, safe='')}"
+
+        async def one(w: _Worker) -> dict[str, Any] | None:
+            if not (w.running and w.started):
+                return None
+            try:
+                status, body = await self._json(w, "DELETE", path, timeout=30.0)
+            except (TimeoutError, OSError, ValueError, aiohttp.ClientError):
+                return None
+            return body if status in (200, 202) else None
+
+        answers = await asyncio.gather(*(one(w) for w in self.workers))
+        revoked = sum(int(a.get("revoked", 0)) for a in answers if a)
+        pending = sum(int(a.get("pending", 0)) for a in answers if a)
+        unanswered = sum(1 for a in answers if a is None)
+        body = {"sandbox": sandbox, "revoked": revoked, "pending": pending,
+                "workers_unanswered": unanswered}
+        return (200 if not pending and not unanswered else 202), body
 
     async def ask_one(self, method: str, path: str, body: bytes | None,
                       content_type: str | None) -> tuple[int, bytes, str] | None:
