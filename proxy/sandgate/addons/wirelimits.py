@@ -66,6 +66,7 @@ log = logging.getLogger("sandgate")
 _MARK = "_sandgate_wirelimits"
 # In every error message of a timeout Sandgate imposed upstream: HttpStream turns it into a 504.
 TIMEOUT_MARK = "sandgate: upstream timeout"
+RESET_MESSAGE = "sandgate: the upstream reset the connection"
 _HPACK_OVERHEAD = 32  # hpack counts 32 bytes per header on top of name and value (RFC 7541 4.1)
 _BLANK_LINE = re.compile(rb"\n\r?\n")
 RESPONSE_HEAD_BYTES = 256 * 1024  # upstream response heads: generous (cookies), but bounded
@@ -320,6 +321,14 @@ class _AsyncioForServer(types.ModuleType):
         except TimeoutError:
             raise TimeoutError(f"{TIMEOUT_MARK}: could not connect within {timeout:g}s") \
                 from None
+        if writer.get_extra_info("peername") is None:
+            # The upstream reset the connection after the connect completed but before asyncio
+            # made its transport (a busy loop: the RST lands in between), so getpeername()
+            # failed. mitmproxy asserts a peername right after the dial: that assertion killed
+            # the dialling task and the request waited for ever. A reset is what it is.
+            writer.close()
+            raise ConnectionResetError(f"{RESET_MESSAGE} (before the connection could be "
+                                       "used)")
         activity = [asyncio.get_running_loop().time()]
         return _TimedReader(reader, _dialling.get(), activity), _TimedWriter(writer, activity)
 
