@@ -200,4 +200,4 @@ def test_guard_is_installed_over_mitmproxy_11_0_2_open_connection() -> None:
     _install()
     dialguard.install()
     assert dialguard.installed()
-    assert server.ConnectionHandler.open_connection.__wrapped__ is not None
+    assert getattr(server.ConnectionHandler.open_connection, "__wrapped__", None) is not None

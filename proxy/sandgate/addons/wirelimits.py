@@ -22,7 +22,9 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
    either way on that connection (so: to the ServerHello after the ClientHello, to the response
    head after the request was sent, and between body chunks of a response). WebSocket and
    passthrough connections are exempt (the idle timeout applies to them). Either answers 504
-   `upstream_timeout` with the refusal body.
+   `upstream_timeout` with the refusal body. A connection the upstream reset before asyncio
+   made its transport (no peername) is a failed dial, 502 `upstream_error` (mitmproxy's own
+   dial asserts a peername, and that assertion left the request without an answer).
 
 5. Unparseable HTTP/1 request heads: mitmproxy answers them 400 itself, before any flow or hook
    exists, and only logs them. Each gets its `request` event here (decision deny, code
