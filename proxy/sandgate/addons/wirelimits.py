@@ -22,7 +22,9 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
    either way on that connection (so: to the ServerHello after the ClientHello, to the response
    head after the request was sent, and between body chunks of a response). WebSocket and
    passthrough connections are exempt (the idle timeout applies to them). Either answers 504
-   `upstream_timeout` with the refusal body.
+   `upstream_timeout` with the refusal body. A connection the upstream reset before asyncio
+   made its transport (no peername) is a failed dial, 502 `upstream_error` (mitmproxy's own
+   dial asserts a peername, and that assertion left the request without an answer).
 
 5. Unparseable HTTP/1 request heads: mitmproxy answers them 400 itself, before any flow or hook
    exists, and only logs them. Each gets its `request` event here (decision deny, code
@@ -66,6 +68,7 @@ log = logging.getLogger("sandgate")
 _MARK = "_sandgate_wirelimits"
 # In every error message of a timeout Sandgate imposed upstream: HttpStream turns it into a 504.
 TIMEOUT_MARK = "sandgate: upstream timeout"
+RESET_MESSAGE = "sandgate: the upstream reset the connection"
 _HPACK_OVERHEAD = 32  # hpack counts 32 bytes per header on top of name and value (RFC 7541 4.1)
 _BLANK_LINE = re.compile(rb"\n\r?\n")
 RESPONSE_HEAD_BYTES = 256 * 1024  # upstream response heads: generous (cookies), but bounded
@@ -320,6 +323,14 @@ class _AsyncioForServer(types.ModuleType):
         except TimeoutError:
             raise TimeoutError(f"{TIMEOUT_MARK}: could not connect within {timeout:g}s") \
                 from None
+        if writer.get_extra_info("peername") is None:
+            # The upstream reset the connection after the connect completed but before asyncio
+            # made its transport (a busy loop: the RST lands in between), so getpeername()
+            # failed. mitmproxy asserts a peername right after the dial: that assertion killed
+            # the dialling task and the request waited for ever. A reset is what it is.
+            writer.close()
+            raise ConnectionResetError(f"{RESET_MESSAGE} (before the connection could be "
+                                       "used)")
         activity = [asyncio.get_running_loop().time()]
         return _TimedReader(reader, _dialling.get(), activity), _TimedWriter(writer, activity)
 
