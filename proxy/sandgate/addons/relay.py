@@ -19,11 +19,23 @@ dial that `server_connect` approved), end of stream and half-closes, errors, can
 chunk as before). Backpressure stays: a lean chunk waits for the peer's writer to drain whenever
 that writer's buffer is over asyncio's high-water mark (mitmproxy drains all of the connection's
 writers after every chunk, which costs a lock and two coroutines per chunk).
+
+After that first lean chunk the direction goes one step further down: its transport's protocol
+is swapped for a `Pipe` that writes each chunk to the peer's transport from the socket callback
+itself (no StreamReader buffer, no wake-up of the reading task, no copies), and the reading task
+keeps waiting on its now quiet StreamReader. The pipe hands everything but data back to the
+original protocol: end of stream and connection loss (it puts the original back first, so
+mitmproxy's read loop sees them as always and closes, half-closes and cancels as before) and
+the write-side flow control. Backpressure is the transport's own: when the peer's buffer passes
+its high-water mark the pipe's `pause_writing` pauses reading on the other side, until the
+buffer drains.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from asyncio import selector_events
 from typing import Any
 
 from mitmproxy import connection
@@ -35,6 +47,7 @@ from mitmproxy.proxy.layers.tcp import TCPLayer
 from sandgate.addons import writes
 
 _MARK = "_sandgate_relay"
+_SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport")  # noqa: B009
 _HIGH_WATER = 64 * 1024  # asyncio's default high-water mark for a transport's write buffer
 # client connection id -> the context of its verified passthrough tunnel (its TLS layer's);
 # entries leave with the client (`forget`, from Gate.client_disconnected)
@@ -71,6 +84,65 @@ def peer_writer(handler: Any, conn: connection.Connection) -> Any:
     return io.writer
 
 
+class Pipe(asyncio.Protocol):
+    """The protocol of one side of a verified tunnel while it relays: each chunk read goes
+    straight to the other side's transport. `to` is also the transport this side's writes come
+    from, so pausing reading on it is this side's backpressure."""
+
+    __slots__ = ("original", "to", "transport", "watchdog")
+
+    def __init__(self, original: asyncio.StreamReaderProtocol, transport: asyncio.Transport,
+                 to: asyncio.Transport, watchdog: Any) -> None:
+        self.original = original
+        self.transport = transport
+        self.to = to
+        self.watchdog = watchdog
+
+    def data_received(self, data: bytes) -> None:
+        self.watchdog.last_activity = time.time()  # TimeoutWatchdog.register_activity
+        if not self.to.is_closing():
+            self.to.write(data)
+        # else: dropped, as mitmproxy drops writes to a closing connection
+
+    def eof_received(self) -> bool | None:
+        self.transport.set_protocol(self.original)  # mitmproxy's own path from here on
+        return self.original.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport.set_protocol(self.original)
+        self.original.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.original.pause_writing()
+        self.to.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.original.resume_writing()
+        self.to.resume_reading()
+
+
+def _pipe(handler: Any, reader: asyncio.StreamReader, to: asyncio.Transport) -> None:
+    """Swap the protocol of `reader`'s transport for a Pipe to `to`, if nothing is pending on it
+    (buffered bytes are sent on first; an end of stream or error already seen stays with
+    mitmproxy's loop)."""
+    transport: Any = getattr(reader, "_transport", None)
+    if type(transport) is not _SOCKET_TRANSPORT \
+            or transport.is_closing() or getattr(reader, "_eof", True) \
+            or reader.exception() is not None:
+        return  # not the plain socket transport this was written for, or ending: leave it
+    original = transport.get_protocol()
+    if type(original) is not asyncio.StreamReaderProtocol:
+        return
+    buffered = reader._buffer  # type: ignore[attr-defined]
+    if buffered:
+        to.write(bytes(buffered))
+        buffered.clear()
+    if reader._paused:  # type: ignore[attr-defined]
+        reader._paused = False  # type: ignore[attr-defined]
+        transport.resume_reading()
+    transport.set_protocol(Pipe(original, transport, to, handler.timeout_watchdog))
+
+
 async def handle_connection(self: Any, conn: connection.Connection) -> None:
     """mitmproxy 11.0.2's ConnectionHandler.handle_connection with the lean relay step."""
     cancelled = None
@@ -102,6 +174,8 @@ async def handle_connection(self: Any, conn: connection.Connection) -> None:
                 except asyncio.CancelledError as e:
                     cancelled = e
                     break
+            if peer_writer(self, conn) is not None:  # still relaying after the wait
+                _pipe(self, reader, writer.transport)
             continue
 
         await self.server_event(events.DataReceived(conn, data))

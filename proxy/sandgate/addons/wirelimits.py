@@ -42,9 +42,9 @@ import logging
 import re
 import time
 import types
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsIndex
 
 import h2.exceptions
 import h2.frame_buffer
@@ -256,55 +256,60 @@ def _wrap_update_header_buffer(original: Any) -> Any:
 
 # ------------------------------------------------------------------------ 4: upstream timeouts
 
-class _TimedReader:
-    """An upstream reader whose read() gives up once the connection has been silent for the
-    read timeout (counted from the last byte read or written)."""
+class _SilenceReader(asyncio.StreamReader):
+    """An upstream connection's reader that ends with a TimeoutError once the connection has
+    been silent for the read timeout (counted from the last byte received or sent).
 
-    def __init__(self, inner: asyncio.StreamReader, server_conn: connection.Server | None,
-                 activity: list[float]) -> None:
-        self._inner = inner
-        self._server = server_conn
-        self._activity = activity
+    One timer per connection checks the deadline at most once a second (so a reload that
+    shortens the timeout, or an exemption, is seen within a second) and re-arms itself; reads
+    and writes only store a timestamp. (A task and an `asyncio.wait` per read cost more than
+    the relaying itself.)"""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    def __init__(self, server_conn: connection.Server | None, limit: int) -> None:
+        super().__init__(limit=limit)
+        self.loop = asyncio.get_running_loop()
+        self.sid = server_conn.id if server_conn is not None else None
+        self.last = self.loop.time()
+        self.ended = False
 
-    async def read(self, n: int = -1) -> bytes:
-        loop = asyncio.get_running_loop()
-        pending = asyncio.ensure_future(self._inner.read(n))
-        try:
-            while True:
-                timeout = _state.limits.upstream_read_timeout
-                sid = self._server.id if self._server is not None else None
-                if not timeout or sid in _exempt:
-                    wait: float | None = None
-                else:
-                    left = self._activity[0] + timeout - loop.time()
-                    if left <= 0:
-                        if sid is not None:
-                            _timed_out.add(sid)
-                        raise TimeoutError(f"{TIMEOUT_MARK}: nothing from the upstream for "
-                                           f"{timeout:g}s")
-                    wait = min(left, 1.0)  # an exemption (a 101) may come while waiting
-                done, _ = await asyncio.wait({pending}, timeout=wait)
-                if done:
-                    self._activity[0] = loop.time()
-                    return pending.result()
-        finally:
-            if not pending.done():
-                pending.cancel()
+    def arm(self) -> None:
+        """Start counting (the connection is up)."""
+        self.last = self.loop.time()
+        self.loop.call_later(1.0, self._check)
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        self.last = self.loop.time()
+        super().feed_data(data)
+
+    def feed_eof(self) -> None:
+        self.ended = True
+        super().feed_eof()
+
+    def _check(self) -> None:
+        if self.ended or self.exception() is not None or self.sid in _exempt:
+            return  # over, or exempt for good (WebSocket, passthrough): the timer stops
+        timeout = _state.limits.upstream_read_timeout
+        left = (self.last + timeout - self.loop.time()) if timeout else 1.0
+        if left <= 0:
+            if self.sid is not None:
+                _timed_out.add(self.sid)
+            # wakes the pending read with it; mitmproxy's read loop treats it as a close
+            self.set_exception(TimeoutError(
+                f"{TIMEOUT_MARK}: nothing from the upstream for {timeout:g}s"))
+            return
+        self.loop.call_later(min(left, 1.0), self._check)
 
 
 class _TimedWriter:
-    def __init__(self, inner: asyncio.StreamWriter, activity: list[float]) -> None:
+    def __init__(self, inner: asyncio.StreamWriter, reader: _SilenceReader) -> None:
         self._inner = inner
-        self._activity = activity
+        self._reader = reader
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def write(self, data: bytes) -> None:
-        self._activity[0] = asyncio.get_running_loop().time()
+        self._reader.last = self._reader.loop.time()
         self._inner.write(data)
 
 
@@ -315,24 +320,31 @@ class _AsyncioForServer(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         return getattr(asyncio, name)
 
-    async def open_connection(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    async def open_connection(self, host: Any = None, port: Any = None, *,
+                              limit: int = 2**16, **kwargs: Any) -> tuple[Any, Any]:
+        # asyncio.open_connection, with the reader that keeps the read timeout
         timeout = _state.limits.upstream_connect_timeout
+        loop = asyncio.get_running_loop()
+        reader = _SilenceReader(_dialling.get(), limit)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(*args, **kwargs),
-                                                    timeout or None)
+            transport, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: protocol, host, port, **kwargs),
+                timeout or None)
         except TimeoutError:
             raise TimeoutError(f"{TIMEOUT_MARK}: could not connect within {timeout:g}s") \
                 from None
-        if writer.get_extra_info("peername") is None:
+        if transport.get_extra_info("peername") is None:
             # The upstream reset the connection after the connect completed but before asyncio
             # made its transport (a busy loop: the RST lands in between), so getpeername()
             # failed. mitmproxy asserts a peername right after the dial: that assertion killed
             # the dialling task and the request waited for ever. A reset is what it is.
-            writer.close()
+            transport.close()
             raise ConnectionResetError(f"{RESET_MESSAGE} (before the connection could be "
                                        "used)")
-        activity = [asyncio.get_running_loop().time()]
-        return _TimedReader(reader, _dialling.get(), activity), _TimedWriter(writer, activity)
+        reader.arm()
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        return reader, _TimedWriter(writer, reader)
 
 
 def _wrap_open_connection(original: Any) -> Any:
