@@ -85,6 +85,7 @@ class _Writer:
 
 
 def _dialler(writer: _Writer) -> Callable[..., Awaitable[tuple[Any, Any]]]:
+    """asyncio.open_connection (mitmproxy's own dial) handing out `writer`."""
     async def open_connection(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         reader = asyncio.StreamReader()
         if writer.peername is None:
@@ -92,6 +93,24 @@ def _dialler(writer: _Writer) -> Callable[..., Awaitable[tuple[Any, Any]]]:
         return reader, writer
 
     return open_connection
+
+
+def _connector(writer: _Writer) -> Callable[..., Awaitable[tuple[Any, Any]]]:
+    """loop.create_connection (Sandgate's dial builds its own reader on it) with `writer` as
+    the transport."""
+    async def create_connection(self: Any, factory: Callable[[], asyncio.Protocol],
+                                *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        protocol = factory()
+        protocol.connection_made(writer)  # type: ignore[arg-type]
+        if writer.peername is None:
+            protocol.connection_lost(ConnectionResetError(104, "Connection reset by peer"))
+        return writer, protocol
+
+    return create_connection
+
+
+def _patch_dial(monkeypatch: pytest.MonkeyPatch, writer: _Writer) -> None:
+    monkeypatch.setattr(asyncio.BaseEventLoop, "create_connection", _connector(writer))
 
 
 def _install() -> None:
@@ -122,7 +141,7 @@ def test_reset_before_the_transport_is_a_failed_dial(monkeypatch: pytest.MonkeyP
     """Sandgate's dialler: no peername means the upstream reset it; the layer hears so."""
     _install()
     writer = _Writer(peername=None)
-    monkeypatch.setattr(asyncio, "open_connection", _dialler(writer))
+    _patch_dial(monkeypatch, writer)
     h = asyncio.run(_dial())
     assert h.dial.replies, "the dial was never answered: the request would hang"
     err = h.dial.replies[0]
@@ -156,7 +175,7 @@ def test_guard_answers_a_dial_cancelled_before_its_answer(
     server connection whose writer failed; it is registered before that hook): answered."""
     _install()
     writer = _Writer(peername=UPSTREAM)
-    monkeypatch.setattr(asyncio, "open_connection", _dialler(writer))
+    _patch_dial(monkeypatch, writer)
 
     async def cancel_in_connected(hook: commands.StartHook) -> None:
         if hook.name == "server_connected":
@@ -176,7 +195,7 @@ def test_guard_answers_a_dial_cancelled_before_its_answer(
 def test_a_good_dial_is_answered_once(monkeypatch: pytest.MonkeyPatch) -> None:
     _install()
     writer = _Writer(peername=UPSTREAM)
-    monkeypatch.setattr(asyncio, "open_connection", _dialler(writer))
+    _patch_dial(monkeypatch, writer)
     h = asyncio.run(_dial())
     assert h.dial.replies == [None]
     assert h.hooks[:2] == ["server_connect", "server_connected"]
