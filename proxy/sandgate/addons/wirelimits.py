@@ -275,7 +275,7 @@ class _SilenceReader(asyncio.StreamReader):
     def arm(self) -> None:
         """Start counting (the connection is up)."""
         self.last = self.loop.time()
-        self.loop.call_later(1.0, self._check)
+        self.loop.call_later(min(_state.limits.upstream_read_timeout or 1.0, 1.0), self._check)
 
     def feed_data(self, data: Iterable[SupportsIndex]) -> None:
         self.last = self.loop.time()
