@@ -40,7 +40,8 @@ async def _reader(server: connection.Server | None) -> tuple[wirelimits._Silence
 def _checks_scheduled(reader: wirelimits._SilenceReader) -> int:
     scheduled: list[asyncio.TimerHandle] = reader.loop._scheduled  # type: ignore[attr-defined]
     return len([h for h in scheduled
-                if not h.cancelled() and getattr(h._callback, "__self__", None) is reader])
+                if not h.cancelled()
+                and getattr(getattr(h, "_callback", None), "__self__", None) is reader])
 
 
 async def test_a_silent_upstream_ends_the_pending_read_with_the_timeout() -> None:
