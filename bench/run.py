@@ -361,11 +361,22 @@ def summary(values: list[float]) -> dict[str, Any]:
             "runs": values}
 
 
-def ratio(results: dict[str, Any], a: str, b: str, key: str) -> float | None:
+def paired(results: dict[str, Any], a: str, b: str, key: str) -> list[float]:
+    """a/b per round. Each round measures every variant back to back, so a machine that is
+    faster in one round than in the next (steal, frequency) cancels out of the ratio; the
+    ratio of the medians would compare figures from different rounds."""
     try:
-        return float(results[a][key]["median"] / results[b][key]["median"])
+        xs, ys = results[a][key]["runs"], results[b][key]["runs"]
+        if len(xs) != len(ys):
+            return []
+        return [float(x / y) for x, y in zip(xs, ys, strict=True)]
     except (KeyError, TypeError, ZeroDivisionError):
-        return None
+        return []
+
+
+def ratio(results: dict[str, Any], a: str, b: str, key: str) -> float | None:
+    runs = paired(results, a, b, key)
+    return statistics.median(runs) if runs else None
 
 
 def ratios(results: dict[str, Any]) -> dict[str, float | None]:
@@ -379,12 +390,22 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
     out["sandgate-passthrough/squid download_mib_s"] = ratio(results, "sandgate-passthrough",
                                                              "squid", "download_mib_s")
     try:
-        out["sandgate - direct sse_first_event_ms"] = (
-            results["sandgate"]["sse_first_event_ms"]["median"]
-            - results["direct"]["sse_first_event_ms"]["median"])
-    except KeyError:
+        out["sandgate - direct sse_first_event_ms"] = statistics.median(
+            x - y for x, y in zip(results["sandgate"]["sse_first_event_ms"]["runs"],
+                                  results["direct"]["sse_first_event_ms"]["runs"], strict=True))
+    except (KeyError, ValueError, statistics.StatisticsError):
         out["sandgate - direct sse_first_event_ms"] = None
     return out
+
+
+def spread(results: dict[str, Any], name: str) -> str:
+    """min-max of the per-round ratios behind a ratio's name ("a/b key")."""
+    if "/" not in name:
+        return ""
+    a, rest = name.split("/", 1)
+    b, key = rest.split(" ", 1)
+    runs = paired(results, a, b, key)
+    return f"({min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
 
 
 def fmt(x: float) -> str:
@@ -408,7 +429,7 @@ def table(results: dict[str, Any], rat: dict[str, float | None]) -> str:
         rows.append(cells)
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     lines.append("")
-    lines.append("Ratios (medians): ")
+    lines.append("Ratios (median of the per-round ratios, min-max): ")
     targets = {
         "sandgate/mitmdump keepalive_c16_rps": ">= 1.0",
         "sandgate-workers2/mitmdump keepalive_c16_rps": ">= 1.8",
@@ -419,7 +440,7 @@ def table(results: dict[str, Any], rat: dict[str, float | None]) -> str:
         if val is None:
             continue
         goal = f"   (target {targets[k]})" if k in targets else ""
-        lines.append(f"  {k:<50} {val:6.2f}{goal}")
+        lines.append(f"  {k:<50} {val:6.2f} {spread(results, k):<12}{goal}")
     return "\n".join(lines)
 
 
