@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import struct
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Proxy, curl, split_status, start_proxy, stop_proxy
+from tests.support.hangup import HangUp
 
 pytestmark = pytest.mark.integration
 
@@ -43,44 +41,9 @@ identities:
 """
 
 
-class HangUp:
-    """Accepts TCP on HANGUP_IP:443 and resets every connection (a dying server): at once, or
-    `delay` seconds after accepting (set by the test)."""
-
-    delay = 0.0
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((HANGUP_IP, 443))
-        self.sock.listen(128)
-        self.sock.settimeout(0.1)
-        self.accepted = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.accepted += 1
-            if self.delay:
-                time.sleep(self.delay)
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            c.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2)
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
 def hangup() -> Iterator[HangUp]:
-    h = HangUp()
+    h = HangUp(HANGUP_IP)
     yield h
     h.close()
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import struct
-import threading
 import time
 from collections.abc import Iterator
 
@@ -22,39 +19,12 @@ from tests.integration.soak.conftest import (
     start_soak_proxy,
 )
 from tests.integration.soak.mix import Case, check, client_ssl, leaked, make_case, run_worker
+from tests.support.hangup import HangUp
 from tests.support.loadclient import Req, Tunnel
 from tests.support.pki import make_pki
 from tests.support.rawupstream import RawServer
 
 pytestmark = pytest.mark.soak
-
-
-class HangUp:
-    """Accepts TCP on 127.0.12.7:443 and resets every connection at once (a dying server)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.12.7", 443))
-        self.sock.listen(128)
-        self.sock.settimeout(0.1)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            c.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2)
-        self.sock.close()
 
 
 @pytest.fixture
@@ -68,7 +38,7 @@ def broken_tls(soak_pki, tmp_path) -> Iterator[dict[str, RawServer]]:
     }
     for s in servers.values():
         s.start()
-    hang = HangUp()
+    hang = HangUp("127.0.12.7")
     try:
         yield servers
     finally:
