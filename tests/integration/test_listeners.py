@@ -27,6 +27,7 @@ from tests.integration.test_proxy import (
 from tests.integration.test_round2_wire import _forms
 from tests.support.listeners import Listener, dual_proxy_running, make_listener
 from tests.support.secrets import assert_no_secret, assert_secret_equal
+from tests.support.tunnel import recv_until_closed
 
 pytestmark = pytest.mark.integration
 
@@ -154,15 +155,7 @@ def _tls_request(listener: Listener, connect_host: str, sni: str, host_header: s
     tls = ctx.wrap_socket(s, server_hostname=sni)
     tls.sendall(f"GET /docs/x HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n\r\n"
                 .encode())
-    out = b""
-    while True:
-        try:
-            chunk = tls.recv(65536)
-        except (ssl.SSLError, OSError):
-            break
-        if not chunk:
-            break
-        out += chunk
+    out = recv_until_closed(tls)
     tls.close()
     return out
 

@@ -3,24 +3,16 @@ intact both ways over a kept-alive tunnel, and a tunnel whose SNI disagrees is n
 
 from __future__ import annotations
 
-import base64
 import json
 import socket
 import ssl
 
 from tests.integration.conftest import Proxy
+from tests.support.tunnel import granted_tunnel, recv_until_closed
 
 
 def _tunnel(proxy: Proxy, identity: str, connect_host: str) -> socket.socket:
-    cred = base64.b64encode(f"{identity}:{proxy.token(identity)}".encode()).decode()
-    s = socket.create_connection((proxy.host, proxy.port), timeout=15)
-    s.sendall(f"CONNECT {connect_host}:443 HTTP/1.1\r\nHost: {connect_host}:443\r\n"
-              f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(4096)
-    assert b" 200 " in head.split(b"\r\n")[0], head
-    return s
+    return granted_tunnel(proxy, identity, connect_host, timeout=15)
 
 
 def _read_response(tls: ssl.SSLSocket) -> tuple[bytes, bytes]:
@@ -72,15 +64,7 @@ def test_passthrough_tunnel_with_disagreeing_sni_is_intercepted_not_relayed(prox
     tls = ctx.wrap_socket(s, server_hostname="upstream.test")
     before = len(upstream.seen)
     tls.sendall(b"GET /docs/x HTTP/1.1\r\nHost: upstream.test\r\nConnection: close\r\n\r\n")
-    out = b""
-    while True:
-        try:
-            chunk = tls.recv(65536)
-        except (ssl.SSLError, OSError):
-            break
-        if not chunk:
-            break
-        out += chunk
+    out = recv_until_closed(tls)
     assert out.startswith(b"HTTP/1.1 400"), out[:300]
     assert b"disagrees" in out
     assert len(upstream.seen) == before

@@ -19,6 +19,7 @@ from tests.integration.conftest import (
     split_status,
 )
 from tests.support.secrets import assert_no_secret, assert_secret_equal, assert_secret_in
+from tests.support.tunnel import granted_tunnel, recv_until_closed
 
 pytestmark = pytest.mark.integration
 
@@ -279,15 +280,7 @@ def test_uppercase_and_trailing_dot_host_still_allowed(proxy, upstream):
 
 def _open_tunnel(proxy, identity: str, connect_host: str) -> socket.socket:
     """A raw CONNECT tunnel, authenticated, that the proxy accepted."""
-    import base64
-
-    cred = base64.b64encode(f"{identity}:{proxy.token(identity)}".encode()).decode()
-    s = socket.create_connection((proxy.host, proxy.port), timeout=10)
-    s.sendall(f"CONNECT {connect_host}:443 HTTP/1.1\r\nHost: {connect_host}:443\r\n"
-              f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
-    resp = s.recv(4096)
-    assert b" 200 " in resp.split(b"\r\n")[0], resp
-    return s
+    return granted_tunnel(proxy, identity, connect_host)
 
 
 def _raw_tunnel(proxy, identity: str, connect_host: str, sni: str, host_header: str,
@@ -298,15 +291,7 @@ def _raw_tunnel(proxy, identity: str, connect_host: str, sni: str, host_header: 
     tls = ctx.wrap_socket(s, server_hostname=sni)
     tls.sendall(f"GET /docs/x HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n".encode()
                 + extra + b"\r\n")
-    out = b""
-    while True:
-        try:
-            chunk = tls.recv(65536)
-        except (ssl.SSLError, OSError):
-            break
-        if not chunk:
-            break
-        out += chunk
+    out = recv_until_closed(tls)
     tls.close()
     return out
 

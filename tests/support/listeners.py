@@ -14,7 +14,6 @@ suite's loopback range). A test module makes it a fixture and picks listeners wi
 
 from __future__ import annotations
 
-import base64
 import socket
 import subprocess
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 
 from tests.integration.conftest import HERE, Proxy, free_port, start_proxy, stop_proxy
 from tests.support.secrets import assert_no_secret
+from tests.support.tunnel import granted_tunnel
 
 SOCKS5_HOST = "127.0.15.1"
 SOCKS5_ALLOWED_SOURCE = "127.0.0.1"
@@ -59,15 +59,9 @@ class Listener:
 
     def open_tunnel(self, identity: str, host: str, port: int = 443) -> socket.socket:
         """An authenticated tunnel to host:port that the listener granted."""
-        token = self.proxy.token(identity)
         if self.kind == "http":
-            cred = base64.b64encode(f"{identity}:{token}".encode()).decode()
-            s = socket.create_connection((self.host, self.port), timeout=10)
-            s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                      f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
-            resp = s.recv(4096)
-            assert b" 200 " in resp.split(b"\r\n")[0], resp
-            return s
+            return granted_tunnel(self.proxy, identity, host, port)
+        token = self.proxy.token(identity)
         s, reply = socks5_open((self.host, self.port), identity, token, host, port)
         assert reply == 0, f"SOCKS5 reply {reply}"
         return s

@@ -41,6 +41,15 @@ def open_tunnel(host: str, port: int, target: str, auth: str | None,
     return s, resp
 
 
+def granted_tunnel(proxy, identity: str, host: str, port: int = 443,
+                   timeout: float = 10) -> socket.socket:
+    """An authenticated CONNECT tunnel to host:port that the proxy granted (200)."""
+    s, head = open_tunnel(proxy.host, proxy.port, f"{host}:{port}",
+                          proxy_auth(identity, proxy.token(identity)), timeout)
+    assert b" 200 " in head.split(b"\r\n")[0], head[:200]
+    return s
+
+
 def tls_wrap(s: socket.socket, ca: str, server_hostname: str,
              alpn: list[str] | None = None) -> ssl.SSLSocket:
     ctx = ssl.create_default_context(cafile=ca)
