@@ -240,8 +240,10 @@ class Gate:
         tunnel = Tunnel(caller=caller, host=host, port=req.port, rule=d.rule,
                         passthrough=d.allowed and d.rule is not None and d.rule.passthrough,
                         policy=policy)
-        if tunnel.passthrough:
+        if tunnel.passthrough and d.rule is not None:
             self._check_audit()  # a passthrough tunnel is forwarded at CONNECT, unseen after
+            # its address is checked (self_address) and pinned now: refused at the CONNECT
+            tunnel.target = await self._choose(host, req.port, d.rule.private_cidrs)
         if not d.allowed:
             if d.code not in _DEFERRABLE:
                 raise d.refused()
@@ -369,7 +371,7 @@ class Gate:
         key = (str(address[0]), int(address[1]))
         named = conn.by_name.get(key)
         if named is not None:  # a gateway request: dial the checked address, verify the name
-            server.address = named.address
+            wirelimits.dial_at(server, named.address)
             server.sni = key[0]
             return
         if key in conn.approved:
@@ -379,26 +381,12 @@ class Gate:
         tunnel = conn.tunnel
         if tunnel is not None and tunnel.passthrough and tunnel.rule is not None:
             if same_host(str(address[0]), tunnel.host) and address[1] == tunnel.port:
-                target = await self._choose(tunnel.host, tunnel.port, tunnel.rule.private_cidrs)
+                target = tunnel.target or await self._choose(tunnel.host, tunnel.port,
+                                                             tunnel.rule.private_cidrs)
                 server.address = target.address
                 wirelimits.exempt(server)  # raw bytes: the idle timeout applies, not the read one
                 return
         server.error = "sandgate: connection was not approved"
-
-    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        """A gateway's upstream connection is known by the name it was verified for (see
-        `request`), so that mitmproxy reuses it only for requests to that same name."""
-        try:
-            conn = self.conns.get(data.client.id)
-            server = data.server
-            if conn is None or server.sni is None or server.address is None:
-                return
-            name = (server.sni, int(server.address[1]))
-            named = conn.by_name.get(name)
-            if named is not None and named.address == tuple(server.address):
-                server.address = name
-        except Exception:  # not a decision: without it the connection is simply not reused
-            log.exception("sandgate: server_connected failed")
 
     async def _choose(self, host: str, port: int, private_cidrs: Iterable[IPNetwork],
                       only_public: bool = False) -> DialTarget:
@@ -529,7 +517,7 @@ class Gate:
             raise _exfiltration(leaks, rule)
 
         websocket = is_websocket_upgrade(req)
-        prepare(req, websocket)
+        prepare(req, websocket, info)
         if rule is not None and rule.secrets:
             if info.scheme != "https" or ctx.options.ssl_insecure:
                 raise Refused(Code.UNSAFE_INJECTION,

@@ -28,6 +28,8 @@ class Tunnel:
     refusal: Refused | None = None
     # The policy the CONNECT was judged by: after a reload, the tunnel is judged again.
     policy: Policy | None = None
+    # passthrough: the address checked at CONNECT, the one the tunnel dials
+    target: DialTarget | None = None
 
 
 @dataclass

@@ -91,6 +91,9 @@ _dialling: contextvars.ContextVar[connection.Server | None] = contextvars.Contex
 # closed (their stream's error becomes a 504). Connection ids; emptied on server_disconnected.
 _exempt: set[str] = set()
 _timed_out: set[str] = set()
+# Upstream connection id -> the checked address it dials; the connection keeps the name it was
+# judged for as its address (see `dial_at`). Emptied on server_disconnected.
+_dial_at: dict[str, tuple[str, int]] = {}
 
 
 def head_bytes(req: http.Request) -> int:
@@ -205,9 +208,38 @@ def _wrap_handle_event(original: Any) -> Any:
     return _handle_event
 
 
+_INTERIM = re.compile(rb"HTTP/1\.[01] 1(?!01)[0-9][0-9][ \r\n]")
+
+
+def drop_interim(buf: Any) -> int:
+    """Remove the complete 1xx heads (not 101) at the start of an upstream's receive buffer;
+    how many were removed.
+
+    mitmproxy 11.0.2 reads an HTTP/1 1xx head as the final response (no body), so the client
+    got a `100 Continue` or `103 Early Hints` as its answer and the real response was lost (the
+    client hung). A proxy may drop them: mitmproxy answers `Expect: 100-continue` to the client
+    itself (and removes the header, so an upstream's 100 is never solicited), and drops 1xx from
+    HTTP/2 upstreams already; 103 is a hint, and its headers would be one more channel."""
+    data = bytes(buf)
+    at = n = 0
+    while _INTERIM.match(data, at):
+        end = _BLANK_LINE.search(data, at)
+        if end is None:
+            break  # not complete yet: wait for more
+        at = end.end()
+        n += 1
+    if at:
+        buf._extract(at)  # h11's ReceiveBuffer: drop the first `at` bytes
+    return n
+
+
 def _wrap_response_head(original: Any) -> Any:
     def read_headers(self: Any, event: events.ConnectionEvent) -> Generator[Any, Any, None]:
         limit = max(RESPONSE_HEAD_BYTES, _state.limits.max_header_bytes)
+        if isinstance(event, events.DataReceived) and self.request is not None:
+            drop_interim(self.buf)
+            if not self.buf:
+                return  # only interim heads so far: wait for the final one
         if (isinstance(event, events.DataReceived) and self.stream_id is not None
                 and self.request is not None and _head_over(self.buf, limit)):
             yield commands.CloseConnection(self.conn)
@@ -325,7 +357,11 @@ class _AsyncioForServer(types.ModuleType):
         # asyncio.open_connection, with the reader that keeps the read timeout
         timeout = _state.limits.upstream_connect_timeout
         loop = asyncio.get_running_loop()
-        reader = _SilenceReader(_dialling.get(), limit)
+        dialling = _dialling.get()
+        at = _dial_at.get(dialling.id) if dialling is not None else None
+        if at is not None:
+            host, port = at
+        reader = _SilenceReader(dialling, limit)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         try:
             transport, _ = await asyncio.wait_for(
@@ -389,6 +425,15 @@ def exempt(server_conn: connection.Server) -> None:
     _exempt.add(server_conn.id)
 
 
+def dial_at(server_conn: connection.Server, address: tuple[str, int]) -> None:
+    """Dial `address` (the checked IP) for this upstream connection while its `address` stays
+    the name it was judged for. mitmproxy reuses a connection for any later request whose
+    address equals it: keyed by name, two names sharing an IP never share a TLS connection
+    verified for one of them. (Renaming the connection once open is refused by mitmproxy:
+    "Cannot change server.address on open connection".)"""
+    _dial_at[server_conn.id] = address
+
+
 class WireLimits:
     """The addon side: exemptions, and forgetting connections that closed."""
 
@@ -398,6 +443,7 @@ class WireLimits:
     def server_disconnected(self, data: Any) -> None:
         _exempt.discard(data.server.id)
         _timed_out.discard(data.server.id)
+        _dial_at.pop(data.server.id, None)
 
 
 # ------------------------------------------------------------------------ idle timeout

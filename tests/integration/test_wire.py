@@ -1,0 +1,154 @@
+"""The wire: 1xx answers, a request without Host, self addresses, TLS to the proxy port.
+
+Real parts: `sandgate run` with its admin API, a scripted HTTP/1 upstream over real TLS
+(tests/support/rawupstream.py), curl as the client. Fixed addresses (run in a network
+namespace): 127.0.44.2:443 raw.wire.test / pass.wire.test, the admin API on 127.0.0.1:9444.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.conftest import HERE, Proxy, split_status, start_proxy, stop_proxy
+from tests.support.rawupstream import RawRequest, RawServer
+from tests.support.round2 import refusal_doc, token, vault_env
+from tests.support.tunnel import h1_in_tunnel, open_tunnel, proxy_auth
+
+pytestmark = pytest.mark.integration
+
+RAW_IP = "127.0.44.2"
+ADMIN = ("127.0.0.1", 9444)
+ADMIN_TOKEN = "test-admin-token-wire-4"
+RESOLVE = {
+    "raw.wire.test": RAW_IP,
+    "pass.wire.test": RAW_IP,
+    "zero.wire.test": "0.0.0.0",
+    "zero6.wire.test": "::",
+    "zeromap.wire.test": "::ffff:0.0.0.0",
+    "self.wire.test": "127.0.0.1",
+}
+FINAL = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nContent-Type: text/plain\r\n\r\nfinal\n"
+
+
+def _echo_host(req: RawRequest) -> bytes:
+    body = f"host={req.header('host')}\n".encode()
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+RESPONDERS = {
+    "/continue": lambda _r: b"HTTP/1.1 100 Continue\r\n\r\n" + FINAL,
+    "/hints": lambda _r: (b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+                          + FINAL),
+    "/both": lambda _r: (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
+                         b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n" + FINAL),
+    "/host": _echo_host,
+}
+
+
+@pytest.fixture(scope="module")
+def raw(pki) -> Iterator[RawServer]:
+    s = RawServer(RAW_IP, 443, str(pki.cert), str(pki.key), responders=RESPONDERS).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def wire_proxy(tmp_path_factory, vault, pki, raw) -> Iterator[Proxy]:
+    env = {**vault_env(vault), "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    p = start_proxy(tmp_path_factory.mktemp("wire"), HERE / "policies_wire", env, pki,
+                    *[f"--resolve={n}={ip}" for n, ip in RESOLVE.items()],
+                    "--admin", f"{ADMIN[0]}:{ADMIN[1]}")
+    yield p
+    stop_proxy(p)
+
+
+def _curl(proxy: Proxy, pki, url: str, *args: str, max_time: float = 8,
+          proxy_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = ["curl", "-sS", "--max-time", str(max_time), "--proxy", proxy_url or proxy.url,
+           "--proxy-user", f"coding-agent:{token(proxy)}", "--cacert", str(proxy.ca),
+           "-w", "\n%{http_code}", url, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=max_time + 10)
+
+
+# ---------------------------------------------------------------- 1xx from the upstream
+
+@pytest.mark.parametrize("path", ["/continue", "/hints", "/both"])
+def test_interim_responses_are_dropped_and_the_final_one_arrives(wire_proxy, pki, path):
+    r = _curl(wire_proxy, pki, f"https://raw.wire.test{path}")
+    body, status = split_status(r.stdout)
+    assert (status, body) == (200, "final\n"), r.stderr
+
+
+# ---------------------------------------------------------------- HTTP/1.0 without Host
+
+def test_http10_without_host_is_forwarded_with_the_judged_host(wire_proxy, raw):
+    before = len(raw.requests)
+    out = h1_in_tunnel(wire_proxy, "coding-agent", token(wire_proxy), "raw.wire.test:443",
+                       b"GET /host HTTP/1.0\r\n\r\n")
+    assert out.split(b"\r\n", 1)[0].endswith(b"200 OK"), out[:200]
+    assert b"host=raw.wire.test\n" in out
+    new = raw.requests[before:]
+    assert [r.header("host") for r in new] == ["raw.wire.test"]
+
+
+# ---------------------------------------------------------------- self addresses
+
+def _admin_reachable() -> None:
+    """The admin API is up on ADMIN (so a refusal below is Sandgate's, not a dead port)."""
+    r = subprocess.run(["curl", "-sS", "--max-time", "5", "-o", "/dev/null", "-w",
+                        "%{http_code}", f"http://{ADMIN[0]}:{ADMIN[1]}/healthz"],
+                       capture_output=True, text=True, timeout=15)
+    assert r.stdout == "200", r.stderr
+
+
+@pytest.mark.parametrize("name", ["zero.wire.test", "zero6.wire.test", "zeromap.wire.test"])
+def test_unspecified_address_is_self_whatever_private_cidrs_say(wire_proxy, pki, name):
+    _admin_reachable()
+    r = _curl(wire_proxy, pki, f"http://{name}:{ADMIN[1]}/healthz")
+    body, status = split_status(r.stdout)
+    assert status == 403, (status, body[:200], r.stderr)
+    doc = refusal_doc(body)
+    assert doc["code"] == "self_address"
+
+
+def test_passthrough_connect_to_the_admin_port_refused_at_connect(wire_proxy):
+    _admin_reachable()
+    s, head = open_tunnel(wire_proxy.host, wire_proxy.port, f"self.wire.test:{ADMIN[1]}",
+                          proxy_auth("coding-agent", token(wire_proxy)))
+    s.close()
+    status = head.split(b"\r\n", 1)[0]
+    assert b" 403 " in status, head[:300]
+    assert b"self_address" in head
+
+
+def test_passthrough_still_dials_the_address_checked_at_connect(wire_proxy, pki):
+    r = _curl(wire_proxy, pki, "https://pass.wire.test/x", "--cacert", str(pki.ca_cert))
+    body, status = split_status(r.stdout)
+    assert (status, body) == (200, "ok\n"), r.stderr
+
+
+# ---------------------------------------------------------------- TLS to the proxy port
+
+def test_tls_to_the_proxy_port_passthrough_works(wire_proxy, pki):
+    """curl --proxy https://: the tunnel runs inside TLS to Sandgate; the passthrough relay
+    must hand the upstream the inner bytes, not the outer TLS records."""
+    url = f"https://{wire_proxy.host}:{wire_proxy.port}"
+    for _ in range(3):  # several requests: the lean relay engaged after the first chunk
+        r = _curl(wire_proxy, pki, "https://pass.wire.test/x", "--cacert", str(pki.ca_cert),
+                  "--proxy-cacert", str(wire_proxy.ca), proxy_url=url)
+        body, status = split_status(r.stdout)
+        assert (status, body) == (200, "ok\n"), r.stderr
+        time.sleep(0.1)
+
+
+def test_tls_to_the_proxy_port_intercepted_request_works(wire_proxy, pki):
+    url = f"https://{wire_proxy.host}:{wire_proxy.port}"
+    r = _curl(wire_proxy, pki, "https://raw.wire.test/host", "--proxy-cacert",
+              str(wire_proxy.ca), proxy_url=url)
+    body, status = split_status(r.stdout)
+    assert (status, body) == (200, "host=raw.wire.test\n"), r.stderr
