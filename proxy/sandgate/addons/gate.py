@@ -27,7 +27,7 @@ from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
-from sandgate.addons import relay, wirelimits
+from sandgate.addons import admission, relay, wirelimits
 from sandgate.addons.forward import (
     check_authority,
     check_upgrade,
@@ -175,10 +175,10 @@ class Gate:
     def _admit_client(self, client: connection.Client) -> bool:
         """Past --max-connections a new client connection is closed at once (and audited)."""
         try:
-            if self.cfg.limiter.connected(client.id):
+            refused = admission.admit(self.cfg.limiter, client)  # also per source, unidentified
+            if refused is None:
                 return True
-            reason = (f"Sandgate has {self.cfg.limiter.config.max_connections} client "
-                      "connections open (--max-connections)")
+            reason = refused
         except Exception:
             log.exception("sandgate: client_connected failed; closing")
             reason = "Sandgate hit an internal error"
@@ -205,6 +205,7 @@ class Gate:
         ident = policy.identities.get(caller.identity)
         self.cfg.limiter.identified(flow.client_conn.id, caller.identity,
                                     ident.limits if ident is not None else None)
+        admission.identified(flow.client_conn)  # no admission deadline from here on
 
     def _check_head_size(self, req: http.Request) -> None:
         """Bounded before trusted: the head's size and header count, before anything else.

@@ -45,7 +45,7 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.tcp import TCPLayer
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
-from sandgate.addons import writes
+from sandgate.addons import admission, writes
 
 _MARK = "_sandgate_relay"
 _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport")  # noqa: B009
@@ -172,6 +172,8 @@ async def handle_connection(self: Any, conn: connection.Connection) -> None:
             cancelled = e
             break
 
+        if conn is self.client and not getattr(self, admission.SPOKE, False):
+            setattr(self, admission.SPOKE, True)  # the client's first byte (admission.py)
         writer = peer_writer(self, conn)
         if writer is not None:
             self.timeout_watchdog.register_activity()

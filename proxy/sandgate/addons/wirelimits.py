@@ -59,6 +59,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
 from sandgate import audit as A
+from sandgate.addons import admission
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.refusal import Refusal
@@ -462,6 +463,7 @@ def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
     _state.limits = limits
     if on_event is not None:
         _state.on_event = on_event
+    admission.install(limits, lambda code, reason, client: _emit("limit", code, reason, client))
     # read by each connection at its start; off (None): mitmproxy's own 600 s
     setattr(server, "TCP_TIMEOUT", limits.idle_timeout or 600)  # noqa: B010
     if getattr(_http1, _MARK, False):
