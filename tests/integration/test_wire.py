@@ -25,6 +25,7 @@ ADMIN = ("127.0.0.1", 9444)
 ADMIN_TOKEN = "test-admin-token-wire-4"
 RESOLVE = {
     "raw.wire.test": RAW_IP,
+    "get.wire.test": RAW_IP,
     "pass.wire.test": RAW_IP,
     "zero.wire.test": "0.0.0.0",
     "zero6.wire.test": "::",
@@ -152,3 +153,81 @@ def test_tls_to_the_proxy_port_intercepted_request_works(wire_proxy, pki):
               str(wire_proxy.ca), proxy_url=url)
     body, status = split_status(r.stdout)
     assert (status, body) == (200, "host=raw.wire.test\n"), r.stderr
+
+
+# ---------------------------------------------------------------- readable refusals
+
+BIG_HEADER = "x" * (256 * 1024)
+
+
+@pytest.mark.parametrize("url", ["https://raw.wire.test/host", "http://raw.wire.test/host"],
+                         ids=["in-tunnel", "proxied"])
+def test_huge_request_header_gets_a_readable_431(wire_proxy, pki, raw, url, tmp_path):
+    before = len(raw.requests)
+    headers = tmp_path / "headers.txt"
+    headers.write_text(f"X-Big: {BIG_HEADER}\n")
+    r = _curl(wire_proxy, pki, url, "-H", f"@{headers}", "--http1.1")
+    body, status = split_status(r.stdout)
+    assert status == 431, (status, r.stderr)
+    assert refusal_doc(body)["code"] == "headers_too_large"
+    assert len(raw.requests) == before
+
+
+def test_huge_request_header_readable_with_requests(wire_proxy):
+    import requests
+
+    auth = f"coding-agent:{token(wire_proxy)}"
+    proxy = f"http://{auth}@{wire_proxy.host}:{wire_proxy.port}"
+    r = requests.get("http://raw.wire.test/host", headers={"X-Big": BIG_HEADER},
+                     proxies={"http": proxy}, timeout=15)
+    assert r.status_code == 431
+    assert refusal_doc(r.text)["code"] == "headers_too_large"
+
+
+def test_expect_continue_to_a_denied_target_is_refused_before_the_body(wire_proxy, raw):
+    """No `100 Continue` for a refused request: the 403 comes first, the body never sent."""
+    before = len(raw.requests)
+    head = (b"POST /upload HTTP/1.1\r\nHost: get.wire.test\r\nContent-Length: 1000\r\n"
+            b"Expect: 100-continue\r\n\r\n")
+    out = h1_in_tunnel(wire_proxy, "coding-agent", token(wire_proxy), "get.wire.test:443",
+                       head, timeout=10)
+    status = out.split(b"\r\n", 1)[0]
+    assert status.startswith(b"HTTP/1.1 403"), out[:300]
+    assert refusal_doc(out.partition(b"\r\n\r\n")[2])["code"] == "no_rule"
+    assert len(raw.requests) == before
+
+
+def test_expect_continue_with_a_large_body_gets_its_403_with_curl(wire_proxy, pki, raw,
+                                                                  tmp_path):
+    """curl waits for 100 Continue (up to --expect100-timeout) before the 1 MiB body; the
+    refusal arrives instead (before: the flow was killed, an empty reply)."""
+    data = tmp_path / "body.bin"
+    data.write_bytes(b"a" * (1024 * 1024))
+    before = len(raw.requests)
+    r = _curl(wire_proxy, pki, "https://get.wire.test/upload", "--data-binary", f"@{data}",
+              "-H", "Expect: 100-continue", "--expect100-timeout", "30")
+    body, status = split_status(r.stdout)
+    assert status == 403, (status, r.stderr)
+    assert refusal_doc(body)["code"] == "no_rule"
+    assert len(raw.requests) == before
+
+
+def test_refused_head_with_a_body_streaming_gets_its_403(wire_proxy, pki, raw, tmp_path):
+    """No Expect: the client sends 1 MiB at once; it still reads the refusal."""
+    data = tmp_path / "body.bin"
+    data.write_bytes(b"a" * (1024 * 1024))
+    r = _curl(wire_proxy, pki, "https://get.wire.test/upload", "--data-binary", f"@{data}",
+              "-H", "Expect:")
+    body, status = split_status(r.stdout)
+    assert status == 403, (status, r.stderr)
+    assert refusal_doc(body)["code"] == "no_rule"
+
+
+def test_quoted_crlf_in_a_chunk_extension_gets_a_readable_400(wire_proxy, raw):
+    before = len(raw.requests)
+    req = (b"POST /host HTTP/1.1\r\nHost: raw.wire.test\r\nTransfer-Encoding: chunked\r\n"
+           b"\r\n5;ext=\"a\r\nb\"\r\nhello\r\n0\r\n\r\n")
+    out = h1_in_tunnel(wire_proxy, "coding-agent", token(wire_proxy), "raw.wire.test:443", req)
+    assert out.startswith(b"HTTP/1.1 400"), out[:300]
+    assert refusal_doc(out.partition(b"\r\n\r\n")[2])["code"] == "bad_request"
+    assert len(raw.requests) == before

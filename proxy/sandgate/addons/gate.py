@@ -27,7 +27,7 @@ from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
-from sandgate.addons import admission, relay, wirelimits
+from sandgate.addons import admission, readable, relay, wirelimits
 from sandgate.addons.forward import (
     check_authority,
     check_upgrade,
@@ -406,8 +406,9 @@ class Gate:
             self._judge_head(flow)
         except Refused as e:
             self._refused(flow, e)
-            if _body_expected(flow.request) > _SMALL_BODY:
-                flow.kill()  # do not read (and buffer) a large body only to refuse it
+            # answered now, its body unread (HTTP/1); else do not buffer a large body to refuse it
+            if not readable.answer_early(flow) and _body_expected(flow.request) > _SMALL_BODY:
+                flow.kill()
 
     def _check_audit(self) -> None:
         """Nothing is forwarded that cannot be audited (unless run with --audit-best-effort)."""

@@ -59,7 +59,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
 from sandgate import audit as A
-from sandgate.addons import admission
+from sandgate.addons import admission, readable
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.refusal import Refusal
@@ -114,6 +114,11 @@ def _refusal_response(code: Code, reason: str) -> bytes:
     return bytes(http1.assemble_response(http.Response.make(r.status, r.body(), headers)))
 
 
+def bad_request_response(reason: str) -> bytes:
+    """A 400 `bad_request` refusal as HTTP/1 bytes (for errors below the hooks)."""
+    return _refusal_response(Code.BAD_REQUEST, reason)
+
+
 def _peer(conn: connection.Connection) -> str | None:
     p = conn.peername
     return f"{p[0]}:{p[1]}" if p else None
@@ -153,12 +158,13 @@ def _head_over(buf: Any, limit: int) -> bool:
 
 def _refuse_head(self: Any, code: Code, reason: str) -> Generator[Any, Any, None]:
     """Answer a head that will not be read (through the layers: a TLS client gets it
-    encrypted), close the connection and stop reading."""
+    encrypted), then close gracefully: the rest of the head is read and discarded, bounded,
+    so that the client reads the answer instead of a reset (readable.py)."""
     self._sg_head_deadline = None
     _emit("limit", code, reason, self.conn)
     yield commands.SendData(self.conn, _refusal_response(code, reason))
-    yield commands.CloseConnection(self.conn)
     self.state = self.done
+    yield from readable.close_gracefully(self)
 
 
 def _wrap_read_headers(original: Any) -> Any:
@@ -464,6 +470,7 @@ def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
     if on_event is not None:
         _state.on_event = on_event
     admission.install(limits, lambda code, reason, client: _emit("limit", code, reason, client))
+    readable.install()
     # read by each connection at its start; off (None): mitmproxy's own 600 s
     setattr(server, "TCP_TIMEOUT", limits.idle_timeout or 600)  # noqa: B010
     if getattr(_http1, _MARK, False):
