@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.conftest import HERE, Proxy, split_status, start_proxy, stop_proxy
 from tests.support.rawupstream import RawRequest, RawServer
-from tests.support.round2 import refusal_doc, token, vault_env
+from tests.support.round2 import refusal_doc, token, vault_env, wait_new_audit
 from tests.support.tunnel import h1_in_tunnel, open_tunnel, proxy_auth
 
 pytestmark = pytest.mark.integration
@@ -231,3 +231,40 @@ def test_quoted_crlf_in_a_chunk_extension_gets_a_readable_400(wire_proxy, raw):
     assert out.startswith(b"HTTP/1.1 400"), out[:300]
     assert refusal_doc(out.partition(b"\r\n\r\n")[2])["code"] == "bad_request"
     assert len(raw.requests) == before
+
+
+# ---------------------------------------------------------------- CONNECT streams over HTTP/2
+
+def test_each_http2_connect_stream_keeps_its_own_tunnel(wire_proxy):
+    """TLS + h2 to the proxy port, three CONNECT streams on one connection (allowed, allowed,
+    refused by policy to be answered inside), then a request on each stream: each is judged
+    against its own stream's CONNECT (the audit says so: its own host, and the deferred
+    refusal only on the refused stream). Before, the last CONNECT's record (and target
+    address) was every stream's. (mitmproxy ends a CONNECT stream with its 200, so answers
+    cannot come back; the judgement is what this checks. The layers inside take the client's
+    ALPN, h2, so the request inside is HTTP/2 too.)"""
+    from tests.support.h2tunnels import H2Proxy, inner_h2_request
+
+    auth = proxy_auth("coding-agent", token(wire_proxy))
+    mark = len(wire_proxy.audit())
+    c = H2Proxy(wire_proxy.host, wire_proxy.port, str(wire_proxy.ca))
+    try:
+        streams = {host: c.connect(f"{host}:443", auth)
+                   for host in ("raw.wire.test", "get.wire.test", "denied.wire.test")}
+        assert {h: s.status for h, s in streams.items()} == dict.fromkeys(streams, 200)
+        for host, st in streams.items():
+            c.send(st, inner_h2_request(f"{host}:443", f"/from/{host}"))
+        for _ in range(5):
+            c.pump()
+    finally:
+        c.close()
+
+    def event(host: str) -> dict:
+        return wait_new_audit(wire_proxy, mark, lambda e: e.get("event") == "request"
+                              and (e.get("path") or "").startswith(f"/from/{host}"))
+
+    for host in ("raw.wire.test", "get.wire.test"):
+        ev = event(host)
+        assert (ev["host"], ev["decision"], ev["code"]) == (host, "deny", "not_tls"), ev["reason"]
+    ev = event("denied.wire.test")
+    assert (ev["host"], ev["code"]) == ("denied.wire.test", "no_rule"), ev

@@ -27,7 +27,7 @@ from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
-from sandgate.addons import admission, readable, relay, wirelimits
+from sandgate.addons import admission, readable, relay, tunnels, wirelimits
 from sandgate.addons.forward import (
     check_authority,
     check_upgrade,
@@ -254,7 +254,7 @@ class Gate:
             else:
                 tunnel.refusal = d.refused()
                 rec.refusal = self._refusal(flow, tunnel.refusal)
-        self._conn(flow.client_conn).tunnel = tunnel
+        tunnels.put(self._conn(flow.client_conn), flow.client_conn, flow.server_conn, tunnel)
         self._audit(flow, event="connect")
 
     def http_connect_error(self, flow: http.HTTPFlow) -> None:
@@ -322,7 +322,10 @@ class Gate:
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         try:
-            tunnel = self._conn(data.context.client).tunnel
+            tunnel = tunnels.get(self._conn(data.context.client), data.context.client,
+                                 data.context.server)
+            if tunnel is not None:
+                tunnel.sni = data.client_hello.sni  # this tunnel's own (not the connection's)
             if tunnel is None or not tunnel.passthrough:
                 return
             sni = data.client_hello.sni
@@ -334,11 +337,19 @@ class Gate:
         except Exception:
             log.exception("sandgate: tls_clienthello failed; intercepting instead")
 
+    def tls_established_client(self, data: tls.TlsData) -> None:
+        """The TLS inside a tunnel is up (TLS to the proxy port itself is no tunnel's)."""
+        tunnel = tunnels.get(self._conn(data.context.client), data.context.client,
+                             data.context.server)
+        if tunnel is not None:
+            tunnel.tls = True
+
     def tcp_message(self, flow: tcp.TCPFlow) -> None:
         # Raw bytes inside a CONNECT that no passthrough rule allows: nothing to judge, nothing
         # relayed (mitmproxy ignores kill() in tcp_start; server_connect refuses the dial too).
         try:
-            tunnel = self._conn(flow.client_conn).tunnel
+            tunnel = tunnels.get(self._conn(flow.client_conn), flow.client_conn,
+                                 flow.server_conn)
             if tunnel is not None and tunnel.passthrough:
                 return
         except Exception:
@@ -379,7 +390,7 @@ class Gate:
             # We dial the checked IP; TLS must still verify the name the request was judged for.
             server.sni = conn.approved[key]
             return
-        tunnel = conn.tunnel
+        tunnel = tunnels.get(conn, data.client, server)
         if tunnel is not None and tunnel.passthrough and tunnel.rule is not None:
             if same_host(str(address[0]), tunnel.host) and address[1] == tunnel.port:
                 target = tunnel.target or await self._choose(tunnel.host, tunnel.port,
@@ -426,7 +437,8 @@ class Gate:
             info = self._gateway_head(flow, rec, policy)
         else:
             auth = req.headers.pop("proxy-authorization", None)
-            tunnel = self._conn(flow.client_conn).tunnel
+            tunnel = tunnels.get(self._conn(flow.client_conn), flow.client_conn,
+                                 flow.server_conn)
             if tunnel is None and is_socks5(flow.client_conn):
                 raise IdentityError(Code.AUTH_REQUIRED, "no SOCKS5 CONNECT was granted")
             rec.caller = tunnel.caller if tunnel is not None else self._identify(flow, auth)
@@ -590,8 +602,7 @@ class Gate:
                                  req.host_header)
             _record(flow).info = info
             if tunnel is not None:
-                check_tunnel(info, tunnel.host, tunnel.port, flow.client_conn.tls_established,
-                             flow.client_conn.sni)
+                check_tunnel(info, tunnel.host, tunnel.port, tunnel.tls, tunnel.sni)
             elif req.scheme == "https":
                 # https without a CONNECT (e.g. a TLS client talking to the proxy port directly)
                 raise BadRequest(Code.BAD_REQUEST, "https requests must arrive through CONNECT")
