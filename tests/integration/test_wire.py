@@ -160,13 +160,17 @@ def test_tls_to_the_proxy_port_intercepted_request_works(wire_proxy, pki):
 BIG_HEADER = "x" * (256 * 1024)
 
 
-@pytest.mark.parametrize("url", ["https://raw.wire.test/host", "http://raw.wire.test/host"],
-                         ids=["in-tunnel", "proxied"])
-def test_huge_request_header_gets_a_readable_431(wire_proxy, pki, raw, url, tmp_path):
+@pytest.mark.parametrize("url,version", [("https://raw.wire.test/host", "--http1.1"),
+                                         ("http://raw.wire.test/host", "--http1.1")],
+                         ids=["in-tunnel-h1", "proxied"])
+def test_huge_request_header_gets_a_readable_431(wire_proxy, pki, raw, url, version,
+                                                 tmp_path):
+    """(Over HTTP/2, curl's default in a tunnel, a header block this large still ends the
+    connection: see docs/wire.md.)"""
     before = len(raw.requests)
     headers = tmp_path / "headers.txt"
     headers.write_text(f"X-Big: {BIG_HEADER}\n")
-    r = _curl(wire_proxy, pki, url, "-H", f"@{headers}", "--http1.1")
+    r = _curl(wire_proxy, pki, url, "-H", f"@{headers}", version)
     body, status = split_status(r.stdout)
     assert status == 431, (status, r.stderr)
     assert refusal_doc(body)["code"] == "headers_too_large"
