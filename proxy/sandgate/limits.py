@@ -142,13 +142,7 @@ class ConnectionCounter:
         return not over_source and (limit is None or len(self.open) <= limit)
 
     def _unpend(self, client_id: str) -> None:
-        source = self.source_of.pop(client_id, None)
-        if source is not None:
-            n = self.unidentified.get(source, 1) - 1
-            if n > 0:
-                self.unidentified[source] = n
-            else:
-                self.unidentified.pop(source, None)
+        _release(self.unidentified, self.source_of.pop(client_id, None))
 
     def identify(self, client_id: str, identity: str, limit: int | None) -> bool:
         """Count the connection for `identity` (once); False when over the identity's limit,
@@ -166,13 +160,18 @@ class ConnectionCounter:
     def disconnected(self, client_id: str) -> None:
         self.open.discard(client_id)
         self._unpend(client_id)
-        identity = self.identity_of.pop(client_id, None)
-        if identity is not None:
-            n = self.per_identity.get(identity, 1) - 1
-            if n > 0:
-                self.per_identity[identity] = n
-            else:
-                self.per_identity.pop(identity, None)
+        _release(self.per_identity, self.identity_of.pop(client_id, None))
+
+
+def _release(counts: dict[str, int], key: str | None) -> None:
+    """One fewer for `key` (None: nothing counted); a count that reaches 0 is removed."""
+    if key is None:
+        return
+    n = counts.get(key, 1) - 1
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
 
 
 class Limiter:
