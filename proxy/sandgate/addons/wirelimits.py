@@ -158,13 +158,17 @@ def _head_over(buf: Any, limit: int) -> bool:
 
 def _refuse_head(self: Any, code: Code, reason: str) -> Generator[Any, Any, None]:
     """Answer a head that will not be read (through the layers: a TLS client gets it
-    encrypted), then close gracefully: the rest of the head is read and discarded, bounded,
-    so that the client reads the answer instead of a reset (readable.py)."""
+    encrypted) and close. A head over the size limit is still being sent: the connection is
+    closed gracefully (the rest is read and discarded, bounded), so that the client reads the
+    answer instead of a reset (readable.py). A head past its time is not: closed at once."""
     self._sg_head_deadline = None
     _emit("limit", code, reason, self.conn)
     yield commands.SendData(self.conn, _refusal_response(code, reason))
     self.state = self.done
-    yield from readable.close_gracefully(self)
+    if code == Code.HEADERS_TOO_LARGE:
+        yield from readable.close_gracefully(self)
+    else:
+        yield commands.CloseConnection(self.conn)
 
 
 def _wrap_read_headers(original: Any) -> Any:
