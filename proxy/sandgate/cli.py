@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     confdir_arg(ca)
 
     sub.add_parser("schema", help="print the JSON Schema of the policy format")
+    from sandgate import demo
+
+    demo.add_parser(sub)
 
     from sandgate import traffic_cli
 
@@ -253,7 +256,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "schema": cmd_schema,
         "diff": cmd_diff,
         "suggest": cmd_suggest,
-    }.get(args.command)
+    }.get(args.command, getattr(args, "handler", None))
     if getattr(args, "missing_extra", None):
         return _err(args.missing_extra)
     if handler is None:
