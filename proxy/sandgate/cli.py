@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "bodies are buffered to be inspected before anything is sent)")
     lim = run.add_argument_group(
         "limits", "0 turns a count or timeout limit off; identities' `limits:` in the policy "
-        "override the per-identity ones (README, Limits)")
+        "override the per-identity ones (docs/operations.md, Limits)")
     lim.add_argument("--max-header-bytes", type=_size, default="64k", metavar="SIZE",
                      help="refuse a request head (CONNECT or request) larger than this with 431 "
                      "(default %(default)s)")

@@ -80,7 +80,7 @@ def test_demo_shows_injection_refusal_scrubbing_and_explain(tmp_path: Path) -> N
     assert '"x-api-key": "[REDACTED:anthropic]"' in third
     assert third.endswith("redactions in the audit event: 2"), third
     # 4: explain, for the same requests.
-    explain = out.split("4. sandgate explain", 1)[1]
+    explain = out.split("4. sandgate explain POST", 1)[1]
     assert "coding-agent: allow by rule 'llm'" in explain
     assert "inject header x-api-key: from secret(s) anthropic" in explain
     assert "bash-tool: deny no_rule" in explain

@@ -95,16 +95,16 @@ def run_tour(stack: Stack, out: Callable[[str], None]) -> None:
         f"{stack.policies / 'demo.yaml'}")
     out("")
 
-    out(f"1. coding-agent: POST {url}   (the sandbox sends x-api-key: {PLACEHOLDER})")
+    out(f"1. coding-agent POST {url}   x-api-key: {PLACEHOLDER}")
     a = _call(stack, "coding-agent", {"model": "demo", "messages": []})
     _no_leak(a, value)
     got = a.json().get("received_key") if a.status == 200 else None
     if got != fp:
         raise DemoFailed(f"expected 200 with the key {fp} injected, got {a.status} {got}")
-    out(f"   -> {a.status}: the API received x-api-key {got}, the Vault secret: injected by "
-        f"Sandgate by rule '{a.audit.get('rule')}' (audit: secrets {a.audit.get('secrets')})")
+    out(f"   -> {a.status}: the API received x-api-key {got} (the Vault secret), injected by "
+        f"rule '{a.audit.get('rule')}'; the sandbox only ever held the placeholder")
 
-    out(f"2. bash-tool:    POST {url}")
+    out(f"2. bash-tool    POST {url}   (code the agent generated)")
     b = _call(stack, "bash-tool", {"model": "demo", "messages": []})
     _no_leak(b, value)
     if b.status != 403:
@@ -112,16 +112,15 @@ def run_tour(stack: Stack, out: Callable[[str], None]) -> None:
     refusal = b.json()
     out(f"   -> {b.status} {refusal.get('code')}: {refusal.get('reason')}")
 
-    out(f"3. coding-agent: POST {url} {{\"echo\": true}}   (the API reflects the key it got, "
-        f"in a header and in the body)")
+    out(f"3. coding-agent POST {url}   {{\"echo\": true}}: the API reflects the key it got")
     c = _call(stack, "coding-agent", {"echo": True})
     _no_leak(c, value)
     shown = c.json().get("echo", {}).get("x-api-key")
     out(f"   -> {c.status}: the sandbox got {REFLECT_HEADER}: {c.headers.get(REFLECT_HEADER)} and "
-        f"\"x-api-key\": \"{shown}\"; redactions in the audit event: "
+        f"\"x-api-key\": \"{shown}\" in the body; redactions in the audit event: "
         f"{c.audit.get('redactions')}")
 
-    out("4. sandgate explain, for the same requests:")
+    out(f"4. sandgate explain POST {url}, for each identity:")
     from sandgate.explain import explain
     from sandgate.policy.loader import load_policy_dir
 
