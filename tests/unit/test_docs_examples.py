@@ -1,0 +1,157 @@
+"""Every shell and YAML example of the README and the documentation site does what the page says.
+
+- YAML examples are policies: each is loaded by the real loader (several files in one block are
+  split at their `# NAME.yaml` comment), validated against `sandgate schema`'s JSON Schema, and
+  its proofs and `tests:` fixtures must pass, as `sandgate check` would run them.
+- Shell examples are run (bash, `set -euo pipefail`) in a scratch directory holding this
+  checkout's `.venv` and `policies/`, offline; each must exit 0, or the status its
+  `<!-- run: exits N -->` marker names.
+- A shell example that cannot run offline in a test carries `<!-- not run: REASON -->` (or
+  `<!-- not run here: REASON -->` naming the test that runs it), and the reason is required.
+- Every fence names its language, so no shell example can hide in an untagged block.
+(The markers are described in tests/support/docs_examples.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.support.docs_examples import REPO, SHELL, Example, all_examples, policy_files
+
+EXAMPLES = all_examples()
+YAML = [e for e in EXAMPLES if e.lang in ("yaml", "yml")]
+RUN = [e for e in EXAMPLES if e.lang in SHELL and (e.marker is None or e.marker[0] == "run")]
+JSON = [e for e in EXAMPLES if e.lang == "json"]
+
+
+# What an unmarked shell example may run: Sandgate's own offline subcommands and plain text tools.
+# Anything else (an installer, docker, curl, a server) must be marked `not run` with its reason:
+# the unit lane never runs it by accident.
+RUNNABLE = {".venv/bin/sandgate", "sandgate", "echo", "cat", "grep", "head", "test", "diff"}
+
+
+def _commands(body: str) -> list[str]:
+    """The first word of each command of a shell example (after `VAR=` and `$(`)."""
+    out = []
+    for line in body.replace("\\\n", " ").splitlines():
+        for part in re.split(r"&&|\|\||;|\|", line.split(" #", 1)[0]):
+            words = part.strip().lstrip("(").split()
+            while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+                first = words[0].split("=", 1)[1].lstrip("$(")
+                words = ([first] if first else []) + words[1:]
+            if words and not words[0].startswith("#"):
+                out.append(words[0])
+    return out
+
+
+def _ids(examples: list[Example]) -> list[str]:
+    return [e.where for e in examples]
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-m", "sandgate.cli", "schema"], capture_output=True,
+                       text=True, cwd=REPO, timeout=60, check=True)
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def test_the_pages_have_examples_of_each_kind() -> None:
+    """Not vacuous: the collection finds the pages' examples."""
+    assert len(YAML) >= 8 and len(RUN) >= 3 and JSON, (len(YAML), len(RUN), len(JSON))
+
+
+def test_every_fence_names_its_language() -> None:
+    bare = [e.where for e in EXAMPLES if not e.lang]
+    assert not bare, f"fences without a language (use text for output): {bare}"
+
+
+def test_every_shell_example_is_run_or_says_why_not() -> None:
+    problems = []
+    for e in EXAMPLES:
+        if e.marker is None:
+            continue
+        kind, text = e.marker
+        if e.lang not in SHELL:
+            problems.append(f"{e.where}: a run marker before a {e.lang or 'bare'} fence")
+        elif kind.startswith("not run") and len(text) < 10:
+            problems.append(f"{e.where}: `{kind}` needs its reason")
+        elif kind == "not run here":
+            named = re.findall(r"tests/\S+\.py", text)
+            if not named or not all((REPO / n).is_file() for n in named):
+                problems.append(f"{e.where}: `not run here` must name the test that runs it")
+        elif kind == "run" and not re.fullmatch(r"exits \d+", text):
+            problems.append(f"{e.where}: expected <!-- run: exits N -->, got {text!r}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("example", RUN, ids=_ids(RUN))
+def test_shell_example_runs(tmp_path: Path, example: Example) -> None:
+    unsafe = sorted({c for c in _commands(example.body) if c not in RUNNABLE})
+    assert not unsafe, (f"{example.where} would run {unsafe}: mark the fence "
+                        "<!-- not run: REASON --> or keep to offline sandgate commands")
+    expect = int(example.marker[1].split()[1]) if example.marker else 0
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".venv").symlink_to(sys.prefix)
+    (work / "policies").symlink_to(REPO / "policies")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("VAULT_", "BAO_", "SANDGATE_"))}
+    env.update(HOME=str(tmp_path), PATH=f"{sys.prefix}/bin:{env.get('PATH', '')}")
+    script = work / "example.sh"
+    script.write_text("set -euo pipefail\n" + example.body)
+    r = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == expect, (
+        f"{example.where}: exit {r.returncode}, expected {expect}\n{r.stdout[-3000:]}\n"
+        f"{r.stderr[-3000:]}")
+
+
+@pytest.mark.parametrize("example", YAML, ids=_ids(YAML))
+def test_yaml_example_is_a_policy_that_holds(tmp_path: Path, schema: dict[str, Any],
+                                             example: Example) -> None:
+    from sandgate.policy.fixtures import run_policy_tests
+    from sandgate.policy.loader import load_policy_dir
+    from sandgate.policy.proofs import prove
+
+    files = policy_files(example)
+    validator = jsonschema.Draft202012Validator(schema)
+    for name, text in files.items():
+        errors = list(validator.iter_errors(yaml.safe_load(text)))
+        assert not errors, f"{example.where} ({name}): " + "; ".join(
+            f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+        (tmp_path / name).write_text(text)
+    policy = load_policy_dir(tmp_path)
+    refuted = [str(p) for p in prove(policy) if not p.ok]
+    assert not refuted, f"{example.where}: {refuted}"
+    failed = [f"{r.test.identity} {r.test.method} {r.test.url}: {r.message}"
+              for r in run_policy_tests(policy) if not r.passed]
+    assert not failed, f"{example.where}: {failed}"
+
+
+def test_only_offline_commands_run_unmarked() -> None:
+    """The guard that keeps installers and servers out of the run examples sees them."""
+    assert _commands("TOKEN=$(.venv/bin/sandgate token issue --identity a)\n"
+                     ".venv/bin/sandgate ca > ca.pem && curl -x p \\\n  https://x\n"
+                     "scripts/run.sh &  # serve\n") == [
+        ".venv/bin/sandgate", ".venv/bin/sandgate", "curl", "scripts/run.sh"]
+
+
+def test_multi_file_examples_are_split() -> None:
+    """The composing example really is two files (the templates, then the identity using them)."""
+    split = [policy_files(e) for e in YAML if len(policy_files(e)) > 1]
+    assert any(set(f) == {"10-templates.yaml", "20-agent.yaml"} for f in split), split
+
+
+@pytest.mark.parametrize("example", JSON, ids=_ids(JSON))
+def test_json_example_parses(example: Example) -> None:
+    json.loads(example.body)
