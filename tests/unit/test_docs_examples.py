@@ -36,11 +36,14 @@ JSON = [e for e in EXAMPLES if e.lang == "json"]
 # What an unmarked shell example may run: Sandgate's own offline subcommands and plain text tools.
 # Anything else (an installer, docker, curl, a server) must be marked `not run` with its reason:
 # the unit lane never runs it by accident.
-RUNNABLE = {".venv/bin/sandgate", "sandgate", "echo", "cat", "grep", "head", "test", "diff"}
+RUNNABLE = {*(f"sandgate {c}" for c in ("check", "lint", "explain", "schema", "token", "ca",
+                                         "canary", "diff", "suggest")),
+            "echo", "cat", "grep", "head", "test", "diff"}
 
 
 def _commands(body: str) -> list[str]:
-    """The first word of each command of a shell example (after `VAR=` and `$(`)."""
+    """What each command of a shell example runs: its first word (after `VAR=` and `$(`), and
+    for `sandgate` the subcommand too (`sandgate run` serves until stopped: never unmarked)."""
     out = []
     for line in body.replace("\\\n", " ").splitlines():
         for part in re.split(r"&&|\|\||;|\|", line.split(" #", 1)[0]):
@@ -49,7 +52,10 @@ def _commands(body: str) -> list[str]:
                 first = words[0].split("=", 1)[1].lstrip("$(")
                 words = ([first] if first else []) + words[1:]
             if words and not words[0].startswith("#"):
-                out.append(words[0])
+                name = words[0]
+                if name.rsplit("/", 1)[-1] == "sandgate":
+                    name = " ".join(["sandgate", *words[1:2]])
+                out.append(name)
     return out
 
 
@@ -142,8 +148,9 @@ def test_only_offline_commands_run_unmarked() -> None:
     """The guard that keeps installers and servers out of the run examples sees them."""
     assert _commands("TOKEN=$(.venv/bin/sandgate token issue --identity a)\n"
                      ".venv/bin/sandgate ca > ca.pem && curl -x p \\\n  https://x\n"
-                     "scripts/run.sh &  # serve\n") == [
-        ".venv/bin/sandgate", ".venv/bin/sandgate", "curl", "scripts/run.sh"]
+                     "scripts/run.sh &  # serve\n"
+                     ".venv/bin/sandgate run --policies policies\n") == [
+        "sandgate token", "sandgate ca", "curl", "scripts/run.sh", "sandgate run"]
 
 
 def test_multi_file_examples_are_split() -> None:
