@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("schema", help="print the JSON Schema of the policy format")
     from sandgate import demo
 
-    demo.add_parser(sub)
+    demo.register(sub)
 
     from sandgate import traffic_cli
 

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 
-def add_parser(sub: Any) -> None:
+def register(sub: Any) -> None:
+    """Add `sandgate demo` (the CLI family interface: a subparser whose `handler` runs it)."""
     p = sub.add_parser("demo", help="show Sandgate at work, offline: a local OpenBao, a stand-in "
                        "LLM API and Sandgate, stopped and removed afterwards")
     p.set_defaults(handler=main)
