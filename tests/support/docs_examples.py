@@ -6,6 +6,7 @@ Markers (an HTML comment alone on the line before the fence; invisible on the re
                                    internet, a long-running server...), and why
   <!-- not run here: REASON -->    one that another test runs (the reason names it)
   <!-- run: exits N -->            a shell example that is run and must exit with N (default 0)
+  <!-- not loaded: REASON -->      a YAML example that is no policy (a CI workflow, a manifest)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SHELL = ("sh", "bash", "shell")
 _FENCE = re.compile(r"^```(\S*)\s*$")
-_MARKER = re.compile(r"^<!--\s*(not run(?: here)?|run):\s*(.*?)\s*-->\s*$")
+_MARKER = re.compile(r"^<!--\s*(not run(?: here)?|run|not loaded):\s*(.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """Every shell and YAML example of the README and the documentation site does what the page says.
 
-- YAML examples are policies: each is loaded by the real loader (several files in one block are
-  split at their `# NAME.yaml` comment), validated against `sandgate schema`'s JSON Schema, and
-  its proofs and `tests:` fixtures must pass, as `sandgate check` would run them.
+- YAML examples are policies: a whole one (with `version:`) is validated against `sandgate
+  schema`'s JSON Schema and loaded by the real loader (several files in one block are split at
+  their `# NAME.yaml` comment), and its proofs and `tests:` fixtures must pass, as `sandgate
+  check` would run them. A part of one (top-level sections without `version:`, or a list of
+  rules) is validated against the schema as the policy, or the template, it would be part of.
+  A YAML example that is no policy at all says so: `<!-- not loaded: REASON -->`.
 - Shell examples are run (bash, `set -euo pipefail`) in a scratch directory holding this
   checkout's `.venv` and `policies/`, offline; each must exit 0, or the status its
   `<!-- run: exits N -->` marker names.
@@ -28,7 +31,9 @@ import yaml
 from tests.support.docs_examples import REPO, SHELL, Example, all_examples, policy_files
 
 EXAMPLES = all_examples()
-YAML = [e for e in EXAMPLES if e.lang in ("yaml", "yml")]
+YAML = [e for e in EXAMPLES if e.lang in ("yaml", "yml")
+        and not (e.marker and e.marker[0] == "not loaded")]
+TOP_LEVEL = {"secrets", "templates", "identities", "tests", "gateways"}
 RUN = [e for e in EXAMPLES if e.lang in SHELL and (e.marker is None or e.marker[0] == "run")]
 JSON = [e for e in EXAMPLES if e.lang == "json"]
 
@@ -87,7 +92,12 @@ def test_every_shell_example_is_run_or_says_why_not() -> None:
         if e.marker is None:
             continue
         kind, text = e.marker
-        if e.lang not in SHELL:
+        if kind == "not loaded":
+            if e.lang not in ("yaml", "yml"):
+                problems.append(f"{e.where}: `not loaded` before a {e.lang or 'bare'} fence")
+            elif len(text) < 10:
+                problems.append(f"{e.where}: `not loaded` needs its reason")
+        elif e.lang not in SHELL:
             problems.append(f"{e.where}: a run marker before a {e.lang or 'bare'} fence")
         elif kind.startswith("not run") and len(text) < 10:
             problems.append(f"{e.where}: `{kind}` needs its reason")
@@ -125,17 +135,35 @@ def test_shell_example_runs(tmp_path: Path, example: Example) -> None:
 @pytest.mark.parametrize("example", YAML, ids=_ids(YAML))
 def test_yaml_example_is_a_policy_that_holds(tmp_path: Path, schema: dict[str, Any],
                                              example: Example) -> None:
+    _check_policy_example(tmp_path, schema, example)
+
+
+def _check_policy_example(tmp_path: Path, schema: dict[str, Any], example: Example) -> None:
     from sandgate.policy.fixtures import run_policy_tests
     from sandgate.policy.loader import load_policy_dir
     from sandgate.policy.proofs import prove
 
     files = policy_files(example)
     validator = jsonschema.Draft202012Validator(schema)
+    whole = True
     for name, text in files.items():
-        errors = list(validator.iter_errors(yaml.safe_load(text)))
+        doc = yaml.safe_load(text)
+        if isinstance(doc, dict) and "version" in doc:
+            (tmp_path / name).write_text(text)
+        elif isinstance(doc, dict) and doc and set(doc) <= TOP_LEVEL:
+            doc, whole = {"version": "v1", **doc}, False
+        elif isinstance(doc, list) and doc and all(isinstance(r, dict) for r in doc):
+            doc, whole = {"version": "v1", "templates": {"example": doc}}, False
+        else:
+            raise AssertionError(
+                f"{example.where} ({name}): neither a policy (`version: v1`), nor a part of one "
+                f"(top-level sections, or a list of rules); if it is no policy, mark the fence "
+                f"<!-- not loaded: REASON -->")
+        errors = list(validator.iter_errors(doc))
         assert not errors, f"{example.where} ({name}): " + "; ".join(
             f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
-        (tmp_path / name).write_text(text)
+    if not whole:
+        return  # a part of a policy: the schema is all it can be held to
     policy = load_policy_dir(tmp_path)
     refuted = [str(p) for p in prove(policy) if not p.ok]
     assert not refuted, f"{example.where}: {refuted}"
@@ -151,6 +179,17 @@ def test_only_offline_commands_run_unmarked() -> None:
                      "scripts/run.sh &  # serve\n"
                      ".venv/bin/sandgate run --policies policies\n") == [
         "sandgate token", "sandgate ca", "curl", "scripts/run.sh", "sandgate run"]
+
+
+def test_a_part_of_a_policy_is_held_to_the_schema(tmp_path: Path, schema: dict[str, Any]) -> None:
+    """Parts are checked, not waved through: a misspelt key in a rule list fails."""
+    bad = Example(REPO / "README.md", 1, "yaml", "- {name: r, hosts: [x.example], pathz: [/]}\n",
+                  None)
+    with pytest.raises(AssertionError, match="pathz"):
+        _check_policy_example(tmp_path, schema, bad)
+    stray = Example(REPO / "README.md", 1, "yaml", "jobs: {check: {runs-on: x}}\n", None)
+    with pytest.raises(AssertionError, match="not loaded"):
+        _check_policy_example(tmp_path, schema, stray)
 
 
 def test_multi_file_examples_are_split() -> None:
