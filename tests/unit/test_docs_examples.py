@@ -42,8 +42,8 @@ JSON = [e for e in EXAMPLES if e.lang == "json"]
 # Anything else (an installer, docker, curl, a server) must be marked `not run` with its reason:
 # the unit lane never runs it by accident.
 RUNNABLE = {*(f"sandgate {c}" for c in ("check", "lint", "explain", "schema", "token", "ca",
-                                         "canary", "diff", "suggest")),
-            "echo", "cat", "grep", "head", "test", "diff"}
+                                         "canary", "diff", "suggest", "report")),
+            "echo", "printf", "cat", "grep", "head", "tail", "sort", "tr", "wc", "test", "diff"}
 
 
 def _commands(body: str) -> list[str]:
@@ -200,4 +200,13 @@ def test_multi_file_examples_are_split() -> None:
 
 @pytest.mark.parametrize("example", JSON, ids=_ids(JSON))
 def test_json_example_parses(example: Example) -> None:
-    json.loads(example.body)
+    """One JSON document, or JSON lines (audit events are one object a line)."""
+    try:
+        json.loads(example.body)
+    except ValueError:
+        for n, line in enumerate(example.body.splitlines(), 1):
+            if line.strip():
+                try:
+                    json.loads(line)
+                except ValueError as e:
+                    raise AssertionError(f"{example.where} +{n}: {e}") from None
