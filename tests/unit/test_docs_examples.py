@@ -16,9 +16,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,11 +127,18 @@ def test_shell_example_runs(tmp_path: Path, example: Example) -> None:
     env.update(HOME=str(tmp_path), PATH=f"{sys.prefix}/bin:{env.get('PATH', '')}")
     script = work / "example.sh"
     script.write_text("set -euo pipefail\n" + example.body)
-    r = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True,
-                       text=True, timeout=180)
-    assert r.returncode == expect, (
-        f"{example.where}: exit {r.returncode}, expected {expect}\n{r.stdout[-3000:]}\n"
-        f"{r.stderr[-3000:]}")
+    # Its own session: whatever the example starts is ended with it, also on a timeout.
+    proc = subprocess.Popen(["bash", str(script)], cwd=work, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == expect, (
+        f"{example.where}: exit {proc.returncode}, expected {expect}\n{out[-3000:]}\n"
+        f"{err[-3000:]}")
 
 
 @pytest.mark.parametrize("example", YAML, ids=_ids(YAML))
