@@ -27,6 +27,9 @@ echo "== setup took $((SECONDS - t0)) s"
 .venv/bin/mypy
 .venv/bin/sandgate check policies
 .venv/bin/sandgate lint --strict policies
+# The documentation site (into site/, gitignored): a broken link or anchor, or a page missing
+# from the nav, fails it.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 # The unit lane runs on every core. The integration tests bind fixed loopback addresses
 # (127.0.0.2:443, ...): each xdist worker runs in a network namespace of its own
 # (tests/support/netns-python), so they run side by side; a file stays on one worker (its

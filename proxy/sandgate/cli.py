@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "bodies are buffered to be inspected before anything is sent)")
     lim = run.add_argument_group(
         "limits", "0 turns a count or timeout limit off; identities' `limits:` in the policy "
-        "override the per-identity ones (README, Limits)")
+        "override the per-identity ones (docs/operations.md, Limits)")
     lim.add_argument("--max-header-bytes", type=_size, default="64k", metavar="SIZE",
                      help="refuse a request head (CONNECT or request) larger than this with 431 "
                      "(default %(default)s)")
@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     confdir_arg(ca)
 
     sub.add_parser("schema", help="print the JSON Schema of the policy format")
+    from sandgate import demo
+
+    demo.register(sub)
 
     from sandgate import traffic_cli
 
@@ -253,7 +256,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "schema": cmd_schema,
         "diff": cmd_diff,
         "suggest": cmd_suggest,
-    }.get(args.command)
+    }.get(args.command, getattr(args, "handler", None))
     if getattr(args, "missing_extra", None):
         return _err(args.missing_extra)
     if handler is None:
