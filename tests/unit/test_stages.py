@@ -193,9 +193,21 @@ def test_refuse_closes_only_what_must_close(code, method, closes):
     assert (f.response.headers.get("connection") == "close") == closes
 
 
-def test_refusal_names_the_gateway_path_when_no_gateway_matched(state):
+def test_refusal_of_an_unparsed_request_names_its_target_redacted(state):
     f = tflow.tflow()
     f.request.path = "/nowhere?token=not-a-real-secret"
     refusal = s80_refuse.refusal_for(state, f, Refused(Code.NO_RULE, "no rule"))
     assert refusal.target is not None and "not-a-real-secret" not in refusal.target
-    assert refusal.target.startswith("http://")  # proxied: the full target
+    assert refusal.target.startswith("http://")  # a proxied request: its full target
+
+
+def test_refusal_never_quotes_a_secret(state):
+    decoy = "decoy-not-a-real-credential-value"
+    state.cfg.canaries = {"canary:agent": decoy}
+    state.set_policy(state.policy)  # the secret set is rebuilt with the decoy
+    f = tflow.tflow()
+    f.request.path = f"/x?q={decoy}"
+    error = Refused(Code.BAD_REQUEST, f"the header says {decoy}", hint=f"drop {decoy}")
+    refusal = s80_refuse.refusal_for(state, f, error)
+    for text in (refusal.reason, refusal.hint, refusal.target, refusal.body().decode()):
+        assert text is not None and decoy not in text
