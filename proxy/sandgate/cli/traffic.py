@@ -1,18 +1,20 @@
-"""The traffic subcommands of `sandgate`: diff, suggest, and `explain --batch`."""
+"""The traffic tools: `diff` and `suggest` over recorded audit logs, `explain --batch`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-ResolveArg = Callable[[argparse.ArgumentParser], None]
+from sandgate.cli.common import err as _err
+from sandgate.cli.common import resolve as _resolve
+from sandgate.cli.common import resolve_arg
 
 
-def add_parsers(sub: Any, resolve_arg: ResolveArg) -> None:
+def register(sub: Any) -> None:
     d = sub.add_parser("diff", help="replay recorded traffic against two policy directories and "
                        "list every decision that changes")
     d.add_argument("old", type=Path, metavar="OLD_DIR")
@@ -22,6 +24,7 @@ def add_parsers(sub: Any, resolve_arg: ResolveArg) -> None:
                    "stdin")
     d.add_argument("--format", choices=("text", "json"), default="text")
     resolve_arg(d)
+    d.set_defaults(handler=cmd_diff)
 
     s = sub.add_parser("suggest", help="write a least-privilege policy from recorded traffic")
     s.add_argument("--from", dest="source", type=Path, required=True, metavar="AUDIT.jsonl",
@@ -36,6 +39,7 @@ def add_parsers(sub: Any, resolve_arg: ResolveArg) -> None:
     s.add_argument("--include-refused", action="store_true",
                    help="also grant requests the recorded policy refused (no_rule, "
                    "denied_by_rule); default: only what went out (allow, report)")
+    s.set_defaults(handler=cmd_suggest)
 
 
 def _open(path: Path) -> Iterator[str]:
@@ -46,14 +50,14 @@ def _open(path: Path) -> Iterator[str]:
         yield from f
 
 
-def _err(msg: str) -> int:
-    print(f"sandgate: {msg}", file=sys.stderr)
-    return 2
-
-
-def cmd_diff(args: argparse.Namespace, resolve: Mapping[str, str]) -> int:
+def cmd_diff(args: argparse.Namespace) -> int:
     from sandgate.policy.loader import PolicyError, load_policy_dir
     from sandgate.policy.traffic import diff, format_diff, read_audit
+
+    try:
+        resolve = _resolve(args.resolve)
+    except ValueError as e:
+        return _err(str(e))
 
     policies = []
     for d in (args.old, args.new):
