@@ -172,7 +172,8 @@ def build_app(state: AdminState) -> web.Application:
             identity, method, url = (_str(doc, "identity"), _str(doc, "method"),
                                      _str(doc, "url"))
             assert identity is not None and method is not None and url is not None
-            out, _allowed = explain(state.live.policy, identity, method, url, state.resolve)
+            out, _allowed = explain(state.live.policy, identity, method, url, state.resolve,
+                                    _str(doc, "sandbox", required=False))
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)

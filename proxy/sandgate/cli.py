@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--gateway", action="store_true",
                          help="URL is a gateway path (e.g. /anthropic/v1/messages, what follows "
                          "the gateway's HOST:PORT): judged as the gateway listener judges it")
+    explain.add_argument("--sandbox", default=None, metavar="ID",
+                         help="the caller's sandbox id (as in its token or Docker label); "
+                         "without it, a rule needing a per-sandbox secret is sandbox_required")
     explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
     explain.add_argument("url", nargs="?",
                          help="an absolute http(s) URL, or host:port after CONNECT")
@@ -327,7 +330,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         doc["fixtures"] = [{
             "file": r.test.source.file, "line": r.test.source.line,
             "identity": r.test.identity, "request": f"{r.test.method} {r.test.url}",
-            "expect": r.test.expect, "got": "allow" if r.decision.allowed else "deny",
+            "expect": r.test.expect, "got": r.decision.outcome,
             "rule": r.decision.rule_name,
             "code": str(r.decision.code) if r.decision.code else None,
             "inject": sorted(r.secrets), "passthrough": r.passthrough, "address": r.address,
@@ -348,7 +351,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         addr = f" [{r.address}]" if r.address and r.address.startswith(("dials", "refused")) \
             else ""
         print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url} "
-              f"-> {'allow' if r.decision.allowed else 'deny'}"
+              f"-> {r.decision.outcome}"
               f" ({r.decision.rule_name or r.decision.code}){addr}"
               f"{'' if r.passed else ': ' + r.message}")
     report = sorted(n for n, i in policy.identities.items() if i.mode == "report")
@@ -380,7 +383,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from sandgate.explain import explain
+    from sandgate.explain import explain_request
     from sandgate.policy.loader import PolicyError, load_policy_dir
 
     try:
@@ -399,17 +402,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return 1
     try:
-        url, prefix = args.url, None
-        if args.gateway:
-            from sandgate.gateway import gateway_url
-
-            url, gw = gateway_url(policy.gateways, args.method, args.url)
-            prefix = gw.prefix
-        out, allowed = explain(policy, args.identity, args.method, url, resolve)
+        out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
+                                       args.sandbox, args.gateway)
     except ValueError as e:
         return _err(f"bad request: {e}")
-    if prefix is not None:
-        out = {"gateway": prefix, "gateway_path": args.url, **out}
     print(json.dumps(out, indent=2))
     return 0 if allowed else 1
 

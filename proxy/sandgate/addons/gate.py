@@ -51,7 +51,7 @@ from sandgate.addons.stream import (
     scrub_whole,
     scrub_whole_candidate,
 )
-from sandgate.decision import decide, decide_connect, reported
+from sandgate.decision import decide, decide_connect, reported, require_sandbox
 from sandgate.errors import BadRequest, Code, IdentityError, LimitExceeded, Refused
 from sandgate.gateway import route, take_token
 from sandgate.identity.base import Caller
@@ -71,7 +71,6 @@ from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo, check_head, check_tunnel, parse_proxied, same_host
 from sandgate.scrub import SecretSet
-from sandgate.secrets.scope import resolve as resolve_secret_path
 from sandgate.secrets.vault import SecretBroker
 
 log = logging.getLogger("sandgate")
@@ -238,7 +237,7 @@ class Gate:
         policy = self._flow_policy(rec)
         d = rec.decision = decide_connect(policy, caller.identity, host, req.port)
         tunnel = Tunnel(caller=caller, host=host, port=req.port, rule=d.rule,
-                        passthrough=d.allowed and d.rule is not None and d.rule.passthrough,
+                        passthrough=d.tunnel,
                         policy=policy)
         if tunnel.passthrough:
             self._check_audit()  # a passthrough tunnel is forwarded at CONNECT, unseen after
@@ -536,8 +535,7 @@ class Gate:
                               "credentials are injected only over verified TLS to the upstream")
             caller = rec.caller
             assert caller is not None
-            for name in sorted(rule.secrets):  # refuse a sandbox-less caller before any read
-                resolve_secret_path(policy.secrets[name], caller.identity, caller.sandbox)
+            require_sandbox(policy, rule, caller.identity, caller.sandbox)  # before any read
             values: dict[str, str] = {}
             versions: list[str] = []
             for name in sorted(rule.secrets):

@@ -662,7 +662,13 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
     method, url = parts
     connect = method.upper() == "CONNECT"
     ok = True
-    if connect:
+    if spec.gateway:
+        if connect or not url.startswith("/"):
+            report((*loc, "request"), f"a gateway fixture's request {spec.request!r} is not "
+                   "'METHOD /PREFIX/PATH'", "write the path a sandbox sends to the gateway "
+                   "listener, e.g. `request: POST /anthropic/v1/messages`, or remove `gateway`")
+            return None
+    elif connect:
         try:
             host, port = split_authority(url, "https")
         except ValueError as e:
@@ -687,8 +693,9 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
             report((*loc, "inject"), "`inject: []` is ambiguous",
                    "write `inject: none` to assert that no secret is used")
             ok = False
-        elif spec.expect == "deny" or connect:
-            what = "a refused request" if spec.expect == "deny" else "a CONNECT tunnel"
+        elif spec.expect in ("deny", "tunnel") or connect:
+            what = ("a refused request" if spec.expect == "deny" else
+                    "a tunnelled request" if spec.expect == "tunnel" else "a CONNECT tunnel")
             report((*loc, "inject"), f"{what} injects nothing",
                    "write `inject: none`, or remove `inject`")
             ok = False
@@ -699,6 +706,10 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
     if spec.code is not None and spec.expect != "deny":
         report((*loc, "code"), "`code` (why a request is refused) is only for expect: deny",
                "remove `code`, or expect deny")
+        ok = False
+    if spec.expect == "tunnel" and spec.gateway:
+        report((*loc, "expect"), "a gateway request is never tunnelled (no CONNECT precedes "
+               "it, so passthrough rules do not apply)", "expect allow or deny")
         ok = False
     if spec.passthrough is not None and not connect:
         report((*loc, "passthrough"), "`passthrough` asserts how a CONNECT tunnel is handled",
@@ -712,4 +723,5 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
         return None
     return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
                       expect=spec.expect, rule=spec.rule, source=src, inject=inject,
-                      code=spec.code, passthrough=spec.passthrough)
+                      code=spec.code, passthrough=spec.passthrough, sandbox=spec.sandbox,
+                      gateway=spec.gateway)

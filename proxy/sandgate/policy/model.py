@@ -251,12 +251,14 @@ class PolicyTest:
     identity: str
     method: str
     url: str
-    expect: Literal["allow", "deny"]
+    expect: Literal["allow", "deny", "tunnel"]
     rule: str | None  # when set, the decision must name this rule
     source: Source
     inject: frozenset[str] | None = None  # when set, exactly these secrets are used (or none)
     code: str | None = None  # when set, the refusal's code
     passthrough: bool | None = None  # CONNECT fixtures: tunnelled without interception?
+    sandbox: str | None = None  # the caller's sandbox id (None: the caller has none)
+    gateway: bool = False  # url is a gateway path, judged as the gateway listener judges it
 
     @property
     def connect(self) -> bool:

@@ -196,10 +196,13 @@ class TestSpec(_Strict):
         description="'METHOD URL', e.g. 'GET https://pypi.org/simple/', judged as the proxy "
         "judges a request; or 'CONNECT host:port', judged as the proxy judges a tunnel "
         "(passthrough or intercepted) before any request inside it.")
-    expect: Literal["allow", "deny"] = Field(
-        description="What the proxy does: allow (forwarded) or deny (refused). A request to an "
-        "IP literal, or to a name given to `check --resolve HOST=IP`, also passes the address "
-        "step: a non-public address outside the rule's private_cidrs is refused.")
+    expect: Literal["allow", "deny", "tunnel"] = Field(
+        description="What the proxy does: allow (inspected and forwarded), deny (refused), or "
+        "tunnel (an https request to a host:port a `passthrough` rule tunnels: forwarded "
+        "uninspected, whatever its method, path or query; a `CONNECT` fixture may say allow "
+        "with `passthrough: true` instead). A request to an IP literal, or to a name given to "
+        "`check --resolve HOST=IP`, also passes the address step: a non-public address outside "
+        "the rule's private_cidrs is refused.")
     rule: str | None = Field(
         default=None, description="The rule that decides: the allowing rule (the first "
         "matching allow rule of the identity), or the deny rule that refuses.")
@@ -207,10 +210,22 @@ class TestSpec(_Strict):
         default=None, description="The secrets the proxy injects or substitutes on this "
         "request (the allowing rule's secrets, compared as a set), or `none`: e.g. "
         "`inject: none` on a package-index request proves no token goes there.")
-    code: Literal["no_rule", "denied_by_rule", "internal_address"] | None = Field(
+    code: Literal["no_rule", "denied_by_rule", "internal_address",
+                  "sandbox_required"] | None = Field(
         default=None, description="For expect: deny, why: no_rule (nothing allows it), "
         "denied_by_rule (a deny rule matches), internal_address (allowed, but the address "
-        "is non-public and not in private_cidrs; known for IP literals and --resolve names).")
+        "is non-public and not in private_cidrs; known for IP literals and --resolve names), "
+        "sandbox_required (the allowing rule binds a per-sandbox secret and the fixture gives "
+        "no `sandbox:`).")
+    sandbox: str | None = Field(
+        default=None, description="The caller's sandbox id (as in its token or Docker label). "
+        "Without it the caller has none: a rule binding a per-sandbox secret (a "
+        "`{{ sandbox }}` path, a dynamic secret) refuses it with sandbox_required, as the "
+        "proxy does.")
+    gateway: bool = Field(
+        default=False, description="The request's URL is a gateway path (e.g. `POST "
+        "/anthropic/v1/messages`): mapped by `gateways:` and judged as the gateway listener "
+        "judges it (no CONNECT, so passthrough never applies).")
     passthrough: bool | None = Field(
         default=None, description="For `CONNECT host:port` fixtures: true when the tunnel is "
         "passed through without interception (no request inside is judged), false when it is "
