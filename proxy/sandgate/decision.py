@@ -155,7 +155,7 @@ def decide_connect(policy: Policy, identity: str, host: str, port: int) -> Decis
     for r in reach:
         if r.action != "deny":
             continue
-        if r.methods is None and r.paths is None and not r.query:
+        if r.methods is None and r.paths is None and not r.query_constrained:
             return Decision(
                 False, Code.DENIED_BY_RULE,
                 f"deny rule '{r.name}' of identity '{identity}' matches {target}", rule=r,
@@ -241,20 +241,29 @@ def _no_rule_hint(ident: Identity, scheme: str, host: str, port: int, method: st
 
 def _query_limit(r: Rule, query: Query) -> str:
     """Which `query:` constraint of the rule the request misses, and why."""
-    for name, allowed in r.query:
+    for name in sorted(r.query_absent):
+        if query is not None and any(n.casefold() == name.casefold() for n, _ in query):
+            return f"query {name} absent (the request gives {name})"
+    for name, allowed in (*r.query, *r.query_optional):
+        if query is not None and (name, allowed) in r.query_optional and not any(
+                n.casefold() == name.casefold() for n, _ in query):
+            continue
         values = sorted({v for n, v in query or () if n == name})
         want = f"query {name}={'|'.join(sorted(allowed))}"
         if query is None:
             return (f"{want} (this query cannot be read unambiguously: a ';', '#', '+' or a "
                     "malformed %-escape)")
+        if any(n != name and n.casefold() == name.casefold() for n, _ in query):
+            return f"{want} (the request also spells {name} with other letter case)"
         if not values:
             return f"{want} (the request has no {name})"
         if len(values) > 1:
             return f"{want} (the request gives {name} more than once, with different values)"
-        if any(n != name and n.casefold() == name.casefold() for n, _ in query):
-            return f"{want} (the request also spells {name} with other letter case)"
         if values[0] not in allowed:
             return f"{want}"
+    if query is None:
+        return "query (this query cannot be read unambiguously: a ';', '#', '+' or a malformed " \
+            "%-escape)"
     return "query"
 
 

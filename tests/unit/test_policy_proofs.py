@@ -536,8 +536,8 @@ def test_no_query_where_other_needs_one_is_refuted(tmp_path):
 
 
 def test_query_with_two_names_and_encoded_values(tmp_path):
-    other = ("      - {name: q, hosts: [h.example.com], query: {a: ['x y', 'p+q'], "
-             "b: ['1']}}\n")
+    other = ("      - {name: q, hosts: [h.example.com], query: {a: {values: ['x y', 'p+q'], "
+             "exact: true}, b: ['1']}}\n")  # a '+' the client sends as %2B: `exact`
     assert narrower(tmp_path, other.replace("'x y', ", ""), other).ok
     res = narrower(tmp_path, other.replace("b: ['1']", "b: ['1', '2']"), other)
     assert not res.ok and "b=2" in (res.counterexample or "")

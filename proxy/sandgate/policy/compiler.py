@@ -28,6 +28,7 @@ from sandgate.policy.model import (
     Injection,
     IPNetwork,
     PolicyTest,
+    QueryConstraint,
     Rule,
     SecretRef,
     SecretSlot,
@@ -387,7 +388,7 @@ def _compile_rule(
         host_patterns.append(ANY_PUBLIC_HOST)
     for j, h in enumerate(rs.hosts or ()):
         try:
-            host_patterns.append(H.compile_host_pattern(h))
+            host_patterns.append(H.compile_host_pattern(h, deny=rs.action == "deny"))
         except ValueError as e:
             rep((*loc, "hosts", j), str(e),
                 "write an exact host (api.example.com) or a leading wildcard over a registered "
@@ -474,24 +475,7 @@ def _compile_rule(
             continue
         cidrs.append(net)
 
-    query: list[tuple[str, frozenset[str]]] = []
-    for qname, qvalues in (rs.query or {}).items():
-        qloc: Loc = (*loc, "query", qname)
-        if not qname or has_control_chars(qname) or any(c in qname for c in "&=#;+"):
-            rep(qloc, f"query parameter name {qname!r} is not a plain name",
-                "write the decoded name, without '&', '=', '#', ';', '+' or control "
-                "characters, e.g. service")
-            continue
-        if not qvalues:
-            rep(qloc, f"query parameter {qname!r} lists no values: the rule would never match",
-                "list the values it may have, e.g. [git-upload-pack]")
-            continue
-        bad = [v for v in qvalues if has_control_chars(v)]
-        if bad:
-            rep(qloc, f"query value {bad[0]!r} contains control characters",
-                "write the decoded value as plain text")
-            continue
-        query.append((qname, frozenset(qvalues)))
+    query, query_optional, query_absent = _compile_query(rs, loc, rep)
 
     max_bytes: int | None = None
     if rs.max_request_bytes is not None:
@@ -566,9 +550,61 @@ def _compile_rule(
         hosts=tuple(host_patterns), ports=ports, methods=methods, paths=paths, inject=inject,
         substitute=frozenset(rs.substitute), substitute_headers=sub_headers,
         private_cidrs=tuple(cidrs),
-        passthrough=rs.passthrough, source=src, query=tuple(query),
+        passthrough=rs.passthrough, source=src, query=query, query_optional=query_optional,
+        query_absent=query_absent,
         max_request_bytes=max_bytes, public=rs.public, where=loc,
     )
+
+
+def _compile_query(rs: RuleSpec, loc: Loc, rep: Report
+                   ) -> tuple[QueryConstraint, QueryConstraint, frozenset[str]]:
+    """`query:` -> (required, optional, absent). A capitalised name or a '+' in a value is
+    refused unless `exact: true`: the first matches only that spelling (and a request that
+    also sends the usual lower-case one is refused), the second only a client that sends '%2B'
+    (a literal '+' makes the query unreadable, so it matches no rule)."""
+    required: list[tuple[str, frozenset[str]]] = []
+    optional: list[tuple[str, frozenset[str]]] = []
+    absent: set[str] = set()
+    for qname, spec in (rs.query or {}).items():
+        qloc: Loc = (*loc, "query", qname)
+        if not qname or has_control_chars(qname) or any(c in qname for c in "&=#;+"):
+            rep(qloc, f"query parameter name {qname!r} is not a plain name",
+                "write the decoded name, without '&', '=', '#', ';', '+' or control "
+                "characters, e.g. service")
+            continue
+        if spec == "absent":
+            absent.add(qname)
+            continue
+        values, is_optional, exact = (spec, False, False) if isinstance(spec, list) else (
+            spec.values, spec.optional, spec.exact)
+        if not values:
+            rep(qloc, f"query parameter {qname!r} lists no values: the rule would never match",
+                f"list the values it may have, e.g. [git-upload-pack]; write `{qname}: absent` "
+                "for a parameter that must be missing")
+            continue
+        bad = [v for v in values if has_control_chars(v)]
+        if bad:
+            rep(qloc, f"query value {bad[0]!r} contains control characters",
+                "write the decoded value as plain text")
+            continue
+        if not exact and qname != qname.lower():
+            rep(qloc, f"query parameter name {qname!r} has capitals: names are compared "
+                f"exactly, so it matches only {qname!r}, never {qname.lower()!r}, and a request "
+                "that sends both spellings is refused",
+                f"write the name as the API spells it (usually `{qname.lower()}`); if the API "
+                f"really spells it {qname!r}, write `{qname}: {{values: [...], exact: true}}`")
+            continue
+        plus = [v for v in values if "+" in v]
+        if plus and not exact:
+            rep(qloc, f"query value {plus[0]!r} contains '+': a request that sends '+' is "
+                "unreadable (servers read it as a space or a plus) and matches no rule, so this "
+                "value matches only a client that sends '%2B'",
+                f"if the client form-encodes a space as '+', write the space "
+                f"({plus[0].replace('+', ' ')!r}; it must then send %20); if it sends %2B, "
+                f"write `{qname}: {{values: [...], exact: true}}`")
+            continue
+        (optional if is_optional else required).append((qname, frozenset(values)))
+    return tuple(required), tuple(optional), frozenset(absent)
 
 
 def parse_size(spec: int | str) -> int | None:

@@ -147,7 +147,9 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
         out.append(trees.finding(file, (*loc, *sub), message, fix))
 
     for j, hp in enumerate(rule.hosts):
-        why = overbroad_wildcard(hp.suffix) if hp.wildcard and not rule.public else None
+        # the public-suffix advice is about what a rule grants: a deny rule may cut any breadth
+        why = (overbroad_wildcard(hp.suffix)
+               if hp.wildcard and not rule.public and rule.action == "allow" else None)
         if why is not None:  # on a rule with secrets this is a load error
             add(("hosts", j), f"{why}; rule '{rule.name}' reaches all of them",
                 "name the exact hosts, or a wildcard under a domain one owner controls "
@@ -213,8 +215,8 @@ def _template_looking(trees: _Trees) -> list[Finding]:
     out: list[Finding] = []
     for file, root in trees.roots.items():
         for loc, node in _scalars(root, ()):
-            if _in_inject(loc):
-                continue  # templates are checked (and template typos refused) at load
+            if _in_inject(loc) or _secret_path(loc):
+                continue  # templates and path variables are checked (typos refused) at load
             m = TEMPLATE_LOOKING.search(str(node.value))
             if m:
                 out.append(Finding(
@@ -239,6 +241,13 @@ def _scalars(node: yaml.Node, loc: Loc) -> Iterable[tuple[Loc, yaml.ScalarNode]]
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
             yield from _scalars(v, (*loc, i))
+
+
+def _secret_path(loc: Loc) -> bool:
+    """A secret's path (`vault`, `path`, `dynamic.path`): `{{ identity }}` and `{{ sandbox }}`
+    are its documented variables, parsed at load (anything else there is a load error)."""
+    return len(loc) >= 3 and loc[0] == "secrets" and (
+        loc[2:] in (("vault",), ("path",), ("dynamic", "path")))
 
 
 def _in_inject(loc: Loc) -> bool:

@@ -412,11 +412,22 @@ def query_cells(rules: Iterable[Rule]) -> list[QueryCell] | None:
     """One request query per class of queries that the rules' `query:` constraints cannot tell
     apart: for each constrained name, each value some rule names, or the name left out (which
     stands for every other value, a repeated or re-spelled parameter, and an unreadable query:
-    no constraint matches any of them). None when there are more than MAX_QUERY_CELLS."""
+    no required constraint matches any of them; a fresh value stands for them where optional
+    or absent constraints tell "left out" from "another value"). None when there are more than MAX_QUERY_CELLS."""
     named: dict[str, set[str]] = {}
+    rules = list(rules)
     for r in rules:
-        for name, values in r.query:
+        for name, values in (*r.query, *r.query_optional):
             named.setdefault(name, set()).update(values)
+        for name in r.query_absent:
+            named.setdefault(name, set())
+    # Where a rule lets the parameter be missing (optional, absent), "left out" no longer
+    # stands for "any other value": one fresh value stands for every value no rule names (and
+    # for a repeated or re-spelled parameter, which no constraint matches either).
+    for name in {n for r in rules for n in (*dict(r.query_optional), *r.query_absent)}:
+        fresh = next(f"other{k}" for k in range(len(named[name]) + 1)
+                     if f"other{k}" not in named[name])
+        named[name].add(fresh)
     count = 1
     for named_values in named.values():
         count *= len(named_values) + 1

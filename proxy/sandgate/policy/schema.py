@@ -97,6 +97,17 @@ class InjectSpec(_Strict):
     query: dict[str, str] = Field(default_factory=dict)
 
 
+class QuerySpec(_Strict):
+    """One `query:` parameter written as a mapping."""
+
+    values: list[str] = Field(default_factory=list,
+                              description="The values it may have (decoded).")
+    optional: bool = Field(default=False, description="It may be missing; when given, it "
+                           "must have one of `values`.")
+    exact: bool = Field(default=False, description="The name's capitals or a '+' in a value "
+                        "are meant (the API spells it so, and clients send '+' as %2B).")
+
+
 class RuleSpec(_Strict):
     name: str
     action: Literal["allow", "deny"] = "allow"
@@ -134,13 +145,18 @@ class RuleSpec(_Strict):
         default_factory=list, description="Non-public ranges this rule may dial."
     )
     passthrough: bool = Field(default=False, description="Tunnel without interception.")
-    query: dict[str, list[str]] | None = Field(
+    query: dict[str, list[str] | QuerySpec | Literal["absent"]] | None = Field(
         default=None, min_length=1,
         description="Named query parameters the request must carry, each with one of the "
-        "listed values, e.g. {service: [git-upload-pack]}. Values are compared exactly, after "
+        "listed values, e.g. {service: [git-upload-pack]}; `{values: [...], optional: true}` "
+        "for one that may be missing (and when given has one of the values), `absent` for one "
+        "that must be missing (in any letter case). Values are compared exactly, after "
         "decoding %XX once. A parameter that is missing, given twice with different values, "
         "or spelled so that servers could read it differently ('+', a malformed escape, a ';' "
-        "or '#' in the query) does not match. Other parameters are not constrained.",
+        "or '#' in the query, the name in other letter case) does not match. Other parameters "
+        "are not constrained. Names are written as the API spells them (lower case, almost "
+        "always: a capitalised name or a '+' in a value is a load error unless `exact: "
+        "true` says it is meant).",
     )
     max_request_bytes: int | str | None = Field(
         default=None,
