@@ -320,6 +320,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _err(f"internal error in the policy prover: {e}")
     for pr in proofs:
         print(pr)
+    from sandgate.policy.hygiene import expiries
+
+    expired = [e for e in expiries(policy) if e.expired]
+    for e in expired:
+        print(github_annotation("error", e.rule.source.file, e.rule.source.line, e.message)
+              if fmt == "github" else f"expired: {e}",
+              file=sys.stderr if fmt == "json" else sys.stdout)
     results = run_policy_tests(policy, resolve)
     failed = [r for r in results if not r.passed]
     summary = (f"{len(policy.files)} file(s), {len(policy.identities)} identities, "
@@ -339,7 +346,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         doc["passed"] = len(results) - len(failed)
         doc["failed"] = len(failed)
         print(json.dumps(doc, indent=2))
-        return 1 if failed else 0
+        return 1 if failed or expired else 0
     for r in results:
         if fmt == "github":
             if not r.passed:
@@ -359,7 +366,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"report mode (policy refusals forwarded without credentials and audited, not "
               f"enforced): {', '.join(report)}")
     print(summary)
-    return 1 if failed or not all(pr.ok for pr in proofs) else 0
+    return 1 if failed or expired or not all(pr.ok for pr in proofs) else 0
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

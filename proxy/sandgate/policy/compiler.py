@@ -13,6 +13,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import date
 from typing import Literal
 
 from mitmproxy.utils import human
@@ -30,6 +31,7 @@ from sandgate.policy.model import (
     PolicyTest,
     QueryConstraint,
     Rule,
+    RuleMeta,
     SecretRef,
     SecretSlot,
     Source,
@@ -543,6 +545,8 @@ def _compile_rule(
             "injected over TLS",
             "set `schemes: [https]` on this rule (or drop the credentials)")
 
+    meta = _compile_meta(rs, loc, rep)
+
     if n_before.count:
         return None
     return Rule(
@@ -552,8 +556,28 @@ def _compile_rule(
         private_cidrs=tuple(cidrs),
         passthrough=rs.passthrough, source=src, query=query, query_optional=query_optional,
         query_absent=query_absent,
-        max_request_bytes=max_bytes, public=rs.public, where=loc,
+        max_request_bytes=max_bytes, public=rs.public, where=loc, meta=meta,
     )
+
+
+def _compile_meta(rs: RuleSpec, loc: Loc, rep: Report) -> RuleMeta | None:
+    """description, owner, ticket, expires: plain one-line text and a calendar day."""
+    for key in ("description", "owner", "ticket"):
+        text = getattr(rs, key)
+        if text is not None and (not text.strip() or has_control_chars(text)):
+            rep((*loc, key), f"`{key}` is empty or contains control characters",
+                f"write one line of plain text, or remove `{key}`")
+    expires = rs.expires
+    if isinstance(expires, str):
+        try:
+            expires = date.fromisoformat(expires.strip())
+        except ValueError:
+            rep((*loc, "expires"), f"expires {rs.expires!r} is not a date",
+                "write the day as YYYY-MM-DD, e.g. expires: 2027-03-31")
+            expires = None
+    if all(v is None for v in (rs.description, rs.owner, rs.ticket, expires)):
+        return None
+    return RuleMeta(rs.description, rs.owner, rs.ticket, expires)
 
 
 def _compile_query(rs: RuleSpec, loc: Loc, rep: Report

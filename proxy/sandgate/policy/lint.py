@@ -24,6 +24,7 @@ from sandgate.policy.loader import (
     line_of,
     load_policy_dir,
 )
+from sandgate.policy.hygiene import expiries
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.policy.overlap import first_host_overlap, shadowing_rule
 from sandgate.policy.paths import DOUBLE_STAR
@@ -95,6 +96,8 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = ()) -> list
                 f"template '{tname}' is never used: no identity names it in `use:`",
                 f"add `use: [{tname}]` to the identities that need its rules, or remove it"))
     out += _template_looking(trees)
+    out += [trees.finding(e.rule.source.file, (*e.rule.where, "expires"), e.message, e.fix)
+            for e in expiries(policy) if not e.expired]  # expired: `check` fails
     # A template's rule is checked once per identity using it; say it once.
     out = list(dict.fromkeys(out))
     order = {f: i for i, f in enumerate(policy.files)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from typing import Literal
 
 from sandgate.policy.paths import PathPattern
@@ -204,6 +205,16 @@ DEFAULT_SUBSTITUTE_HEADERS = frozenset({"authorization", "x-api-key", "api-key"}
 
 
 @dataclass(frozen=True, slots=True)
+class RuleMeta:
+    """What a rule says about itself for reviewers; never part of a decision."""
+
+    description: str | None = None
+    owner: str | None = None
+    ticket: str | None = None
+    expires: date | None = None  # `sandgate check` fails from this day on
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     name: str
     identity: str
@@ -227,6 +238,7 @@ class Rule:
     # where the rule is written inside source.file, e.g. ("identities", "a", "rules", 2) or
     # ("templates", "git", 0): for tools that point at one of its fields (lint)
     where: tuple[str | int, ...] = ()
+    meta: RuleMeta | None = None  # description, owner, ticket, expires (None: none given)
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -254,6 +266,7 @@ class Identity:
     mode: Literal["enforce", "report"] = "enforce"
     narrower_than: str | None = None  # proved by sandgate.policy.proofs
     limits: IdentityLimits | None = None  # rate and connection limits (sandgate.limits)
+    owns: tuple[str, ...] | None = None  # the only files that may add rules (file names)
 
 
 @dataclass(frozen=True, slots=True)

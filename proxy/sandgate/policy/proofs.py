@@ -413,7 +413,8 @@ def query_cells(rules: Iterable[Rule]) -> list[QueryCell] | None:
     apart: for each constrained name, each value some rule names, or the name left out (which
     stands for every other value, a repeated or re-spelled parameter, and an unreadable query:
     no required constraint matches any of them; a fresh value stands for them where optional
-    or absent constraints tell "left out" from "another value"). None when there are more than MAX_QUERY_CELLS."""
+    or absent constraints tell "left out" from "another value"). None when there are more
+    than MAX_QUERY_CELLS."""
     named: dict[str, set[str]] = {}
     rules = list(rules)
     for r in rules:

@@ -7,6 +7,7 @@ them into sandgate.policy.model types. `sandgate schema` prints the JSON Schema 
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -164,6 +165,16 @@ class RuleSpec(_Strict):
         "(bytes). Larger bodies (declared or received) are refused with 413 too_large. The "
         "proxy's --max-request-body still applies; the smaller limit wins.",
     )
+    description: str | None = Field(
+        default=None, description="Why the rule exists, for reviewers (shown by explain).")
+    owner: str | None = Field(
+        default=None, description="Who answers for the rule: a team, a person, an alias.")
+    ticket: str | None = Field(
+        default=None, description="The change request or issue that granted it (an id or URL).")
+    expires: date | str | None = Field(
+        default=None, description="The day the grant ends (YYYY-MM-DD): from that day on "
+        "`sandgate check` fails, and `sandgate lint` warns in the week before. The proxy "
+        "keeps applying the rule until it is removed.")
 
 
 class IdentitySpec(_Strict):
@@ -195,6 +206,12 @@ class IdentitySpec(_Strict):
     limits: LimitsSpec | None = Field(
         default=None, description="Rate and connection limits of this identity (set in one "
         "of its files only).")
+    owns: list[str] | None = Field(
+        default=None, min_length=1,
+        description="The policy files (names in the policy directory, e.g. 20-agent.yaml) that "
+        "may add rules to this identity, its own rules or `use:` of templates; the file that "
+        "sets `owns` always may. A rule from any other file is a load error, so a drive-by "
+        "file cannot widen the identity. Set in one of its files only.")
     rules: list[RuleSpec] = Field(
         default_factory=list,
         description="The identity's rules, in order. Several files may add rules to one "
