@@ -233,7 +233,8 @@ def test_lint_warns_the_week_before(tmp_path):
     d2.mkdir()
     (d2 / "p.yaml").write_text(_meta_policy(f'"{later}"'))  # a quoted date reads the same
     assert lint_dir(d2) == []
-    assert list(expiries(load_policy_dir(d2), today_utc() + timedelta(days=30)))[0].expired
+    (e,) = expiries(load_policy_dir(d2), today_utc() + timedelta(days=30))
+    assert e.expired
 
 
 # --- owns: ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from sandgate.policy.compiler import TEMPLATE_LOOKING, template_fix
+from sandgate.policy.hygiene import expiries
 from sandgate.policy.loader import (
     POLICY_SUFFIXES,
     PolicyError,
@@ -24,7 +25,6 @@ from sandgate.policy.loader import (
     line_of,
     load_policy_dir,
 )
-from sandgate.policy.hygiene import expiries
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.policy.overlap import first_host_overlap, shadowing_rule
 from sandgate.policy.paths import DOUBLE_STAR
