@@ -322,10 +322,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(pr)
     from sandgate.policy.hygiene import expiries
 
-    expired = [e for e in expiries(policy) if e.expired]
-    for e in expired:
-        print(github_annotation("error", e.rule.source.file, e.rule.source.line, e.message)
-              if fmt == "github" else f"expired: {e}",
+    expired = [x for x in expiries(policy) if x.expired]
+    for ex in expired:
+        print(github_annotation("error", ex.rule.source.file, ex.rule.source.line, ex.message)
+              if fmt == "github" else f"expired: {ex}",
               file=sys.stderr if fmt == "json" else sys.stdout)
     results = run_policy_tests(policy, resolve)
     failed = [r for r in results if not r.passed]
