@@ -282,30 +282,34 @@ def _yaml_path(path: str) -> str:
 ADDRESS_UNCHECKED = "address not checked: resolved at request time"
 
 
-def judge_address(d: Decision, host: str, port: int,
-                  overrides: Mapping[str, str]) -> tuple[Decision, str]:
+def judge_address(d: Decision, host: str, port: int, overrides: Mapping[str, str],
+                  report: bool = False) -> tuple[Decision, str]:
     """The proxy's address step for an allowing decision, when the address is known without DNS
     (an IP literal, or a name pinned with --resolve): the same netguard.choose_address over the
-    allowing rule's private_cidrs that the proxy runs before it dials.
+    allowing rule's private_cidrs that the proxy runs before it dials. `report`: a refusal that
+    is only reported (report mode), which the proxy forwards after the same step without any
+    private_cidrs.
 
     Returns the decision after that step (a refusal with the address code when the address may
     not be dialled) and one line saying what happened to the address. The proxy's own listening
     address (self_address) is not known here and not checked.
     """
-    if not d.allowed or d.rule is None:
+    if (not d.allowed or d.rule is None) and not report:
         return d, "not dialled: refused before the address step"
     ips = known_addresses(host, overrides)
     if ips is None:
         return d, ADDRESS_UNCHECKED
+    cidrs = d.rule.private_cidrs if d.allowed and d.rule is not None else ()
     try:
-        target = choose_address(host, port, ips, d.rule.private_cidrs,
-                                only_public=d.rule.public)
+        target = choose_address(host, port, ips, cidrs,
+                                only_public=d.allowed and d.rule is not None and d.rule.public)
     except AddressRefused as e:
-        return Decision(
-            False, e.code, e.reason, rule=d.rule, hint=e.hint,
-            detail=f"rule '{d.rule.name}' ({d.rule.source}) allows the request; the address "
-            "step refuses it",
-        ), f"refused: {e.reason}"
+        why = (f"rule '{d.rule.name}' ({d.rule.source}) allows the request"
+               if d.allowed and d.rule is not None else
+               "the rules refuse it and the identity is in report mode, so it would be "
+               "forwarded without credentials (and without any private_cidrs)")
+        return Decision(False, e.code, e.reason, rule=d.rule, hint=e.hint,
+                        detail=f"{why}; the address step refuses it"), f"refused: {e.reason}"
     kind = classify(target.ip)
     return d, f"dials {target.ip} ({'public' if kind is None else kind + ', in private_cidrs'})"
 
@@ -402,7 +406,7 @@ def judge(policy: Policy, identity: str, method: str, target: str,
         return Verdict(f"CONNECT {shown}", d, note, True)
     req = parse_url(method, target)
     d = judge_sandbox(policy, identity, decide_request(policy, identity, req, gateway), sandbox)
-    d, note = judge_address(d, req.host, req.port, overrides)
+    d, note = judge_address(d, req.host, req.port, overrides, reported(policy, identity, d))
     query = target.partition("#")[0].partition("?")[2]  # shown as given (parsed by parse_url)
     return Verdict(f"{req.method} {req.target}{'?' + query if query else ''}", d, note, False)
 
