@@ -174,3 +174,27 @@ identities:
     assert prove_narrower(policy, "narrow", "wide").ok
     res = prove_narrower(policy, "wide", "narrow")
     assert not res.ok and res.counterexample == "CONNECT h.example.com:443"
+
+
+def test_diff_traffic_sees_tunnels_sandbox_and_gateway(pdir, tmp_path):
+    """Replayed traffic is judged as it came: with its sandbox id and its way in."""
+    from sandgate.policy.traffic import diff, outcome, read_audit
+
+    def ev(method: str, host: str, path: str, **extra: str) -> str:
+        return json.dumps({"event": "request", "identity": "agent", "method": method,
+                           "scheme": "https", "host": host, "port": 443, "path": path,
+                           "decision": "allow", "secrets": [], **extra})
+
+    audit = [ev("GET", "tunnel.example.com", "/x"),  # inspected once; tunnelled in the new one
+             ev("GET", "api.github.com", "/u", sandbox="sb-1"),
+             ev("GET", "tunnel.example.com", "/y", gateway="/tun")]
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "p.yaml").write_text(POLICY.replace("passthrough: true}", "}").replace(
+        "{name: plain-pt-host, schemes: [http], ", "{name: plain-pt-host, schemes: [https], "))
+    res = diff(load_policy_dir(old), load_policy_dir(pdir), read_audit(audit), {})
+    changes = {c.request: (c.old.decision, c.new.decision) for c in res.changes}
+    assert changes == {"GET https://tunnel.example.com:443/x": ("allow", "tunnel"),
+                       "GET https://tunnel.example.com:443/y": ("allow", "deny")}, changes
+    github = read_audit(audit).recorded[1]
+    assert outcome(load_policy_dir(pdir), github, {}).decision == "allow"  # with its sandbox
