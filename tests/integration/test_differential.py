@@ -158,8 +158,9 @@ def dt_pki(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def upstreams(dt_pki, public_upstream) -> Iterator[list[UpstreamServer]]:
-    servers = [public_upstream, UpstreamServer(UPSTREAM_IP, 443, str(dt_pki.cert), str(dt_pki.key)).start(),
-               UpstreamServer(UPSTREAM_IP, 8443, str(dt_pki.cert), str(dt_pki.key)).start(),
+    cert, key = str(dt_pki.cert), str(dt_pki.key)
+    servers = [public_upstream, UpstreamServer(UPSTREAM_IP, 443, cert, key).start(),
+               UpstreamServer(UPSTREAM_IP, 8443, cert, key).start(),
                UpstreamServer(UPSTREAM_IP, 80, None, None).start()]
     yield servers
     for s in servers[1:]:
