@@ -12,7 +12,7 @@ import pytest
 from sandgate.cli import main
 from sandgate.decision import decide_connect, decide_request, judge
 from sandgate.policy.fixtures import run_policy_tests
-from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.proofs import prove_narrower
 from sandgate.request import parse_url
 
@@ -152,10 +152,14 @@ def test_fixtures_target_gateway_paths(pdir):
         "  - {identity: agent, request: POST /anthropic/v1/messages, gateway: true, "
         "expect: allow, rule: anthropic}\n"
         "  - {identity: agent, request: GET /tun/x, gateway: true, expect: deny, "
-        "code: no_rule}\n"
-        "  - {identity: agent, request: GET /nothing/x, gateway: true, expect: deny}\n"))
-    assert [r.passed for r in results] == [True, True, False], [r.message for r in results]
-    assert "no gateway serves" in results[2].message
+        "code: no_rule}\n"))
+    assert [r.passed for r in results] == [True, True], [r.message for r in results]
+    with pytest.raises(PolicyError) as ei:  # a path no gateway serves: located at load
+        _fixtures(pdir, "  - {identity: agent, request: GET /nothing/x, gateway: true, "
+                  "expect: deny}\n")
+    (p,) = ei.value.problems
+    assert (p.line, p.field) == (3, "tests[0].request") and "no gateway serves" in p.message
+    assert "/anthropic, /tun" in p.fix
 
 
 def test_a_tunnel_is_reach_in_proofs(tmp_path):

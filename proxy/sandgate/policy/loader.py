@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sandgate.errors import SandgateError
+from sandgate.errors import BadRequest, SandgateError
+from sandgate.gateway import route
 from sandgate.policy.compiler import (
     NAME_RE,
     Loc,
@@ -639,6 +640,16 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
     gateways = [(gw, _gateway_problem(part, gloc, problems))
                 for part in parts for gw, gloc in part.gateways]
     check_overlaps(gateways)
+    served = [gw for gw, _ in gateways]
+    for part in parts:
+        for t, tloc in part.tests:
+            if not t.gateway:
+                continue
+            try:  # the gateway listener's own mapping
+                route(served, t.method, t.url)
+            except BadRequest as e:
+                problems.append(part.problem((*tloc, "request"), e.reason, e.hint or (
+                    "start the path with a gateway prefix (add `gateways:` first)")))
 
     return Policy(identities=dict(identities), secrets=dict(secrets), tests=tuple(tests),
                   files=tuple(p.file for p in parts), templates=dict(template_first),
