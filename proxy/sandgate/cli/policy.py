@@ -37,6 +37,9 @@ def register(sub: Any) -> None:
     explain.add_argument("--gateway", action="store_true",
                          help="URL is a gateway path (e.g. /anthropic/v1/messages, what follows "
                          "the gateway's HOST:PORT): judged as the gateway listener judges it")
+    explain.add_argument("--sandbox", default=None, metavar="ID",
+                         help="the caller's sandbox id (as in its token or Docker label); "
+                         "without it, a rule needing a per-sandbox secret is sandbox_required")
     explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
     explain.add_argument("url", nargs="?",
                          help="an absolute http(s) URL, or host:port after CONNECT")
@@ -86,6 +89,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _err(f"internal error in the policy prover: {e}")
     for pr in proofs:
         print(pr)
+    from sandgate.policy.hygiene import expiries
+
+    expired = [x for x in expiries(policy) if x.expired]
+    for ex in expired:
+        print(github_annotation("error", ex.rule.source.file, ex.rule.source.line, ex.message)
+              if fmt == "github" else f"expired: {ex}",
+              file=sys.stderr if fmt == "json" else sys.stdout)
     results = run_policy_tests(policy, resolve)
     failed = [r for r in results if not r.passed]
     summary = (f"{len(policy.files)} file(s), {len(policy.identities)} identities, "
@@ -96,7 +106,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         doc["fixtures"] = [{
             "file": r.test.source.file, "line": r.test.source.line,
             "identity": r.test.identity, "request": f"{r.test.method} {r.test.url}",
-            "expect": r.test.expect, "got": "allow" if r.decision.allowed else "deny",
+            "expect": r.test.expect, "got": r.decision.outcome,
             "rule": r.decision.rule_name,
             "code": str(r.decision.code) if r.decision.code else None,
             "inject": sorted(r.secrets), "passthrough": r.passthrough, "address": r.address,
@@ -105,7 +115,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         doc["passed"] = len(results) - len(failed)
         doc["failed"] = len(failed)
         print(json.dumps(doc, indent=2))
-        return 1 if failed else 0
+        return 1 if failed or expired else 0
     for r in results:
         if fmt == "github":
             if not r.passed:
@@ -117,7 +127,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         addr = f" [{r.address}]" if r.address and r.address.startswith(("dials", "refused")) \
             else ""
         print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url} "
-              f"-> {'allow' if r.decision.allowed else 'deny'}"
+              f"-> {r.decision.outcome}"
               f" ({r.decision.rule_name or r.decision.code}){addr}"
               f"{'' if r.passed else ': ' + r.message}")
     report = sorted(n for n, i in policy.identities.items() if i.mode == "report")
@@ -125,7 +135,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"report mode (policy refusals forwarded without credentials and audited, not "
               f"enforced): {', '.join(report)}")
     print(summary)
-    return 1 if failed or not all(pr.ok for pr in proofs) else 0
+    return 1 if failed or expired or not all(pr.ok for pr in proofs) else 0
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -149,7 +159,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from sandgate.explain import explain
+    from sandgate.explain import explain_request
     from sandgate.policy.loader import PolicyError, load_policy_dir
 
     try:
@@ -168,16 +178,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return 1
     try:
-        url, prefix = args.url, None
-        if args.gateway:
-            from sandgate.gateway import gateway_url
-
-            url, gw = gateway_url(policy.gateways, args.method, args.url)
-            prefix = gw.prefix
-        out, allowed = explain(policy, args.identity, args.method, url, resolve)
+        out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
+                                       args.sandbox, args.gateway)
     except ValueError as e:
         return _err(f"bad request: {e}")
-    if prefix is not None:
-        out = {"gateway": prefix, "gateway_path": args.url, **out}
     print(json.dumps(out, indent=2))
     return 0 if allowed else 1

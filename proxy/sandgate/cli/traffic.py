@@ -124,10 +124,12 @@ def parse_batch_line(text: str) -> tuple[str, str, str] | None:
 
 
 def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
-                  out: TextIO, err: TextIO, source: str) -> int:
+                  out: TextIO, err: TextIO, source: str, sandbox: str | None = None,
+                  gateway: bool = False) -> int:
     """One JSON object per request line (explain's fields plus `line`); exit 1 if any line is
-    denied (or reported) or malformed."""
-    from sandgate.explain import explain
+    denied (or reported) or malformed. `sandbox` and `gateway` as for one `explain`: every URL
+    is a gateway path with `gateway`."""
+    from sandgate.explain import explain_request
 
     failed = False
     for n, raw in enumerate(lines, 1):
@@ -136,7 +138,8 @@ def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
             if parsed is None:
                 continue
             identity, method, url = parsed
-            doc, allowed = explain(policy, identity, method, url, resolve)
+            doc, allowed = explain_request(policy, identity, method, url, resolve, sandbox,
+                                           gateway)
         except ValueError as e:
             failed = True
             msg = f"malformed: {e}"
@@ -161,6 +164,6 @@ def cmd_explain_batch(args: argparse.Namespace, resolve: Mapping[str, str]) -> i
         return 1
     try:
         return explain_batch(policy, _open(args.batch), resolve, sys.stdout, sys.stderr,
-                             str(args.batch))
+                             str(args.batch), args.sandbox, args.gateway)
     except OSError as e:
         return _err(f"--batch {args.batch}: {e.strerror or e}")

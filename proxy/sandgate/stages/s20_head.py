@@ -147,7 +147,7 @@ async def judge_connect(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> 
     policy = st.flow_policy(rec)
     d = rec.decision = decide_connect(policy, caller.identity, host, req.port)
     tunnel = Tunnel(caller=caller, host=host, port=req.port, rule=d.rule,
-                    passthrough=d.allowed and d.rule is not None and d.rule.passthrough,
+                    passthrough=d.tunnel,
                     policy=policy)
     if tunnel.passthrough:
         check_writable(st)  # a passthrough tunnel is forwarded at CONNECT, unseen after

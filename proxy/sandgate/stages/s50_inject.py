@@ -11,9 +11,9 @@ from __future__ import annotations
 from mitmproxy import ctx, http
 
 from sandgate.addons.state import FlowRecord
+from sandgate.decision import require_sandbox
 from sandgate.errors import Code, Refused
 from sandgate.inject import apply
-from sandgate.secrets.scope import resolve as resolve_secret_path
 from sandgate.stages.context import GateState, allowing_rule
 
 
@@ -30,8 +30,7 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     policy = st.flow_policy(rec)
     caller = rec.caller
     assert caller is not None
-    for name in sorted(rule.secrets):  # refuse a sandbox-less caller before any read
-        resolve_secret_path(policy.secrets[name], caller.identity, caller.sandbox)
+    require_sandbox(policy, rule, caller.identity, caller.sandbox)  # before any read
     values: dict[str, str] = {}
     versions: list[str] = []
     for name in sorted(rule.secrets):
