@@ -95,6 +95,9 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = ()) -> list
                 f"template '{tname}' is never used: no identity names it in `use:`",
                 f"add `use: [{tname}]` to the identities that need its rules, or remove it"))
     out += _template_looking(trees)
+    from sandgate.policy.lint_semantic import semantic_findings  # lint.Finding is shared
+
+    out += semantic_findings(policy, trees.finding, Finding)
     # A template's rule is checked once per identity using it; say it once.
     out = list(dict.fromkeys(out))
     order = {f: i for i, f in enumerate(policy.files)}

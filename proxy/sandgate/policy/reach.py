@@ -1,0 +1,103 @@
+"""Exact searches over what rules match, for lint and the reach diff.
+
+The proofs (sandgate.policy.proofs) cut the request space into finitely many cells that every
+rule treats alike (scheme, a host witness per host class, port, method, query cell) and search
+the paths of each cell with a product automaton. `find_request` exposes that machinery for any
+question of the form "is there a request on which these rules match in this combination?",
+e.g. "a path the allow rule matches, the deny rule's trailing-slash variant matches, and the
+deny rule itself does not". The answer is a concrete request (re-checked by matching it against
+the rules directly) or None, which is a proof that none exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sandgate.policy.model import Rule
+from sandgate.policy.proofs import (
+    _applies,
+    _fresh_method,
+    _url_host,
+    find_path,
+    glob_nfa,
+    host_witnesses,
+    query_cells,
+    query_string,
+    raw_path,
+)
+
+Vector = Sequence[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Witness:
+    """One concrete request: what a search found."""
+
+    scheme: str
+    host: str
+    port: int
+    method: str
+    path: str  # normalised
+    query: tuple[tuple[str, str], ...]
+
+    @property
+    def url(self) -> str:
+        qs = f"?{query_string(self.query)}" if self.query else ""
+        return f"{self.scheme}://{_url_host(self.host)}:{self.port}{raw_path(self.path)}{qs}"
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.url}"
+
+
+def matches(rule: Rule, w: Witness) -> bool:
+    """Does `rule` match the witness (decision._l7_matches on the normalised path)?"""
+    return (_applies(rule, w.scheme, w.host, w.port, w.method, w.query)
+            and (rule.paths is None or glob_nfa(rule.paths).matches(w.path)))
+
+
+def cells(rules: Sequence[Rule], methods: Sequence[str] | None = None,
+          ) -> list[tuple[str, str, int, str, tuple[tuple[str, str], ...]]]:
+    """Every (scheme, host, port, method, query) cell the rules can tell apart."""
+    hosts = host_witnesses(p for r in rules for p in r.hosts)
+    schemes = sorted({s for r in rules for s in r.schemes})
+    ports = sorted({p for r in rules for p in r.ports})
+    if methods is None:
+        named = {m for r in rules if r.methods is not None for m in r.methods}
+        methods = [*sorted(named), _fresh_method(named)]
+    queries = query_cells(rules) or [()]
+    return [(s, h, p, m, q) for s in schemes for h in hosts for p in ports for m in methods
+            for q in queries]
+
+
+def find_request(rules: Sequence[Rule], pred: Callable[[Vector], bool],
+                 methods: Sequence[str] | None = None) -> Witness | None:
+    """A request whose vector of "rule i matches it" satisfies `pred`, or None when there is
+    none (exact: every cell, and every normalised path in it, is searched)."""
+    memo: dict[tuple[bool, ...], str | None] = {}
+    langs = [r.paths for r in rules]
+    for scheme, host, port, method, query in cells(rules, methods):
+        app = tuple(_applies(r, scheme, host, port, method, query) for r in rules)
+        if app not in memo:
+            def masked(vec: Vector, app: tuple[bool, ...] = app) -> bool:
+                return pred([a and v for a, v in zip(app, vec, strict=True)])
+            memo[app] = find_path(langs, masked)
+        path = memo[app]
+        if path is not None:
+            w = Witness(scheme, host, port, method, path, query)
+            if not pred([matches(r, w) for r in rules]):  # the search and matching disagree
+                raise AssertionError(f"reach search witness {w} does not satisfy its predicate")
+            return w
+    return None
+
+
+def decider(rules: Sequence[Rule], vec: Vector) -> int | None:
+    """decide() on a membership vector: the index of the deciding allow rule, or None when a
+    deny rule matches or no allow rule does."""
+    if any(m and r.action == "deny" for r, m in zip(rules, vec, strict=True)):
+        return None
+    return next((i for i, (r, m) in enumerate(zip(rules, vec, strict=True))
+                 if m and r.action == "allow"), None)
+
+
+__all__ = ["Witness", "cells", "decider", "find_request", "matches"]
