@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sandgate import traffic_cli
 
     traffic_cli.add_parsers(sub, resolve_arg)
+    from sandgate import reach_cli
+
+    reach_cli.add_parsers(sub)  # `report` (the reach diff is `diff` without --traffic)
 
     try:
         from sandgate.sandbox import cli as sandbox_cli
@@ -253,6 +256,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "schema": cmd_schema,
         "diff": cmd_diff,
         "suggest": cmd_suggest,
+        "report": cmd_report,
     }.get(args.command)
     if getattr(args, "missing_extra", None):
         return _err(args.missing_extra)
@@ -422,6 +426,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _err(str(e))
     return traffic_cli.cmd_diff(args, resolve)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sandgate import reach_cli
+
+    return reach_cli.cmd_report(args)
 
 
 def cmd_suggest(args: argparse.Namespace) -> int:

@@ -237,7 +237,7 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
                     continue
                 if find_request([a, b], lambda v: v[0] and not v[1]) is None:
                     continue  # `a` is the specific rule in front of a general one
-                w = find_request(rules, lambda v, i=i, j=j: decider(rules, v) == i and v[j])
+                w = find_request(rules, decides_while_matching(rules, i, j))
                 if w is None:
                     continue
                 out.append(make(b.source.file, _loc(b),
@@ -253,14 +253,7 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
         if b.query:
             loose = dataclasses.replace(b, query=())
             ext = [*rules, loose]
-            k = len(rules)
-            qnames = {n for n, _ in b.query}
-
-            def loose_pass(v: Sequence[bool]) -> bool:
-                d = decider(rules, v[:k])
-                return (v[k] and not v[j] and d is not None and d > j
-                        and not qnames & {n for n, _ in rules[d].query})
-            w = find_request(ext, loose_pass)
+            w = find_request(ext, _other_values_pass(rules, j, {n for n, _ in b.query}))
             if w is not None:
                 later = rules[decider(rules, [matches(r, w) for r in rules]) or 0]
                 names = ", ".join(n for n, _ in b.query)
@@ -285,6 +278,28 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
                                     f"boundary: {seg.strip('*')}-*"))
                     break
     return out
+
+
+def decides_while_matching(rules: Sequence[Rule], i: int,
+                           j: int) -> Callable[[Sequence[bool]], bool]:
+    """Predicate: rule i decides the request (decision order) and rule j matches it too."""
+    def pred(v: Sequence[bool]) -> bool:
+        return decider(rules, v) == i and v[j]
+    return pred
+
+
+def _other_values_pass(rules: Sequence[Rule], j: int,
+                       names: set[str]) -> Callable[[Sequence[bool]], bool]:
+    """Predicate over rules + [rule j without its query]: the loosened rule matches, rule j
+    does not (another value), and a later allow rule that does not constrain those names
+    decides it."""
+    k = len(rules)
+
+    def pred(v: Sequence[bool]) -> bool:
+        d = decider(rules, v[:k])
+        return (v[k] and not v[j] and d is not None and d > j
+                and not names & {n for n, _ in rules[d].query})
+    return pred
 
 
 def _prefix_glob_leak(seg: str) -> str | None:

@@ -39,6 +39,7 @@ class ReachChange:
     new_rule: Rule | None = None
     widened: bool = False  # reach grew: new requests, new secrets, wider ranges, a tunnel
     note: str = ""
+    query: str = ""  # the constrained query values this change is about ("service=x")
 
     def _rule(self, r: Rule | None) -> str:
         if r is None:
@@ -48,7 +49,8 @@ class ReachChange:
     @property
     def what(self) -> str:
         ms = ", ".join(self.methods)
-        return f"{ms} {self.scheme}://{self.host}:{self.port}".strip()
+        q = f" with query {self.query}" if self.query else ""
+        return f"{ms} {self.scheme}://{self.host}:{self.port}{q}".strip()
 
     def summary(self) -> str:
         if self.kind == "mode":
@@ -73,7 +75,8 @@ class ReachChange:
                     "passthrough": r.passthrough}
         return {"identity": self.identity, "kind": self.kind, "widened": self.widened,
                 "scheme": self.scheme, "host": self.host, "port": self.port,
-                "methods": self.methods, "example": self.example, "note": self.note,
+                "methods": self.methods, "query": self.query, "example": self.example,
+                "note": self.note,
                 "old": rule(self.old_rule), "new": rule(self.new_rule)}
 
 
@@ -158,17 +161,21 @@ def identity_changes(old: Identity | None, new: Identity | None) -> list[ReachCh
         for io, i_n, path in memo[app]:
             o = ro[io] if io is not None else None
             n = rn[i_n] if i_n is not None else None
-            w = Witness(scheme, host, port, method, path, query)
+            # query parameters neither deciding rule constrains are noise in the example
+            names = {q for r in (o, n) if r is not None for q, _ in r.query}
+            shown_q = tuple((q, v) for q, v in query if q in names)
+            w = Witness(scheme, host, port, method, path, shown_q)
             kind: Kind = ("reachable" if o is None else "unreachable" if n is None
                           else "changed")
             widened = kind == "reachable" or (o is not None and n is not None and _wider(o, n))
             label = _host_label(host, rules)
-            key = (kind, label, scheme, port, query, o, n)
+            key = (kind, label, scheme, port, shown_q, o, n)
             ch = groups.get(key)
             if ch is None:
                 ch = groups[key] = ReachChange(
                     name, kind, label, scheme, port, [], str(w), o, n, widened,
-                    _changed_note(o, n) if o is not None and n is not None else "")
+                    _changed_note(o, n) if o is not None and n is not None else "",
+                    "&".join(f"{q}={v}" for q, v in shown_q))
             shown = method if method in named else f"any other method (e.g. {method})"
             if shown not in ch.methods:
                 ch.methods.append(shown)
@@ -314,7 +321,8 @@ def format_markdown(d: ReachDiff) -> str:
             by = f"`{r.name}` ({r.source})" if r is not None else ""
             sec = ", ".join(sorted(r.secrets)) if r is not None and c.kind != "changed" else ""
             what = c.note if c.kind in ("mode", "passthrough", "changed") else c.kind
-            out.append(f"| {'➕' if c.widened else '➖'} | {_md(what)} | "
+            sign = ":heavy_plus_sign:" if c.widened else ":heavy_minus_sign:"
+            out.append(f"| {sign} | {_md(what)} | "
                        f"{_md(c.what if c.kind != 'mode' else '*')}<br>e.g. "
                        f"`{c.example}` | {_md(by)} | {_md(sec)} |")
         out.append("")
