@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -161,9 +162,10 @@ def _deny_gap_findings(d: Rule, a: Rule, make: Make) -> list[Finding]:
             add(("hosts",), f"deny rule '{d.name}' wildcard does not match the apex {w.host} "
                 f"(`*.` needs at least one more label), which {_other(d, a)} allows: e.g. {w}",
                 f"add {w.host} to the deny rule's hosts")
-    names = [p for p in d.hosts if not p.wildcard and parse_ip_literal(p.suffix) is None]
+    names = [p for p in d.hosts if parse_ip_literal(p.suffix) is None]
     if a.public and names:
-        subs = tuple(HostPattern(f"*.{p.suffix}", True, f".{p.suffix}") for p in names)
+        subs = tuple(HostPattern(f"*.{p.suffix}", True, f".{p.suffix}") for p in names
+                     if not p.wildcard)
         w = _gap(a, d, dataclasses.replace(d, hosts=d.hosts + subs))
         sub = f"its subdomains (e.g. {w.host}) and " if w is not None else ""
         add(("hosts",), f"deny rule '{d.name}' names {', '.join(p.text for p in names)}, but "
@@ -188,8 +190,15 @@ def _with_params(path: str) -> list[str]:
 
 
 def _matrix_findings(d: Rule, a: Rule, add: Callable[[Loc, str, str], None]) -> None:
-    both = find_request([a, d], lambda v: v[0] and v[1])
-    if both is None or d.paths is None:
+    if d.paths is None:
+        return None
+    # Only denies of a path (not of a `/**` subtree): a subtree deny is taken as written for
+    # the spellings its own server serves; `/admin/**` draws no warning here (documented).
+    ends = tuple(p for p in d.paths if p.segments[-1:] != (DOUBLE_STAR,))
+    if not ends:
+        return None
+    both = find_request([a, dataclasses.replace(d, paths=ends)], lambda v: v[0] and v[1])
+    if both is None:
         return None
 
     def check(path: str) -> bool:
@@ -379,24 +388,62 @@ def _secret_hosts(policy: Policy, make: Make) -> list[Finding]:
     return out
 
 
+def _identity_sections(policy: Policy) -> dict[str, dict[str, dict[str, object]]]:
+    """file -> identity name -> its raw section in that file (the policy loaded, so each file
+    parses)."""
+    import yaml
+
+    out: dict[str, dict[str, dict[str, object]]] = {}
+    for f in policy.files:
+        try:
+            doc = yaml.safe_load(Path(f).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        idents = doc.get("identities") if isinstance(doc, dict) else None
+        if isinstance(idents, dict):
+            out[f] = {k: v for k, v in idents.items() if isinstance(v, dict)}
+    return out
+
+
 def _widening_files(policy: Policy, make: Make) -> list[Finding]:
-    """A file other than the one that defines an identity, adding rules that widen its reach
-    (computed with the reach diff: the identity without that file's rules, against with)."""
+    """A file other than the one that defines an identity, adding rules (its own or through
+    `use:`) that widen its reach, computed with the reach diff (the identity without that
+    file's rules, against with them), or switching it to `mode: report`."""
     from sandgate.policy.reach_diff import identity_changes
 
+    sections = _identity_sections(policy)
     out: list[Finding] = []
     for ident in policy.identities.values():
         home = ident.source.file
-        for file in dict.fromkeys(r.source.file for r in ident.rules
-                                  if r.source.file != home and r.where[:1] != ("templates",)):
-            without = dataclasses.replace(ident, rules=tuple(
-                r for r in ident.rules if r.source.file != file
-                or r.where[:1] == ("templates",)))
+        for file, idents in sections.items():
+            sec = idents.get(ident.name)
+            if file == home or sec is None:
+                continue
+            if sec.get("mode") == "report" and ident.mode == "report":
+                out.append(make(file, ("identities", ident.name, "mode"),
+                                f"this file switches identity '{ident.name}', defined in "
+                                f"{home}, to `mode: report`: every refusal by its rules is "
+                                "forwarded (uninjected), so it reaches every host",
+                                f"set the mode in {home}, or remove it if it was for debugging"))
+            used = sec.get("use")
+            tnames = {u for u in used if isinstance(u, str)} if isinstance(used, list) else set()
+
+            def here(r: Rule, file: str = file, tnames: set[str] = tnames) -> bool:
+                if r.where[:1] == ("templates",):
+                    return len(r.where) > 1 and r.where[1] in tnames
+                return r.source.file == file
+            mine = [r for r in ident.rules if here(r)]
+            if not mine:
+                continue
+            without = dataclasses.replace(ident, rules=tuple(r for r in ident.rules
+                                                             if not here(r)))
             wider = [c for c in identity_changes(without, ident) if c.widened]
             if not wider:
                 continue
-            first = next(r for r in ident.rules if r.source.file == file)
-            out.append(make(file, _loc(first),
+            first = mine[0]
+            loc = _loc(first) if first.source.file == file else ("identities", ident.name,
+                                                                   "use")
+            out.append(make(file, loc,
                             f"this file widens identity '{ident.name}', defined in {home}: "
                             f"{wider[0].summary()}"
                             + (f" (and {len(wider) - 1} more)" if len(wider) > 1 else ""),
@@ -429,7 +476,7 @@ def _fixtures(policy: Policy,
     apexes = {p.suffix[1:] for p in pats if p.wildcard}
     for t in policy.tests:
         ident = policy.identities.get(t.identity)
-        if ident is None or t.connect:
+        if ident is None or t.connect or str(t.expect) == "tunnel":
             continue
         try:
             v = judge(policy, t.identity, t.method, t.url, {})
