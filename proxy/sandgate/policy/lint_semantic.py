@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandgate.decision import decide_connect, judge
