@@ -318,7 +318,7 @@ def format_markdown(d: ReachDiff) -> str:
                 "|---|---|---|---|---|"]
         for c in chs:
             r = c.new_rule if c.kind != "unreachable" else c.old_rule
-            by = f"`{r.name}` ({r.source})" if r is not None else ""
+            by = f"`{r.name}` ({r.source}){_paths(r)}" if r is not None else ""
             sec = ", ".join(sorted(r.secrets)) if r is not None and c.kind != "changed" else ""
             what = c.note if c.kind in ("mode", "passthrough", "changed") else c.kind
             sign = ":heavy_plus_sign:" if c.widened else ":heavy_minus_sign:"
