@@ -95,7 +95,8 @@ def _path_variants(p: PathPattern) -> list[PathPattern]:
 
 def _gap(allow: Rule, deny: Rule, wider: Rule) -> Witness | None:
     """A request the allow rule and the deny's wider variant match and the deny does not."""
-    return find_request([allow, deny, wider], lambda v: v[0] and v[2] and not v[1])
+    return find_request([allow, deny, wider], lambda v: v[0] and v[2] and not v[1],
+                        required=(0, 2))
 
 
 def _deny_gaps(ident: Identity, make: Make) -> list[Finding]:
@@ -104,7 +105,7 @@ def _deny_gaps(ident: Identity, make: Make) -> list[Finding]:
     allows = [r for r in ident.rules if r.action == "allow" and not r.passthrough]
     for d in denies:
         for a in allows:
-            if find_request([a, d], lambda v: v[0] and v[1]) is None:
+            if find_request([a, d], lambda v: v[0] and v[1], required=(0, 1)) is None:
                 continue  # the deny never cuts this allow (lint's "never applies" says more)
             out += _deny_gap_findings(d, a, make)
     return out
@@ -197,7 +198,8 @@ def _matrix_findings(d: Rule, a: Rule, add: Callable[[Loc, str, str], None]) -> 
     ends = tuple(p for p in d.paths if p.segments[-1:] != (DOUBLE_STAR,))
     if not ends:
         return None
-    both = find_request([a, dataclasses.replace(d, paths=ends)], lambda v: v[0] and v[1])
+    both = find_request([a, dataclasses.replace(d, paths=ends)], lambda v: v[0] and v[1],
+                        required=(0, 1))
     if both is None:
         return None
 
@@ -214,7 +216,7 @@ def _matrix_findings(d: Rule, a: Rule, add: Callable[[Loc, str, str], None]) -> 
             "also deny every path with a `;` in a segment: paths: ['/**/*;*/**']")
         return None
     # `/<allowed prefix>/..;/<denied path>`: the server resolves `..;` as `..`
-    allowed = find_request([a], lambda v: v[0])
+    allowed = find_request([a], lambda v: v[0], required=(0,))
     prefixes = [""]
     if allowed is not None:
         segs = allowed.path.strip("/").split("/")
@@ -244,9 +246,9 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
             for i, a in enumerate(rules[:j]):
                 if a.action != "allow" or a.passthrough or a.secrets == b.secrets:
                     continue
-                if find_request([a, b], lambda v: v[0] and not v[1]) is None:
+                if find_request([a, b], lambda v: v[0] and not v[1], required=(0,)) is None:
                     continue  # `a` is the specific rule in front of a general one
-                w = find_request(rules, decides_while_matching(rules, i, j))
+                w = find_request(rules, decides_while_matching(rules, i, j), required=(i, j))
                 if w is None:
                     continue
                 out.append(make(b.source.file, _loc(b),
@@ -262,7 +264,8 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
         if b.query:
             loose = dataclasses.replace(b, query=())
             ext = [*rules, loose]
-            w = find_request(ext, _other_values_pass(rules, j, {n for n, _ in b.query}))
+            w = find_request(ext, _other_values_pass(rules, j, {n for n, _ in b.query}),
+                             required=(len(rules),))
             if w is not None:
                 later = rules[decider(rules, [matches(r, w) for r in rules]) or 0]
                 names = ", ".join(n for n, _ in b.query)

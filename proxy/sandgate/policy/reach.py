@@ -57,31 +57,37 @@ def matches(rule: Rule, w: Witness) -> bool:
 
 
 def cells(rules: Sequence[Rule], methods: Sequence[str] | None = None,
+          required: Sequence[int] = ()
           ) -> list[tuple[str, str, int, str, tuple[tuple[str, str], ...]]]:
-    """Every (scheme, host, port, method, query) cell the rules can tell apart."""
-    hosts = host_witnesses(p for r in rules for p in r.hosts)
-    schemes = sorted({s for r in rules for s in r.schemes})
-    ports = sorted({p for r in rules for p in r.ports})
+    """Every (scheme, host, port, method, query) cell the rules can tell apart; with
+    `required`, only the cells where each of those rules applies (by everything but the path)."""
+    need = [rules[i] for i in required]
+    hosts = [h for h in host_witnesses(p for r in rules for p in r.hosts)
+             if all(r.matches_host(h) for r in need)]
+    schemes = sorted({s for r in rules for s in r.schemes if all(s in n.schemes for n in need)})
+    ports = sorted({p for r in rules for p in r.ports if all(p in n.ports for n in need)})
     if methods is None:
         named = {m for r in rules if r.methods is not None for m in r.methods}
         methods = [*sorted(named), _fresh_method(named)]
+    methods = [m for m in methods if all(n.methods is None or m in n.methods for n in need)]
+    if not (hosts and schemes and ports and methods) or any(n.passthrough for n in need):
+        return []
     queries = query_cells(rules) or [()]
     return [(s, h, p, m, q) for s in schemes for h in hosts for p in ports for m in methods
             for q in queries]
 
 
 def find_request(rules: Sequence[Rule], pred: Callable[[Vector], bool],
-                 methods: Sequence[str] | None = None) -> Witness | None:
+                 methods: Sequence[str] | None = None,
+                 required: Sequence[int] = ()) -> Witness | None:
     """A request whose vector of "rule i matches it" satisfies `pred`, or None when there is
-    none (exact: every cell, and every normalised path in it, is searched)."""
+    none (exact: every cell, and every normalised path in it, is searched). `required`: rules
+    that must match for `pred` to hold (only the cells where they apply are searched)."""
     memo: dict[tuple[bool, ...], str | None] = {}
-    langs = [r.paths for r in rules]
-    for scheme, host, port, method, query in cells(rules, methods):
+    for scheme, host, port, method, query in cells(rules, methods, required):
         app = tuple(_applies(r, scheme, host, port, method, query) for r in rules)
         if app not in memo:
-            def masked(vec: Vector, app: tuple[bool, ...] = app) -> bool:
-                return pred([a and v for a, v in zip(app, vec, strict=True)])
-            memo[app] = find_path(langs, masked)
+            memo[app] = path_search(rules, app, pred)
         path = memo[app]
         if path is not None:
             w = Witness(scheme, host, port, method, path, query)
@@ -89,6 +95,20 @@ def find_request(rules: Sequence[Rule], pred: Callable[[Vector], bool],
                 raise AssertionError(f"reach search witness {w} does not satisfy its predicate")
             return w
     return None
+
+
+def path_search(rules: Sequence[Rule], app: Sequence[bool],
+                pred: Callable[[Vector], bool]) -> str | None:
+    """find_path over the rules that apply in a cell (the others match no path there): the
+    product automaton holds only those."""
+    idx = [i for i, a in enumerate(app) if a]
+
+    def masked(vec: Vector) -> bool:
+        full = [False] * len(rules)
+        for i, m in zip(idx, vec, strict=True):
+            full[i] = m
+        return pred(full)
+    return find_path([rules[i].paths for i in idx], masked)
 
 
 def decider(rules: Sequence[Rule], vec: Vector) -> int | None:

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from sandgate.decision import decide_connect
 from sandgate.policy.model import Identity, Policy, Rule
-from sandgate.policy.proofs import _applies, cidrs_covered, find_path, glob_nfa, host_witnesses
-from sandgate.policy.reach import Witness, cells, decider
+from sandgate.policy.proofs import _applies, cidrs_covered, glob_nfa, host_witnesses
+from sandgate.policy.reach import Witness, cells, decider, path_search
 
 Kind = Literal["reachable", "unreachable", "changed", "passthrough", "mode"]
 
@@ -148,7 +148,6 @@ def identity_changes(old: Identity | None, new: Identity | None) -> list[ReachCh
                                   "identity reaches every host" if nm == "report" else "")))
     rules = (*ro, *rn)
     k = len(ro)
-    langs = [r.paths for r in rules]
     groups: dict[tuple[object, ...], ReachChange] = {}
     named = {m for r in rules if r.methods is not None for m in r.methods}
     memo: dict[tuple[bool, ...], list[tuple[int | None, int | None, str]]] = {}
@@ -157,7 +156,7 @@ def identity_changes(old: Identity | None, new: Identity | None) -> list[ReachCh
         if not any(app):
             continue
         if app not in memo:
-            memo[app] = _pairs(ro, rn, langs, app, k)
+            memo[app] = _pairs(ro, rn, app, k)
         for io, i_n, path in memo[app]:
             o = ro[io] if io is not None else None
             n = rn[i_n] if i_n is not None else None
@@ -184,20 +183,20 @@ def identity_changes(old: Identity | None, new: Identity | None) -> list[ReachCh
     return out
 
 
-def _pairs(ro: Sequence[Rule], rn: Sequence[Rule], langs: Sequence[Any], app: tuple[bool, ...],
+def _pairs(ro: Sequence[Rule], rn: Sequence[Rule], app: tuple[bool, ...],
            k: int) -> list[tuple[int | None, int | None, str]]:
     """Every (old decider, new decider) pair that differs and occurs on some path of a cell."""
     found: list[tuple[int | None, int | None, str]] = []
     seen: set[tuple[int | None, int | None]] = set()
+    rules = (*ro, *rn)
     while True:
-        def bad(vec: Sequence[bool]) -> bool:
-            v = [a and m for a, m in zip(app, vec, strict=True)]
+        def bad(v: Sequence[bool]) -> bool:
             io, i_n = decider(ro, v[:k]), decider(rn, v[k:])
             if (io, i_n) in seen:
                 return False
             return not _same(ro[io] if io is not None else None,
                              rn[i_n] if i_n is not None else None)
-        path = find_path(langs, bad)
+        path = path_search(rules, app, bad)
         if path is None:
             return found
         v = [a and (r.paths is None or glob_nfa(r.paths).matches(path))

@@ -84,17 +84,17 @@ def _notes(ident: Identity, k: int) -> list[str]:
         return out
     for d in rules:
         if d.action == "deny":
-            w = find_request([r, d], lambda v: v[0] and v[1])
+            w = find_request([r, d], lambda v: v[0] and v[1], required=(0, 1))
             if w is not None:
                 out.append(f"except deny rule '{d.name}' (e.g. {w})")
     for i in range(k):
         a = rules[i]
         if a.action != "allow" or a.passthrough:
             continue
-        w = find_request(rules, decides_while_matching(rules, i, k))
+        w = find_request(rules, decides_while_matching(rules, i, k), required=(i, k))
         if w is not None:
             out.append(f"some requests go to earlier rule '{a.name}' (e.g. {w})")
-    if not find_request(rules, lambda v: decider(rules, v) == k):
+    if not find_request(rules, lambda v: decider(rules, v) == k, required=(k,)):
         out.append("never decides a request")
     if r.public:
         out.append("only hosts that resolve to public addresses")
