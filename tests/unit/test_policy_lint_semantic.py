@@ -178,6 +178,11 @@ CASES: list[tuple[str, dict[str, str], str | None]] = [
     ("fixture-host-typo", {"p.yaml": policy(
         WEB, "  - {identity: a, request: POST https://api.exmple.com/x, expect: deny}\n")},
      "named by no rule, but api.example.com is"),
+    ("fixture-wrong-host-for-deny", {"p.yaml": policy(
+        WEB + R + "{name: no-admin, action: deny, hosts: [api.example.com], "
+        "paths: [/admin/**]}\n",
+        "  - {identity: a, request: GET https://admin.internal.test/admin/users, "
+        "expect: deny}\n")}, "looks written for deny rule 'no-admin'"),
     ("fixture-unknown-host-ok", {"p.yaml": policy(
         WEB, "  - {identity: a, request: GET https://api.example.com.evil.test/, "
         "expect: deny}\n")}, None),

@@ -527,7 +527,33 @@ def _fixtures(policy: Policy,
                                    f"a typo makes expect: {t.expect} test deny-by-default "
                                    "instead of the rule",
                                    f"use {close} in the fixture's URL"))
+                continue
+            written = (_deny_for_path(ident, t.url) if t.expect == "deny" and t.rule is None
+                       else None)
+            if written is not None:
+                d = written
+                out.append(at_line(t.source.file, t.source.line, "tests",
+                                   f"fixture expect: deny for {t.method} {t.url} looks written "
+                                   f"for deny rule '{d.name}' ({d.source}), whose paths match "
+                                   f"its path, but no rule names host {host}: it passes by "
+                                   "deny-by-default whatever that rule does",
+                                   f"use a host of rule '{d.name}' "
+                                   f"({', '.join(p.text for p in d.hosts)}) and pin "
+                                   f"`rule: {d.name}`"))
     return out
+
+
+def _deny_for_path(ident: Identity, url: str) -> Rule | None:
+    """A deny rule of the identity with paths, one of which matches the URL's path."""
+    from sandgate.policy.paths import normalise_path
+    from sandgate.request import parse_url
+
+    try:
+        path = normalise_path(parse_url("GET", url).path)
+    except ValueError:
+        return None
+    return next((r for r in ident.rules if r.action == "deny" and r.paths is not None
+                 and any(p.matches(path) for p in r.paths)), None)
 
 
 def _host_port(url: str) -> tuple[str | None, int, str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sandgate.policy.model import Rule
 from sandgate.policy.proofs import (
     _applies,
+    _decider,
     _fresh_method,
     _url_host,
     find_path,
@@ -28,6 +29,10 @@ from sandgate.policy.proofs import (
 )
 
 Vector = Sequence[bool]
+
+# decide() on a membership vector: the index of the deciding allow rule, or None when a deny rule
+# matches or no allow rule does (the proofs' own, so the two cannot drift apart).
+decider = _decider
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +114,6 @@ def path_search(rules: Sequence[Rule], app: Sequence[bool],
             full[i] = m
         return pred(full)
     return find_path([rules[i].paths for i in idx], masked)
-
-
-def decider(rules: Sequence[Rule], vec: Vector) -> int | None:
-    """decide() on a membership vector: the index of the deciding allow rule, or None when a
-    deny rule matches or no allow rule does."""
-    if any(m and r.action == "deny" for r, m in zip(rules, vec, strict=True)):
-        return None
-    return next((i for i, (r, m) in enumerate(zip(rules, vec, strict=True))
-                 if m and r.action == "allow"), None)
 
 
 __all__ = ["Witness", "cells", "decider", "find_request", "matches"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from sandgate.policy.lint_semantic import decides_while_matching
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.policy.reach import decider, find_request
+from sandgate.policy.reach_diff import _md
 
 
 @dataclass(slots=True)
@@ -114,10 +115,6 @@ def build_report(policy: Policy, title: str) -> Report:
 
 
 _COLUMNS = ("kind", "rule", "reach", "methods", "paths", "query", "secrets", "notes", "source")
-
-
-def _md(text: str) -> str:
-    return html.escape(text, quote=False).replace("|", "\\|").replace("*", "\\*")
 
 
 def format_markdown(rep: Report) -> str:
