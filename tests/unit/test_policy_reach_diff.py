@@ -141,6 +141,7 @@ def test_report_markdown_html_json(tmp_path):
     md = buf.getvalue()
     assert "## `agent`" in md and "git (injected; secret/git#token)" in md
     assert "except deny rule 'no-admin'" in md
+    assert "| git | secret/git | agent: git-refs (" in md  # who is sent which secret
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert cli_main(["report", "--format", "json", str(o)]) == 0

@@ -64,6 +64,8 @@ class IdentityReport:
 class Report:
     title: str
     identities: list[IdentityReport]
+    # secret -> (where it is read, [(identity, rule, file:line)])
+    secrets: dict[str, tuple[str, list[tuple[str, str, str]]]] = field(default_factory=dict)
 
 
 def _secret_text(policy: Policy, name: str, r: Rule) -> str:
@@ -111,7 +113,13 @@ def build_report(policy: Policy, title: str) -> Report:
                          _notes(ident, k)) for k, r in enumerate(ident.rules)]
         idents.append(IdentityReport(ident.name, ident.mode, ident.narrower_than,
                                      str(ident.source), entries))
-    return Report(title, idents)
+    secrets: dict[str, tuple[str, list[tuple[str, str, str]]]] = {}
+    for name, ref in policy.secrets.items():
+        users = [(i.name, r.name, str(r.source)) for i in policy.identities.values()
+                 for r in i.rules if r.action == "allow" and name in r.secrets]
+        only = f"; only to {', '.join(p.text for p in ref.hosts)}" if ref.hosts else ""
+        secrets[name] = (ref.location + only, users)
+    return Report(title, idents, secrets)
 
 
 _COLUMNS = ("kind", "rule", "reach", "methods", "paths", "query", "secrets", "notes", "source")
@@ -132,11 +140,21 @@ def format_markdown(rep: Report) -> str:
             c = e.cells()
             out.append("| " + " | ".join(_md(c[k]) for k in _COLUMNS) + " |")
         out.append("")
+    if rep.secrets:
+        out += ["## Secrets", "", "| secret | read from | sent by (identity: rule) |",
+                "|---|---|---|"]
+        for name, (where, users) in rep.secrets.items():
+            by = "; ".join(f"{i}: {r} ({src})" for i, r, src in users) or "no rule"
+            out.append(f"| {_md(name)} | {_md(where)} | {_md(by)} |")
+        out.append("")
     return "\n".join(out)
 
 
 def format_json(rep: Report) -> str:
-    return json.dumps({"title": rep.title, "identities": [
+    return json.dumps({"title": rep.title, "secrets": {
+        n: {"location": w, "rules": [{"identity": i, "rule": r, "source": src}
+                                     for i, r, src in u]} for n, (w, u) in rep.secrets.items()},
+        "identities": [
         {"name": ir.name, "mode": ir.mode, "narrower_than": ir.narrower_than,
          "source": ir.source, "rules": [e.cells() for e in ir.entries]}
         for ir in rep.identities]}, indent=2) + "\n"
@@ -193,6 +211,14 @@ def format_html(rep: Report, link_base: str | None = None) -> str:
             tds = "".join(f"<td>{_link(c[k], link_base) if k == 'source' else e(c[k])}</td>"
                           for k in _COLUMNS)
             parts.append(f"<tr class='{en.kind}'>{tds}</tr>")
+        parts.append("</tbody></table></section>")
+    if rep.secrets:
+        parts.append("<section data-identity='secrets'><h2>Secrets</h2><table><thead><tr>"
+                     "<th>secret</th><th>read from</th><th>sent by</th></tr></thead><tbody>")
+        for name, (where, users) in rep.secrets.items():
+            by = "<br>".join(f"{e(i)}: {e(r)} ({_link(src, link_base)})" for i, r, src in users)
+            parts.append(f"<tr><td>{e(name)}</td><td>{e(where)}</td><td>{by or 'no rule'}"
+                         "</td></tr>")
         parts.append("</tbody></table></section>")
     parts.append(f"<script>{_JS}</script></body></html>\n")
     return "\n".join(parts)
