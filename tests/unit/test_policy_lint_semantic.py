@@ -77,6 +77,10 @@ CASES: list[tuple[str, dict[str, str], str | None]] = [
         R + "{name: no-evil, action: deny, hosts: [evil.example.com]}\n"
         + R + "{name: web, public: true, methods: [GET]}\n")},
      "same servers by IP address"),
+    ("deny-paths-outside-allow", {"p.yaml": policy(
+        R + "{name: web, hosts: [api.example.com], methods: [GET], paths: [/v1/**]}\n"
+        + R + "{name: no-admin, action: deny, hosts: [api.example.com], paths: [/admin/**]}\n")},
+     "no request an allow rule lets through matches its paths"),
     ("matrix-param", {"p.yaml": policy(
         R + "{name: web, hosts: [api.example.com], methods: [GET], paths: [/a/**]}\n"
         + R + "{name: no-secret, action: deny, hosts: [api.example.com], paths: [/a/secret]}\n")},

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from sandgate.decision import decide_connect, judge
 from sandgate.netguard import classify, parse_ip_literal
+from sandgate.policy.lint import _deny_reaches
 from sandgate.policy.model import HostPattern, Identity, Policy, Rule
 from sandgate.policy.overlap import host_covers
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern
@@ -104,10 +105,22 @@ def _deny_gaps(ident: Identity, make: Make) -> list[Finding]:
     denies = [r for r in ident.rules if r.action == "deny"]
     allows = [r for r in ident.rules if r.action == "allow" and not r.passthrough]
     for d in denies:
+        cut = False
         for a in allows:
             if find_request([a, d], lambda v: v[0] and v[1], required=(0, 1)) is None:
-                continue  # the deny never cuts this allow (lint's "never applies" says more)
+                continue  # the deny never cuts this allow
+            cut = True
             out += _deny_gap_findings(d, a, make)
+        coarse = [a for a in ident.rules if _deny_reaches(d, a)]
+        if not cut and coarse and not any(a.passthrough for a in coarse):
+            a = coarse[0]
+            out.append(make(d.source.file, _loc(d),
+                            f"deny rule '{d.name}' never applies: allow rule '{a.name}' "
+                            f"({a.source}) reaches its hosts, but no request an allow rule "
+                            "lets through matches its paths and query, so deny-by-default "
+                            "already refuses everything it names",
+                            f"give it the paths of the allow rule it should cut (allow rule "
+                            f"'{a.name}' has {_pats(a.paths)}), or remove it"))
     return out
 
 
