@@ -28,6 +28,7 @@ from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
 from sandgate.addons import relay, wirelimits
+from sandgate.addons.flowsecrets import ScrubSets, owned
 from sandgate.addons.forward import (
     check_authority,
     check_upgrade,
@@ -56,7 +57,7 @@ from sandgate.errors import BadRequest, Code, IdentityError, LimitExceeded, Refu
 from sandgate.gateway import route, take_token
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
-from sandgate.inject import Leak, apply, find_leaks, find_leaks_in, own_forms
+from sandgate.inject import Leak, apply, find_leaks, find_leaks_in
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.netguard import (
     DialTarget,
@@ -124,8 +125,7 @@ class Gate:
         self.cfg = config
         self.conns: dict[str, Conn] = {}
         self._placeholders = dict(config.policy.placeholders)
-        self._secret_set = SecretSet({})
-        self._secret_generation = -1
+        self._scrub_sets = ScrubSets()
 
     @property
     def policy(self) -> Policy:
@@ -140,7 +140,7 @@ class Gate:
             self.cfg.canaries = canaries
         self._placeholders = placeholders
         self.cfg.policy = policy
-        self._secret_generation = -1  # own_forms depend on the policy: rebuild the automaton
+        self._scrub_sets.invalidate()  # own_forms depend on the policy: rebuild the automaton
 
     def _flow_policy(self, rec: FlowRecord) -> Policy:
         """The one policy a flow is judged by, read at its first hook."""
@@ -149,20 +149,11 @@ class Gate:
             rec.placeholders = self._placeholders
         return rec.policy
 
-    def secrets(self) -> SecretSet:
-        """Every cached secret value and its encodings, compiled once per change of the cache."""
-        broker = self.cfg.broker
-        if broker.generation != self._secret_generation:
-            generation = broker.generation
-            # Every value of every sandbox: a sandbox must not receive another's value either.
-            pairs = [*self.cfg.canaries.items(), *broker.cached_pairs()]
-            extra: dict[str, list[bytes]] = {}
-            for view in broker.value_views():  # one caller's values together (a Basic pair)
-                for name, forms in own_forms(self.policy, view).items():
-                    extra.setdefault(name, []).extend(forms)
-            self._secret_set = SecretSet(pairs, extra)
-            self._secret_generation = generation
-        return self._secret_set
+    def secrets(self, rec: FlowRecord | None = None) -> SecretSet:
+        """Every held and retired secret value and its encodings, plus every value injected
+        into `rec`'s flow (the flow owns its secrets: sandgate.addons.flowsecrets)."""
+        return self._scrub_sets.for_flow(self.cfg.broker, self.cfg.canaries, self.policy,
+                                         rec.owned if rec is not None else None)
 
     # ---------------------------------------------------------------- connections
 
@@ -549,6 +540,7 @@ class Gate:
             # counted only now that the secrets are there to inject (or 429, nothing spent)
             self.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
             rec.secrets += versions
+            rec.owned = owned(policy, values, rule.secrets)  # scrubbed from its response
             apply(rule, req, values, {n: policy.secrets[n].placeholder for n in rule.secrets})
 
         conn = self._conn(flow.client_conn)
@@ -628,7 +620,7 @@ class Gate:
                 Code.UPSTREAM_ERROR, "the upstream switched to a protocol other than the "
                 "WebSocket that was asked for"))
             return
-        secrets = self.secrets()
+        secrets = self.secrets(rec)
         rec.redactions += clean_head(resp, secrets)
         if flow.request.method == "HEAD" or resp.status_code in (204, 304) or (
             resp.status_code < 200
@@ -656,11 +648,11 @@ class Gate:
             resp = flow.response
             rec = _record(flow)
             if resp is not None and rec.scrub_whole and not rec.refused:
-                rec.redactions += scrub_whole(resp, self.secrets())
+                rec.redactions += scrub_whole(resp, self.secrets(rec))
                 rec.bytes_out = len(resp.raw_content or b"")
             if resp is not None and resp.trailers and not rec.refused:
                 if flow.client_conn.alpn == b"h2":
-                    _record(flow).redactions += scrub_headers(resp.trailers, self.secrets())
+                    _record(flow).redactions += scrub_headers(resp.trailers, self.secrets(rec))
                 else:  # HTTP/1 clients get no trailers (mitmproxy cannot send them anyway)
                     resp.trailers = None
         except Exception:
@@ -692,7 +684,7 @@ class Gate:
             if rec.websocket_closed:
                 message.drop()
                 return
-            secrets = self.secrets()
+            secrets = self.secrets(rec)
             if not message.from_client:
                 clean, n = secrets.scrub(message.content)
                 if n:
@@ -733,7 +725,7 @@ class Gate:
             target = A.redact_path(flow.request.path)  # no gateway matched: its own path
         identity = rec.caller.identity if rec.caller is not None else None
         refusal = Refusal.from_error(error, identity=identity, target=target, gateway=gateway)
-        secrets = self.secrets()
+        secrets = self.secrets(rec)
         if secrets.empty:
             return refusal
         # The reason may quote the request, and the request may quote a value.
@@ -781,7 +773,8 @@ class Gate:
         refusal = self._refusal(flow, error)
         saved, rec.refusal = rec.refusal, refusal
         try:
-            self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), self.secrets()))
+            self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec),
+                                                        self.secrets(rec)))
         except Exception:
             log.exception("sandgate: audit failed")
         finally:
@@ -793,7 +786,8 @@ class Gate:
             return
         rec.audited = True
         try:
-            self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), self.secrets()))
+            self.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec),
+                                                        self.secrets(rec)))
         except Exception:
             log.exception("sandgate: audit failed")
 
