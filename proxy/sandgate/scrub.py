@@ -173,6 +173,27 @@ class SecretSet:
         data change the decision. Everything before `stop` is output exactly as a scrub of the
         whole stream would output it; the caller holds ``data[stop:]`` back.
         """
+        matches, stop = self._matches(data, final=final)
+        pieces: list[bytes] = []
+        pos = 0
+        for start, needle in matches:
+            pieces.append(data[pos:start])
+            pieces.append(needle.replacement)
+            pos = start + needle.length
+        pieces.append(data[pos:stop])
+        return pieces, len(matches), stop
+
+    def matches(self, data: bytes, *, final: bool
+                ) -> tuple[list[tuple[int, int, bytes]], int]:
+        """What a scrub of `data` replaces, as (start, length, replacement), and where it stops
+        deciding (see `_scan`); for scrubbers over a view of the data (`sandgate.unwrap`)."""
+        if self._exact is None:
+            return [], len(data)
+        found, stop = self._matches(bytes(data), final=final)
+        return [(start, n.length, n.replacement) for start, n in found], stop
+
+    def _matches(self, data: bytes, *, final: bool) -> tuple[list[tuple[int, _Needle]], int]:
+        """The replacements `_scan` makes, as (start, needle), and its stop."""
         text = data.decode("latin-1")
         longest: dict[int, _Needle] = {}
         for end, needle in self._exact.iter(text):
@@ -181,8 +202,8 @@ class SecretSet:
             if best is None or best.length < needle.length:
                 longest[start] = needle
         blocked = [] if final else self._unfinished(text)
-        pieces: list[bytes] = []
-        count = pos = b = 0
+        matches: list[tuple[int, _Needle]] = []
+        pos = b = 0
         for start in sorted(longest):
             if start < pos:
                 continue  # inside the previous replacement
@@ -191,15 +212,12 @@ class SecretSet:
             if b < len(blocked) and blocked[b] <= start:
                 break  # a longer needle may yet start at blocked[b]: decide nothing from there
             needle = longest[start]
-            pieces.append(data[pos:start])
-            pieces.append(needle.replacement)
-            count += 1
+            matches.append((start, needle))
             pos = start + needle.length
         while b < len(blocked) and blocked[b] < pos:
             b += 1
         stop = blocked[b] if b < len(blocked) else len(data)
-        pieces.append(data[pos:stop])
-        return pieces, count, stop
+        return matches, stop
 
     def _unfinished(self, text: str) -> list[int]:
         """Ascending positions q where ``text[q:]`` is a proper prefix of some needle.

@@ -27,7 +27,7 @@ from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
-from sandgate.addons import relay, wirelimits
+from sandgate.addons import relay, wirelimits, wscontrol
 from sandgate.addons.flowsecrets import ScrubSets, owned
 from sandgate.addons.forward import (
     check_authority,
@@ -47,6 +47,7 @@ from sandgate.addons.socks5 import (
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord, Tunnel
 from sandgate.addons.stream import (
     ResponseScrubber,
+    answer_instead,
     clean_head,
     scrub_headers,
     scrub_whole,
@@ -74,6 +75,7 @@ from sandgate.request import RequestInfo, check_head, check_tunnel, parse_proxie
 from sandgate.scrub import SecretSet
 from sandgate.secrets.scope import resolve as resolve_secret_path
 from sandgate.secrets.vault import SecretBroker
+from sandgate.unwrap import scrub_unwrapped
 
 log = logging.getLogger("sandgate")
 
@@ -631,8 +633,9 @@ class Gate:
             return
         encoding = resp.headers.get("content-encoding", "identity").strip().lower()
         scrubber = ResponseScrubber(secrets, encoding, resp, flow.request.http_version)
-        if scrubber.refuse_reason:
-            self._drop_response(flow, Refused(Code.UPSTREAM_ERROR, scrubber.refuse_reason))
+        if scrubber.refuse_reason:  # a readable 502, not a cut connection
+            rec.refusal = self._refusal(flow, Refused(Code.UPSTREAM_ERROR, scrubber.refuse_reason))
+            resp.stream = answer_instead(resp, rec.refusal, flow.client_conn.alpn != b"h2")
             return
 
         def stream(chunk: bytes) -> bytes | list[bytes]:
@@ -648,8 +651,13 @@ class Gate:
             resp = flow.response
             rec = _record(flow)
             if resp is not None and rec.scrub_whole and not rec.refused:
-                rec.redactions += scrub_whole(resp, self.secrets(rec))
+                try:
+                    rec.redactions += scrub_whole(resp, self.secrets(rec))
+                except ValueError as e:  # undecodable: a readable 502 instead of its body
+                    self._refuse(flow, self._refusal(flow, Refused(Code.UPSTREAM_ERROR, str(e))))
                 rec.bytes_out = len(resp.raw_content or b"")
+            if resp is not None and resp.trailers and rec.refused:
+                resp.trailers = None  # the upstream's answer was replaced: none of it goes
             if resp is not None and resp.trailers and not rec.refused:
                 if flow.client_conn.alpn == b"h2":
                     _record(flow).redactions += scrub_headers(resp.trailers, self.secrets(rec))
@@ -686,24 +694,46 @@ class Gate:
                 return
             secrets = self.secrets(rec)
             if not message.from_client:
-                clean, n = secrets.scrub(message.content)
+                clean, n = scrub_unwrapped(secrets, message.content)
                 if n:
                     message.content = clean
                     rec.redactions += n
                 return
-            rule = rec.decision.rule if rec.decision is not None and not rec.reported else None
-            bound = rule.secrets if rule is not None else frozenset()
-            placeholders = rec.placeholders if rec.policy is not None else self._placeholders
-            leaks = find_leaks_in(message.content, "websocket", placeholders, secrets, bound)
-            if leaks:
+            if self._websocket_leaks(flow, rec, message.content):
                 message.drop()
-                rec.websocket_closed = True
-                rec.exfiltration = sorted({f"{lk.secret}:{lk.kind}:{lk.where}" for lk in leaks})
-                self._audit_event(flow, "websocket", _exfiltration(leaks, rule))
         except Exception:
             log.exception("sandgate: websocket_message failed; dropping the stream")
             rec.websocket_closed = True
             message.drop()
+
+    def _websocket_leaks(self, flow: http.HTTPFlow, rec: FlowRecord, content: bytes) -> bool:
+        """Does what the client sends carry a credential? If so the stream goes silent and
+        the exfiltration is audited."""
+        rule = rec.decision.rule if rec.decision is not None and not rec.reported else None
+        bound = rule.secrets if rule is not None else frozenset()
+        placeholders = rec.placeholders if rec.policy is not None else self._placeholders
+        leaks = find_leaks_in(content, "websocket", placeholders, self.secrets(rec), bound)
+        if leaks:
+            rec.websocket_closed = True
+            rec.exfiltration = sorted({f"{lk.secret}:{lk.kind}:{lk.where}" for lk in leaks})
+            self._audit_event(flow, "websocket", _exfiltration(leaks, rule))
+        return bool(leaks)
+
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        flow.metadata[wscontrol.HANDLER_KEY] = functools.partial(self._websocket_control, flow)
+
+    def _websocket_control(self, flow: http.HTTPFlow, from_client: bool,
+                           payload: bytes) -> bytes | None:
+        """A ping, pong or close payload (addons/wscontrol.py): scrubbed from the server,
+        judged like a message from the client (None: not relayed)."""
+        rec = _record(flow)
+        if not from_client:
+            clean, n = self.secrets(rec).scrub(payload)
+            rec.redactions += n
+            return clean
+        if rec.websocket_closed or self._websocket_leaks(flow, rec, payload):
+            return None
+        return payload
 
     # ---------------------------------------------------------------- refusals and audit
 
