@@ -51,7 +51,10 @@ class WsServer:
         key = request.headers.get("x-api-key", "").encode()
         ws = web.WebSocketResponse(autoping=False, autoclose=False)
         await ws.prepare(request)
-        async for msg in ws:
+        while True:  # not `async for`: it stops before a CLOSE message is seen
+            msg = await ws.receive(timeout=15)
+            if msg.type in (WSMsgType.CLOSED, WSMsgType.ERROR, WSMsgType.CLOSING):
+                break
             if msg.type == WSMsgType.TEXT:
                 if msg.data == "ping-key":
                     await ws.ping(b"k=" + key)
