@@ -728,7 +728,7 @@ class Gate:
         judged like a message from the client (None: not relayed)."""
         rec = _record(flow)
         if not from_client:
-            clean, n = self.secrets(rec).scrub(payload)
+            clean, n = scrub_unwrapped(self.secrets(rec), payload)
             rec.redactions += n
             return clean
         if rec.websocket_closed or self._websocket_leaks(flow, rec, payload):
