@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import ahocorasick
 
@@ -38,6 +38,12 @@ _NO_EXTRA: Mapping[str, Iterable[bytes]] = MappingProxyType({})
 # deciding what to hold back costs a pass over the last max_len - 1 bytes, not one trie walk
 # per position.
 _PROBE_LEN = 8
+
+
+class Scan(Protocol):
+    """`SecretSet._scan`'s contract: (output pieces, replacements, stop) of `data`."""
+
+    def __call__(self, data: bytes, *, final: bool) -> tuple[list[bytes], int, int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,10 +253,14 @@ class StreamScrubber:
     only the bytes from the first undecided position on: a suffix that is a proper prefix of
     some needle (so fewer than max_len bytes). Any chunking, flushed, gives exactly
     ``secrets.scrub(whole)``.
+
+    `scan` replaces `SecretSet._scan` (same contract) for a scrubber over a view of the data
+    (`sandgate.unwrap`); the held-back bound is then the scan's.
     """
 
-    def __init__(self, secrets: SecretSet) -> None:
+    def __init__(self, secrets: SecretSet, scan: Scan | None = None) -> None:
         self._set = secrets
+        self._scan: Scan = scan if scan is not None else secrets._scan
         self._held = b""
         self.replacements = 0
 
@@ -266,7 +276,7 @@ class StreamScrubber:
         if not chunk:
             return b""  # nothing new can settle what is held
         data = self._held + chunk if self._held else bytes(chunk)
-        pieces, count, stop = self._set._scan(data, final=False)
+        pieces, count, stop = self._scan(data, final=False)
         self._held = data[stop:]
         self.replacements += count
         return b"".join(pieces)
@@ -274,11 +284,11 @@ class StreamScrubber:
     def flush(self) -> bytes:
         """Everything still held back, scrubbed. The scrubber may be reused afterwards."""
         held, self._held = self._held, b""
-        if not held:
-            return b""
-        out, count = self._set.scrub(held)
+        if not held or self._set.empty:
+            return held
+        pieces, count, _ = self._scan(held, final=True)
         self.replacements += count
-        return out
+        return b"".join(pieces)
 
 
 class StreamDetector:

@@ -21,9 +21,10 @@ soft break. Quoted-printable's ``=XX`` escapes are forms of their own
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 
-from sandgate.scrub import SecretSet
+from sandgate.scrub import SecretSet, StreamScrubber
 
 # A run of line-break bytes, with the "=" of a soft break before it.
 _RUN = re.compile(rb"=?[\r\n]+")
@@ -95,34 +96,7 @@ def unwrapped_view(data: bytes) -> bytes:
     return _View(data).text
 
 
-class UnwrappingScrubber:
-    """`StreamScrubber`'s interface over `scrub_unwrapped`: any chunking, flushed, gives
-    exactly ``scrub_unwrapped(secrets, whole)``."""
-
-    def __init__(self, secrets: SecretSet) -> None:
-        self._set = secrets
-        self._held = b""
-        self.replacements = 0
-
-    @property
-    def held(self) -> int:
-        return len(self._held)
-
-    def feed(self, chunk: bytes) -> bytes:
-        if self._set.empty:
-            return bytes(chunk)
-        if not chunk:
-            return b""
-        data = self._held + chunk if self._held else bytes(chunk)
-        pieces, count, stop = _scan(self._set, data, final=False)
-        self._held = data[stop:]
-        self.replacements += count
-        return b"".join(pieces)
-
-    def flush(self) -> bytes:
-        held, self._held = self._held, b""
-        if not held:
-            return b""
-        out, count = scrub_unwrapped(self._set, held)
-        self.replacements += count
-        return out
+def unwrapping_scrubber(secrets: SecretSet) -> StreamScrubber:
+    """A `StreamScrubber` over the view: any chunking, flushed, gives exactly
+    ``scrub_unwrapped(secrets, whole)``."""
+    return StreamScrubber(secrets, functools.partial(_scan, secrets))

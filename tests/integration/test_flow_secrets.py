@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -31,6 +29,7 @@ from tests.integration.conftest import Proxy, curl, free_port, split_status, sta
 from tests.support.bao import SeedableVault
 from tests.support.pki import make_pki
 from tests.support.secrets import assert_no_secret
+from tests.support.upstream import AppThread
 
 pytestmark = pytest.mark.integration
 
@@ -80,30 +79,6 @@ class SlowEcho:
         return web.Response(text=f"you sent {auth}\n", headers={"x-echo": auth})
 
 
-class Server:
-    def __init__(self, app: web.Application, cert: Path, key: Path) -> None:
-        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(str(cert), str(key))
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner = web.AppRunner(app, access_log=None)
-
-    def start(self) -> Server:
-        self.thread.start()
-
-        async def go() -> None:
-            await self.runner.setup()
-            await web.TCPSite(self.runner, UPSTREAM_IP, 443, ssl_context=self.ctx).start()
-
-        asyncio.run_coroutine_threadsafe(go(), self.loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-
 @dataclass
 class Setup:
     proxy: Proxy
@@ -118,7 +93,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     pki = make_pki(tmp / "pki", NAMES)
     vault = SeedableVault()
     vault.start()
-    server: Server | None = None
+    server: AppThread | None = None
     proxy: Proxy | None = None
     try:
         vault.put_kv2("flow/api", {"token": OLD})
@@ -127,7 +102,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         upstream = SlowEcho()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", upstream.handle)
-        server = Server(app, pki.cert, pki.key).start()
+        server = AppThread(app, pki.cert, pki.key, UPSTREAM_IP).start()
         policies = tmp / "policies"
         policies.mkdir()
         (policies / "flow.yaml").write_text(POLICY)

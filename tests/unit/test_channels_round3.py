@@ -35,7 +35,7 @@ from sandgate.inject import find_leaks_in
 from sandgate.refusal import Refusal
 from sandgate.scrub import SecretSet
 from sandgate.secrets.forms import classified_forms
-from sandgate.unwrap import UnwrappingScrubber, scrub_unwrapped
+from sandgate.unwrap import scrub_unwrapped, unwrapping_scrubber
 
 KEY = "test-round3-FAKE-key-0a1b2c3d4e5f6a7b8c9d"
 SECRETS = SecretSet({"api": KEY})
@@ -123,7 +123,7 @@ def test_unwrapping_stream_equals_whole(noise: str, cuts: int, data: st.DataObje
     wrapped = b"\r\n".join(base64.b64encode(KEY.encode() * 2)[i:i + 5] for i in range(0, 80, 5))
     body = noise.encode() + qp + noise.encode() + wrapped + b"\n\n" + KEY.encode() + b"="
     points = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=cuts)))
-    s = UnwrappingScrubber(SECRETS)
+    s = unwrapping_scrubber(SECRETS)
     out, prev = b"", 0
     for p in [*points, len(body)]:
         out += s.feed(body[prev:p])
@@ -135,7 +135,7 @@ def test_unwrapping_stream_equals_whole(noise: str, cuts: int, data: st.DataObje
 
 
 def test_a_blank_line_ends_the_hold_back() -> None:
-    s = UnwrappingScrubber(SECRETS)
+    s = unwrapping_scrubber(SECRETS)
     event = b"data: " + KEY[:10].encode() + b"\n\n"  # could be a prefix, but a blank line ends it
     assert s.feed(event) == event and s.held == 0
 

@@ -28,6 +28,7 @@ from sandgate.scrub import SecretSet
 from sandgate.secrets.retired import Retired
 from sandgate.secrets.scope import parse_path
 from sandgate.secrets.vault import SecretBroker, VaultConfig
+from tests.unit.test_fleet_secrets import FakeClock
 
 POLICY = """
 version: v1
@@ -56,16 +57,6 @@ identities:
 """
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.wall = 1_700_000_000.0
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        self.wall += seconds
-
-
 class Engine:
     """A dynamic secrets engine: a fresh pair per mint, every call succeeds."""
 
@@ -87,7 +78,7 @@ class Engine:
 class TableBroker(SecretBroker):
     """The real broker over a dict of Vault paths, with a fake clock and a fake engine."""
 
-    def __init__(self, policy: Policy, clock: Clock) -> None:
+    def __init__(self, policy: Policy, clock: FakeClock) -> None:
         super().__init__(VaultConfig(addr="http://127.0.0.1:9", token="t"), policy.secrets,
                          ttl=1)
         self.table: dict[str, str] = {}
@@ -132,7 +123,7 @@ class Flow:
 
 class World:
     def __init__(self, tmp: Path) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.policy = _policy(tmp)
         self.broker = TableBroker(self.policy, self.clock)
         self.sets = ScrubSets()

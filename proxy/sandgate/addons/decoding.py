@@ -17,7 +17,7 @@ past `limit` decoded bytes. Time is linear in the input and output.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import brotli
 import zstandard
@@ -73,18 +73,25 @@ class _Zlib:
             yield out
 
 
-class _Brotli:
-    coding = "br"
+class _Sliced:
+    """br or zstd: the compressed input goes in `_SLICE`-byte slices (see the module)."""
 
-    def __init__(self) -> None:
-        self.d = brotli.Decompressor()
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        if coding == "br":
+            self.step: Callable[[bytes], bytes] = brotli.Decompressor().process
+            self.errors: tuple[type[Exception], ...] = (brotli.error,)
+        else:
+            d = zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW).decompressobj(
+                read_across_frames=True)
+            self.step, self.errors = d.decompress, (zstandard.ZstdError,)
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         for i in range(0, len(data), _SLICE):
             try:
-                out = self.d.process(data[i:i + _SLICE])
-            except brotli.error:
-                raise ValueError("the upstream's br body is corrupt") from None
+                out = self.step(data[i:i + _SLICE])
+            except self.errors:
+                raise ValueError(f"the upstream's {self.coding} body is corrupt") from None
             if out:
                 yield out
 
@@ -92,32 +99,8 @@ class _Brotli:
         return iter(())
 
 
-class _Zstd:
-    coding = "zstd"
-
-    def __init__(self) -> None:
-        self.d = zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW).decompressobj(
-            read_across_frames=True)
-
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        for i in range(0, len(data), _SLICE):
-            try:
-                out = self.d.decompress(data[i:i + _SLICE])
-            except zstandard.ZstdError:
-                raise ValueError("the upstream's zstd body is corrupt") from None
-            if out:
-                yield out
-
-    def end(self) -> Iterator[bytes]:
-        return iter(())
-
-
-def _layer(coding: str) -> _Zlib | _Brotli | _Zstd:
-    if coding == "br":
-        return _Brotli()
-    if coding == "zstd":
-        return _Zstd()
-    return _Zlib(coding)
+def _layer(coding: str) -> _Zlib | _Sliced:
+    return _Sliced(coding) if coding in ("br", "zstd") else _Zlib(coding)
 
 
 class Decoder:

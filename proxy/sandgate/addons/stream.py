@@ -17,7 +17,7 @@ from mitmproxy.net.http import status_codes
 from sandgate.addons.decoding import Decoder, codings, decode_all, unsupported
 from sandgate.refusal import REASON_HEADER, Refusal
 from sandgate.scrub import SecretSet
-from sandgate.unwrap import UnwrappingScrubber, scrub_unwrapped
+from sandgate.unwrap import scrub_unwrapped, unwrapping_scrubber
 
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -69,7 +69,7 @@ class ResponseScrubber:
     def __init__(self, secrets: SecretSet, encoding: str, resp: http.Response,
                  client_version: str = "HTTP/1.1") -> None:
         self.refuse_reason: str | None = None
-        self._inner = UnwrappingScrubber(secrets)
+        self._inner = unwrapping_scrubber(secrets)
         self._decoder: Decoder | None = None
         self._active = not secrets.empty
         if not self._active:
