@@ -64,6 +64,7 @@ class Engine:
         self.n = 0
 
     async def mint(self, path: str) -> dict[str, Any]:
+        await asyncio.sleep(0)  # a Vault call: other steps may run meanwhile
         self.n += 1
         return {"lease_id": f"{path}/lease{self.n}", "lease_duration": 10, "renewable": True,
                 "data": {"username": f"v-user-{self.n}", "password": f"fake-dyn-pw-{self.n}-q"}}
@@ -93,6 +94,7 @@ class TableBroker(SecretBroker):
         self.table[path] = f"fake-kv-{path.replace('/', '-')}-v{self.versions}-z"
 
     async def _read(self, ref: Any) -> tuple[Any, int | None]:
+        await asyncio.sleep(0)  # a Vault call: other steps may run meanwhile
         self.vault_reads += 1
         if ref.path not in self.table:
             self.rotate(ref.path)
@@ -129,6 +131,7 @@ class World:
         self.sets = ScrubSets()
         self.flows: list[Flow] = []
         self.moved = False
+        self.pending: list[asyncio.Task[None]] = []
 
     def caller(self, sandbox: str) -> Caller:
         return Caller("agent", sandbox, "token", expires=self.clock.wall + 5)
@@ -150,6 +153,11 @@ class World:
         kind = op[0]
         if kind == "inject":
             await self.inject(op[1], op[2])
+        elif kind == "start":  # an injection whose Vault read is still under way
+            self.pending.append(asyncio.create_task(self.inject(op[1], op[2])))
+            await asyncio.sleep(0)
+        elif kind == "settle":
+            await self.settle()
         elif kind == "refresh":
             await self.inject(op[1], op[2], record=False)
         elif kind == "rotate":
@@ -170,6 +178,12 @@ class World:
             self.broker.update_secrets(refs)
             self.sets.invalidate()
 
+    async def settle(self) -> None:
+        """Let every injection under way finish (one refused because its sandbox ended meanwhile
+        injected nothing)."""
+        pending, self.pending = self.pending, []
+        await asyncio.gather(*pending, return_exceptions=True)
+
     def check(self) -> None:
         shared = self.sets.current(self.broker, {}, self.policy)
         for i, flow in enumerate(self.flows):
@@ -187,6 +201,8 @@ SANDBOXES = st.sampled_from(["s1", "s2"])
 NAMES = st.sampled_from(["api", "gh", "db"])
 OPS = st.one_of(
     st.tuples(st.just("inject"), SANDBOXES, NAMES),
+    st.tuples(st.just("start"), SANDBOXES, NAMES),
+    st.tuples(st.just("settle")),
     st.tuples(st.just("refresh"), SANDBOXES, NAMES),
     st.tuples(st.just("rotate"), SANDBOXES, st.sampled_from(["api", "gh"])),
     st.tuples(st.just("advance"), st.sampled_from([0.5, 2.0, 11.0])),
@@ -208,6 +224,8 @@ def test_no_interleaving_lets_an_injected_value_through(tmp_path: Path,
             for op in ops:
                 await world.step(op)
                 world.check()
+            await world.settle()
+            world.check()
         finally:
             await world.broker.aclose()
 
