@@ -597,6 +597,8 @@ class SecretBroker:
                 self._kv_generation += 1
             if old is not None and old.value.value != value:
                 self._retire(old)  # rotated in Vault: the old value may still be in flight
+        else:  # a reload moved the secret while it was read: handed out once, never cached
+            self.retired.add(name, value)
         log.debug("fetched secret '%s' from %s (version %s)", name, where, version)
         return sv
 
