@@ -36,10 +36,11 @@ from sandgate.refusal import Refusal
 from sandgate.scrub import SecretSet
 from sandgate.secrets.forms import classified_forms
 from sandgate.unwrap import scrub_unwrapped, unwrapping_scrubber
+from tests.unit.fuzz import examples
 
 KEY = "test-round3-FAKE-key-0a1b2c3d4e5f6a7b8c9d"
 SECRETS = SecretSet({"api": KEY})
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=examples(100), deadline=None, database=None)
 
 
 def _no_key(data: bytes) -> None:
