@@ -26,26 +26,46 @@ import re
 
 from sandgate.scrub import SecretSet, StreamScrubber
 
-# A run of line-break bytes, with the "=" of a soft break before it.
-_RUN = re.compile(rb"=?[\r\n]+")
+# A run of line-break bytes (the "=" of a soft break before it is looked at by hand: a pattern
+# that may start with "=" cannot use the regex engine's fast scan for its first character).
+_RUN = re.compile(rb"[\r\n]+")
 _SINGLE = (b"\n", b"\r\n", b"\r")
 
 
 class _View:
-    """`data` without its lone line breaks, and the way back to `data`'s offsets."""
+    """`data` without its lone line breaks, and the way back to `data`'s offsets.
+
+    Text wrapped the usual way (every break the same `\n` or `\r\n`, no blank line, no soft
+    break) is joined with one `bytes.replace` and mapped back lazily: a match or a stop near
+    the end walks back over the last few lines; only a match elsewhere lists every break.
+    Anything else goes through the general loop. Both give the same view and offsets.
+    """
 
     def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._sep = b""
+        self._s: list[int] = [0]  # view offset of each kept segment
+        self._d: list[int] = [0]  # its data offset
         if b"\n" not in data and b"\r" not in data:
-            self.text, self._s, self._d = data, [0], [0]
+            self.text = data
             return
+        sep = _uniform_break(data)
+        if sep:
+            self._sep, self._s, self._d = sep, [], []  # segments listed on demand
+            self.text = data.replace(sep, b"")
+            return
+        self.text = self._general(data)
+
+    def _general(self, data: bytes) -> bytes:
         kept: list[bytes] = []
-        self._s, self._d = [], []  # view offset, data offset of each kept segment
+        self._s, self._d = [], []
         pos = size = 0
         for m in _RUN.finditer(data):
-            run = m.group()
-            if run.removeprefix(b"=") not in _SINGLE:
+            if m.group() not in _SINGLE:
                 continue
             a, b = m.span()
+            if a - 1 >= pos and data[a - 1] == 0x3D:  # "=": a quoted-printable soft break
+                a -= 1
             if a > pos:
                 self._s.append(size)
                 self._d.append(pos)
@@ -55,12 +75,57 @@ class _View:
         self._s.append(size)
         self._d.append(pos)
         kept.append(data[pos:])
-        self.text = b"".join(kept)
+        return b"".join(kept)
 
     def origin(self, i: int) -> int:
         """The offset in `data` of the view's byte `i`."""
+        if self._sep and not self._s:
+            if len(self.text) - i <= _TAIL:
+                return self._origin_near_end(i)
+            self._list_segments()
         k = bisect.bisect_right(self._s, i) - 1
         return self._d[k] + (i - self._s[k])
+
+    def _origin_near_end(self, i: int) -> int:
+        sep, data = self._sep, self.data
+        d, v = len(data), len(self.text)  # the end of a kept segment, in data and in the view
+        while True:
+            j = data.rfind(sep, 0, d)
+            start = j + len(sep) if j >= 0 else 0  # the segment is data[start:d]
+            if i >= v - (d - start):
+                return d - (v - i)
+            v -= d - start
+            d = j
+
+    def _list_segments(self) -> None:
+        size = pos = 0
+        n = len(self._sep)
+        for a in (m.start() for m in re.finditer(re.escape(self._sep), self.data)):
+            if a > pos:
+                self._s.append(size)
+                self._d.append(pos)
+                size += a - pos
+            pos = a + n
+        self._s.append(size)
+        self._d.append(pos)
+
+
+# A stop or a match this close to the view's end is mapped back by walking the last lines.
+_TAIL = 4096
+
+
+def _uniform_break(data: bytes) -> bytes:
+    """The one line break `data` uses when every break in it is that one, no two are adjacent
+    and none follows "=" (the usual base64 or text wrapping); else b"" (the general loop)."""
+    if b"\r" not in data:
+        sep = b"\n"
+    elif data.count(b"\r") == data.count(b"\r\n") == data.count(b"\n"):
+        sep = b"\r\n"
+    else:
+        return b""
+    if sep + sep in data or b"=" + sep in data or data.startswith(sep):
+        return b""
+    return sep
 
 
 def _scan(secrets: SecretSet, data: bytes, *, final: bool) -> tuple[list[bytes], int, int]:
@@ -81,6 +146,22 @@ def _scan(secrets: SecretSet, data: bytes, *, final: bool) -> tuple[list[bytes],
     end = view.origin(stop) if stop < len(view.text) else cut
     pieces.append(head[pos:end])
     return pieces, len(matches), end
+
+
+# Media types that are binary by definition: no MIME part or wrapped text is expected inside,
+# and their bytes hold lone CRs and LFs at random, which only slow the view down. The plain
+# scrub (every unwrapped form) still runs over them.
+_BINARY_TOP = ("image/", "audio/", "video/", "font/")
+_BINARY = frozenset({"application/octet-stream", "application/zip", "application/gzip",
+                     "application/x-tar", "application/pdf", "application/wasm",
+                     "application/zstd", "application/x-7z-compressed"})
+
+
+def applies_to(content_type: str) -> bool:
+    """Should a body of this Content-Type be scrubbed across line breaks too? Yes unless it
+    is declared binary (multipart, message, text, JSON, unknown or missing: yes)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return not (media.startswith(_BINARY_TOP) or media in _BINARY)
 
 
 def scrub_unwrapped(secrets: SecretSet, data: bytes) -> tuple[bytes, int]:

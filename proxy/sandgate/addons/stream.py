@@ -17,7 +17,7 @@ from mitmproxy.net.http import status_codes
 from sandgate.addons.decoding import Decoder, codings, decode_all, unsupported
 from sandgate.refusal import REASON_HEADER, Refusal
 from sandgate.scrub import SecretSet
-from sandgate.unwrap import scrub_unwrapped, unwrapping_scrubber
+from sandgate.unwrap import applies_to, scrub_unwrapped, unwrapping_scrubber
 
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -69,7 +69,8 @@ class ResponseScrubber:
     def __init__(self, secrets: SecretSet, encoding: str, resp: http.Response,
                  client_version: str = "HTTP/1.1") -> None:
         self.refuse_reason: str | None = None
-        self._inner = unwrapping_scrubber(secrets)
+        self._inner = (unwrapping_scrubber(secrets)
+                       if applies_to(resp.headers.get("content-type", "")) else secrets.scrubber())
         self._decoder: Decoder | None = None
         self._active = not secrets.empty
         if not self._active:
@@ -137,7 +138,10 @@ def scrub_whole(resp: http.Response, secrets: SecretSet) -> int:
         if raw:
             raw = decode_all(raw, chain, _DECODED_LIMIT)
         resp.headers.pop("content-encoding", None)
-    clean, count = scrub_unwrapped(secrets, raw)
+    if applies_to(resp.headers.get("content-type", "")):
+        clean, count = scrub_unwrapped(secrets, raw)
+    else:
+        clean, count = secrets.scrub(raw)
     resp.raw_content = clean
     resp.headers["content-length"] = str(len(clean))
     return count
