@@ -27,20 +27,31 @@ echo "== setup took $((SECONDS - t0)) s"
 .venv/bin/mypy
 .venv/bin/sandgate check policies
 .venv/bin/sandgate lint --strict policies
-# The unit lane runs on every core; the integration tests bind fixed loopback addresses and
-# share one dockerd, so they run one at a time.
+# The documentation site (into site/, gitignored): a broken link or anchor, or a page missing
+# from the nav, fails it.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+# The unit lane runs on every core. The integration tests bind fixed loopback addresses
+# (127.0.0.2:443, ...): each xdist worker runs in a network namespace of its own
+# (tests/support/netns-python), so they run side by side; a file stays on one worker (its
+# module fixtures are shared). The soak tests measure load, so they run alone (in a namespace of
+# their own); the Docker tests share one dockerd and its bridge, so they run one at a time in
+# the host's namespace.
 lane() {  # lane NAME PYTEST_ARGS...: pytest's status, where "no test selected" (5) counts as 0
-  local rc=0
+  local rc=0 t=$SECONDS
   .venv/bin/python -m pytest -p no:cacheprovider -q "${@:2}" || rc=$?
   if ((rc == 5)); then rc=0; else ran=1; fi
-  echo "== $1 tests: exit $rc, $((SECONDS - t0)) s so far"
+  echo "== $1 tests: exit $rc, $((SECONDS - t)) s ($((SECONDS - t0)) s so far)"
   return $rc
 }
 ran=0
 status=0
 lane unit -n auto -m unit "$@" || status=$?
 if ((!fast)); then
-  lane integration -m "not unit" "$@" || status=$?
+  workers=${SANDGATE_TEST_WORKERS:-3}
+  lane integration -m "integration and not docker and not soak" --dist loadfile \
+    --tx "$workers*popen//python=tests/support/netns-python" "$@" || status=$?
+  lane soak -m soak "$@" || status=$?
+  lane docker -m docker "$@" || status=$?
 fi
 if ((status == 0 && !ran)); then
   echo "no test was selected" >&2

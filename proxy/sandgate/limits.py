@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from sandgate.errors import Code, LimitExceeded
 from sandgate.policy.model import IdentityLimits, SecretBudget
 
-# Defaults of `sandgate run` (README "Limits" table).
+# Defaults of `sandgate run` (the "Limits" table of docs/operations.md).
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_HEADERS = 100
 DEFAULT_MAX_CONNECTIONS = 4096

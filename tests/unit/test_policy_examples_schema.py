@@ -1,12 +1,13 @@
-"""Every policy example in the repository is valid against `sandgate schema`'s JSON Schema.
+"""Every policy file in the repository is valid against `sandgate schema`'s JSON Schema.
 
 Editors validate policy files with the JSON Schema that `sandgate schema` prints; it must accept
-every example the project ships (and the loader must accept them too, so the two agree)."""
+every example the project ships (and the loader must accept them too, so the two agree). The
+YAML examples of the README and docs/ are validated, loaded and their fixtures run by
+tests/unit/test_docs_examples.py."""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,21 +32,9 @@ def _example_files() -> list[Path]:
     return out
 
 
-def _readme_blocks() -> list[tuple[str, str]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = []
-    for m in re.finditer(r"^```ya?ml\n(.*?)^```", text, re.M | re.S):
-        body = m.group(1)
-        if body.startswith("version: v1"):
-            line = text.count("\n", 0, m.start()) + 1
-            blocks.append((f"README.md:{line}", body))
-    assert blocks, "README.md has no `version: v1` example"
-    return blocks
-
-
 EXAMPLES: list[tuple[str, str]] = [
     (str(p.relative_to(ROOT)), p.read_text(encoding="utf-8")) for p in _example_files()
-] + _readme_blocks()
+]
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +54,6 @@ def test_example_is_valid_against_the_json_schema(schema, name, text):
                     key=lambda e: list(e.absolute_path))
     assert not errors, f"{name}: " + "; ".join(
         f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
-
-
-@pytest.mark.parametrize(("name", "text"), [e for e in EXAMPLES if e[0].startswith("README")],
-                         ids=[n for n, _ in EXAMPLES if n.startswith("README")])
-def test_readme_example_loads(tmp_path, name, text):
-    from sandgate.policy.loader import load_policy_dir
-
-    (tmp_path / "p.yaml").write_text(text)
-    load_policy_dir(tmp_path)
 
 
 def test_schema_rejects_what_the_loader_rejects_for_shape(schema):

@@ -21,9 +21,9 @@ CLIENT_FLAGS = {"NODE_USE_ENV_PROXY": "1"}
 REPO = Path(__file__).resolve().parents[2]
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
-# What each client reads (the README's "Clients" table). A client missing here has no setting
-# of its own: it follows the *_PROXY variables and the system bundle (wget, uv, go, aiohttp
-# with trust_env, httpx, urllib).
+# What each client reads (the "Client compatibility" table of docs/clients.md). A client
+# missing here has no setting of its own: it follows the *_PROXY variables and the system
+# bundle (wget, uv, go, aiohttp with trust_env, httpx, urllib).
 CLIENT_CA = {
     "python ssl, go, uv, httpx": "SSL_CERT_FILE",
     "requests": "REQUESTS_CA_BUNDLE",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandgate import audit as A
-from sandgate.decision import judge, reported
+from sandgate.decision import judge, shown_outcome
 from sandgate.policy.model import Policy
 from sandgate.request import parse_url, split_authority
 
@@ -41,6 +41,8 @@ class Recorded:
     code: str | None  # as recorded
     secrets: tuple[str, ...]  # names injected or substituted, as recorded (without @version)
     dialed: str | None  # ip:port as recorded
+    sandbox: str | None = None  # the caller's sandbox id as recorded (per-sandbox secrets)
+    gateway: bool = False  # came in on the gateway listener: judged without a CONNECT
 
     @property
     def connect(self) -> bool:
@@ -130,7 +132,8 @@ def parse_event(line_no: int, ev: Any) -> Recorded | Unreplayable | str:
     except ValueError as e:
         return Unreplayable(line_no, event, f"cannot be parsed as a request: {e}")
     return Recorded(line_no, event, ev[A.IDENTITY], method, target, _opt_str(ev, A.DECISION),
-                    _opt_str(ev, A.CODE), secrets, _opt_str(ev, A.DIALED))
+                    _opt_str(ev, A.CODE), secrets, _opt_str(ev, A.DIALED),
+                    _opt_str(ev, A.SANDBOX), _opt_str(ev, A.GATEWAY) is not None)
 
 
 def read_audit(lines: Iterable[str], source: str = "-") -> AuditTraffic:
@@ -191,10 +194,9 @@ class Outcome:
 def outcome(policy: Policy, rec: Recorded, resolve: Mapping[str, str]) -> Outcome:
     """Judge one recorded request exactly as `sandgate explain` would. Raises ValueError for a
     request the parser refuses (read_audit has already weeded those out)."""
-    v = judge(policy, rec.identity, rec.method, rec.target, resolve)
+    v = judge(policy, rec.identity, rec.method, rec.target, resolve, rec.sandbox, rec.gateway)
     d = v.decision
-    decision = "allow" if d.allowed else ("report" if reported(policy, rec.identity, d)
-                                          else "deny")
+    decision = shown_outcome(policy, rec.identity, d)
     return Outcome(decision, d.rule_name, str(d.code) if d.code else None,
                    tuple(sorted(v.secrets)), v.passthrough if v.connect else None)
 

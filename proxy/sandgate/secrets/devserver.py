@@ -161,6 +161,11 @@ class DevVault:
         except subprocess.TimeoutExpired:  # pragma: no cover - kill does not fail in practice
             pass
 
+    def cleanup(self) -> None:
+        """Stop, and remove the private directory (HOME, log) now rather than at exit."""
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
     def restart(self, timeout: float = 20) -> None:
         """Stop and start again on the same port with the same root token.
 

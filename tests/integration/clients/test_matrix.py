@@ -1,8 +1,8 @@
-"""The client compatibility matrix (README "Clients"): each client inside the bash-tool image.
+"""The client compatibility matrix (docs/clients.md): each client inside the bash-tool image.
 
 The sandbox is started by the launcher (sandgate.sandbox.launcher) exactly as an agent host
 starts one: the image as built by sandbox_images/build.sh, the environment the launcher gives
-(proxy with a token, CA variables), nothing set by hand in a cell unless the README's table says
+(proxy with a token, CA variables), nothing set by hand in a cell unless the docs' table says
 the user must set it (an index URL, a registry address). Sandgate runs on the host at the
 sandbox network's gateway; the package servers (registries.py) listen on host loopback
 127.0.18.2:443 and Sandgate reaches them by --resolve.
@@ -257,7 +257,7 @@ def test_node_fetch_is_a_documented_limitation(sh, gate):
     """Node 18's fetch() ignores the proxy variables (NODE_USE_ENV_PROXY needs Node 24): it dials
     directly. The sandbox network has no DNS for outside names and nothing answers but the
     proxy, so it fails with undici's connect timeout (10 s) instead of reaching anything. The
-    README's workaround is the proxy agent of the `https` cell above, or gateway mode."""
+    documented workaround is the proxy agent of the `https` cell above, or gateway mode."""
     code, out = sh("node --version")
     assert int(out.strip().lstrip("v").split(".")[0]) < 24, "NODE_USE_ENV_PROXY applies: test it"
     code, out = sh(f"node -e {shlex.quote(NODE_FETCH)} {FILES}", timeout=60)

@@ -1,0 +1,118 @@
+"""`sandgate demo`, as a newcomer runs it: real OpenBao, the real proxy process, the TLS stand-in
+API, offline. It must show the injected key by its fingerprint (never the value), the bash tool's
+refusal with its code, the reflected key scrubbed with the audit's redaction count, `explain`
+for the same requests, and leave nothing behind: no process, no temporary directory. Also when
+it is interrupted (Ctrl-C reaches the whole process group; SIGTERM only the demo)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sandgate.demo.upstream import fingerprint
+from sandgate.secrets.devserver import DEMO_SECRETS
+
+KEY = DEMO_SECRETS["llm/anthropic"]["api_key"]
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    # A private TMPDIR: every directory the demo makes (its own, OpenBao's) lands in it, so
+    # "nothing left" is checkable, and no other test's directories are taken for the demo's.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_"))}
+    env["TMPDIR"] = str(tmp)
+    return env
+
+
+def _left_behind(tmp: Path) -> list[str]:
+    """Files under tmp, and processes whose command line or working directory is under it."""
+    left = [str(p) for p in tmp.rglob("*")]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if str(tmp) in cmdline or cwd.startswith(str(tmp)):
+            left.append(f"pid {proc.name}: {cmdline[:200]}")
+    return left
+
+
+def _gone(tmp: Path, timeout: float = 10) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := _left_behind(tmp)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_demo_shows_injection_refusal_scrubbing_and_explain(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run([sys.executable, "-m", "sandgate.cli", "demo"], capture_output=True,
+                       text=True, env=_env(tmp), timeout=120)
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    lines = out.splitlines()
+
+    def line_after(prefix: str) -> str:
+        i = next(i for i, ln in enumerate(lines) if ln.startswith(prefix))
+        return lines[i + 1]
+
+    # 1: the agent held the placeholder; the API received the Vault value, shown by fingerprint.
+    assert "x-api-key: sandgate-placeholder-anthropic" in out
+    first = line_after("1. coding-agent")
+    assert f"-> 200: the API received x-api-key {fingerprint(KEY)}" in first, out
+    assert "rule 'llm'" in first
+    # 2: the bash tool is refused, with the code and the reason.
+    second = line_after("2. bash-tool")
+    assert "-> 403 no_rule: identity 'bash-tool' has no rule allowing" in second, out
+    # 3: the reflected key came back scrubbed from the header and the body: two redactions.
+    third = line_after("3. coding-agent")
+    assert "x-echo-api-key: [REDACTED:anthropic]" in third, out
+    assert '"x-api-key": "[REDACTED:anthropic]"' in third
+    assert third.endswith("redactions in the audit event: 2"), third
+    # 4: explain, for the same requests.
+    explain = out.split("4. sandgate explain POST", 1)[1]
+    assert "coding-agent: allow by rule 'llm'" in explain
+    assert "inject header x-api-key: from secret(s) anthropic" in explain
+    assert "bash-tool: deny no_rule" in explain
+    # Never the value, anywhere.
+    assert KEY not in out and KEY not in r.stderr
+    assert "Done in" in lines[-1]
+    assert not _gone(tmp), _left_behind(tmp)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_demo_interrupted_leaves_nothing(tmp_path: Path, how: str) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "sandgate.cli", "demo"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(tmp), start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # once the stack is up: Sandgate, OpenBao and the API run
+            if line.startswith("  Sandgate"):
+                break
+        else:
+            raise AssertionError(f"the demo ended early: {proc.wait()} {proc.stderr.read()}")
+        assert _left_behind(tmp), "the demo's processes and directory should exist while it runs"
+        if how == "ctrl-c":  # a terminal sends SIGINT to the whole foreground process group
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert rc == 130, proc.stderr.read() if proc.stderr else rc
+    assert not _gone(tmp), _left_behind(tmp)
