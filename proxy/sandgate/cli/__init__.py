@@ -6,7 +6,9 @@
     credentials.py  token issue, canary, ca
     schema.py       schema (the policy format as JSON Schema)
     demo.py         demo (sandgate.demo: the offline tour)
-    traffic.py      diff, suggest, explain --batch (recorded traffic)
+    traffic.py      diff, suggest, explain --batch (recorded traffic; diff without traffic
+                    is the reach diff of reach.py)
+    reach.py        report (what each identity reaches), the reach diff
     sandbox.py      sandbox (sandgate.sandbox.cli; needs the docker extra)
 
 Adding a family: a module with `register(sub)` that adds its subparsers, each with
@@ -36,6 +38,7 @@ FAMILIES = (
     "schema",
     "demo",
     "traffic",
+    "reach",
     "sandbox",
 )
 

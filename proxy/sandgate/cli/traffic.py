@@ -15,14 +15,18 @@ from sandgate.cli.common import resolve_arg
 
 
 def register(sub: Any) -> None:
-    d = sub.add_parser("diff", help="replay recorded traffic against two policy directories and "
-                       "list every decision that changes")
+    d = sub.add_parser("diff", help="what each identity can reach in NEW_DIR that it cannot in "
+                       "OLD_DIR and the reverse (exit 1 when reach widens); with --traffic, "
+                       "replay recorded traffic and list every decision that changes")
     d.add_argument("old", type=Path, metavar="OLD_DIR")
     d.add_argument("new", type=Path, metavar="NEW_DIR")
-    d.add_argument("--traffic", type=Path, required=True, metavar="AUDIT.jsonl",
+    d.add_argument("--traffic", type=Path, default=None, metavar="AUDIT.jsonl",
                    help="an audit log (JSON lines, as `sandgate run --audit` writes); - for "
                    "stdin")
-    d.add_argument("--format", choices=("text", "json"), default="text")
+    d.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                   help="markdown: a pull-request comment (reach diff only)")
+    d.add_argument("--fail-on-narrowing", action="store_true",
+                   help="reach diff: exit 1 on any change of reach, not only on widening")
     resolve_arg(d)
     d.set_defaults(handler=cmd_diff)
 
@@ -54,6 +58,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from sandgate.policy.loader import PolicyError, load_policy_dir
     from sandgate.policy.traffic import diff, format_diff, read_audit
 
+    if args.traffic is None:
+        from sandgate.cli.reach import cmd_reach_diff
+
+        return cmd_reach_diff(args)
+    if args.format == "markdown":
+        return _err("--format markdown is for the reach diff (without --traffic)")
     try:
         resolve = _resolve(args.resolve)
     except ValueError as e:

@@ -611,7 +611,9 @@ def _compile_query(rs: RuleSpec, loc: Loc, rep: Report
             rep(qloc, f"query value {bad[0]!r} contains control characters",
                 "write the decoded value as plain text")
             continue
-        if not exact and qname != qname.lower():
+        # A leading capital (`Service`) is a slip; camelCase (`pageSize`) is how many APIs spell
+        # names, and `sandgate lint` flags it only beside a lower-case twin.
+        if not exact and qname[:1].isupper():
             rep(qloc, f"query parameter name {qname!r} has capitals: names are compared "
                 f"exactly, so it matches only {qname!r}, never {qname.lower()!r}, and a request "
                 "that sends both spellings is refused",

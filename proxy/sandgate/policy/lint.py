@@ -98,6 +98,9 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = ()) -> list
     out += _template_looking(trees)
     out += [trees.finding(e.rule.source.file, (*e.rule.where, "expires"), e.message, e.fix)
             for e in expiries(policy) if not e.expired]  # expired: `check` fails
+    from sandgate.policy.lint_semantic import semantic_findings  # lint.Finding is shared
+
+    out += semantic_findings(policy, trees.finding, Finding)
     # A template's rule is checked once per identity using it; say it once.
     out = list(dict.fromkeys(out))
     order = {f: i for i, f in enumerate(policy.files)}

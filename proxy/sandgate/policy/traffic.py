@@ -1,11 +1,11 @@
 """Recorded traffic: the requests of an audit log, replayed against policies.
 
 `read_audit` turns the `request` and `connect` events that sandgate.audit writes (fields
-identity, method, scheme, host, port, path; query values REDACTED, so only the path part is
-judged) into `Recorded` requests. An event that cannot be replayed (not JSON, a field missing or
-of the wrong type, a target the request parser refuses) is kept as `Unreplayable` with its line
-and why: nothing is dropped silently. Other events (policy, shutdown, token, websocket) are
-counted by name.
+identity, method, scheme, host, port, path; query values REDACTED except those of parameters a
+rule constrains, which are judged with the path) into `Recorded` requests. An event that cannot
+be replayed (not JSON, a field missing or of the wrong type, a target the request parser
+refuses) is kept as `Unreplayable` with its line and why: nothing is dropped silently. Other
+events (policy, shutdown, token, websocket) are counted by name.
 
 `diff` replays every recorded request against two policies with `sandgate.decision.judge`, the
 judge `check` and `explain` use (the proxy's request parser, decision and, for IP literals and
@@ -73,8 +73,13 @@ def _authority(host: str, port: int) -> str:
 
 
 def path_part(path: str) -> str:
-    """The recorded path without its (redacted) query and fragment: what the policy judges."""
-    return path.split("#", 1)[0].split("?", 1)[0]
+    """The recorded path and the query parameters whose values the audit kept (those a rule
+    constrains, audit.redact_path); redacted parameters and the fragment are dropped, so a
+    rule constraining one of those matches nothing on replay."""
+    path, _, query = path.split("#", 1)[0].partition("?")
+    kept = [p for p in query.split("&")
+            if p and p != A.REDACTED and p.partition("=")[2] != A.REDACTED]
+    return path + ("?" + "&".join(kept) if kept else "")
 
 
 def _secret_names(raw: Any) -> tuple[str, ...] | None:
