@@ -4,7 +4,8 @@
 
 1. trusts the Sandgate CA the launcher put in /usr/local/share/ca-certificates (or the compose
    file's /etc/sandgate/ca/sandgate-ca.pem);
-2. replaces the namespace's iptables rules (sandgate.pattern1.rules) and checks they are in place;
+2. replaces the namespace's iptables rules (sandgate.pattern1.rules), routes every address at the
+   gateway (an internal network has no default route) and checks the rules are in place;
 3. opens the runner's socket (root:agent 0660 in /run/sandgate, 0750) and starts the runner
    (sandgate.pattern1.toolrunner) with only CAP_SETUID/SETGID/SETPCAP/KILL, reparented to init;
 4. writes /run/sandgate/split (what was applied: the launcher waits for it);
@@ -81,6 +82,11 @@ def apply_rules(env: dict[str, str]) -> dict[str, object]:
         with open("/proc/sys/net/ipv6/conf/all/disable_ipv6") as f:
             if f.read().strip() != "1":
                 raise
+    # An internal network has no default route, so a connection to any other address would fail
+    # before the nat hook could send it to Sandgate (and be audited there): route everything at
+    # the gateway; the rules decide what leaves, and where to.
+    if not _run(["ip", "-4", "route", "show", "default"]).strip():
+        _run(["ip", "-4", "route", "add", "default", "via", net.gateway])
     missing = applied(_run(["iptables-save"]), net)
     if missing:
         raise SplitConfigError(f"the split rules are not in place (missing {missing})")

@@ -59,9 +59,9 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
                      help="the agent runs in the sandbox, its bash tool (sandgate-tool) as "
                      "another user whose traffic reaches Sandgate's tool listener "
                      "(docs/pattern1.md)")
-    run.add_argument("--tool-port", type=int, default=split.SplitPorts.tool_port,
+    run.add_argument("--tool-port", type=int, default=split.SplitPorts().tool_port,
                      help="--pattern1: Sandgate's tool listener port (default %(default)s)")
-    run.add_argument("--other-port", type=int, default=split.SplitPorts.other_port,
+    run.add_argument("--other-port", type=int, default=split.SplitPorts().other_port,
                      help="--pattern1: Sandgate's other listener port (default %(default)s)")
     run.add_argument("--proxy-url", default=None,
                      help="default: http://<gateway of the network>:<proxy-port>")
