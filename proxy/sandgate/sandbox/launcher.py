@@ -181,7 +181,9 @@ def _shutdown(sock: Any) -> None:
 def _lock_host(client: docker.DockerClient, spec: SandboxSpec) -> bool:
     """Put the network's host firewall in place for this spec: the host accepts the sandboxes'
     packets only at the proxy port of the gateway (none at all when proxy_url names another
-    address, e.g. a proxy container), unless spec.allow_host_services. Whether it is in place."""
+    address, e.g. a proxy container), unless spec.allow_host_services; for a split sandbox also
+    at its role listener ports, which stay open while split sandboxes run on the network.
+    Whether it is in place."""
     info = inspect_network(client, spec.network)
     url = urlsplit(spec.proxy_url)
     host = url.hostname or ""
@@ -191,9 +193,26 @@ def _lock_host(client: docker.DockerClient, spec: SandboxSpec) -> bool:
     except ValueError:
         literal = None
     on_host = literal is None or str(literal) in (info.gateway, info.gateway6)
-    ports = [port, spec.split.tool_port, spec.split.other_port] if spec.split else [port]
-    return restrict_host_access(client, info, ports if on_host else [],
+    ports = {port}
+    if spec.split is not None:  # its role listeners
+        ports |= {spec.split.tool_port, spec.split.other_port}
+    if on_host:  # and those of the split sandboxes already running there stay open
+        ports |= _split_ports(client, spec.network)
+    return restrict_host_access(client, info, sorted(ports) if on_host else [],
                                 allow_host_services=spec.allow_host_services)
+
+
+def _split_ports(client: docker.DockerClient, network: str) -> set[int]:
+    """The role listener ports of the split sandboxes running on the network: a sandbox started
+    later must not close the host firewall on them."""
+    ports: set[int] = set()
+    for c in client.containers.list(filters={"label": f"{LABEL_SPLIT}=uid",
+                                             "network": network}):
+        env = dict(e.partition("=")[::2] for e in c.attrs["Config"].get("Env") or [])
+        for name in ("SANDGATE_SPLIT_TOOL_PORT", "SANDGATE_SPLIT_OTHER_PORT"):
+            if env.get(name, "").isdigit():
+                ports.add(int(env[name]))
+    return ports
 
 
 def _ca_fingerprint_line(ca_pem: str) -> str:

@@ -268,3 +268,32 @@ def test_a_sandbox_without_the_split_is_audited_as_unsplit(p1_client, p1_proxy, 
         assert ev["identity_source"] == "docker/unsplit"
     finally:
         sbx.close()
+
+
+DEEPAGENTS_SHELL = """
+import sys
+sys.path.insert(0, "/opt/agent")
+from run_deepagent import shell_backend
+backend = shell_backend("/workspace", 60)
+print("BACKEND", type(backend).__name__)
+r = backend.execute("id -un; curl -sS --max-time 20 https://upstream.test/page")
+print("EXIT", r.exit_code)
+print(r.output)
+"""
+
+
+def test_the_deepagents_agent_runs_its_shell_tool_through_the_runner(agent, p1_proxy, upstream):
+    r = agent.exec(["python", "-c", DEEPAGENTS_SHELL], timeout=120)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    assert "BACKEND RunnerShellBackend" in r.stdout and "\ntool\n" in r.stdout, r.stdout
+    assert '"identity": "bash-tool"' in r.stdout and '"code": "no_rule"' in r.stdout, r.stdout
+    # and the agent's own LLM calls still carry the injected key
+    before = len(upstream.seen)
+    r = agent.exec(["python", "/opt/agent/run_deepagent.py", "--model", "claude-test",
+                    "say hello"], timeout=120)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    assert "hello from the test upstream" in r.stdout
+    calls = [s for s in upstream.seen[before:] if s.path == "/v1/messages"]
+    assert calls
+    for s in calls:
+        assert_secret_equal(s.headers.get("x-api-key"), ANTHROPIC_KEY, "upstream x-api-key")
