@@ -152,6 +152,10 @@ def test_agent_llm_call_gets_the_key_and_its_tool_gets_the_tool_identity(agent, 
     t = p1_proxy.wait_audit(lambda e: e.get("sandbox") == agent.id
                             and e.get("identity") == TOOL_IDENTITY and e.get("code") == "no_rule")
     assert t["identity_source"] == "docker/tool"
+    for ev in (a, t):  # the proof in docs/pattern1.md
+        print(json.dumps({k: ev.get(k) for k in ("identity", "sandbox", "identity_source",
+                                                 "host", "path", "decision", "code", "rule",
+                                                 "secrets")}))
 
 
 def test_the_agents_token_gives_the_tool_nothing(agent, p1_proxy, upstream, split_ports):
