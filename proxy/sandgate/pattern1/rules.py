@@ -5,15 +5,17 @@ hooks. The kernel records which user created a socket; no process can forge it w
 CAP_SETUID, and after the entrypoint no process of the sandbox has a capability left. So:
 
   nat OUTPUT (the first packet of each TCP connection, before routing):
-    loopback                               stays local
-    agent -> Sandgate's agent port(s)      unchanged
+    loopback, the agent                    unchanged
     tool  -> any address, any port         DNAT to Sandgate's tool listener
-    anyone else (and the agent elsewhere)  DNAT to Sandgate's other listener (refused, audited)
+    anyone else                            DNAT to Sandgate's other listener (refused, audited)
   filter OUTPUT (policy DROP, after nat: it sees the rewritten destination):
     Docker's resolver 127.0.0.11 rejected  (no DNS: a covert channel, and nothing needs it)
     loopback, established                  accepted
     tcp to gateway:agent ports if agent, to gateway:tool port if tool, to gateway:other port
-    everything else (UDP, ICMP, raw)       rejected
+    everything else (the agent elsewhere, UDP, ICMP, raw)   rejected
+
+The agent elsewhere (another address, Sandgate's tool listener) is rejected in the sandbox, as
+without the split; the agent is the trusted side, and its sandbox keeps behaving as before.
   IPv6: only loopback.
 
 The bash tool reaching "the agent's listener directly" therefore lands on the tool listener,
@@ -124,8 +126,7 @@ def iptables_v4(net: SplitNet) -> str:
         ":OUTPUT ACCEPT [0:0]",
         ":POSTROUTING ACCEPT [0:0]",
         "-A OUTPUT -o lo -j RETURN",
-        *(f"-A OUTPUT -d {gw}/32 -p tcp -m owner --uid-owner {agent} -m tcp --dport {port} "
-          "-j RETURN" for port in net.agent_ports),
+        f"-A OUTPUT -m owner --uid-owner {agent} -j RETURN",
         f"-A OUTPUT -p tcp -m owner --uid-owner {tool} -j DNAT --to-destination "
         f"{gw}:{net.tool_port}",
         f"-A OUTPUT -p tcp -j DNAT --to-destination {gw}:{net.other_port}",
