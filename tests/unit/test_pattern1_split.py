@@ -40,6 +40,9 @@ def test_rules_send_each_user_to_its_listener() -> None:
     assert ":OUTPUT DROP [0:0]" in filt
     assert filt.index("-A OUTPUT -d 127.0.0.11/32 -j REJECT") < filt.index(
         "-A OUTPUT -o lo -j ACCEPT")  # no DNS, even over loopback
+    agent_ok = filt.index("-A OUTPUT -d 172.30.99.1/32 -p tcp -m owner --uid-owner 1000 -m tcp "
+                          "--dport 8080 -j ACCEPT")
+    assert filt[agent_ok + 1] == "-A OUTPUT -m owner --uid-owner 1000 -j REJECT"  # nothing else
     assert "-A OUTPUT -d 172.30.99.1/32 -p tcp -m owner --uid-owner 1001 -m tcp --dport 8081 " \
            "-j ACCEPT" in filt
     assert filt[-2] == '-A OUTPUT -m comment --comment "sandgate-split" -j REJECT'

@@ -142,6 +142,7 @@ def iptables_v4(net: SplitNet) -> str:
         "-A OUTPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
         *(f"-A OUTPUT -d {gw}/32 -p tcp -m owner --uid-owner {agent} -m tcp --dport {port} "
           "-j ACCEPT" for port in net.agent_ports),
+        f"-A OUTPUT -m owner --uid-owner {agent} -j REJECT",  # the agent: its proxy only
         f"-A OUTPUT -d {gw}/32 -p tcp -m owner --uid-owner {tool} -m tcp --dport "
         f"{net.tool_port} -j ACCEPT",
         f"-A OUTPUT -d {gw}/32 -p tcp -m tcp --dport {net.other_port} -j ACCEPT",
