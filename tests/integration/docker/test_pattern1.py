@@ -301,3 +301,19 @@ def test_the_deepagents_agent_runs_its_shell_tool_through_the_runner(agent, p1_p
     assert calls
     for s in calls:
         assert_secret_equal(s.headers.get("x-api-key"), ANTHROPIC_KEY, "upstream x-api-key")
+
+
+def test_cli_sandbox_run_pattern1(p1_proxy, p1_network, split_ports):
+    """`sandgate sandbox run --pattern1`: the command is the agent's, `sandgate-tool` the tool's."""
+    import subprocess
+
+    from tests.integration.conftest import SANDGATE
+
+    cmd = [*SANDGATE, "sandbox", "run", "--pattern1", "--identity", "coding-agent",
+           "--confdir", str(p1_proxy.confdir), "--proxy-url", p1_proxy.url,
+           "--proxy-port", str(p1_proxy.port), "--tool-port", str(split_ports.tool_port),
+           "--other-port", str(split_ports.other_port), "--",
+           "sh", "-c", "id -un; sandgate-tool -- id -un; grep CapBnd /proc/self/status"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["agent", "tool", "CapBnd:\t0000000000000000"], r.stdout
