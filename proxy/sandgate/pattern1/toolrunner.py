@@ -75,6 +75,19 @@ def parse_request(raw: bytes) -> tuple[str | list[str], float, str]:
     return cmd, float(timeout), cwd
 
 
+def read_line(conn: socket.socket, limit: int) -> bytes:
+    """Bytes up to a newline or the end of the stream; RunnerError past `limit` bytes."""
+    raw = b""
+    while not raw.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        raw += chunk
+        if len(raw) > limit:
+            raise RunnerError("the message is too large")
+    return raw
+
+
 def _read(f: Any) -> str:
     f.seek(0)
     data = f.read(OUTPUT_LIMIT + 1)
@@ -112,15 +125,7 @@ class Runner:
                 _, uid, _ = struct.unpack("3i", creds)
                 if uid not in (self.agent_uid, 0):
                     raise RunnerError(f"uid {uid} may not use the runner")
-                raw = b""
-                while not raw.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    raw += chunk
-                    if len(raw) > MAX_REQUEST:
-                        raise RunnerError("the request is too large")
-                cmd, timeout, cwd = parse_request(raw)
+                cmd, timeout, cwd = parse_request(read_line(conn, MAX_REQUEST))
                 with self.slots:
                     answer = self.run(cmd, timeout, cwd)
             except (RunnerError, OSError, subprocess.SubprocessError) as e:
@@ -146,12 +151,7 @@ def run_tool(cmd: str | Sequence[str], timeout: float = DEFAULT_TIMEOUT,
             s.settimeout(min(timeout, MAX_TIMEOUT) + 30)
             s.connect(path)
             s.sendall(json.dumps(request).encode() + b"\n")
-            raw = b""
-            while not raw.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                raw += chunk
+            raw = read_line(s, 4 * OUTPUT_LIMIT)
     except OSError as e:
         raise RunnerError(f"the tool runner at {path} is not reachable: {e}") from e
     try:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Iterator
 
 import docker
 import pytest
 
-from sandgate.sandbox import Sandbox, SandboxSpec, connect
+from sandgate.sandbox import Sandbox, SandboxSpec
 from sandgate.sandbox.network import SandboxNetwork, ensure_network_info
 from sandgate.sandbox.split import SplitPorts
 from tests.integration.conftest import (
@@ -30,32 +29,19 @@ from tests.integration.conftest import (
     start_proxy,
     stop_proxy,
 )
-from tests.integration.docker.conftest import REPO, SESSION, TEST_LABEL, _script
+from tests.integration.docker.conftest import SESSION, TEST_LABEL, docker_with_images
+from tests.integration.docker.test_proxy_sandboxes import ANTHROPIC_SCRIPT as LLM_SCRIPT
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 AGENT_IMAGE = "sandgate-agent:dev"
 TOOL_IDENTITY = "bash-tool"  # the test policy's narrow identity: GET upstream.test/docs/** only
 
-LLM_SCRIPT = """
-import anthropic
-client = anthropic.Anthropic(max_retries=0)
-msg = client.messages.create(model="claude-test", max_tokens=8,
-                             messages=[{"role": "user", "content": "hi"}])
-print("TEXT:", msg.content[0].text)
-"""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # its teardown removes every container of the session
 def p1_client() -> Iterator[docker.DockerClient]:
     """Docker with the agent image (only it: the split needs nothing else)."""
-    if os.environ.get("SANDGATE_SKIP_DOCKER_SETUP") != "1":
-        _script([str(REPO / ".ci/docker-setup.sh")], timeout=1200)
-    client = connect()
-    _script([str(REPO / "sandbox_images/build.sh"), "agent"], timeout=1200)
-    yield client
-    for c in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={SESSION}"}):
-        c.remove(force=True)
-    client.close()
+    yield from docker_with_images("agent")
 
 
 @pytest.fixture(scope="module")
