@@ -12,9 +12,10 @@
 5. execs CMD as the agent user with setpriv: no capability (bounding set empty), no new
    privileges, umask 002 (files are shared with the tool through the `workspace` group).
 
-Any failure before 5 exits non-zero: the sandbox does not run unsplit by accident. With
-SANDGATE_SPLIT=off it runs CMD as the agent without the split (no rules, no runner), says so on
-stderr and in /run/sandgate/split; Sandgate audits such a sandbox's requests as unsplit.
+Any failure before 5 exits non-zero: the sandbox does not run unsplit by accident (the runner
+is asked to run `true` as the tool before the agent starts). There is no way to switch the split
+off here: an unsplit sandbox is the image without this entrypoint, which Sandgate audits as such
+(docs/pattern1.md).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from sandgate.pattern1.rules import (
     iptables_v6,
     split_net,
 )
+from sandgate.pattern1.toolrunner import RunnerError, run_tool
 
 RUN_DIR = "/run/sandgate"
 SOCKET = f"{RUN_DIR}/runner.sock"
@@ -136,24 +138,21 @@ def start_runner(sock: socket.socket) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     cmd = list(sys.argv[1:] if argv is None else argv) or ["sleep", "infinity"]
     env = dict(os.environ)
-    mode = env.get(ENV_SPLIT, "uid")
     try:
         if os.geteuid() != 0:
             raise SplitConfigError("the entrypoint must start as root (it drops to the agent)")
-        if mode not in ("uid", "off"):
-            raise SplitConfigError(f"{ENV_SPLIT} must be 'uid' or 'off', got {mode!r}")
+        if env.get(ENV_SPLIT, "uid") != "uid":
+            raise SplitConfigError(f"{ENV_SPLIT} must be 'uid' (run the image without this "
+                                   "entrypoint for no split)")
         trust_ca()
-        if mode == "uid":
-            state = apply_rules(env)
-            start_runner(open_socket())
-        else:
-            os.makedirs(RUN_DIR, exist_ok=True)
-            state = {"split": "off"}
-            print("sandgate-split: WARNING: SANDGATE_SPLIT=off: the bash tool runs as the "
-                  "agent, with the agent's egress", file=sys.stderr)
+        state = apply_rules(env)
+        start_runner(open_socket())
+        check = run_tool(["true"], 30, "/", SOCKET)
+        if check.get("exit_code") != 0:
+            raise SplitConfigError(f"the tool runner does not work: {check}")
         with open(STATE, "w") as f:
             json.dump(state, f)
-    except (SplitConfigError, OSError, KeyError, subprocess.SubprocessError) as e:
+    except (SplitConfigError, RunnerError, OSError, KeyError, subprocess.SubprocessError) as e:
         print(f"sandgate-split: not starting: {e}", file=sys.stderr)
         return 1
     os.umask(0o002)

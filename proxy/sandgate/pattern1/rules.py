@@ -44,7 +44,7 @@ PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_pro
 ENV_TOOL_PORT = "SANDGATE_SPLIT_TOOL_PORT"
 ENV_OTHER_PORT = "SANDGATE_SPLIT_OTHER_PORT"
 ENV_AGENT_PORTS = "SANDGATE_SPLIT_AGENT_PORTS"  # default: the port of HTTPS_PROXY
-ENV_SPLIT = "SANDGATE_SPLIT"  # "uid" (default) or "off": no split, audited as such
+ENV_SPLIT = "SANDGATE_SPLIT"  # "uid", the only mode (the launcher sets it, for clarity)
 
 
 class SplitConfigError(ValueError):
