@@ -19,7 +19,17 @@ from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import audit, confdir
-from sandgate.addons import dialguard, dispatch, patches, relay, socks5, speed, wirelimits, writes
+from sandgate.addons import (
+    dialguard,
+    dispatch,
+    patches,
+    relay,
+    socks5,
+    speed,
+    tunnels,
+    wirelimits,
+    writes,
+)
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.identity.base import AddressIdentitySource, Caller
@@ -293,6 +303,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     wirelimits.install(cfg.limits, limit_event)
     dialguard.install()  # after wirelimits: outermost, it also sees what that wrapper raises
     relay.install()
+    tunnels.install()  # one tunnel record (and upstream) per CONNECT stream
     writes.install()
     speed.install()
     addons.set_inert(speed.inert_addons(m, values))

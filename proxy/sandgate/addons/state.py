@@ -29,11 +29,19 @@ class Tunnel:
     refusal: Refused | None = None
     # The policy the CONNECT was judged by: after a reload, the tunnel is judged again.
     policy: Policy | None = None
+    # passthrough: the address checked at CONNECT, the one the tunnel dials
+    target: DialTarget | None = None
+    # The TLS inside this tunnel: its ClientHello's SNI, and whether it is established. Not
+    # the client connection's fields: with TLS to the proxy port those are the outer TLS's.
+    sni: str | None = None
+    tls: bool = False
 
 
 @dataclass
 class Conn:
-    tunnel: Tunnel | None = None
+    # CONNECT stream -> its tunnel (addons/tunnels.py: keyed by the stream's Server id; HTTP/2
+    # carries several CONNECT streams on one connection)
+    tunnels: dict[str | None, Tunnel] = field(default_factory=dict)
     # (ip, port) this client may dial -> the host name it was checked for (the upstream SNI)
     approved: dict[tuple[str, int], str] = field(default_factory=dict)
     # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
@@ -44,6 +52,11 @@ class Conn:
     # gateway connections: (host, port) a request was approved for -> the checked address;
     # server_connect dials that address with the host as SNI (see stages/s60_dial.py)
     by_name: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
+
+    @property
+    def tunnel(self) -> Tunnel | None:
+        """The latest tunnel of the connection (for counting; hooks use tunnels.get)."""
+        return next(reversed(self.tunnels.values()), None)
 
 
 @dataclass

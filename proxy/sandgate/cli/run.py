@@ -87,6 +87,18 @@ def register(sub: Any) -> None:
     lim.add_argument("--header-timeout", type=float, default=30.0, metavar="SECONDS",
                      help="a started HTTP/1 request head must end within this; else 408 and "
                      "the connection is closed (default %(default)s)")
+    lim.add_argument("--first-byte-timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="close an unidentified connection that sent nothing this long after "
+                     "connecting (default %(default)s)")
+    lim.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="close an unidentified connection whose TLS handshake with Sandgate "
+                     "has not ended this long after connecting (default %(default)s)")
+    lim.add_argument("--identify-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="close a connection not identified (CONNECT or request) this long "
+                     "after connecting (default %(default)s)")
+    lim.add_argument("--max-unidentified-per-source", type=int, default=128, metavar="N",
+                     help="connections one source address may hold before they are "
+                     "identified; past it a new one is closed at once (default %(default)s)")
     lim.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
                      help="close a connection on which nothing moved for this long (default "
                      "%(default)s; 0: mitmproxy's own 600)")
@@ -236,6 +248,11 @@ def limits_config(args: argparse.Namespace) -> LimitsConfig:
         upstream_connect_timeout=seconds("--upstream-connect-timeout",
                                          args.upstream_connect_timeout),
         upstream_read_timeout=seconds("--upstream-read-timeout", args.upstream_read_timeout),
+        first_byte_timeout=seconds("--first-byte-timeout", args.first_byte_timeout),
+        handshake_timeout=seconds("--handshake-timeout", args.handshake_timeout),
+        identify_timeout=seconds("--identify-timeout", args.identify_timeout),
+        max_unidentified_per_source=count("--max-unidentified-per-source",
+                                          args.max_unidentified_per_source),
     )
 
 
