@@ -11,9 +11,10 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
    `max_header_bytes`, whichever is larger: 502 `upstream_error`.
 2. HTTP/2 header blocks are bounded by h2 itself: at most 64 CONTINUATION frames of up to
    mitmproxy's 128 KiB frame size (8 MiB encoded), decoded up to 64 KiB (hpack). On client
-   connections the encoded block is bounded here by about `max_header_bytes`, and the decoded
-   list by `max_header_bytes` plus hpack's 32 bytes a header; above those h2 ends the connection
-   (GOAWAY), below them the hooks answer 431 on the stream.
+   connections the encoded block and the decoded list are bounded here by `h2_readable_head`
+   (512 KiB, or twice `max_header_bytes`, plus hpack's 32 bytes a header); above that h2 ends
+   the connection (GOAWAY), below it the hooks answer 431 on the stream for a head over
+   `max_header_bytes`.
 3. Slow clients: an HTTP/1 head that has started must end within `header_timeout` (408
    `header_timeout`, connection closed); any connection on which nothing moves in either
    direction for `idle_timeout` is closed (mitmproxy's own watchdog, whose fixed 600 s this sets).
@@ -71,6 +72,9 @@ _MARK = "_sandgate_wirelimits"
 TIMEOUT_MARK = "sandgate: upstream timeout"
 RESET_MESSAGE = "sandgate: the upstream reset the connection"
 _HPACK_OVERHEAD = 32  # hpack counts 32 bytes per header on top of name and value (RFC 7541 4.1)
+# The least HTTP/2 header block that is still decoded and answered 431 (see h2_readable_head):
+# a 256 KiB cookie or token header, as clients send by mistake, gets a readable refusal.
+H2_READABLE_HEAD = 512 * 1024
 _BLANK_LINE = re.compile(rb"\n\r?\n")
 RESPONSE_HEAD_BYTES = 256 * 1024  # upstream response heads: generous (cookies), but bounded
 
@@ -266,17 +270,30 @@ def _wrap_response_head(original: Any) -> Any:
 
 # ------------------------------------------------------------------------ 2: HTTP/2 headers
 
+def h2_readable_head(limits: LimitsConfig) -> int:
+    """How large an HTTP/2 header block a client may send and still get a readable answer.
+
+    HPACK is one state for the whole connection: a block that is not decoded cannot be skipped,
+    so a block past h2's bounds ends the connection (GOAWAY), which clients report as "Connection
+    died" with nothing to show. Blocks up to this size are decoded and then answered `431
+    headers_too_large` on their stream by the hooks (over `max_header_bytes`); the bound is per
+    connection (one header block is in flight at a time), so what a connection may hold before
+    it is identified stays bounded.
+    """
+    return max(H2_READABLE_HEAD, 2 * limits.max_header_bytes)
+
+
 def _wrap_h2_init(original: Any) -> Any:
     def __init__(self: Any, config: Any) -> None:
         original(self, config)
         if not config.client_side:  # facing a client
             limits = _state.limits
-            decoded = limits.max_header_bytes + _HPACK_OVERHEAD * (limits.max_headers + 8)
+            readable = h2_readable_head(limits)
+            decoded = readable + _HPACK_OVERHEAD * (limits.max_headers + 8)
             self.decoder.max_header_list_size = decoded
             self.local_settings.max_header_list_size = decoded
             self.local_settings.acknowledge()
-            self.incoming_buffer._sg_max_block = limits.max_header_bytes + 8 * (
-                limits.max_headers + 8) + 1024
+            self.incoming_buffer._sg_max_block = readable + 8 * (limits.max_headers + 8) + 1024
 
     return __init__
 
