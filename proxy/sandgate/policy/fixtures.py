@@ -38,7 +38,7 @@ def _set(names: Iterable[str]) -> str:
 def run_policy_test(policy: Policy, test: PolicyTest,
                     resolve: Mapping[str, str] | None = None) -> FixtureResult:
     try:
-        v = judge(policy, test.identity, test.method, test.url, resolve or {})
+        v = judge(policy, test.identity, test.method, test.url, resolve or {}, test.call)
     except ValueError as e:
         d = Decision(False, Code.BAD_REQUEST, f"bad request: {e}")
         return FixtureResult(test, d, False, str(e))

@@ -6,11 +6,14 @@ file-format models in sandgate.policy.schema and never change afterwards. Nothin
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sandgate.jsonrpc import Call
 from sandgate.policy.paths import PathPattern
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -193,6 +196,55 @@ def query_matches(constraints: QueryConstraint,
     return True
 
 
+# The MCP methods a rule with `mcp:` allows when it lists no `methods`: the protocol's own
+# housekeeping, the list calls and tools/call (each tool then judged by `tools`/`deny_tools`).
+MCP_DEFAULT_METHODS = ("initialize", "notifications/*", "ping", "tools/list", "resources/list",
+                       "prompts/list", "tools/call")
+DEFAULT_CALL_BODY = 64 * 1024  # the bounded body of a JSON-RPC rule (OpenShell's limit too)
+
+
+def glob_matches(pattern: str, text: str) -> bool:
+    """A call-level glob: `*` any run of characters ('/' included), `?` one; nothing else is
+    special. Case-sensitive, whole string."""
+    return _glob_re(pattern).fullmatch(text) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _glob_re(pattern: str) -> re.Pattern[str]:
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c)
+                              for c in pattern), re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class CallFilter:
+    """`mcp:` or `jsonrpc:` of a rule: what JSON-RPC calls in its request bodies may do.
+
+    A message is allowed when its method matches `methods` (None: MCP_DEFAULT_METHODS, plus
+    resources/read and prompts/get when `resources`/`prompts` are named; generic JSON-RPC: any)
+    and no `deny_methods`; a tools/call also needs its tool in `tools` (None: any) and not in
+    `deny_tools`, and its `arguments` constraints met; resources/read and prompts/get their uri
+    or name in `resources`/`prompts` (None: any). Deny entries win over every allow.
+    """
+
+    protocol: Literal["mcp", "jsonrpc"]
+    methods: tuple[str, ...] | None = None
+    deny_methods: tuple[str, ...] = ()
+    tools: tuple[str, ...] | None = None
+    deny_tools: tuple[str, ...] = ()
+    arguments: tuple[tuple[str, str], ...] = ()  # (argument name, glob its string value matches)
+    resources: tuple[str, ...] | None = None
+    prompts: tuple[str, ...] | None = None
+    max_body: int = DEFAULT_CALL_BODY
+
+    @property
+    def allowed_methods(self) -> tuple[str, ...] | None:
+        if self.methods is not None or self.protocol == "jsonrpc":
+            return self.methods
+        extra = (("resources/read",) if self.resources is not None else ()) + (
+            ("prompts/get",) if self.prompts is not None else ())
+        return MCP_DEFAULT_METHODS + extra
+
+
 # Where the official SDKs carry an API key: OpenAI (authorization: Bearer), Anthropic (x-api-key),
 # Azure OpenAI (api-key).
 DEFAULT_SUBSTITUTE_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
@@ -220,6 +272,7 @@ class Rule:
     # where the rule is written inside source.file, e.g. ("identities", "a", "rules", 2) or
     # ("templates", "git", 0): for tools that point at one of its fields (lint)
     where: tuple[str | int, ...] = ()
+    call: CallFilter | None = None  # `mcp:` / `jsonrpc:`: the calls in its bodies are judged
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -257,6 +310,7 @@ class PolicyTest:
     inject: frozenset[str] | None = None  # when set, exactly these secrets are used (or none)
     code: str | None = None  # when set, the refusal's code
     passthrough: bool | None = None  # CONNECT fixtures: tunnelled without interception?
+    call: Call | None = None  # `mcp:` / `jsonrpc:`: the JSON-RPC call its body carries
 
     @property
     def connect(self) -> bool:
