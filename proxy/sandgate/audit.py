@@ -130,6 +130,7 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         ERROR: flow.error.msg if flow.error and not refusal else None,
         LISTENER: listener(flow),
         **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
+        **(rec.call.fields() if rec.call is not None else {}),  # JSON-RPC calls
     }
 
 

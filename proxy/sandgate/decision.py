@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sandgate.errors import AddressRefused, Code, Refused
+from sandgate.jsonrpc import Call, Message
 from sandgate.netguard import choose_address, classify, known_addresses
 from sandgate.policy.hosts import normalise_host
-from sandgate.jsonrpc import Call, Message
 from sandgate.policy.model import CallFilter, Identity, Policy, Rule, glob_matches
 from sandgate.policy.paths import normalise_path
 from sandgate.request import RequestInfo, default_port, parse_url, split_authority

@@ -28,6 +28,14 @@ from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
 from sandgate.addons import relay, wirelimits
+from sandgate.addons.calls import (
+    Sessions,
+    answer_call,
+    filter_whole,
+    judge_call,
+    response_headers,
+    wrap_stream,
+)
 from sandgate.addons.forward import (
     check_authority,
     check_upgrade,
@@ -126,6 +134,7 @@ class Gate:
         self._placeholders = dict(config.policy.placeholders)
         self._secret_set = SecretSet({})
         self._secret_generation = -1
+        self.sessions = Sessions()  # MCP session ids -> the identity that opened each
 
     @property
     def policy(self) -> Policy:
@@ -511,6 +520,10 @@ class Gate:
         info, d = rec.info, rec.decision
         policy = self._flow_policy(rec)
         assert info is not None and d is not None
+        refused = judge_call(rec, req, policy, self.sessions)  # the body's JSON-RPC calls
+        if refused is not None:
+            return answer_call(flow, rec, self._refusal(flow, refused))
+        d = rec.decision if rec.decision is not None else d
         # report mode: no rule allowed it, so nothing is bound, injected or swapped, and the
         # address is checked without any private_cidrs.
         rule = None if rec.reported else d.rule
@@ -621,6 +634,7 @@ class Gate:
         resp = flow.response
         if resp is None or rec.refused:
             return
+        response_headers(rec, resp, self.sessions)
         if resp.status_code == 101 and not (
                 is_websocket_upgrade(flow.request)
                 and resp.headers.get("upgrade", "").strip().lower() == "websocket"):
@@ -649,7 +663,7 @@ class Gate:
             rec.bytes_out += sum(len(c) for c in out)
             return out
 
-        resp.stream = stream
+        resp.stream = wrap_stream(rec, flow, stream)  # MCP list answers filtered
 
     def response(self, flow: http.HTTPFlow) -> None:
         try:
@@ -657,6 +671,7 @@ class Gate:
             rec = _record(flow)
             if resp is not None and rec.scrub_whole and not rec.refused:
                 rec.redactions += scrub_whole(resp, self.secrets())
+                filter_whole(rec, resp)
                 rec.bytes_out = len(resp.raw_content or b"")
             if resp is not None and resp.trailers and not rec.refused:
                 if flow.client_conn.alpn == b"h2":
