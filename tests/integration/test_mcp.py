@@ -113,7 +113,9 @@ def test_python_sdk_tools_per_identity(mcp_proxy: Proxy, url: str) -> None:
     assert agent[3]["code"] == -32003
     assert agent[3]["error"].startswith("tool delete_repo is not permitted for agent")
     assert agent[3]["data"]["sandgate"]["code"] == "denied_by_rule"
-    assert "Bearer [" in agent[4]["text"] or "REDACTED" in agent[4]["text"].upper()
+    # get_me reflects the injected bearer: scrubbed (assert_no_secret checks the output too)
+    assert agent[4]["text"].startswith("you are octo, authorised with Bearer ")
+    assert GITHUB_TOKEN not in agent[4]["text"]
     bash = py_client(mcp_proxy, "bash-tool", url, steps)
     assert bash[0] == {"tools": ["get_me", "list_issues"]}
     assert bash[1]["text"] == "issues of acme/app: #1, #2"
@@ -127,6 +129,33 @@ def test_python_sdk_tools_per_identity(mcp_proxy: Proxy, url: str) -> None:
     call = ev["rpc"][0]
     assert call["method"] == "tools/call" and call["args_bytes"] > 0
     assert "acme/app" not in json.dumps(ev)  # arguments are never logged
+
+
+def ts_client(proxy: Proxy, identity: str, url: str, steps: list[list[Any]]
+              ) -> list[dict[str, Any]]:
+    assert (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir(), (
+        "run scripts/setup.sh --test: the TypeScript MCP SDK (tests/mcp-ts) is missing")
+    r = subprocess.run(["node", str(TS_DIR / "client.mjs"), url, json.dumps(steps)],
+                       capture_output=True, text=True, env=_env(proxy, identity), timeout=90)
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "the TypeScript SDK client's output")
+    assert r.returncode == 0, r.stderr[-1500:] + json.dumps(proxy.audit()[-3:], indent=1)
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.parametrize("url", [JSON_URL, SSE_URL], ids=["json", "sse"])
+def test_typescript_sdk_tools_per_identity(mcp_proxy: Proxy, url: str) -> None:
+    steps: list[list[Any]] = [["list"], ["call", "list_issues", {"repo": "acme/app"}],
+                              ["call", "create_issue", {"repo": "acme/app", "title": "x"}],
+                              ["call", "get_me", {}]]
+    bash = ts_client(mcp_proxy, "bash-tool", url, steps)
+    assert bash[0] == {"tools": ["get_me", "list_issues"]}
+    assert bash[1]["text"] == "issues of acme/app: #1, #2"
+    assert bash[2]["code"] == -32003
+    assert "tool create_issue is not permitted for bash-tool" in bash[2]["error"]
+    assert bash[2]["data"]["sandgate"]["code"] == "no_rule"
+    assert bash[3]["text"].startswith("you are octo, authorised with Bearer ")
+    agent = ts_client(mcp_proxy, "agent", url, [["list"]])
+    assert agent[0] == {"tools": ["get_issue", "get_me", "list_issues"]}
 
 
 def _post(proxy: Proxy, identity: str, body: Any, *headers: str,
