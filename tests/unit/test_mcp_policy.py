@@ -1,0 +1,161 @@
+"""`mcp:` / `jsonrpc:` rules: the loader's checks and decide() on calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandgate.decision import decide
+from sandgate.errors import Code
+from sandgate.jsonrpc import Call, Message, method_call, parse, tool_call
+from sandgate.policy.loader import PolicyError, load_policy_dir
+from sandgate.policy.model import Policy
+from sandgate.request import RequestInfo
+
+POLICY = """
+version: v1
+secrets:
+  gh: {vault: secret/data/gh, field: token}
+identities:
+  agent:
+    rules:
+      - {name: gh-mcp, hosts: [mcp.example.com], methods: [GET, POST, DELETE], paths: [/mcp],
+         mcp: {tools: [list_issues, "get_*"], deny_tools: [delete_repo]},
+         inject: {headers: {authorization: "Bearer {{ secrets.gh }}"}}}
+      - {name: other-mcp, hosts: [mcp.example.com], paths: [/mcp],
+         mcp: {tools: ["*"], deny_tools: ["admin_*"]}}
+  scoped:
+    rules:
+      - {name: scoped, hosts: [mcp.example.com], paths: [/mcp],
+         mcp: {tools: [list_issues], arguments: {repo: "acme/*"}, prompts: [summary],
+               resources: ["file:///docs/*"]}}
+  narrow:
+    rules:
+      - {name: narrow, hosts: [mcp.example.com], paths: [/mcp],
+         mcp: {methods: [initialize, "notifications/*", tools/call], tools: [list_issues],
+               max_body: 1k}}
+  rpc:
+    rules:
+      - {name: chain, hosts: [rpc.example.com], jsonrpc: {methods: ["eth_get*", eth_call],
+         deny_methods: [eth_getLogs]}}
+      - {name: plain, hosts: [plain.example.com]}
+"""
+
+MCP = RequestInfo("https", "mcp.example.com", 443, "POST", "/mcp")
+RPC = RequestInfo("https", "rpc.example.com", 443, "POST", "/")
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> Policy:
+    d: Path = tmp_path_factory.mktemp("pol")
+    (d / "p.yaml").write_text(POLICY)
+    return load_policy_dir(d)
+
+
+def test_the_head_needs_its_call_judged(policy: Policy) -> None:
+    d = decide(policy, "agent", MCP)
+    assert d.allowed and d.rule_name == "gh-mcp" and d.call_limit == 64 * 1024
+    assert decide(policy, "narrow", MCP).call_limit == 1024
+    assert decide(policy, "rpc", RequestInfo("https", "plain.example.com", 443, "GET",
+                                             "/")).call_limit is None
+    assert policy.identities["narrow"].rules[0].max_request_bytes == 1024
+
+
+@pytest.mark.parametrize(("identity", "call", "allowed", "code", "rule"), [
+    ("agent", tool_call("list_issues"), True, None, "gh-mcp"),
+    ("agent", tool_call("get_me"), True, None, "gh-mcp"),
+    # not in gh-mcp's tools, but other-mcp allows any tool: the first allowing rule wins
+    ("agent", tool_call("create_issue"), True, None, "other-mcp"),
+    # deny entries win over every allow, in any matching rule
+    ("agent", tool_call("delete_repo"), False, Code.DENIED_BY_RULE, "gh-mcp"),
+    ("agent", tool_call("admin_panel"), False, Code.DENIED_BY_RULE, "other-mcp"),
+    ("agent", method_call("initialize"), True, None, "gh-mcp"),
+    ("agent", method_call("notifications/initialized"), True, None, "gh-mcp"),
+    ("agent", method_call("resources/read", "file:///x"), False, Code.NO_RULE, None),
+    ("scoped", tool_call("list_issues", {"repo": "acme/app"}), True, None, "scoped"),
+    ("scoped", tool_call("list_issues", {"repo": "evil/app"}), False, Code.NO_RULE, None),
+    ("scoped", tool_call("list_issues", {"repo": 7}), False, Code.NO_RULE, None),
+    ("scoped", tool_call("list_issues", {}), False, Code.NO_RULE, None),
+    ("scoped", method_call("prompts/get", "summary"), True, None, "scoped"),
+    ("scoped", method_call("prompts/get", "other"), False, Code.NO_RULE, None),
+    ("scoped", method_call("resources/read", "file:///docs/a/b"), True, None, "scoped"),
+    ("narrow", method_call("ping"), False, Code.NO_RULE, None),
+    ("narrow", method_call("tools/list"), False, Code.NO_RULE, None),
+    ("narrow", tool_call("list_issues"), True, None, "narrow"),
+    ("rpc", method_call("eth_getBalance"), True, None, "chain"),
+    ("rpc", method_call("eth_getLogs"), False, Code.DENIED_BY_RULE, "chain"),
+    ("rpc", method_call("eth_sendTransaction"), False, Code.NO_RULE, None),
+])
+def test_calls(policy: Policy, identity: str, call: Call, allowed: bool, code: Code | None,
+               rule: str | None) -> None:
+    d = decide(policy, identity, RPC if identity == "rpc" else MCP, call)
+    assert (d.allowed, d.code, d.rule_name) == (allowed, code, rule), d.reason
+    assert d.call_limit is None
+    if not allowed:
+        assert d.reason.startswith(f"{call.messages[0].shown} is not permitted for {identity}")
+        assert d.hint
+
+
+def test_the_refusal_names_the_tool_and_identity(policy: Policy) -> None:
+    d = decide(policy, "agent", MCP, tool_call("delete_repo"))
+    assert d.reason == ("tool delete_repo is not permitted for agent: deny_tools lists "
+                        "'delete_repo' in rule 'gh-mcp'")
+
+
+def test_one_denied_entry_refuses_the_batch(policy: Policy) -> None:
+    call = parse(b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_me"}},'
+                 b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":'
+                 b'{"name":"delete_repo"}}]')
+    d = decide(policy, "agent", MCP, call)
+    assert not d.allowed and d.code == Code.DENIED_BY_RULE and "delete_repo" in d.reason
+    assert decide(policy, "agent", MCP, Call(call.messages[:1], batch=True)).allowed
+
+
+def test_a_client_response_is_not_a_call(policy: Policy) -> None:
+    assert decide(policy, "narrow", MCP, Call((Message("response", id=3),))).allowed
+
+
+BROKEN: list[tuple[str, str, str]] = [
+    ("{name: r, action: deny, hosts: [h.example], mcp: {tools: [x]}}", "rules[0].mcp",
+     "deny rule cannot have `mcp:`"),
+    ("{name: r, hosts: [h.example], mcp: {}, jsonrpc: {}}", "rules[0].jsonrpc",
+     "either `mcp:` or `jsonrpc:`"),
+    ("{name: r, hosts: [h.example], mcp: {max_body: 17m}}", "rules[0].mcp.max_body",
+     "between 1 byte and 16m"),
+    ("{name: r, hosts: [h.example], mcp: {methods: [ping], tools: [x]}}", "rules[0].mcp.tools",
+     "has no effect"),
+    ("{name: r, hosts: [h.example], mcp: {tools: [' x']}}", "rules[0].mcp.tools[0]",
+     "not a name or glob"),
+    ("{name: r, hosts: [h.example], passthrough: true, mcp: {}}", "rules[0].passthrough",
+     "mcp"),
+    ("{name: r, hosts: [h.example], mcp: {tool: [x]}}", "rules[0].mcp.tool", ""),
+]
+
+
+@pytest.mark.parametrize(("rule", "field", "fragment"), BROKEN)
+def test_loader_errors_are_located(tmp_path: Path, rule: str, field: str,
+                                   fragment: str) -> None:
+    text = f"version: v1\nidentities:\n  a:\n    rules:\n      - {rule}\n"
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(tmp_path)
+    problems = [p for p in ei.value.problems if p.field == f"identities.a.{field}"]
+    assert problems, [str(p) for p in ei.value.problems]
+    assert fragment in problems[0].message and problems[0].line == 5
+
+
+@pytest.mark.parametrize(("fixture", "fragment"), [
+    ("mcp: {tool: x, method: ping}", "exactly one"),
+    ("mcp: {method: tools/call}", "tools/call is written"),
+    ("mcp: {method: prompts/get}", "needs `name`"),
+])
+def test_fixture_call_errors(tmp_path: Path, fixture: str, fragment: str) -> None:
+    text: Any = ("version: v1\nidentities:\n  a:\n    rules:\n      - {name: r, hosts: "
+                 "[h.example], mcp: {}}\ntests:\n  - {identity: a, request: POST "
+                 f"https://h.example/mcp, expect: allow, {fixture}}}\n")
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(tmp_path)
+    assert any(fragment in p.message for p in ei.value.problems), ei.value.problems
