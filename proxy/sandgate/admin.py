@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sandgate.call_cli import call_from_values
 from sandgate.explain import explain
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
@@ -172,7 +173,10 @@ def build_app(state: AdminState) -> web.Application:
             identity, method, url = (_str(doc, "identity"), _str(doc, "method"),
                                      _str(doc, "url"))
             assert identity is not None and method is not None and url is not None
-            out, _allowed = explain(state.live.policy, identity, method, url, state.resolve)
+            call = call_from_values(doc.get("mcp_tool"), doc.get("mcp_args"),
+                                    doc.get("rpc_method"))
+            out, _allowed = explain(state.live.policy, identity, method, url, state.resolve,
+                                    call)
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandgate import __version__
+from sandgate.call_cli import add_call_args, call_from_args
 from sandgate.identity.base import AddressIdentitySource
 
 if TYPE_CHECKING:
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--gateway", action="store_true",
                          help="URL is a gateway path (e.g. /anthropic/v1/messages, what follows "
                          "the gateway's HOST:PORT): judged as the gateway listener judges it")
+    add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method (sandgate.call_cli)
     explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
     explain.add_argument("url", nargs="?",
                          help="an absolute http(s) URL, or host:port after CONNECT")
@@ -408,7 +410,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
             url, gw = gateway_url(policy.gateways, args.method, args.url)
             prefix = gw.prefix
-        out, allowed = explain(policy, args.identity, args.method, url, resolve)
+        out, allowed = explain(policy, args.identity, args.method, url, resolve,
+                               call_from_args(args))
     except ValueError as e:
         return _err(f"bad request: {e}")
     if prefix is not None:

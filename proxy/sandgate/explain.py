@@ -8,17 +8,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandgate.decision import judge, reported
+from sandgate.jsonrpc import Call
+from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
 
 _NO_OVERRIDES: Mapping[str, str] = {}
 
 
 def explain(policy: Policy, identity: str, method: str, url: str,
-            resolve: Mapping[str, str] = _NO_OVERRIDES) -> tuple[dict[str, Any], bool]:
+            resolve: Mapping[str, str] = _NO_OVERRIDES,
+            call: Call | None = None) -> tuple[dict[str, Any], bool]:
     """(the explanation, allowed). Raises ValueError (a BadRequest) for a request that cannot
     be judged. Secrets appear by name only. `resolve` pins names as `sandgate run --resolve`
-    does, so that the address step can be shown."""
-    v = judge(policy, identity, method, url, resolve)
+    does, so that the address step can be shown. `call`: the JSON-RPC call the body carries
+    (judged by the rules' mcp:/jsonrpc:, as the proxy judges the body)."""
+    v = judge(policy, identity, method, url, resolve, call)
     d = v.decision
     report = reported(policy, identity, d)
     ident = policy.identities.get(identity)
@@ -36,6 +40,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
     }
     if v.connect:
         out["passthrough"] = v.passthrough
+    out.update(call_fields(d, call))
     if ident is not None and ident.mode != "enforce":
         out["mode"] = ident.mode
     if report:

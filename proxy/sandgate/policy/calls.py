@@ -5,12 +5,15 @@ Kept apart from the compiler so that the call layer's checks sit in one place.""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandgate.jsonrpc import Call, method_call, tool_call
 from sandgate.policy.model import DEFAULT_CALL_BODY, CallFilter, glob_matches
 from sandgate.policy.schema import CallTestSpec, JsonRpcSpec, McpSpec, RuleSpec, TestSpec
 from sandgate.text import has_control_chars
+
+if TYPE_CHECKING:
+    from sandgate.decision import Decision
 
 Loc = tuple[str | int, ...]
 Report = Callable[[Loc, str, str], None]
@@ -126,3 +129,25 @@ def describe(call: Call) -> str:
     shown = [m.shown for m in call.messages]
     return ("batch of " if call.batch else "") + ", ".join(shown)
 
+
+
+def call_fields(d: Decision, call: Call | None) -> dict[str, Any]:
+    """What explain adds for the call layer: the call judged, or that one will be."""
+    out: dict[str, Any] = {}
+    if call is not None:
+        out["call"] = describe(call)
+    elif d.allowed and d.call_limit is not None:
+        out["call"] = (f"not given: the proxy judges each JSON-RPC call in the body (at most "
+                       f"{d.call_limit} bytes) by the rules' mcp:/jsonrpc:; pass --mcp-tool "
+                       "NAME or --rpc-method METHOD to judge one")
+    f = d.rule.call if d.rule is not None else None
+    if f is not None:
+        out[f.protocol] = {
+            "methods": list(f.allowed_methods) if f.allowed_methods is not None else "any",
+            "deny_methods": list(f.deny_methods),
+            **({"tools": list(f.tools) if f.tools is not None else "any",
+                "deny_tools": list(f.deny_tools),
+                "arguments": dict(f.arguments)} if f.protocol == "mcp" else {}),
+            "max_body": f.max_body,
+        }
+    return out
