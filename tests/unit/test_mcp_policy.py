@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sandgate.decision import decide
 from sandgate.errors import Code
@@ -159,3 +161,57 @@ def test_fixture_call_errors(tmp_path: Path, fixture: str, fragment: str) -> Non
     with pytest.raises(PolicyError) as ei:
         load_policy_dir(tmp_path)
     assert any(fragment in p.message for p in ei.value.problems), ei.value.problems
+
+
+# --- narrower_than over tool sets (sandgate.policy.callproofs) --------------------------------
+
+PAIR = """
+version: v1
+identities:
+  agent:
+    rules:
+      - {{name: gh, hosts: [mcp.example.com], paths: [/mcp], mcp: {agent}}}
+  bash-tool:
+    narrower_than: agent
+    rules:
+      - {{name: gh, hosts: [mcp.example.com], paths: [/mcp], mcp: {bash}}}
+"""
+
+
+@pytest.mark.parametrize(("agent", "bash", "counter"), [
+    ('{tools: [list_issues, "get_*"]}', "{tools: [list_issues, get_me]}", None),
+    ('{tools: [list_issues, "get_*"]}', '{tools: ["get_*", create_issue]}',
+     "tool create_issue"),
+    ('{tools: ["*"], deny_tools: ["*_repo"]}', '{tools: ["*"]}', "tool _repo"),
+    ('{tools: ["get_*"]}', '{tools: ["*_me"]}', "tool _me"),
+    ("{tools: [a], arguments: {repo: 'acme/*'}}", "{tools: [a]}", "tool a"),
+    ("{tools: [a], arguments: {repo: 'acme/*'}}", "{tools: [a], arguments: {repo: 'acme/x*'}}",
+     None),
+    ("{methods: [initialize, tools/call]}", "{}", "method notifications/"),
+    ("{prompts: ['s*']}", "{prompts: [summary]}", None),
+    ("{}", "{prompts: [summary]}", "prompt summary"),
+])
+def test_narrower_than_covers_tool_sets(tmp_path: Path, agent: str, bash: str,
+                                        counter: str | None) -> None:
+    from sandgate.policy.proofs import prove
+
+    (tmp_path / "p.yaml").write_text(PAIR.format(agent=agent, bash=bash))
+    (result,) = prove(load_policy_dir(tmp_path))
+    assert result.ok == (counter is None), str(result)
+    if counter is not None:
+        assert result.counterexample is not None and counter in result.counterexample, result
+
+
+@given(st.lists(st.text("ab*?", min_size=1, max_size=4), min_size=1, max_size=3),
+       st.text("abc", min_size=1, max_size=6))
+def test_glob_witnesses_realise_every_match_vector(patterns: list[str], text: str) -> None:
+    from sandgate.policy.callproofs import glob_witnesses
+    from sandgate.policy.model import glob_matches
+
+    witnesses = glob_witnesses(patterns)
+    assert witnesses is not None
+
+    def vec(s: str) -> tuple[bool, ...]:
+        return tuple(glob_matches(p, s) for p in patterns)
+
+    assert vec(text) in {vec(w) for w in witnesses}

@@ -46,6 +46,8 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from sandgate.decision import Decision, decide, decide_connect
+from sandgate.jsonrpc import Call
+from sandgate.policy.callproofs import acting, call_witnesses, shown
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern, normalise_path
 from sandgate.request import RequestInfo, parse_url
@@ -523,6 +525,12 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
         return ProofResult("narrower_than", claim, False, src, details=(
             f"not proved: the `query:` constraints of these identities name too many "
             f"parameter values (more than {MAX_QUERY_CELLS} combinations) for an exact proof",))
+    # The JSON-RPC calls of rules with mcp:/jsonrpc: (sandgate.policy.callproofs).
+    calls = call_witnesses(rules)
+    if calls is None:
+        return ProofResult("narrower_than", claim, False, src, details=(
+            "not proved: the mcp:/jsonrpc: globs of these identities are too many for an "
+            "exact proof",))
     # Cells whose applicable rules look alike (paths, action, what they bind) share a search.
     memo: dict[tuple[tuple[object, ...], ...], tuple[int, str] | None] = {}
     for scheme in schemes:
@@ -530,21 +538,25 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
             for port in ports:
                 for method in methods:
                     for query in queries:
-                        n_app = [r for r in n_ident.rules
-                                 if _applies(r, scheme, host, port, method, query)]
-                        if not any(r.action == "allow" for r in n_app):
+                        n_base = [r for r in n_ident.rules
+                                  if _applies(r, scheme, host, port, method, query)]
+                        if not any(r.action == "allow" for r in n_base):
                             continue
-                        o_app = [r for r in o_ident.rules
-                                 if _applies(r, scheme, host, port, method, query)]
-                        key = (tuple(_shape(r) for r in n_app), (),
-                               tuple(_shape(r) for r in o_app))
-                        if key not in memo:
-                            memo[key] = _cell_gap(n_app, o_app)
-                        gap = memo[key]
-                        if gap is not None:
-                            return _l7_counterexample(policy, narrow, other, claim, src, scheme,
-                                                      host, port, method, n_app[gap[0]], gap[1],
-                                                      query)
+                        o_base = [r for r in o_ident.rules
+                                  if _applies(r, scheme, host, port, method, query)]
+                        for call in calls:
+                            n_app, o_app = acting(n_base, call), acting(o_base, call)
+                            if not any(r.action == "allow" for r in n_app):
+                                continue
+                            key = (tuple(_shape(r) for r in n_app), (),
+                                   tuple(_shape(r) for r in o_app))
+                            if key not in memo:
+                                memo[key] = _cell_gap(n_app, o_app)
+                            gap = memo[key]
+                            if gap is not None:
+                                return _l7_counterexample(
+                                    policy, narrow, other, claim, src, scheme, host, port,
+                                    method, n_app[gap[0]], gap[1], query, call)
 
     # CONNECT: every tunnel decide_connect() passes through without interception.
     for host in hosts:
@@ -569,15 +581,17 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
 
 def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src: Source | None,
                        scheme: str, host: str, port: int, method: str, rule: Rule,
-                       path: str, query: QueryCell = ()) -> ProofResult:
+                       path: str, query: QueryCell = (), call: Call | None = None
+                       ) -> ProofResult:
     raw = raw_path(path)
     req = RequestInfo(scheme, host, port, method, raw, query)
     qs = f"?{query_string(query)}" if query else ""
     url = f"{scheme}://{_url_host(host)}:{port}{raw}{qs}"
     if parse_url(method, url) != req:
         raise ProofError(f"counter-example {method} {url} does not parse back to itself")
-    dn = decide(policy, narrow, req)
-    do = decide(policy, other, req)
+    dn = decide(policy, narrow, req, call)
+    do = decide(policy, other, req, call)
+    url += shown(call)
     _agree(dn.allowed and dn.rule == rule, f"{narrow} should allow {method} {url} by rule "
            f"'{rule.name}'", dn)
     if do.allowed:
