@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "they say")
     lint.add_argument("policies", type=Path)
     lint.add_argument("--strict", action="store_true", help="exit 1 on any warning")
+    lint.add_argument("--mcp-tools", action="append", metavar="[HOST=]FILE",
+                      help="a recorded tools/list answer: warn on mcp: tool globs matching "
+                      "none of its tools (sandgate.policy.lint_calls); repeatable")
     format_arg(lint)
 
     explain = sub.add_parser("explain", help="show the decision for one request")
@@ -369,13 +372,15 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from sandgate.policy.loader import PolicyError
 
     try:
-        findings = lint_dir(args.policies)
+        findings = lint_dir(args.policies, args.mcp_tools)
     except PolicyError as e:
         errors = findings_from_error(e)
         print(format_findings(errors, args.format))
         if args.format == "text":
             print(f"sandgate: {len(errors)} load error(s) in {args.policies}", file=sys.stderr)
         return 1
+    except ValueError as e:  # an unreadable --mcp-tools file
+        return _err(str(e))
     text = format_findings(findings, args.format)
     if text:
         print(text)

@@ -215,3 +215,24 @@ def test_glob_witnesses_realise_every_match_vector(patterns: list[str], text: st
         return tuple(glob_matches(p, s) for p in patterns)
 
     assert vec(text) in {vec(w) for w in witnesses}
+
+
+def test_lint_warns_on_tool_globs_the_server_does_not_list(tmp_path: Path) -> None:
+    from sandgate.policy.lint import lint_dir
+
+    (tmp_path / "pol").mkdir()
+    (tmp_path / "pol" / "p.yaml").write_text(POLICY)
+    listing = tmp_path / "tools.json"
+    listing.write_text('{"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": '
+                       '"list_issues"}, {"name": "get_me"}, {"name": "delete_repository"}]}}')
+    found = [f for f in lint_dir(tmp_path / "pol", [f"mcp.example.com={listing}"])
+             if ".mcp." in f.field]
+    fields = sorted(f.field for f in found)
+    assert fields == ["identities.agent.rules[0].mcp.deny_tools[0]",
+                      "identities.agent.rules[1].mcp.deny_tools[0]"]  # delete_repo, admin_*
+    assert "refuses nothing" in found[0].message and "delete_repository" in found[0].fix
+    assert not [f for f in lint_dir(tmp_path / "pol", [f"other.example={listing}"])
+                if ".mcp." in f.field]  # a listing of another host says nothing here
+    listing.write_text('{"tools": 3}')
+    with pytest.raises(ValueError, match="not a tools/list answer"):
+        lint_dir(tmp_path / "pol", [str(listing)])
