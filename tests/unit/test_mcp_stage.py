@@ -105,3 +105,30 @@ def test_sessions_bind_to_the_first_identity_and_stay_bounded() -> None:
     s.bind("h", 443, "b", "x")
     s.bind("h", 443, "c", "y")
     assert s.owner("h", 443, "a") is None  # the oldest is forgotten past the limit
+
+
+def test_call_metric_labels_are_bounded_by_the_policy(policy: Policy) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sandgate import audit as A
+    from sandgate.metrics import Metrics
+
+    m = Metrics(lambda: policy)
+    rpc = [{"kind": "request", "method": "tools/call", "id": 1, "tool": "get_me",
+            "decision": "batch"},
+           {"kind": "request", "method": "tools/call", "id": 2, "tool": "sk-evil/x",
+            "decision": "deny"},
+           {"kind": "request", "method": "evil/method?x", "id": 3, "decision": "deny"}]
+    m.on_audit("request", {A.IDENTITY: "bash-tool", A.RULE: "m", A.DECISION: "deny",
+                           A.CODE: "no_rule", "rpc": rpc})
+    samples = {tuple(sorted(s.labels.items())): s.value
+               for fam in text_string_to_metric_families(m.render().decode())
+               for s in fam.samples if s.name == "sandgate_rpc_calls_total"}
+    assert samples == {
+        (("decision", "batch"), ("identity", "bash-tool"), ("method", "tools/call"),
+         ("tool", "get_*")): 1,
+        (("decision", "deny"), ("identity", "bash-tool"), ("method", "tools/call"),
+         ("tool", "unknown")): 1,
+        (("decision", "deny"), ("identity", "bash-tool"), ("method", "unknown"),
+         ("tool", "none")): 1,
+    }
