@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from sandgate import __version__
 from sandgate.call_cli import add_call_args, call_from_args
 from sandgate.identity.base import AddressIdentitySource
+from sandgate.policy.calls import describe
 
 if TYPE_CHECKING:
     from sandgate.limits import LimitsConfig
@@ -355,7 +356,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         mark = "ok  " if r.passed else "FAIL"
         addr = f" [{r.address}]" if r.address and r.address.startswith(("dials", "refused")) \
             else ""
-        print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url} "
+        call = f" [{describe(r.test.call)}]" if r.test.call is not None else ""  # mcp:/jsonrpc:
+        print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url}{call} "
               f"-> {'allow' if r.decision.allowed else 'deny'}"
               f" ({r.decision.rule_name or r.decision.code}){addr}"
               f"{'' if r.passed else ': ' + r.message}")

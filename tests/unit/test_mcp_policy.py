@@ -236,3 +236,17 @@ def test_lint_warns_on_tool_globs_the_server_does_not_list(tmp_path: Path) -> No
     listing.write_text('{"tools": 3}')
     with pytest.raises(ValueError, match="not a tools/list answer"):
         lint_dir(tmp_path / "pol", [str(listing)])
+
+
+def test_the_documented_example_checks_proves_and_lints_clean() -> None:
+    from sandgate.policy.fixtures import run_policy_tests
+    from sandgate.policy.lint import lint_dir
+    from sandgate.policy.proofs import prove
+
+    example = Path(__file__).parents[2] / "docs" / "examples" / "mcp"
+    policy = load_policy_dir(example)
+    assert all(r.passed for r in run_policy_tests(policy))
+    assert [str(r) for r in prove(policy)] == [
+        "proof ok: mcp-bash-tool narrower than mcp-agent",
+        "proof ok: secret github-mcp only to mcp.example.com"]
+    assert lint_dir(example) == []

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from sandgate.decision import message_verdict
 from sandgate.jsonrpc import Call, Message
-from sandgate.policy.model import Rule
+from sandgate.policy.model import Rule, glob_matches
 
 # Product states explored per glob set, and call witnesses per proof: past either, the claim
 # is reported as not proved.
@@ -85,6 +85,10 @@ def glob_witnesses(patterns: Sequence[str], empty: bool = False) -> list[str] | 
                     return None
                 seen.add((nxt, True))
                 queue.append((nxt, text + ch))
+    # A name the policy writes out is the readable witness of its class.
+    for p in patterns:
+        if "*" not in p and "?" not in p and (p or empty):
+            found[tuple(glob_matches(q, p) for q in patterns)] = p
     return sorted(found.values(), key=lambda t: (len(t), t))
 
 

@@ -520,6 +520,8 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
     ports = sorted({p for r in rules for p in r.ports})
     named = {m for r in rules if r.methods is not None for m in r.methods}
     methods = [*sorted(named), _fresh_method(named)]
+    if any(r.call is not None for r in rules):
+        methods.sort(key=lambda m: m != "POST")  # JSON-RPC calls are POSTed: shown first
     queries = query_cells(rules)
     if queries is None:
         return ProofResult("narrower_than", claim, False, src, details=(
