@@ -91,13 +91,26 @@ def _env(proxy: Proxy, identity: str) -> dict[str, str]:
     return env
 
 
-def py_client(proxy: Proxy, identity: str, url: str, steps: list[list[Any]]
-              ) -> list[dict[str, Any]]:
-    r = subprocess.run([str(CLIENT_PY), str(SUPPORT / "client.py"), url, json.dumps(steps)],
-                       capture_output=True, text=True, env=_env(proxy, identity), timeout=90)
-    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "the Python SDK client's output")
+def _sdk(cmd: list[str], proxy: Proxy, identity: str, url: str, steps: list[list[Any]]
+         ) -> list[dict[str, Any]]:
+    """Run an SDK client script (client.py / client.mjs): one JSON line per step."""
+    r = subprocess.run([*cmd, url, json.dumps(steps)], capture_output=True, text=True,
+                       env=_env(proxy, identity), timeout=90)
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, f"the output of {cmd[-1]}")
     assert r.returncode == 0, r.stderr[-1500:] + json.dumps(proxy.audit()[-4:], indent=1)
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+def py_client(proxy: Proxy, identity: str, url: str, steps: list[list[Any]]
+              ) -> list[dict[str, Any]]:
+    return _sdk([str(CLIENT_PY), str(SUPPORT / "client.py")], proxy, identity, url, steps)
+
+
+def ts_client(proxy: Proxy, identity: str, url: str, steps: list[list[Any]]
+              ) -> list[dict[str, Any]]:
+    assert (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir(), (
+        "run scripts/setup.sh --test: the TypeScript MCP SDK (tests/mcp-ts) is missing")
+    return _sdk(["node", str(TS_DIR / "client.mjs")], proxy, identity, url, steps)
 
 
 @pytest.mark.parametrize("url", [JSON_URL, SSE_URL], ids=["json", "sse"])
@@ -129,17 +142,6 @@ def test_python_sdk_tools_per_identity(mcp_proxy: Proxy, url: str) -> None:
     call = ev["rpc"][0]
     assert call["method"] == "tools/call" and call["args_bytes"] > 0
     assert "acme/app" not in json.dumps(ev)  # arguments are never logged
-
-
-def ts_client(proxy: Proxy, identity: str, url: str, steps: list[list[Any]]
-              ) -> list[dict[str, Any]]:
-    assert (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir(), (
-        "run scripts/setup.sh --test: the TypeScript MCP SDK (tests/mcp-ts) is missing")
-    r = subprocess.run(["node", str(TS_DIR / "client.mjs"), url, json.dumps(steps)],
-                       capture_output=True, text=True, env=_env(proxy, identity), timeout=90)
-    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "the TypeScript SDK client's output")
-    assert r.returncode == 0, r.stderr[-1500:] + json.dumps(proxy.audit()[-3:], indent=1)
-    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
 @pytest.mark.parametrize("url", [JSON_URL, SSE_URL], ids=["json", "sse"])
