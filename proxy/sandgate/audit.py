@@ -149,6 +149,10 @@ def scrub_fields(fields: dict[str, Any], secrets: SecretSet) -> dict[str, Any]:
         value = fields.get(key)
         if isinstance(value, str):
             fields[key] = secrets.scrub_text(value)[0]
+    for call in fields.get("rpc") or ():  # method, tool and id are the sandbox's strings
+        for k, v in call.items():
+            if isinstance(v, str):
+                call[k] = secrets.scrub_text(v)[0]
     return fields
 
 

@@ -132,3 +132,15 @@ def test_call_metric_labels_are_bounded_by_the_policy(policy: Policy) -> None:
         (("decision", "deny"), ("identity", "bash-tool"), ("method", "unknown"),
          ("tool", "none")): 1,
     }
+
+
+def test_audit_scrubs_the_sandbox_strings_of_calls() -> None:
+    from sandgate import audit as A
+    from sandgate.scrub import SecretSet
+
+    value = "test-mcp-REAL-token-5e1d"
+    fields = A.scrub_fields({"rpc": [{"method": "tools/call", "tool": f"x{value}",
+                                      "id": value, "decision": "deny"}]},
+                            SecretSet({"gh": value}))
+    assert value not in repr(fields)
+    assert fields["rpc"][0]["decision"] == "deny"

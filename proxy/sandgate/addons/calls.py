@@ -25,6 +25,7 @@ from typing import Any
 
 from mitmproxy import http
 
+from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.jsonrpc import Call, CallError, Message, id_key, loads, parse
@@ -111,7 +112,8 @@ class CallState:
 
 # ------------------------------------------------------------------------- the request side
 
-def judge_call(rec: Any, req: http.Request, policy: Policy, sessions: Sessions) -> Refused | None:
+def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
+               sessions: Sessions) -> Refused | None:
     """Judge the call in a complete request body (rec: the flow's FlowRecord). Returns the
     refusal to answer as JSON-RPC errors (see answer_call), None to go on (rec.decision is then
     the decision with the call); raises a Refused for an HTTP-level refusal."""
@@ -170,7 +172,7 @@ def _outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
                               Call((m,))).allowed else "deny" for m in call.messages]
 
 
-def answer_call(flow: http.HTTPFlow, rec: Any, refusal: Refusal) -> None:
+def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
     """Answer a refused call as JSON-RPC errors, one per request id (all of a batch): JSON, or
     server-sent events when the client accepts only those."""
     call = rec.call.call if rec.call is not None else None
@@ -193,7 +195,7 @@ def answer_call(flow: http.HTTPFlow, rec: Any, refusal: Refusal) -> None:
 
 # ------------------------------------------------------------------------ the response side
 
-def response_headers(rec: Any, resp: http.Response, sessions: Sessions) -> None:
+def response_headers(rec: FlowRecord, resp: http.Response, sessions: Sessions) -> None:
     """Bind the session id the upstream hands out to the identity it answered."""
     state: CallState | None = rec.call
     if state is None:
@@ -206,7 +208,7 @@ def response_headers(rec: Any, resp: http.Response, sessions: Sessions) -> None:
                           "that belongs to another identity")
 
 
-def _filtering(rec: Any, resp: http.Response) -> CallState | None:
+def _filtering(rec: FlowRecord, resp: http.Response) -> CallState | None:
     state: CallState | None = rec.call
     if state is None or not state.lists or not 200 <= resp.status_code < 300:
         return None
@@ -217,7 +219,7 @@ def _sse(resp: http.Response) -> bool:
     return "text/event-stream" in resp.headers.get("content-type", "").lower()
 
 
-def filter_whole(rec: Any, resp: http.Response) -> None:
+def filter_whole(rec: FlowRecord, resp: http.Response) -> None:
     """A buffered answer (already scrubbed) with list results: filtered in place."""
     state = _filtering(rec, resp)
     if state is None:
@@ -230,7 +232,7 @@ def filter_whole(rec: Any, resp: http.Response) -> None:
         resp.content = _filter_json(state, body)
 
 
-def wrap_stream(rec: Any, flow: http.HTTPFlow,
+def wrap_stream(rec: FlowRecord, flow: http.HTTPFlow,
                 stream: Callable[[bytes], bytes | list[bytes]]
                 ) -> Callable[[bytes], bytes | list[bytes]]:
     """A streamed answer: the scrubber first (it decodes), then the list filter."""
