@@ -250,3 +250,30 @@ def test_the_documented_example_checks_proves_and_lints_clean() -> None:
         "proof ok: mcp-bash-tool narrower than mcp-agent",
         "proof ok: secret github-mcp only to mcp.example.com"]
     assert lint_dir(example) == []
+
+
+def test_diff_replays_the_recorded_calls(tmp_path: Path) -> None:
+    import json
+
+    from sandgate.policy.traffic import diff, read_audit
+
+    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
+    old_dir.mkdir()
+    new_dir.mkdir()
+    (old_dir / "p.yaml").write_text(POLICY)
+    (new_dir / "p.yaml").write_text(POLICY.replace('deny_tools: ["admin_*"]',
+                                                   'deny_tools: ["admin_*", "create_*"]'))
+    event = {"event": "request", "identity": "agent", "method": "POST", "scheme": "https",
+             "host": "mcp.example.com", "port": 443, "path": "/mcp", "decision": "allow",
+             "secrets": [], "rpc": [{"kind": "request", "method": "tools/call", "id": 1,
+                                     "tool": "create_issue", "decision": "allow"}]}
+    plain = {**event, "rpc": [{"kind": "request", "method": "tools/call", "id": 2,
+                               "tool": "get_me", "decision": "allow"}]}
+    traffic = read_audit([json.dumps(event), json.dumps(plain), json.dumps({**event,
+                                                                              "rpc": 3})])
+    assert [u.reason for u in traffic.unreplayable] == [
+        "invalid field: rpc (not a list of calls)"]
+    res = diff(load_policy_dir(old_dir), load_policy_dir(new_dir), traffic)
+    (change,) = res.changes
+    assert change.request.endswith("[tool create_issue]") and change.kinds[0] == "allow->deny"
+    assert res.unchanged == 1
