@@ -277,3 +277,38 @@ def test_diff_replays_the_recorded_calls(tmp_path: Path) -> None:
     (change,) = res.changes
     assert change.request.endswith("[tool create_issue]") and change.kinds[0] == "allow->deny"
     assert res.unchanged == 1
+
+
+@pytest.mark.parametrize(("tool", "args", "method", "error"), [
+    ("a", None, "ping", "not both"),
+    (None, "{}", None, "goes with"),
+    ("a", "[1]", None, "must be a JSON object"),
+    ("a", "{x", None, "not JSON"),
+    ("", None, None, "non-empty"),
+])
+def test_explain_call_options_are_checked(tool: str | None, args: str | None,
+                                          method: str | None, error: str) -> None:
+    import argparse
+
+    from sandgate.call_cli import call_from_args
+
+    with pytest.raises(ValueError, match=error):
+        call_from_args(argparse.Namespace(mcp_tool=tool, mcp_args=args, rpc_method=method))
+
+
+def test_explain_judges_the_call_as_the_proxy_does(policy: Policy) -> None:
+    import argparse
+
+    from sandgate.call_cli import call_from_args, call_from_values
+    from sandgate.explain import explain
+
+    ns = argparse.Namespace(mcp_tool="list_issues", mcp_args=None, rpc_method=None)
+    out, allowed = explain(policy, "scoped", "POST", "https://mcp.example.com/mcp",
+                           call=call_from_args(ns))
+    assert not allowed and "argument repo is missing" in out["reason"]  # {} as the proxy sees
+    out, allowed = explain(policy, "scoped", "POST", "https://mcp.example.com/mcp",
+                           call=call_from_values("list_issues", {"repo": "acme/a"}, None))
+    assert allowed and out["call"] == "tool list_issues"
+    assert out["mcp"]["arguments"] == {"repo": "acme/*"}
+    with pytest.raises(ValueError, match="mcp_args must be a JSON object"):
+        call_from_values("a", [1], None)
