@@ -136,6 +136,10 @@ def call_fields(d: Decision, call: Call | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if call is not None:
         out["call"] = describe(call)
+        if d.allowed and d.rule is not None and d.rule.call is None:
+            out["call"] += (f" (rule '{d.rule.name}' has no mcp:/jsonrpc:, so it does not "
+                            "judge calls; deny entries of the identity's other matching rules "
+                            "would still refuse it)")
     elif d.allowed and d.call_limit is not None:
         out["call"] = (f"not given: the proxy judges each JSON-RPC call in the body (at most "
                        f"{d.call_limit} bytes) by the rules' mcp:/jsonrpc:; pass --mcp-tool "
