@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 
+from tests.integration.admin_support import ADMIN_TOKEN, Admin, wait_for
 from tests.integration.conftest import (
     GITHUB_TOKEN,
     SECRET_VALUES,
     Proxy,
     curl,
+    free_port,
     split_status,
     start_proxy,
     stop_proxy,
@@ -58,7 +60,8 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], log: Path) -
 
 
 @pytest.fixture(scope="module")
-def mcp_proxy(tmp_path_factory: pytest.TempPathFactory, vault: Any) -> Iterator[Proxy]:
+def mcp_stack(tmp_path_factory: pytest.TempPathFactory, vault: Any) -> Iterator[Admin]:
+    """The MCP servers and `sandgate run` with its admin listener (Admin.proxy: the proxy)."""
     assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
     tmp = tmp_path_factory.mktemp("mcp")
     pki = make_pki(tmp / "pki", ["mcp.test", "mcp-sse.test"])
@@ -71,16 +74,24 @@ def mcp_proxy(tmp_path_factory: pytest.TempPathFactory, vault: Any) -> Iterator[
                                 stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
         servers.append(proc)
         _wait_port(ip, 443, proc, log)
+    admin_port = free_port()
     p = start_proxy(tmp, HERE / "policies_mcp", {"VAULT_ADDR": vault.addr,
-                                                  "VAULT_TOKEN": vault.root_token}, pki,
-                    f"--resolve=mcp.test={JSON_IP}", f"--resolve=mcp-sse.test={SSE_IP}")
-    yield p
+                                                  "VAULT_TOKEN": vault.root_token,
+                                                  "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}, pki,
+                    f"--resolve=mcp.test={JSON_IP}", f"--resolve=mcp-sse.test={SSE_IP}",
+                    "--admin", f"127.0.0.1:{admin_port}")
+    yield Admin(p, f"http://127.0.0.1:{admin_port}", HERE / "policies_mcp")
     stop_proxy(p)
     for proc in servers:
         proc.terminate()
         proc.wait(10)
     logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
     assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+
+
+@pytest.fixture(scope="module")
+def mcp_proxy(mcp_stack: Admin) -> Proxy:
+    return mcp_stack.proxy
 
 
 def _env(proxy: Proxy, identity: str) -> dict[str, str]:
@@ -238,3 +249,17 @@ def test_session_id_replayed_by_another_identity_is_refused(mcp_proxy: Proxy) ->
     assert status == 403 and "x-sandgate-reason: session_mismatch" in head, payload
     _, status, _ = _post(mcp_proxy, "agent", listing, accept, f"mcp-session-id: {sid}")
     assert status == 200
+
+
+def test_calls_are_counted_and_explained_by_the_admin_api(mcp_stack: Admin) -> None:
+    admin, mcp_proxy = mcp_stack, mcp_stack.proxy
+    labels = (("decision", "deny"), ("identity", "bash-tool"), ("method", "tools/call"),
+              ("tool", "delete_repo"))
+    key = ("sandgate_rpc_calls_total", labels)
+    before = wait_for(lambda: admin.metrics() or None, 10, "metrics").get(key, 0)
+    _, status, _ = _post(mcp_proxy, "bash-tool", _tool(5, "delete_repo"))
+    assert status == 200
+    wait_for(lambda: admin.metrics().get(key, 0) == before + 1, 10, "the call counted")
+    status, doc = admin.post("/v1/explain", {"identity": "bash-tool", "method": "POST",
+                                             "url": JSON_URL, "mcp_tool": "delete_repo"})
+    assert status == 200 and doc["code"] == "denied_by_rule" and doc["call"] == "tool delete_repo"
