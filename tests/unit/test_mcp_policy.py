@@ -190,12 +190,17 @@ identities:
     ("{methods: [initialize, tools/call]}", "{}", "method notifications/"),
     ("{prompts: ['s*']}", "{prompts: [summary]}", None),
     ("{}", "{prompts: [summary]}", "prompt summary"),
+    # the other judges calls and refuses a body that is none; the narrow one reads no body
+    ("{methods: ['*']}", None, "a body that is not a JSON-RPC call"),
 ])
-def test_narrower_than_covers_tool_sets(tmp_path: Path, agent: str, bash: str,
+def test_narrower_than_covers_tool_sets(tmp_path: Path, agent: str, bash: str | None,
                                         counter: str | None) -> None:
     from sandgate.policy.proofs import prove
 
-    (tmp_path / "p.yaml").write_text(PAIR.format(agent=agent, bash=bash))
+    text = PAIR.format(agent=agent, bash=bash or "{}")
+    if bash is None:  # a rule without mcp: (its body limit the same as the other's)
+        text = text.replace(", mcp: {}}\n", ", max_request_bytes: 64k}\n")
+    (tmp_path / "p.yaml").write_text(text)
     (result,) = prove(load_policy_dir(tmp_path))
     assert result.ok == (counter is None), str(result)
     if counter is not None:

@@ -7,7 +7,8 @@ literals: model.glob_matches). So the strings fall into finitely many classes, o
 of "which globs match": a breadth-first search over the product of the globs' automata finds a
 shortest string for every vector that any string realises (exact, not sampled). The witnesses
 are every combination of those classes that a call can form, plus "no call" (a request whose
-body carries none: a GET stream, a DELETE of the session). Per witness every rule acts as an
+body carries none: a GET stream, a DELETE of the session) and "not a call" (a body that is no
+JSON-RPC, refused wherever a rule with mcp:/jsonrpc: matches). Per witness every rule acts as an
 allow rule (its filter allows the call, or it has none), a deny rule (a deny entry matches:
 the request is refused), or not at all; the path search of proofs.py then runs unchanged.
 
@@ -23,7 +24,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from sandgate.decision import message_verdict
+from sandgate.decision import Decision, message_verdict
 from sandgate.jsonrpc import Call, Message
 from sandgate.policy.model import Rule, glob_matches
 
@@ -32,6 +33,16 @@ from sandgate.policy.model import Rule, glob_matches
 MAX_STATES = 50000
 MAX_CALLS = 20000
 _SPECIAL = ("tools/call", "prompts/get", "resources/read")
+# The witness for a non-empty body that is no JSON-RPC call (not JSON, another shape): the
+# proxy refuses it (400) wherever a rule matching the request has mcp:/jsonrpc:, and passes
+# it where none does.
+NOT_A_CALL = Call(())
+
+
+def passes(d: Decision, call: Call | None) -> bool:
+    """Does the proxy forward the request, given decide()'s answer for it (for NOT_A_CALL:
+    decide() without a call, as the head is judged)?"""
+    return d.allowed and (call is not NOT_A_CALL or d.call_limit is None)
 
 
 def _closure(pattern: str, states: Iterable[int]) -> frozenset[int]:
@@ -112,7 +123,7 @@ def call_witnesses(rules: Sequence[Rule]) -> list[Call | None] | None:
     if None in (tool_names, prompts, resources) or arguments is None:
         return None
     assert tool_names is not None and prompts is not None and resources is not None
-    calls: list[Call | None] = [None]
+    calls: list[Call | None] = [None, NOT_A_CALL]
     for m in methods:
         if m == "tools/call":
             calls += [Call((Message("request", m, 1, n, a),)) for n in tool_names
@@ -150,6 +161,9 @@ def acting(rules: Sequence[Rule], call: Call | None) -> list[Rule]:
     it), as a deny rule (a deny entry matches), or left out (the filter does not allow it)."""
     out: list[Rule] = []
     for r in rules:
+        if call is NOT_A_CALL and r.call is not None:
+            out.append(dataclasses.replace(r, action="deny"))  # the body is refused (400)
+            continue
         if r.call is None or call is None or r.action != "allow":
             out.append(r)
             continue
@@ -165,6 +179,8 @@ def shown(call: Call | None) -> str:
     """The witness in a counter-example: " with tool create_issue {repo: ...}"."""
     if call is None:
         return ""
+    if call is NOT_A_CALL:
+        return " carrying a body that is not a JSON-RPC call"
     (m,) = call.messages
     args = ""
     if m.method == "tools/call" and m.arguments:

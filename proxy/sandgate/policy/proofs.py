@@ -47,7 +47,7 @@ from urllib.parse import quote
 
 from sandgate.decision import Decision, decide, decide_connect
 from sandgate.jsonrpc import Call
-from sandgate.policy.callproofs import acting, call_witnesses, shown
+from sandgate.policy.callproofs import NOT_A_CALL, acting, call_witnesses, passes, shown
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern, normalise_path
 from sandgate.request import RequestInfo, parse_url
@@ -591,12 +591,16 @@ def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src:
     url = f"{scheme}://{_url_host(host)}:{port}{raw}{qs}"
     if parse_url(method, url) != req:
         raise ProofError(f"counter-example {method} {url} does not parse back to itself")
-    dn = decide(policy, narrow, req, call)
-    do = decide(policy, other, req, call)
+    judged = None if call is NOT_A_CALL else call
+    dn = decide(policy, narrow, req, judged)
+    do = decide(policy, other, req, judged)
     url += shown(call)
-    _agree(dn.allowed and dn.rule == rule, f"{narrow} should allow {method} {url} by rule "
-           f"'{rule.name}'", dn)
-    if do.allowed:
+    _agree(passes(dn, call) and dn.rule == rule, f"{narrow} should allow {method} {url} by "
+           f"rule '{rule.name}'", dn)
+    if do.allowed and not passes(do, call):
+        why = (f"{other} refuses it (400 bad_request): a rule of {other} matching it judges "
+               "calls (mcp:/jsonrpc:), and the body is not one")
+    elif do.allowed:
         assert do.rule is not None
         _agree(not _compatible(rule, do.rule), f"{other} should not allow {method} {url} with "
                f"rule '{do.rule.name}'", do)
