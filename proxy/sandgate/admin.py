@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from sandgate.call_cli import call_from_values
-from sandgate.explain import explain
+from sandgate.explain import explain_request
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
 from sandgate.secrets.scope import SAFE_ID
@@ -173,10 +173,14 @@ def build_app(state: AdminState) -> web.Application:
             identity, method, url = (_str(doc, "identity"), _str(doc, "method"),
                                      _str(doc, "url"))
             assert identity is not None and method is not None and url is not None
+            gateway = doc.get("gateway", False)
+            if not isinstance(gateway, bool):
+                raise ValueError("`gateway` must be true or false")
             call = call_from_values(doc.get("mcp_tool"), doc.get("mcp_args"),
                                     doc.get("rpc_method"))
-            out, _allowed = explain(state.live.policy, identity, method, url, state.resolve,
-                                    call)
+            out, _allowed = explain_request(state.live.policy, identity, method, url,
+                                            state.resolve, _str(doc, "sandbox", required=False),
+                                            gateway, call)
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)

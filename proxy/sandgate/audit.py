@@ -19,6 +19,8 @@ from typing import IO, TYPE_CHECKING, Any, TextIO
 
 import structlog
 
+from sandgate.policy.query_audit import kept_query_names
+
 if TYPE_CHECKING:
     from mitmproxy import http
 
@@ -60,10 +62,13 @@ GATEWAY = "gateway"  # the gateway prefix a request came in under; absent for pr
 SCRUBBED = (PATH, HOST, REASON, ERROR)
 
 REDACTED = "REDACTED"
+KEPT_VALUE_MAX = 200  # a longer value of a kept parameter is redacted (listed values are short)
 
 
-def redact_path(path_with_query: str) -> str:
-    """Keep the path and the query parameter names; replace every query value by REDACTED.
+def redact_path(path_with_query: str, keep: frozenset[str] = frozenset()) -> str:
+    """Keep the path and the query parameter names; replace every query value by REDACTED,
+    except the values of the parameters named in `keep` (those some rule's `query:` constrains,
+    so that a review of recorded traffic sees them: sandgate.policy.query_audit).
 
     ``/a?key=s3cr3t&x=1`` -> ``/a?key=REDACTED&x=REDACTED``. A query part without ``=`` might
     itself be a credential, so it is replaced whole; a fragment is dropped to ``#REDACTED``.
@@ -80,8 +85,9 @@ def redact_path(path_with_query: str) -> str:
             if not part:
                 parts.append(part)
                 continue
-            name, eq, _ = part.partition("=")
-            parts.append(f"{name}={REDACTED}" if eq else REDACTED)
+            name, eq, value = part.partition("=")
+            kept = eq and name in keep and len(value) <= KEPT_VALUE_MAX
+            parts.append(part if kept else f"{name}={REDACTED}" if eq else REDACTED)
         out += "?" + "&".join(parts)
     if hash_:
         out += "#" + (REDACTED if fragment else "")
@@ -113,7 +119,8 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         SCHEME: info.scheme if info else req.scheme,
         HOST: info.host if info else req.pretty_host,
         PORT: info.port if info else req.port,
-        PATH: redact_path(req.path) if req.method != "CONNECT" else None,
+        PATH: redact_path(req.path, kept_query_names(rec.policy))
+        if req.method != "CONNECT" else None,
         RULE: rec.decision.rule_name if rec.decision else None,
         DECISION: decision,
         CODE: str(code) if code else None,

@@ -1,22 +1,30 @@
 """The decision: a pure function of (identity, request, policy).
 
 The proxy, `sandgate check`, `sandgate explain` and later tools all call these and nothing else
-to judge a request, so they can never disagree.
+to judge a request, so they can never disagree. A decision has one of three outcomes: allow
+(inspected and forwarded), deny (refused), or tunnel (a `passthrough` rule forwards the bytes
+without interception: nothing inside is judged, injected or scrubbed). A tunnel is never shown
+as a deny: it is the widest reach a rule can grant.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
-from sandgate.errors import AddressRefused, Code, Refused
+from sandgate.errors import AddressRefused, Code, Refused, SandboxRequired
 from sandgate.jsonrpc import Call, Message
 from sandgate.netguard import choose_address, classify, known_addresses
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import CallFilter, Identity, Policy, Rule, glob_matches
 from sandgate.policy.paths import normalise_path
 from sandgate.request import RequestInfo, default_port, parse_url, split_authority
+from sandgate.secrets.scope import resolve as resolve_secret_path
+
+Outcome = Literal["allow", "deny", "tunnel"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +37,16 @@ class Decision:
     # For operators only (explain, audit): where rules are defined, other identities' names.
     # Never part of a refusal body: a sandbox learns nothing about the policy's layout.
     detail: str | None = None
+    # allowed, and passed through uninspected by `rule` (a passthrough rule): the third outcome
+    tunnel: bool = False
     # Allowed at the HTTP level, and a rule that matched carries `mcp:`/`jsonrpc:`: the body's
     # calls must be judged (decide again with `call=`) before it goes on; this many bytes of
     # body at most. None: no call to judge (or it was judged).
     call_limit: int | None = None
+
+    @property
+    def outcome(self) -> Outcome:
+        return "tunnel" if self.tunnel else "allow" if self.allowed else "deny"
 
     @property
     def rule_name(self) -> str | None:
@@ -241,7 +255,7 @@ def decide_connect(policy: Policy, identity: str, host: str, port: int) -> Decis
     for r in reach:
         if r.action != "deny":
             continue
-        if r.methods is None and r.paths is None and not r.query:
+        if r.methods is None and r.paths is None and not r.query_constrained:
             return Decision(
                 False, Code.DENIED_BY_RULE,
                 f"deny rule '{r.name}' of identity '{identity}' matches {target}", rule=r,
@@ -255,8 +269,9 @@ def decide_connect(policy: Policy, identity: str, host: str, port: int) -> Decis
     intercepted = [r for r in allows if not r.passthrough]
     if passthrough and not l7_denies:
         r = passthrough[0]
-        return Decision(True, None, f"tunnel allowed without interception by passthrough rule "
-                        f"'{r.name}' of identity '{identity}' ({r.source})", rule=r)
+        return Decision(True, None, f"tunnelled uninspected by passthrough rule '{r.name}' of "
+                        f"identity '{identity}' ({r.source}): nothing inside is judged",
+                        rule=r, tunnel=True)
     if intercepted:
         r = intercepted[0]
         return Decision(True, None, f"tunnel allowed by rule '{r.name}' of identity "
@@ -326,20 +341,29 @@ def _no_rule_hint(ident: Identity, scheme: str, host: str, port: int, method: st
 
 def _query_limit(r: Rule, query: Query) -> str:
     """Which `query:` constraint of the rule the request misses, and why."""
-    for name, allowed in r.query:
+    for name in sorted(r.query_absent):
+        if query is not None and any(n.casefold() == name.casefold() for n, _ in query):
+            return f"query {name} absent (the request gives {name})"
+    for name, allowed in (*r.query, *r.query_optional):
+        if query is not None and (name, allowed) in r.query_optional and not any(
+                n.casefold() == name.casefold() for n, _ in query):
+            continue
         values = sorted({v for n, v in query or () if n == name})
         want = f"query {name}={'|'.join(sorted(allowed))}"
         if query is None:
             return (f"{want} (this query cannot be read unambiguously: a ';', '#', '+' or a "
                     "malformed %-escape)")
+        if any(n != name and n.casefold() == name.casefold() for n, _ in query):
+            return f"{want} (the request also spells {name} with other letter case)"
         if not values:
             return f"{want} (the request has no {name})"
         if len(values) > 1:
             return f"{want} (the request gives {name} more than once, with different values)"
-        if any(n != name and n.casefold() == name.casefold() for n, _ in query):
-            return f"{want} (the request also spells {name} with other letter case)"
         if values[0] not in allowed:
             return f"{want}"
+    if query is None:
+        return "query (this query cannot be read unambiguously: a ';', '#', '+' or a malformed " \
+            "%-escape)"
     return "query"
 
 
@@ -358,32 +382,84 @@ def _yaml_path(path: str) -> str:
 ADDRESS_UNCHECKED = "address not checked: resolved at request time"
 
 
-def judge_address(d: Decision, host: str, port: int,
-                  overrides: Mapping[str, str]) -> tuple[Decision, str]:
+def judge_address(d: Decision, host: str, port: int, overrides: Mapping[str, str],
+                  report: bool = False) -> tuple[Decision, str]:
     """The proxy's address step for an allowing decision, when the address is known without DNS
     (an IP literal, or a name pinned with --resolve): the same netguard.choose_address over the
-    allowing rule's private_cidrs that the proxy runs before it dials.
+    allowing rule's private_cidrs that the proxy runs before it dials. `report`: a refusal that
+    is only reported (report mode), which the proxy forwards after the same step without any
+    private_cidrs.
 
     Returns the decision after that step (a refusal with the address code when the address may
     not be dialled) and one line saying what happened to the address. The proxy's own listening
     address (self_address) is not known here and not checked.
     """
-    if not d.allowed or d.rule is None:
+    if (not d.allowed or d.rule is None) and not report:
         return d, "not dialled: refused before the address step"
     ips = known_addresses(host, overrides)
     if ips is None:
         return d, ADDRESS_UNCHECKED
+    cidrs = d.rule.private_cidrs if d.allowed and d.rule is not None else ()
     try:
-        target = choose_address(host, port, ips, d.rule.private_cidrs,
-                                only_public=d.rule.public)
+        target = choose_address(host, port, ips, cidrs,
+                                only_public=d.allowed and d.rule is not None and d.rule.public)
     except AddressRefused as e:
-        return Decision(
-            False, e.code, e.reason, rule=d.rule, hint=e.hint,
-            detail=f"rule '{d.rule.name}' ({d.rule.source}) allows the request; the address "
-            "step refuses it",
-        ), f"refused: {e.reason}"
+        why = (f"rule '{d.rule.name}' ({d.rule.source}) allows the request"
+               if d.allowed and d.rule is not None else
+               "the rules refuse it and the identity is in report mode, so it would be "
+               "forwarded without credentials (and without any private_cidrs)")
+        return Decision(False, e.code, e.reason, rule=d.rule, hint=e.hint,
+                        detail=f"{why}; the address step refuses it"), f"refused: {e.reason}"
     kind = classify(target.ip)
     return d, f"dials {target.ip} ({'public' if kind is None else kind + ', in private_cidrs'})"
+
+
+def require_sandbox(policy: Policy, rule: Rule, identity: str, sandbox: str | None) -> None:
+    """The proxy's sandbox step for an allowing rule, before any secret is read: raises
+    SandboxRequired when a secret the rule binds is per sandbox (a `{{ sandbox }}` path, a
+    dynamic secret) and the caller has no sandbox id that can be put into its path."""
+    for name in sorted(rule.secrets):
+        resolve_secret_path(policy.secrets[name], identity, sandbox)
+
+
+def judge_sandbox(policy: Policy, identity: str, d: Decision, sandbox: str | None) -> Decision:
+    """`require_sandbox` as a decision: the refusal the proxy answers (403 sandbox_required)."""
+    if not d.allowed or d.tunnel or d.rule is None:
+        return d
+    try:
+        require_sandbox(policy, d.rule, identity, sandbox)
+    except SandboxRequired as e:
+        return Decision(False, e.code, e.reason, rule=d.rule, hint=e.hint,
+                        detail=f"rule '{d.rule.name}' ({d.rule.source}) allows the request; "
+                        "the sandbox step refuses it")
+    return d
+
+
+def decide_request(policy: Policy, identity: str, req: RequestInfo,
+                   gateway: bool = False, call: Call | None = None) -> Decision:
+    """What the proxy does with a request as a client sends it, in the order the proxy meets it.
+
+    An https request through the proxy comes inside a CONNECT tunnel: the tunnel is judged
+    first (`decide_connect`, the function the proxy calls at CONNECT). A passthrough tunnel
+    forwards the request unseen (outcome tunnel); a refused tunnel answers every request inside
+    with its refusal (unless only reported); otherwise the request itself is judged
+    (`decide`, the function the proxy calls per request). Plain http and gateway requests
+    have no tunnel: they are judged by `decide` alone. `call`: the JSON-RPC call the body
+    carries (`decide` judges it against the matching rules' mcp:/jsonrpc:)."""
+    if req.scheme.lower() == "https" and not gateway:
+        c = decide_connect(policy, identity, req.host, req.port)
+        if c.tunnel:
+            assert c.rule is not None
+            return dataclasses.replace(
+                c, reason=f"{req.method.upper()} https://{req.host}:{req.port}/... is "
+                f"tunnelled uninspected by passthrough rule '{c.rule.name}' of identity "
+                f"'{identity}' ({c.rule.source}): the proxy never sees the request, so no rule "
+                "judges its method, path or query, nothing is injected and nothing scrubbed",
+                hint=f"drop passthrough from rule '{c.rule.name}' so that requests to this "
+                "host are inspected")
+        if not c.allowed and not reported(policy, identity, c):
+            return c
+    return decide(policy, identity, req, call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,28 +467,33 @@ class Verdict:
     """What the proxy does with one request or tunnel, as `check` and `explain` show it."""
 
     request: str  # "GET https://host:443/path" or "CONNECT host:port"
-    decision: Decision  # after the address step
+    decision: Decision  # after the sandbox and address steps
     address: str  # what happened to the address (see judge_address)
     connect: bool
 
     @property
     def passthrough(self) -> bool:
-        return self.decision.allowed and self.decision.rule is not None and (
-            self.decision.rule.passthrough)
+        return self.decision.tunnel
 
     @property
     def secrets(self) -> frozenset[str]:
         """The secrets injected or substituted: the allowing rule's (none for a tunnel)."""
         d = self.decision
-        if not d.allowed or d.rule is None or self.connect:
+        if not d.allowed or d.rule is None or self.connect or d.tunnel:
             return frozenset()
         return d.rule.secrets
 
 
 def judge(policy: Policy, identity: str, method: str, target: str,
-          overrides: Mapping[str, str], call: Call | None = None) -> Verdict:
-    """`METHOD URL` (or `CONNECT host:port`) through the proxy's request parser, decision and,
-    where the address is known, its address step. Raises ValueError for a bad request.
+          overrides: Mapping[str, str], sandbox: str | None = None,
+          gateway: bool = False, call: Call | None = None) -> Verdict:
+    """`METHOD URL` (or `CONNECT host:port`) through the proxy's request parser, decision
+    (`decide_request`: the tunnel first), sandbox step and, where the address is known, its
+    address step. Raises ValueError for a bad request. `sandbox` is the caller's sandbox id
+    (None: a caller without one, refused on a rule needing a per-sandbox secret); `gateway`:
+    the URL is the upstream request a gateway path maps to (no CONNECT precedes it); `call`:
+    the JSON-RPC call its body carries (judged by the rules' mcp:/jsonrpc: as the proxy judges
+    the body; a tunnelled request's body is never seen).
 
     A passthrough tunnel is dialled at CONNECT; an intercepted one dials per request inside it,
     so a CONNECT verdict checks the address only for passthrough.
@@ -421,12 +502,20 @@ def judge(policy: Policy, identity: str, method: str, target: str,
         host, port = split_authority(target, "https")
         d = decide_connect(policy, identity, host, port)
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if d.allowed and d.rule is not None and not d.rule.passthrough:
+        if d.allowed and not d.tunnel:
             note = "not dialled at CONNECT: each request inside is judged and dialled again"
         else:
             d, note = judge_address(d, host, port, overrides)
         return Verdict(f"CONNECT {shown}", d, note, True)
     req = parse_url(method, target)
-    d, note = judge_address(decide(policy, identity, req, call), req.host, req.port, overrides)
+    d = decide_request(policy, identity, req, gateway, call)
+    d = judge_sandbox(policy, identity, d, sandbox)
+    d, note = judge_address(d, req.host, req.port, overrides, reported(policy, identity, d))
     query = target.partition("#")[0].partition("?")[2]  # shown as given (parsed by parse_url)
     return Verdict(f"{req.method} {req.target}{'?' + query if query else ''}", d, note, False)
+
+
+def shown_outcome(policy: Policy, identity: str, d: Decision) -> str:
+    """The outcome as explain, fixtures and diff show it: allow, deny, tunnel, or report (the
+    rules refused and the identity is in report mode: forwarded without credentials)."""
+    return "report" if reported(policy, identity, d) else d.outcome

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sandgate.decision import judge, reported
+from sandgate.decision import judge, shown_outcome
 from sandgate.jsonrpc import Call
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
@@ -16,20 +16,25 @@ _NO_OVERRIDES: Mapping[str, str] = {}
 
 
 def explain(policy: Policy, identity: str, method: str, url: str,
-            resolve: Mapping[str, str] = _NO_OVERRIDES,
-            call: Call | None = None) -> tuple[dict[str, Any], bool]:
+            resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
+            gateway: bool = False, call: Call | None = None) -> tuple[dict[str, Any], bool]:
     """(the explanation, allowed). Raises ValueError (a BadRequest) for a request that cannot
     be judged. Secrets appear by name only. `resolve` pins names as `sandgate run --resolve`
-    does, so that the address step can be shown. `call`: the JSON-RPC call the body carries
-    (judged by the rules' mcp:/jsonrpc:, as the proxy judges the body)."""
-    v = judge(policy, identity, method, url, resolve, call)
+    does, so that the address step can be shown; `sandbox` is the caller's sandbox id (None: a
+    caller without one); `gateway`: the URL is what a gateway path maps to (no CONNECT);
+    `call`: the JSON-RPC call the body carries (judged by the rules' mcp:/jsonrpc:, as the
+    proxy judges the body). A tunnelled request is "allowed" (it is forwarded) with decision
+    `tunnel`."""
+    v = judge(policy, identity, method, url, resolve, sandbox, gateway, call)
     d = v.decision
-    report = reported(policy, identity, d)
+    decision = shown_outcome(policy, identity, d)
+    report = decision == "report"
     ident = policy.identities.get(identity)
     out: dict[str, Any] = {
         "identity": identity,
+        "sandbox": sandbox,
         "request": v.request,
-        "decision": "allow" if d.allowed else ("report" if report else "deny"),
+        "decision": decision,
         "rule": d.rule_name,
         "rule_source": str(d.rule.source) if d.rule else None,
         "code": str(d.code) if d.code else None,
@@ -38,15 +43,18 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         "detail": d.detail,
         "address": v.address,
     }
-    if v.connect:
+    if v.connect or d.tunnel:
         out["passthrough"] = v.passthrough
+    if d.tunnel and not v.connect:
+        out["tunnel"] = ("forwarded uninspected: the proxy never sees this request (any method, "
+                         "path or query), injects nothing and scrubs nothing")
     out.update(call_fields(d, call))
     if ident is not None and ident.mode != "enforce":
         out["mode"] = ident.mode
     if report:
         out["report"] = ("identity in report mode: forwarded without any credential and "
                          "audited as `report`; address and safety checks still apply")
-    if d.allowed and d.rule is not None and not v.connect:
+    if d.allowed and d.rule is not None and not v.connect and not d.tunnel:
         inj = d.rule.inject
         would: list[str] = []
         if inj is not None:
@@ -67,3 +75,21 @@ def explain(policy: Policy, identity: str, method: str, url: str,
             out["public"] = ("any host that resolves only to public addresses: the proxy "
                              "refuses the host if any of its addresses is non-public")
     return out, d.allowed
+
+
+def explain_request(policy: Policy, identity: str, method: str, url: str,
+                    resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
+                    gateway: bool = False, call: Call | None = None
+                    ) -> tuple[dict[str, Any], bool]:
+    """`explain`, where with `gateway` the URL is a gateway path (e.g. /anthropic/v1/messages):
+    mapped to its upstream request by the gateway listener's own `route`, then judged as the
+    gateway judges it (no CONNECT precedes it). Raises ValueError for a path no gateway serves
+    and for a bad request. `call`: the JSON-RPC call the body carries (see `explain`)."""
+    if not gateway:
+        return explain(policy, identity, method, url, resolve, sandbox, call=call)
+    from sandgate.gateway import gateway_url
+
+    upstream, gw = gateway_url(policy.gateways, method, url)
+    out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True,
+                           call=call)
+    return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed

@@ -81,6 +81,38 @@ def test_query_refuses_everything_else(fproxy, upstream, qs):
     assert upstream.seen[before:] == []
 
 
+def test_traffic_diff_sees_a_widened_query_value(fproxy, upstream, tmp_path):
+    """The audit keeps the values of parameters a rule constrains (others stay REDACTED), so
+    `diff --traffic` shows a change that allows ?service=git-receive-pack."""
+    from sandgate.cli import main as cli_main
+
+    curl(fproxy, "agent", f"{REFS}?service=git-receive-pack&token=opaque-value")
+    ev = fproxy.wait_audit(lambda e: e.get("code") == "no_rule"
+                           and "git-receive-pack" in (e.get("path") or ""))
+    assert ev["path"] == "/repo.git/info/refs?service=git-receive-pack&token=REDACTED"
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "10-templates.yaml").write_text(TEMPLATES.replace(
+        "[git-upload-pack]", "[git-upload-pack, git-receive-pack]"))
+    (new / "20-identities.yaml").write_text(IDENTITIES)
+    out = tmp_path / "diff.json"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli_main(["diff", str(fproxy.policy_dir), str(new), "--traffic",
+                       str(fproxy.audit_file), "--format", "json", "--resolve",
+                       "upstream.test=127.0.0.2"])
+    out.write_text(buf.getvalue())
+    doc = json.loads(buf.getvalue())
+    assert rc == 1
+    widened = [c for c in doc["changes"] if c["kinds"][0] == "deny->allow"]
+    assert widened and widened[0]["request"].endswith("/repo.git/info/refs?service="
+                                                      "git-receive-pack")
+    assert widened[0]["new"]["rule"] == "git-refs"
+
+
 def test_max_request_bytes(fproxy, upstream):
     url = "https://upstream.test/repo.git/git-upload-pack"
     before = len(upstream.seen)

@@ -10,11 +10,11 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.test import taddons, tflow
 
 from sandgate import audit
-from sandgate.addons import gate as gate_mod
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.identity.resolve import Identifier
 from sandgate.policy.loader import load_policy_dir
 from sandgate.secrets.vault import SecretBroker, VaultConfig
+from sandgate.stages import s20_head, s70_scrub
 from sandgate.tokens import issue_token
 
 KEY = b"k" * 32
@@ -71,7 +71,7 @@ async def test_exception_in_request_hook_refuses(gate, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(gate_mod, "decide", boom)
+    monkeypatch.setattr(s20_head, "decide", boom)
     with taddons.context(gate):
         f = plain_flow()
         await gate.request(f)
@@ -84,7 +84,7 @@ async def test_exception_in_responseheaders_kills_flow(gate, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(gate_mod, "ResponseScrubber", boom)
+    monkeypatch.setattr(s70_scrub, "ResponseScrubber", boom)
     with taddons.context(gate):
         f = plain_flow()
         await gate.request(f)

@@ -111,6 +111,18 @@ BROKEN = [
     ("query_bad_name.yaml", 8, "identities.a.rules[0].query.a&b", "not a plain name"),
     ("query_deny.yaml", 9, "identities.a.rules[1].query", "deny rule cannot match on `query`"),
     ("query_passthrough.yaml", 8, "identities.a.rules[0].passthrough", "cannot also set query"),
+    ("query_capitalised.yaml", 8, "identities.a.rules[0].query.Service",
+     "matches only 'Service', never 'service'"),
+    ("query_plus.yaml", 8, "identities.a.rules[0].query.q", "matches only a client that sends"),
+    ("query_optional_no_values.yaml", 8, "identities.a.rules[0].query.page", "lists no values"),
+    ("query_absent_deny.yaml", 9, "identities.a.rules[1].query",
+     "deny rule cannot match on `query`"),
+    # hygiene: rule metadata, owns, pseudo-TLDs (a deny rule may name one; an allow rule not)
+    ("rule_expires_bad.yaml", 8, "identities.a.rules[0].expires", "'next friday' is not a date"),
+    ("owns_bad_name.yaml", 4, "identities.a.owns", "not a policy file name"),
+    ("host_tld_wildcard_allow.yaml", 6, "identities.a.rules[1].hosts[0]", "single label"),
+    ("test_tunnel_inject.yaml", 9, "tests[0].inject", "a tunnelled request injects nothing"),
+    ("test_gateway_url.yaml", 7, "tests[0].request", "not 'METHOD /PREFIX/PATH'"),
     # max_request_bytes
     ("max_bytes_bad.yaml", 8, "identities.a.rules[0].max_request_bytes",
      "'1.5m' is not a size"),
@@ -146,6 +158,8 @@ BROKEN_MULTI = [
     ("template_twice", "b.yaml", 4, "templates.t", "template 't' is also defined", "a.yaml:3"),
     ("passthrough_across_files", "a.yaml", 5, "identities.x.rules[0].passthrough",
      "tunnels the CONNECT", "b.yaml:5"),
+    ("owns_other_file", "99-debug.yaml", 5, "identities.agent.rules[0]",
+     "only 10-agent.yaml, 20-agent-llm.yaml may add rules", "10-agent.yaml:4"),
 ]
 
 

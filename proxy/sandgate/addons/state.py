@@ -45,7 +45,7 @@ class Conn:
     # value they stand for (addons/socks5.py), so its CONNECT is identified like an HTTP one
     socks_auth: str | None = field(default=None, repr=False)
     # gateway connections: (host, port) a request was approved for -> the checked address;
-    # server_connect dials that address with the host as SNI (see Gate.request)
+    # server_connect dials that address with the host as SNI (see stages/s60_dial.py)
     by_name: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
 
 

@@ -136,7 +136,10 @@ def call_fields(d: Decision, call: Call | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if call is not None:
         out["call"] = describe(call)
-        if d.allowed and d.rule is not None and d.rule.call is None:
+        if d.tunnel:
+            out["call"] += (" (tunnelled uninspected: the proxy never sees the body, so no "
+                            "rule judges the call)")
+        elif d.allowed and d.rule is not None and d.rule.call is None:
             out["call"] += (f" (rule '{d.rule.name}' has no mcp:/jsonrpc:, so it does not "
                             "judge calls; deny entries of the identity's other matching rules "
                             "would still refuse it)")

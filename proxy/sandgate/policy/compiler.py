@@ -13,6 +13,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import date
 from typing import Literal
 
 from mitmproxy.utils import human
@@ -29,7 +30,9 @@ from sandgate.policy.model import (
     Injection,
     IPNetwork,
     PolicyTest,
+    QueryConstraint,
     Rule,
+    RuleMeta,
     SecretRef,
     SecretSlot,
     Source,
@@ -388,7 +391,7 @@ def _compile_rule(
         host_patterns.append(ANY_PUBLIC_HOST)
     for j, h in enumerate(rs.hosts or ()):
         try:
-            host_patterns.append(H.compile_host_pattern(h))
+            host_patterns.append(H.compile_host_pattern(h, deny=rs.action == "deny"))
         except ValueError as e:
             rep((*loc, "hosts", j), str(e),
                 "write an exact host (api.example.com) or a leading wildcard over a registered "
@@ -475,24 +478,7 @@ def _compile_rule(
             continue
         cidrs.append(net)
 
-    query: list[tuple[str, frozenset[str]]] = []
-    for qname, qvalues in (rs.query or {}).items():
-        qloc: Loc = (*loc, "query", qname)
-        if not qname or has_control_chars(qname) or any(c in qname for c in "&=#;+"):
-            rep(qloc, f"query parameter name {qname!r} is not a plain name",
-                "write the decoded name, without '&', '=', '#', ';', '+' or control "
-                "characters, e.g. service")
-            continue
-        if not qvalues:
-            rep(qloc, f"query parameter {qname!r} lists no values: the rule would never match",
-                "list the values it may have, e.g. [git-upload-pack]")
-            continue
-        bad = [v for v in qvalues if has_control_chars(v)]
-        if bad:
-            rep(qloc, f"query value {bad[0]!r} contains control characters",
-                "write the decoded value as plain text")
-            continue
-        query.append((qname, frozenset(qvalues)))
+    query, query_optional, query_absent = _compile_query(rs, loc, rep)
 
     max_bytes: int | None = None
     if rs.max_request_bytes is not None:
@@ -564,6 +550,8 @@ def _compile_rule(
             "injected over TLS",
             "set `schemes: [https]` on this rule (or drop the credentials)")
 
+    meta = _compile_meta(rs, loc, rep)
+
     if n_before.count:
         return None
     return Rule(
@@ -571,9 +559,84 @@ def _compile_rule(
         hosts=tuple(host_patterns), ports=ports, methods=methods, paths=paths, inject=inject,
         substitute=frozenset(rs.substitute), substitute_headers=sub_headers,
         private_cidrs=tuple(cidrs),
-        passthrough=rs.passthrough, source=src, query=tuple(query),
-        max_request_bytes=max_bytes, public=rs.public, where=loc, call=call,
+        passthrough=rs.passthrough, source=src, query=query, query_optional=query_optional,
+        query_absent=query_absent,
+        max_request_bytes=max_bytes, public=rs.public, where=loc, meta=meta,
+        call=call,
     )
+
+
+def _compile_meta(rs: RuleSpec, loc: Loc, rep: Report) -> RuleMeta | None:
+    """description, owner, ticket, expires: plain one-line text and a calendar day."""
+    for key in ("description", "owner", "ticket"):
+        text = getattr(rs, key)
+        if text is not None and (not text.strip() or has_control_chars(text)):
+            rep((*loc, key), f"`{key}` is empty or contains control characters",
+                f"write one line of plain text, or remove `{key}`")
+    expires = rs.expires
+    if isinstance(expires, str):
+        try:
+            expires = date.fromisoformat(expires.strip())
+        except ValueError:
+            rep((*loc, "expires"), f"expires {rs.expires!r} is not a date",
+                "write the day as YYYY-MM-DD, e.g. expires: 2027-03-31")
+            expires = None
+    if all(v is None for v in (rs.description, rs.owner, rs.ticket, expires)):
+        return None
+    return RuleMeta(rs.description, rs.owner, rs.ticket, expires)
+
+
+def _compile_query(rs: RuleSpec, loc: Loc, rep: Report
+                   ) -> tuple[QueryConstraint, QueryConstraint, frozenset[str]]:
+    """`query:` -> (required, optional, absent). A capitalised name or a '+' in a value is
+    refused unless `exact: true`: the first matches only that spelling (and a request that
+    also sends the usual lower-case one is refused), the second only a client that sends '%2B'
+    (a literal '+' makes the query unreadable, so it matches no rule)."""
+    required: list[tuple[str, frozenset[str]]] = []
+    optional: list[tuple[str, frozenset[str]]] = []
+    absent: set[str] = set()
+    for qname, spec in (rs.query or {}).items():
+        qloc: Loc = (*loc, "query", qname)
+        if not qname or has_control_chars(qname) or any(c in qname for c in "&=#;+"):
+            rep(qloc, f"query parameter name {qname!r} is not a plain name",
+                "write the decoded name, without '&', '=', '#', ';', '+' or control "
+                "characters, e.g. service")
+            continue
+        if spec == "absent":
+            absent.add(qname)
+            continue
+        values, is_optional, exact = (spec, False, False) if isinstance(spec, list) else (
+            spec.values, spec.optional, spec.exact)
+        if not values:
+            rep(qloc, f"query parameter {qname!r} lists no values: the rule would never match",
+                f"list the values it may have, e.g. [git-upload-pack]; write `{qname}: absent` "
+                "for a parameter that must be missing")
+            continue
+        bad = [v for v in values if has_control_chars(v)]
+        if bad:
+            rep(qloc, f"query value {bad[0]!r} contains control characters",
+                "write the decoded value as plain text")
+            continue
+        # A leading capital (`Service`) is a slip; camelCase (`pageSize`) is how many APIs spell
+        # names, and `sandgate lint` flags it only beside a lower-case twin.
+        if not exact and qname[:1].isupper():
+            rep(qloc, f"query parameter name {qname!r} has capitals: names are compared "
+                f"exactly, so it matches only {qname!r}, never {qname.lower()!r}, and a request "
+                "that sends both spellings is refused",
+                f"write the name as the API spells it (usually `{qname.lower()}`); if the API "
+                f"really spells it {qname!r}, write `{qname}: {{values: [...], exact: true}}`")
+            continue
+        plus = [v for v in values if "+" in v]
+        if plus and not exact:
+            rep(qloc, f"query value {plus[0]!r} contains '+': a request that sends '+' is "
+                "unreadable (servers read it as a space or a plus) and matches no rule, so this "
+                "value matches only a client that sends '%2B'",
+                f"if the client form-encodes a space as '+', write the space "
+                f"({plus[0].replace('+', ' ')!r}; it must then send %20); if it sends %2B, "
+                f"write `{qname}: {{values: [...], exact: true}}`")
+            continue
+        (optional if is_optional else required).append((qname, frozenset(values)))
+    return tuple(required), tuple(optional), frozenset(absent)
 
 
 def parse_size(spec: int | str) -> int | None:
@@ -667,7 +730,13 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
     method, url = parts
     connect = method.upper() == "CONNECT"
     ok = True
-    if connect:
+    if spec.gateway:
+        if connect or not url.startswith("/"):
+            report((*loc, "request"), f"a gateway fixture's request {spec.request!r} is not "
+                   "'METHOD /PREFIX/PATH'", "write the path a sandbox sends to the gateway "
+                   "listener, e.g. `request: POST /anthropic/v1/messages`, or remove `gateway`")
+            return None
+    elif connect:
         try:
             host, port = split_authority(url, "https")
         except ValueError as e:
@@ -692,8 +761,9 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
             report((*loc, "inject"), "`inject: []` is ambiguous",
                    "write `inject: none` to assert that no secret is used")
             ok = False
-        elif spec.expect == "deny" or connect:
-            what = "a refused request" if spec.expect == "deny" else "a CONNECT tunnel"
+        elif spec.expect in ("deny", "tunnel") or connect:
+            what = ("a refused request" if spec.expect == "deny" else
+                    "a tunnelled request" if spec.expect == "tunnel" else "a CONNECT tunnel")
             report((*loc, "inject"), f"{what} injects nothing",
                    "write `inject: none`, or remove `inject`")
             ok = False
@@ -704,6 +774,10 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
     if spec.code is not None and spec.expect != "deny":
         report((*loc, "code"), "`code` (why a request is refused) is only for expect: deny",
                "remove `code`, or expect deny")
+        ok = False
+    if spec.expect == "tunnel" and spec.gateway:
+        report((*loc, "expect"), "a gateway request is never tunnelled (no CONNECT precedes "
+               "it, so passthrough rules do not apply)", "expect allow or deny")
         ok = False
     if spec.passthrough is not None and not connect:
         report((*loc, "passthrough"), "`passthrough` asserts how a CONNECT tunnel is handled",
@@ -718,4 +792,5 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
         return None
     return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
                       expect=spec.expect, rule=spec.rule, source=src, inject=inject,
-                      code=spec.code, passthrough=spec.passthrough, call=call)
+                      code=spec.code, passthrough=spec.passthrough, sandbox=spec.sandbox,
+                      gateway=spec.gateway, call=call)

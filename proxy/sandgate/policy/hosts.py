@@ -83,8 +83,9 @@ def normalise_host(raw: str) -> str:
     return host
 
 
-def compile_host_pattern(raw: str) -> HostPattern:
-    """An exact host or a leading `*.` wildcard over at least two labels.
+def compile_host_pattern(raw: str, deny: bool = False) -> HostPattern:
+    """An exact host or a leading `*.` wildcard over at least two labels (`deny`: a deny
+    rule's pattern, which may also cover a whole pseudo-TLD such as `*.internal`, `*.local`).
 
     `*.example.com` matches `a.example.com` and `a.b.example.com`, not `example.com`.
     Raises ValueError with a message that says what to write instead.
@@ -114,7 +115,7 @@ def compile_host_pattern(raw: str) -> HostPattern:
         suffix = normalise_host(rest)
         if parse_ip_literal(suffix) is not None:
             raise ValueError(f"host pattern {raw!r}: a wildcard cannot cover an IP address")
-        if "." not in suffix:
+        if "." not in suffix and not deny:  # refusing a whole TLD is fine; granting it not
             raise ValueError(f"host pattern {raw!r} is a wildcard over a single label (a whole "
                              "top-level domain); name a registered domain, e.g. *.example.com")
         return HostPattern(text=f"*.{suffix}", wildcard=True, suffix=f".{suffix}")

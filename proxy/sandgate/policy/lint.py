@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from sandgate.policy.compiler import TEMPLATE_LOOKING, template_fix
+from sandgate.policy.hygiene import expiries
 from sandgate.policy.lint_calls import read_listings, tool_findings
 from sandgate.policy.loader import (
     POLICY_SUFFIXES,
@@ -100,6 +101,11 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
                 f"template '{tname}' is never used: no identity names it in `use:`",
                 f"add `use: [{tname}]` to the identities that need its rules, or remove it"))
     out += _template_looking(trees)
+    out += [trees.finding(e.rule.source.file, (*e.rule.where, "expires"), e.message, e.fix)
+            for e in expiries(policy) if not e.expired]  # expired: `check` fails
+    from sandgate.policy.lint_semantic import semantic_findings  # lint.Finding is shared
+
+    out += semantic_findings(policy, trees.finding, Finding)
     # A template's rule is checked once per identity using it; say it once.
     out = list(dict.fromkeys(out))
     order = {f: i for i, f in enumerate(policy.files)}
@@ -152,7 +158,9 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
         out.append(trees.finding(file, (*loc, *sub), message, fix))
 
     for j, hp in enumerate(rule.hosts):
-        why = overbroad_wildcard(hp.suffix) if hp.wildcard and not rule.public else None
+        # the public-suffix advice is about what a rule grants: a deny rule may cut any breadth
+        why = (overbroad_wildcard(hp.suffix)
+               if hp.wildcard and not rule.public and rule.action == "allow" else None)
         if why is not None:  # on a rule with secrets this is a load error
             add(("hosts", j), f"{why}; rule '{rule.name}' reaches all of them",
                 "name the exact hosts, or a wildcard under a domain one owner controls "
@@ -218,8 +226,8 @@ def _template_looking(trees: _Trees) -> list[Finding]:
     out: list[Finding] = []
     for file, root in trees.roots.items():
         for loc, node in _scalars(root, ()):
-            if _in_inject(loc):
-                continue  # templates are checked (and template typos refused) at load
+            if _in_inject(loc) or _secret_path(loc):
+                continue  # templates and path variables are checked (typos refused) at load
             m = TEMPLATE_LOOKING.search(str(node.value))
             if m:
                 out.append(Finding(
@@ -244,6 +252,13 @@ def _scalars(node: yaml.Node, loc: Loc) -> Iterable[tuple[Loc, yaml.ScalarNode]]
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
             yield from _scalars(v, (*loc, i))
+
+
+def _secret_path(loc: Loc) -> bool:
+    """A secret's path (`vault`, `path`, `dynamic.path`): `{{ identity }}` and `{{ sandbox }}`
+    are its documented variables, parsed at load (anything else there is a load error)."""
+    return len(loc) >= 3 and loc[0] == "secrets" and (
+        loc[2:] in (("vault",), ("path",), ("dynamic", "path")))
 
 
 def _in_inject(loc: Loc) -> bool:

@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sandgate.errors import SandgateError
+from sandgate.errors import BadRequest, SandgateError
+from sandgate.gateway import route
 from sandgate.policy.compiler import (
     NAME_RE,
     Loc,
@@ -639,6 +640,16 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
     gateways = [(gw, _gateway_problem(part, gloc, problems))
                 for part in parts for gw, gloc in part.gateways]
     check_overlaps(gateways)
+    served = [gw for gw, _ in gateways]
+    for part in parts:
+        for t, tloc in part.tests:
+            if not t.gateway:
+                continue
+            try:  # the gateway listener's own mapping
+                route(served, t.method, t.url)
+            except BadRequest as e:
+                problems.append(part.problem((*tloc, "request"), e.reason, e.hint or (
+                    "start the path with a gateway prefix (add `gateways:` first)")))
 
     return Policy(identities=dict(identities), secrets=dict(secrets), tests=tuple(tests),
                   files=tuple(p.file for p in parts), templates=dict(template_first),
@@ -652,7 +663,7 @@ def _gateway_problem(part: _FilePart, loc: Loc,
     return problem
 
 
-_ONCE = ("description", "mode", "narrower_than", "limits")  # identity settings one file may set
+_ONCE = ("description", "mode", "narrower_than", "limits", "owns")  # set in one file only
 
 
 def _merge_identity(name: str, parts: list[_FilePart], templates: Mapping[str, list[Rule]],
@@ -722,6 +733,9 @@ def _merge_identity(name: str, parts: list[_FilePart], templates: Mapping[str, l
             problems.append(part.problem((*loc, *sub), message, fix))
 
     check_rules(name, rules, at)
+    owns = settings.get("owns")
+    if owns is not None and not _check_owns(name, owns[0], owns[1], placed, problems):
+        broken = True
     if broken or first is None:
         return None
     mode = settings.get("mode", ("enforce", first))[0]
@@ -730,7 +744,40 @@ def _merge_identity(name: str, parts: list[_FilePart], templates: Mapping[str, l
     # checked (and reported) where the file was read: compiling again cannot fail
     limits = compile_limits(lspec, (), lambda *_: None) if lspec is not None else None
     return Identity(name=name, rules=tuple(rules), source=first, mode=mode,
-                    narrower_than=narrower, limits=limits)
+                    narrower_than=narrower, limits=limits,
+                    owns=tuple(owns[0]) if owns is not None else None)
+
+
+def _check_owns(name: str, owns: Sequence[str], where: Source,
+                placed: Sequence[tuple[_FilePart, Loc, Rule, str | None]],
+                problems: list[PolicyProblem]) -> bool:
+    """`owns:` of an identity: every rule of it (its own or a template's through `use:`) comes
+    from a file it names, or from the file that sets `owns`. False after reporting."""
+    ok = True
+    names = set(owns)
+    for f in owns:
+        if not f or f != Path(f).name or Path(f).suffix.lower() not in POLICY_SUFFIXES:
+            ok = False
+            problems.append(PolicyProblem(
+                where.file, where.line, f"identities.{name}.owns",
+                f"owns names {f!r}, which is not a policy file name",
+                "list file names of the policy directory, e.g. owns: [20-agent.yaml]"))
+    names.add(Path(where.file).name)
+    reported_use: set[tuple[str, Loc]] = set()
+    for part, loc, rule, tname in placed:
+        fname = Path(part.file).name
+        if fname in names or (part.file, loc) in reported_use:
+            continue
+        reported_use.add((part.file, loc))
+        what = (f"`use: {tname}` adds template rules" if tname is not None
+                else f"rule '{rule.name}' is added")
+        problems.append(part.problem(
+            loc, f"{what} to identity {name!r}, which only {', '.join(sorted(names))} may add "
+            f"rules to (owns, {where})",
+            f"move the rule into one of those files, or add {fname} to "
+            f"identities.{name}.owns in {where.file} (a reviewed change)"))
+        ok = False
+    return ok
 
 
 def _at_secret(parts: list[_FilePart], ref: SecretRef, key: str, msg: str,

@@ -11,6 +11,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from typing import Literal
 
 from sandgate.jsonrpc import Call
@@ -175,25 +176,30 @@ QueryConstraint = tuple[tuple[str, frozenset[str]], ...]
 
 
 def query_matches(constraints: QueryConstraint,
-                  query: tuple[tuple[str, str], ...] | None) -> bool:
+                  query: tuple[tuple[str, str], ...] | None,
+                  optional: QueryConstraint = (), absent: frozenset[str] = frozenset()) -> bool:
     """Each constrained parameter is present, every occurrence of it carries the same value,
-    and that value is one of those listed. `query` is the request's decoded parameters
+    and that value is one of those listed; each `optional` one is either missing or so; each
+    `absent` one is missing (in any letter case). `query` is the request's decoded parameters
     (sandgate.request.parse_query); None (a query that cannot be read unambiguously) matches
     no constraint. A parameter given twice with different values is ambiguous (servers differ
     on which one they use), so it matches nothing."""
-    if not constraints:
+    if not constraints and not optional and not absent:
         return True
     if query is None:
         return False
-    for name, allowed in constraints:
-        values = {v for n, v in query if n == name}
-        if len(values) != 1 or next(iter(values)) not in allowed:
-            return False
+    for name, allowed in (*constraints, *optional):
         # A differently cased spelling of the name is the same parameter to some servers.
         folded = name.casefold()
         if any(n != name and n.casefold() == folded for n, _ in query):
             return False
-    return True
+        values = {v for n, v in query if n == name}
+        if not values and (name, allowed) in optional:
+            continue
+        if len(values) != 1 or next(iter(values)) not in allowed:
+            return False
+    folded_names = {n.casefold() for n, _ in query}
+    return not any(name.casefold() in folded_names for name in absent)
 
 
 # The MCP methods a rule with `mcp:` allows when it lists no `methods`: the protocol's own
@@ -251,6 +257,16 @@ DEFAULT_SUBSTITUTE_HEADERS = frozenset({"authorization", "x-api-key", "api-key"}
 
 
 @dataclass(frozen=True, slots=True)
+class RuleMeta:
+    """What a rule says about itself for reviewers; never part of a decision."""
+
+    description: str | None = None
+    owner: str | None = None
+    ticket: str | None = None
+    expires: date | None = None  # `sandgate check` fails from this day on
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     name: str
     identity: str
@@ -267,11 +283,14 @@ class Rule:
     passthrough: bool  # tunnel without interception: no L7 match, no injection, no scrubbing
     source: Source
     query: QueryConstraint = ()  # named query parameters and their allowed values
+    query_optional: QueryConstraint = ()  # may be missing; when given, one of these values
+    query_absent: frozenset[str] = frozenset()  # must be missing, in any letter case
     max_request_bytes: int | None = None  # the rule's own request body limit (413 above it)
     public: bool = False  # `public: true`: hosts is (ANY_PUBLIC_HOST,)
     # where the rule is written inside source.file, e.g. ("identities", "a", "rules", 2) or
     # ("templates", "git", 0): for tools that point at one of its fields (lint)
     where: tuple[str | int, ...] = ()
+    meta: RuleMeta | None = None  # description, owner, ticket, expires (None: none given)
     call: CallFilter | None = None  # `mcp:` / `jsonrpc:`: the calls in its bodies are judged
 
     @property
@@ -283,7 +302,12 @@ class Rule:
         return any(p.matches(host) for p in self.hosts)
 
     def matches_query(self, query: tuple[tuple[str, str], ...] | None) -> bool:
-        return query_matches(self.query, query)
+        return query_matches(self.query, query, self.query_optional, self.query_absent)
+
+    @property
+    def query_constrained(self) -> bool:
+        """Does the rule look at the query at all (`query:` in any form)?"""
+        return bool(self.query or self.query_optional or self.query_absent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +319,7 @@ class Identity:
     mode: Literal["enforce", "report"] = "enforce"
     narrower_than: str | None = None  # proved by sandgate.policy.proofs
     limits: IdentityLimits | None = None  # rate and connection limits (sandgate.limits)
+    owns: tuple[str, ...] | None = None  # the only files that may add rules (file names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,12 +329,14 @@ class PolicyTest:
     identity: str
     method: str
     url: str
-    expect: Literal["allow", "deny"]
+    expect: Literal["allow", "deny", "tunnel"]
     rule: str | None  # when set, the decision must name this rule
     source: Source
     inject: frozenset[str] | None = None  # when set, exactly these secrets are used (or none)
     code: str | None = None  # when set, the refusal's code
     passthrough: bool | None = None  # CONNECT fixtures: tunnelled without interception?
+    sandbox: str | None = None  # the caller's sandbox id (None: the caller has none)
+    gateway: bool = False  # url is a gateway path, judged as the gateway listener judges it
     call: Call | None = None  # `mcp:` / `jsonrpc:`: the JSON-RPC call its body carries
 
     @property

@@ -88,6 +88,16 @@ def covers(earlier: Rule, later: Rule) -> bool:
     for name, values in earlier.query:
         if name not in later_q or not later_q[name] <= values:
             return False
+    # optional: wherever later matches, the parameter is missing or one of earlier's values
+    later_opt = dict(later.query_optional)
+    for name, values in earlier.query_optional:
+        if name in later.query_absent:
+            continue
+        got = later_q.get(name, later_opt.get(name))
+        if got is None or not got <= values:
+            return False
+    if not earlier.query_absent <= later.query_absent:
+        return False
     if earlier.paths is None:
         return True
     if later.paths is None:

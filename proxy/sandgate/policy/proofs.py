@@ -4,7 +4,9 @@
    path) that decide() allows for B with rule b, decide() allows R for A too, with a rule a that
    binds every secret b binds (injected or substituted) and may dial every private range b may
    dial; and every CONNECT that decide_connect() passes through for B, it passes through for A
-   (with the private ranges covered as well).
+   (with the private ranges covered as well). A tunnel is reach: an https request to a
+   host:port that A tunnels (passthrough) is reached by A, with no secret; one that B tunnels
+   is never judged for B, and is proved as B's CONNECT.
 2. `secrets.S.hosts: [...]` holds iff every host matched by a host pattern of an allow rule
    that injects or substitutes S is matched by one of those patterns.
 
@@ -45,7 +47,7 @@ from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import quote
 
-from sandgate.decision import Decision, decide, decide_connect
+from sandgate.decision import Decision, decide_connect, decide_request
 from sandgate.jsonrpc import Call
 from sandgate.policy.callproofs import NOT_A_CALL, acting, call_witnesses, passes, shown
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
@@ -412,11 +414,23 @@ def query_cells(rules: Iterable[Rule]) -> list[QueryCell] | None:
     """One request query per class of queries that the rules' `query:` constraints cannot tell
     apart: for each constrained name, each value some rule names, or the name left out (which
     stands for every other value, a repeated or re-spelled parameter, and an unreadable query:
-    no constraint matches any of them). None when there are more than MAX_QUERY_CELLS."""
+    no required constraint matches any of them; a fresh value stands for them where optional
+    or absent constraints tell "left out" from "another value"). None when there are more
+    than MAX_QUERY_CELLS."""
     named: dict[str, set[str]] = {}
+    rules = list(rules)
     for r in rules:
-        for name, values in r.query:
+        for name, values in (*r.query, *r.query_optional):
             named.setdefault(name, set()).update(values)
+        for name in r.query_absent:
+            named.setdefault(name, set())
+    # Where a rule lets the parameter be missing (optional, absent), "left out" no longer
+    # stands for "any other value": one fresh value stands for every value no rule names (and
+    # for a repeated or re-spelled parameter, which no constraint matches either).
+    for name in {n for r in rules for n in (*dict(r.query_optional), *r.query_absent)}:
+        fresh = next(f"other{k}" for k in range(len(named[name]) + 1)
+                     if f"other{k}" not in named[name])
+        named[name].add(fresh)
     count = 1
     for named_values in named.values():
         count *= len(named_values) + 1
@@ -533,6 +547,19 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
         return ProofResult("narrower_than", claim, False, src, details=(
             "not proved: the mcp:/jsonrpc: globs of these identities are too many for an "
             "exact proof",))
+    tunnel_memo: dict[tuple[str, str, int], Rule | None] = {}
+
+    def tunnels(ident: str, scheme: str, host: str, port: int) -> Rule | None:
+        """The passthrough rule that tunnels https requests to host:port (decide_request's
+        first step), or None."""
+        if scheme != "https":
+            return None
+        key = (ident, host, port)
+        if key not in tunnel_memo:
+            c = decide_connect(policy, ident, host, port)
+            tunnel_memo[key] = c.rule if c.tunnel else None
+        return tunnel_memo[key]
+
     # Cells whose applicable rules look alike (paths, action, what they bind) share a search.
     memo: dict[tuple[tuple[object, ...], ...], tuple[int, str] | None] = {}
     for scheme in schemes:
@@ -540,12 +567,18 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
             for port in ports:
                 for method in methods:
                     for query in queries:
+                        if tunnels(narrow, scheme, host, port) is not None:
+                            continue  # tunnelled, never judged: proved as a CONNECT below
                         n_base = [r for r in n_ident.rules
                                   if _applies(r, scheme, host, port, method, query)]
                         if not any(r.action == "allow" for r in n_base):
                             continue
-                        o_base = [r for r in o_ident.rules
-                                  if _applies(r, scheme, host, port, method, query)]
+                        # A tunnel is reach: the other identity's passthrough tunnel forwards
+                        # any request on this host:port (with no secret, its private ranges).
+                        o_tunnel = tunnels(other, scheme, host, port)
+                        o_base = [o_tunnel] if o_tunnel is not None else [
+                            r for r in o_ident.rules
+                            if _applies(r, scheme, host, port, method, query)]
                         for call in calls:
                             n_app, o_app = acting(n_base, call), acting(o_base, call)
                             if not any(r.action == "allow" for r in n_app):
@@ -564,10 +597,10 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
     for host in hosts:
         for port in sorted({p for r in rules if "https" in r.schemes for p in r.ports}):
             dn = decide_connect(policy, narrow, host, port)
-            if not (dn.allowed and dn.rule is not None and dn.rule.passthrough):
+            if not dn.tunnel or dn.rule is None:
                 continue
             do = decide_connect(policy, other, host, port)
-            if do.allowed and do.rule is not None and do.rule.passthrough:
+            if do.tunnel and do.rule is not None:
                 if cidrs_covered(dn.rule.private_cidrs, do.rule.private_cidrs):
                     continue
                 why = _why_incompatible(narrow, dn.rule, other, do.rule)
@@ -592,8 +625,8 @@ def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src:
     if parse_url(method, url) != req:
         raise ProofError(f"counter-example {method} {url} does not parse back to itself")
     judged = None if call is NOT_A_CALL else call
-    dn = decide(policy, narrow, req, judged)
-    do = decide(policy, other, req, judged)
+    dn = decide_request(policy, narrow, req, call=judged)
+    do = decide_request(policy, other, req, call=judged)
     url += shown(call)
     _agree(passes(dn, call) and dn.rule == rule, f"{narrow} should allow {method} {url} by "
            f"rule '{rule.name}'", dn)

@@ -7,6 +7,7 @@ them into sandgate.policy.model types. `sandgate schema` prints the JSON Schema 
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -138,6 +139,17 @@ class McpSpec(JsonRpcSpec):
         "setting it allows prompts/get. Default: prompts/get is not allowed.")
 
 
+class QuerySpec(_Strict):
+    """One `query:` parameter written as a mapping."""
+
+    values: list[str] = Field(default_factory=list,
+                              description="The values it may have (decoded).")
+    optional: bool = Field(default=False, description="It may be missing; when given, it "
+                           "must have one of `values`.")
+    exact: bool = Field(default=False, description="The name's capitals or a '+' in a value "
+                        "are meant (the API spells it so, and clients send '+' as %2B).")
+
+
 class RuleSpec(_Strict):
     name: str
     action: Literal["allow", "deny"] = "allow"
@@ -175,13 +187,18 @@ class RuleSpec(_Strict):
         default_factory=list, description="Non-public ranges this rule may dial."
     )
     passthrough: bool = Field(default=False, description="Tunnel without interception.")
-    query: dict[str, list[str]] | None = Field(
+    query: dict[str, list[str] | QuerySpec | Literal["absent"]] | None = Field(
         default=None, min_length=1,
         description="Named query parameters the request must carry, each with one of the "
-        "listed values, e.g. {service: [git-upload-pack]}. Values are compared exactly, after "
+        "listed values, e.g. {service: [git-upload-pack]}; `{values: [...], optional: true}` "
+        "for one that may be missing (and when given has one of the values), `absent` for one "
+        "that must be missing (in any letter case). Values are compared exactly, after "
         "decoding %XX once. A parameter that is missing, given twice with different values, "
         "or spelled so that servers could read it differently ('+', a malformed escape, a ';' "
-        "or '#' in the query) does not match. Other parameters are not constrained.",
+        "or '#' in the query, the name in other letter case) does not match. Other parameters "
+        "are not constrained. Names are written as the API spells them (lower case, almost "
+        "always: a capitalised name or a '+' in a value is a load error unless `exact: "
+        "true` says it is meant).",
     )
     max_request_bytes: int | str | None = Field(
         default=None,
@@ -195,6 +212,16 @@ class RuleSpec(_Strict):
     jsonrpc: JsonRpcSpec | None = Field(
         default=None, description="The rule carries generic JSON-RPC 2.0: the messages of "
         "every request body are judged by method.")
+    description: str | None = Field(
+        default=None, description="Why the rule exists, for reviewers (shown by explain).")
+    owner: str | None = Field(
+        default=None, description="Who answers for the rule: a team, a person, an alias.")
+    ticket: str | None = Field(
+        default=None, description="The change request or issue that granted it (an id or URL).")
+    expires: date | str | None = Field(
+        default=None, description="The day the grant ends (YYYY-MM-DD): from that day on "
+        "`sandgate check` fails, and `sandgate lint` warns in the week before. The proxy "
+        "keeps applying the rule until it is removed.")
 
 
 class IdentitySpec(_Strict):
@@ -226,6 +253,12 @@ class IdentitySpec(_Strict):
     limits: LimitsSpec | None = Field(
         default=None, description="Rate and connection limits of this identity (set in one "
         "of its files only).")
+    owns: list[str] | None = Field(
+        default=None, min_length=1,
+        description="The policy files (names in the policy directory, e.g. 20-agent.yaml) that "
+        "may add rules to this identity, its own rules or `use:` of templates; the file that "
+        "sets `owns` always may. A rule from any other file is a load error, so a drive-by "
+        "file cannot widen the identity. Set in one of its files only.")
     rules: list[RuleSpec] = Field(
         default_factory=list,
         description="The identity's rules, in order. Several files may add rules to one "
@@ -243,10 +276,13 @@ class TestSpec(_Strict):
         description="'METHOD URL', e.g. 'GET https://pypi.org/simple/', judged as the proxy "
         "judges a request; or 'CONNECT host:port', judged as the proxy judges a tunnel "
         "(passthrough or intercepted) before any request inside it.")
-    expect: Literal["allow", "deny"] = Field(
-        description="What the proxy does: allow (forwarded) or deny (refused). A request to an "
-        "IP literal, or to a name given to `check --resolve HOST=IP`, also passes the address "
-        "step: a non-public address outside the rule's private_cidrs is refused.")
+    expect: Literal["allow", "deny", "tunnel"] = Field(
+        description="What the proxy does: allow (inspected and forwarded), deny (refused), or "
+        "tunnel (an https request to a host:port a `passthrough` rule tunnels: forwarded "
+        "uninspected, whatever its method, path or query; a `CONNECT` fixture may say allow "
+        "with `passthrough: true` instead). A request to an IP literal, or to a name given to "
+        "`check --resolve HOST=IP`, also passes the address step: a non-public address outside "
+        "the rule's private_cidrs is refused.")
     rule: str | None = Field(
         default=None, description="The rule that decides: the allowing rule (the first "
         "matching allow rule of the identity), or the deny rule that refuses.")
@@ -254,10 +290,22 @@ class TestSpec(_Strict):
         default=None, description="The secrets the proxy injects or substitutes on this "
         "request (the allowing rule's secrets, compared as a set), or `none`: e.g. "
         "`inject: none` on a package-index request proves no token goes there.")
-    code: Literal["no_rule", "denied_by_rule", "internal_address"] | None = Field(
+    code: Literal["no_rule", "denied_by_rule", "internal_address",
+                  "sandbox_required"] | None = Field(
         default=None, description="For expect: deny, why: no_rule (nothing allows it), "
         "denied_by_rule (a deny rule matches), internal_address (allowed, but the address "
-        "is non-public and not in private_cidrs; known for IP literals and --resolve names).")
+        "is non-public and not in private_cidrs; known for IP literals and --resolve names), "
+        "sandbox_required (the allowing rule binds a per-sandbox secret and the fixture gives "
+        "no `sandbox:`).")
+    sandbox: str | None = Field(
+        default=None, description="The caller's sandbox id (as in its token or Docker label). "
+        "Without it the caller has none: a rule binding a per-sandbox secret (a "
+        "`{{ sandbox }}` path, a dynamic secret) refuses it with sandbox_required, as the "
+        "proxy does.")
+    gateway: bool = Field(
+        default=False, description="The request's URL is a gateway path (e.g. `POST "
+        "/anthropic/v1/messages`): mapped by `gateways:` and judged as the gateway listener "
+        "judges it (no CONNECT, so passthrough never applies).")
     passthrough: bool | None = Field(
         default=None, description="For `CONNECT host:port` fixtures: true when the tunnel is "
         "passed through without interception (no request inside is judged), false when it is "

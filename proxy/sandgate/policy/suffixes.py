@@ -44,6 +44,13 @@ def _parents_of_suffixes() -> frozenset[str]:
     return frozenset(out)
 
 
+def is_public_suffix(domain: str) -> bool:
+    """Is `domain` itself a public suffix (`com`, `home.arpa`, an unknown TLD such as
+    `internal`)? Such a name is nobody's host."""
+    d = domain.strip(".").lower()
+    return bool(d) and bool(_psl().is_public(d))
+
+
 def overbroad_wildcard(suffix: str) -> str | None:
     """Why `*.<suffix>` spans many owners (a sentence naming the list), or None when it does not.
 

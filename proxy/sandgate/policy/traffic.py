@@ -1,11 +1,11 @@
 """Recorded traffic: the requests of an audit log, replayed against policies.
 
 `read_audit` turns the `request` and `connect` events that sandgate.audit writes (fields
-identity, method, scheme, host, port, path; query values REDACTED, so only the path part is
-judged) into `Recorded` requests. An event that cannot be replayed (not JSON, a field missing or
-of the wrong type, a target the request parser refuses) is kept as `Unreplayable` with its line
-and why: nothing is dropped silently. Other events (policy, shutdown, token, websocket) are
-counted by name.
+identity, method, scheme, host, port, path; query values REDACTED except those of parameters a
+rule constrains, which are judged with the path) into `Recorded` requests. An event that cannot
+be replayed (not JSON, a field missing or of the wrong type, a target the request parser
+refuses) is kept as `Unreplayable` with its line and why: nothing is dropped silently. Other
+events (policy, shutdown, token, websocket) are counted by name.
 
 `diff` replays every recorded request against two policies with `sandgate.decision.judge`, the
 judge `check` and `explain` use (the proxy's request parser, decision and, for IP literals and
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sandgate import audit as A
-from sandgate.decision import judge, reported
+from sandgate.decision import judge, shown_outcome
 from sandgate.jsonrpc import Call, Message
 from sandgate.policy.calls import describe
 from sandgate.policy.model import Policy
@@ -43,6 +43,8 @@ class Recorded:
     code: str | None  # as recorded
     secrets: tuple[str, ...]  # names injected or substituted, as recorded (without @version)
     dialed: str | None  # ip:port as recorded
+    sandbox: str | None = None  # the caller's sandbox id as recorded (per-sandbox secrets)
+    gateway: bool = False  # came in on the gateway listener: judged without a CONNECT
     # the JSON-RPC call its body carried (the event's `rpc`): methods and tool names, never
     # arguments, so `arguments:` constraints are not replayed
     call: Call | None = None
@@ -77,8 +79,13 @@ def _authority(host: str, port: int) -> str:
 
 
 def path_part(path: str) -> str:
-    """The recorded path without its (redacted) query and fragment: what the policy judges."""
-    return path.split("#", 1)[0].split("?", 1)[0]
+    """The recorded path and the query parameters whose values the audit kept (those a rule
+    constrains, audit.redact_path); redacted parameters and the fragment are dropped, so a
+    rule constraining one of those matches nothing on replay."""
+    path, _, query = path.split("#", 1)[0].partition("?")
+    kept = [p for p in query.split("&")
+            if p and p != A.REDACTED and p.partition("=")[2] != A.REDACTED]
+    return path + ("?" + "&".join(kept) if kept else "")
 
 
 def _secret_names(raw: Any) -> tuple[str, ...] | None:
@@ -139,7 +146,8 @@ def parse_event(line_no: int, ev: Any) -> Recorded | Unreplayable | str:
     if call is False:
         return Unreplayable(line_no, event, "invalid field: rpc (not a list of calls)")
     return Recorded(line_no, event, ev[A.IDENTITY], method, target, _opt_str(ev, A.DECISION),
-                    _opt_str(ev, A.CODE), secrets, _opt_str(ev, A.DIALED), call or None)
+                    _opt_str(ev, A.CODE), secrets, _opt_str(ev, A.DIALED),
+                    _opt_str(ev, A.SANDBOX), _opt_str(ev, A.GATEWAY) is not None, call or None)
 
 
 def recorded_call(rpc: Any) -> Call | Literal[False] | None:
@@ -219,10 +227,10 @@ class Outcome:
 def outcome(policy: Policy, rec: Recorded, resolve: Mapping[str, str]) -> Outcome:
     """Judge one recorded request exactly as `sandgate explain` would. Raises ValueError for a
     request the parser refuses (read_audit has already weeded those out)."""
-    v = judge(policy, rec.identity, rec.method, rec.target, resolve, rec.call)
+    v = judge(policy, rec.identity, rec.method, rec.target, resolve, rec.sandbox, rec.gateway,
+              rec.call)
     d = v.decision
-    decision = "allow" if d.allowed else ("report" if reported(policy, rec.identity, d)
-                                          else "deny")
+    decision = shown_outcome(policy, rec.identity, d)
     return Outcome(decision, d.rule_name, str(d.code) if d.code else None,
                    tuple(sorted(v.secrets)), v.passthrough if v.connect else None)
 

@@ -1,27 +1,34 @@
-"""The traffic subcommands of `sandgate`: diff, suggest, and `explain --batch`."""
+"""The traffic tools: `diff` and `suggest` over recorded audit logs, `explain --batch`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-ResolveArg = Callable[[argparse.ArgumentParser], None]
+from sandgate.cli.common import err as _err
+from sandgate.cli.common import resolve as _resolve
+from sandgate.cli.common import resolve_arg
 
 
-def add_parsers(sub: Any, resolve_arg: ResolveArg) -> None:
-    d = sub.add_parser("diff", help="replay recorded traffic against two policy directories and "
-                       "list every decision that changes")
+def register(sub: Any) -> None:
+    d = sub.add_parser("diff", help="what each identity can reach in NEW_DIR that it cannot in "
+                       "OLD_DIR and the reverse (exit 1 when reach widens); with --traffic, "
+                       "replay recorded traffic and list every decision that changes")
     d.add_argument("old", type=Path, metavar="OLD_DIR")
     d.add_argument("new", type=Path, metavar="NEW_DIR")
-    d.add_argument("--traffic", type=Path, required=True, metavar="AUDIT.jsonl",
+    d.add_argument("--traffic", type=Path, default=None, metavar="AUDIT.jsonl",
                    help="an audit log (JSON lines, as `sandgate run --audit` writes); - for "
                    "stdin")
-    d.add_argument("--format", choices=("text", "json"), default="text")
+    d.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                   help="markdown: a pull-request comment (reach diff only)")
+    d.add_argument("--fail-on-narrowing", action="store_true",
+                   help="reach diff: exit 1 on any change of reach, not only on widening")
     resolve_arg(d)
+    d.set_defaults(handler=cmd_diff)
 
     s = sub.add_parser("suggest", help="write a least-privilege policy from recorded traffic")
     s.add_argument("--from", dest="source", type=Path, required=True, metavar="AUDIT.jsonl",
@@ -36,6 +43,7 @@ def add_parsers(sub: Any, resolve_arg: ResolveArg) -> None:
     s.add_argument("--include-refused", action="store_true",
                    help="also grant requests the recorded policy refused (no_rule, "
                    "denied_by_rule); default: only what went out (allow, report)")
+    s.set_defaults(handler=cmd_suggest)
 
 
 def _open(path: Path) -> Iterator[str]:
@@ -46,14 +54,20 @@ def _open(path: Path) -> Iterator[str]:
         yield from f
 
 
-def _err(msg: str) -> int:
-    print(f"sandgate: {msg}", file=sys.stderr)
-    return 2
-
-
-def cmd_diff(args: argparse.Namespace, resolve: Mapping[str, str]) -> int:
+def cmd_diff(args: argparse.Namespace) -> int:
     from sandgate.policy.loader import PolicyError, load_policy_dir
     from sandgate.policy.traffic import diff, format_diff, read_audit
+
+    if args.traffic is None:
+        from sandgate.cli.reach import cmd_reach_diff
+
+        return cmd_reach_diff(args)
+    if args.format == "markdown":
+        return _err("--format markdown is for the reach diff (without --traffic)")
+    try:
+        resolve = _resolve(args.resolve)
+    except ValueError as e:
+        return _err(str(e))
 
     policies = []
     for d in (args.old, args.new):
@@ -120,10 +134,12 @@ def parse_batch_line(text: str) -> tuple[str, str, str] | None:
 
 
 def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
-                  out: TextIO, err: TextIO, source: str) -> int:
+                  out: TextIO, err: TextIO, source: str, sandbox: str | None = None,
+                  gateway: bool = False) -> int:
     """One JSON object per request line (explain's fields plus `line`); exit 1 if any line is
-    denied (or reported) or malformed."""
-    from sandgate.explain import explain
+    denied (or reported) or malformed. `sandbox` and `gateway` as for one `explain`: every URL
+    is a gateway path with `gateway`."""
+    from sandgate.explain import explain_request
 
     failed = False
     for n, raw in enumerate(lines, 1):
@@ -132,7 +148,8 @@ def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
             if parsed is None:
                 continue
             identity, method, url = parsed
-            doc, allowed = explain(policy, identity, method, url, resolve)
+            doc, allowed = explain_request(policy, identity, method, url, resolve, sandbox,
+                                           gateway)
         except ValueError as e:
             failed = True
             msg = f"malformed: {e}"
@@ -157,6 +174,6 @@ def cmd_explain_batch(args: argparse.Namespace, resolve: Mapping[str, str]) -> i
         return 1
     try:
         return explain_batch(policy, _open(args.batch), resolve, sys.stdout, sys.stderr,
-                             str(args.batch))
+                             str(args.batch), args.sandbox, args.gateway)
     except OSError as e:
         return _err(f"--batch {args.batch}: {e.strerror or e}")

@@ -1,25 +1,21 @@
-"""`sandgate`: run the proxy, check and explain policies, issue tokens, print the CA."""
+"""`sandgate run`: the proxy's flags, their checks, and the start of the main job."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sandgate import __version__
-from sandgate.call_cli import add_call_args, call_from_args
+from sandgate.cli.common import confdir_arg
+from sandgate.cli.common import err as _err
 from sandgate.identity.base import AddressIdentitySource
-from sandgate.policy.calls import describe
 
 if TYPE_CHECKING:
     from sandgate.limits import LimitsConfig
-
-DEFAULT_CONFDIR = Path(os.environ.get("SANDGATE_CONFDIR", "~/.sandgate")).expanduser()
 
 
 def _listen(spec: str) -> tuple[str, int]:
@@ -50,15 +46,7 @@ def _workers(spec: str) -> int:
 ADMIN_OPENABLE = ("/readyz", "/metrics")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sandgate", description=__doc__)
-    p.add_argument("--version", action="version", version=f"sandgate {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def confdir_arg(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--confdir", type=Path, default=DEFAULT_CONFDIR,
-                        help="holds the CA and the token signing key (default %(default)s)")
-
+def register(sub: Any) -> None:
     run = sub.add_parser("run", help="run the proxy")
     run.add_argument("--policies", type=Path, required=True, help="directory of policy YAML files")
     run.add_argument("--listen", type=_listen, default=("127.0.0.1", 8080), metavar="HOST:PORT")
@@ -162,335 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     # set only by the supervisor of --workers N on the processes it starts
     run.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--worker-dir", type=Path, default=None, help=argparse.SUPPRESS)
-
-    def resolve_arg(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--resolve", action="append", default=[], metavar="HOST=IP",
-                        help="judge HOST as dialling IP, as `sandgate run --resolve` does, so "
-                        "the address step (private_cidrs) is checked; IP literals always are")
-
-    def format_arg(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--format", choices=("text", "json", "github"), default="text",
-                        help="text (default), json, or GitHub Actions annotations")
-
-    check = sub.add_parser("check", help="validate policies and run their tests: fixtures")
-    check.add_argument("policies", type=Path)
-    resolve_arg(check)
-    format_arg(check)
-
-    lint = sub.add_parser("lint", help="warn about policies that load but may not do what "
-                          "they say")
-    lint.add_argument("policies", type=Path)
-    lint.add_argument("--strict", action="store_true", help="exit 1 on any warning")
-    lint.add_argument("--mcp-tools", action="append", metavar="[HOST=]FILE",
-                      help="a recorded tools/list answer: warn on mcp: tool globs matching "
-                      "none of its tools (sandgate.policy.lint_calls); repeatable")
-    format_arg(lint)
-
-    explain = sub.add_parser("explain", help="show the decision for one request")
-    explain.add_argument("--policies", type=Path, default=Path("policies"))
-    explain.add_argument("--identity", help="required unless --batch")
-    explain.add_argument("--batch", type=Path, default=None, metavar="FILE",
-                         help="one request a line, `IDENTITY METHOD URL` (# comments; - for "
-                         "stdin): one JSON object a line")
-    resolve_arg(explain)
-    explain.add_argument("--gateway", action="store_true",
-                         help="URL is a gateway path (e.g. /anthropic/v1/messages, what follows "
-                         "the gateway's HOST:PORT): judged as the gateway listener judges it")
-    add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method (sandgate.call_cli)
-    explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
-    explain.add_argument("url", nargs="?",
-                         help="an absolute http(s) URL, or host:port after CONNECT")
-
-    token = sub.add_parser("token", help="proxy tokens")
-    tsub = token.add_subparsers(dest="token_command", required=True)
-    issue = tsub.add_parser("issue", help="print a signed proxy token")
-    issue.add_argument("--identity", required=True)
-    issue.add_argument("--sandbox", default=None)
-    issue.add_argument("--ttl", default="1h", help="30s, 15m, 1h, 7d")
-    issue.add_argument("--policies", type=Path, default=None, metavar="DIR",
-                       help="refuse an identity this policy directory does not define "
-                       "(without it no check is possible: tokens are signed, not looked up)")
-    confdir_arg(issue)
-
-    can = sub.add_parser("canary", help="print an identity's decoy credential (for --canary)")
-    can.add_argument("--identity", required=True)
-    confdir_arg(can)
-
-    ca = sub.add_parser("ca", help="print the CA certificate sandboxes must trust")
-    confdir_arg(ca)
-
-    sub.add_parser("schema", help="print the JSON Schema of the policy format")
-    from sandgate import demo
-
-    demo.register(sub)
-
-    from sandgate import traffic_cli
-
-    traffic_cli.add_parsers(sub, resolve_arg)
-
-    try:
-        from sandgate.sandbox import cli as sandbox_cli
-    except ImportError as e:  # the docker extra is not installed: say so when it is asked for
-        missing = sub.add_parser("sandbox", help="Docker sandboxes (needs sandgate[docker])")
-        missing.set_defaults(missing_extra=f"{e}; install it with: pip install 'sandgate[docker]'")
-        missing.add_argument("rest", nargs=argparse.REMAINDER)
-    else:
-        sandbox_cli.add_parser(sub, confdir_arg)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return _main(argv)
-    except BrokenPipeError:  # `sandgate ca | head`: the reader is done, so are we
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    # `run --workers N` starts its workers with the same arguments
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    handler = {
-        "run": cmd_run,
-        "check": cmd_check,
-        "lint": cmd_lint,
-        "explain": cmd_explain,
-        "token": cmd_token,
-        "ca": cmd_ca,
-        "canary": cmd_canary,
-        "schema": cmd_schema,
-        "diff": cmd_diff,
-        "suggest": cmd_suggest,
-    }.get(args.command, getattr(args, "handler", None))
-    if getattr(args, "missing_extra", None):
-        return _err(args.missing_extra)
-    if handler is None:
-        from sandgate.sandbox import cli as sandbox_cli
-
-        return int(sandbox_cli.run(args))
-    return int(handler(args))
-
-
-def _err(msg: str) -> int:
-    print(f"sandgate: {msg}", file=sys.stderr)
-    return 2
-
-
-def _resolve(specs: Sequence[str]) -> dict[str, str]:
-    from sandgate.runner import parse_resolve
-
-    return parse_resolve(specs)
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    from sandgate.policy.fixtures import run_policy_tests
-    from sandgate.policy.lint import findings_from_error, github_annotation
-    from sandgate.policy.loader import PolicyError, discover_policy_files, load_policy_dir
-
-    try:
-        resolve = _resolve(args.resolve)
-    except ValueError as e:
-        return _err(str(e))
-    fmt = args.format
-    read, skipped = discover_policy_files(args.policies)
-    doc: dict[str, object] = {
-        "files_read": [str(path) for path in read],
-        "files_skipped": [{"file": name, "reason": why} for name, why in skipped],
-    }
-    if fmt == "text":
-        for path in read:
-            print(f"read {path}")
-        for name, why in skipped:
-            print(f"skipped {name}: {why}")
-    try:
-        policy = load_policy_dir(args.policies)
-    except PolicyError as e:
-        problems = findings_from_error(e)
-        if fmt == "json":
-            doc.update(problems=[p.as_dict() for p in problems], fixtures=[], passed=0,
-                       failed=0)
-            print(json.dumps(doc, indent=2))
-        elif fmt == "github":
-            for p in problems:
-                print(github_annotation("error", p.file, p.line, p.text))
-        else:
-            print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
-            print(str(e), file=sys.stderr)
-        return 1
-    from sandgate.policy.proofs import ProofError, prove
-
-    try:
-        proofs = prove(policy)
-    except ProofError as e:  # the prover and decide() disagree: a bug, never a verdict
-        return _err(f"internal error in the policy prover: {e}")
-    for pr in proofs:
-        print(pr)
-    results = run_policy_tests(policy, resolve)
-    failed = [r for r in results if not r.passed]
-    summary = (f"{len(policy.files)} file(s), {len(policy.identities)} identities, "
-               f"{len(policy.secrets)} secrets; {len(results) - len(failed)} passed, "
-               f"{len(failed)} failed")
-    if fmt == "json":
-        doc["problems"] = []
-        doc["fixtures"] = [{
-            "file": r.test.source.file, "line": r.test.source.line,
-            "identity": r.test.identity, "request": f"{r.test.method} {r.test.url}",
-            "expect": r.test.expect, "got": "allow" if r.decision.allowed else "deny",
-            "rule": r.decision.rule_name,
-            "code": str(r.decision.code) if r.decision.code else None,
-            "inject": sorted(r.secrets), "passthrough": r.passthrough, "address": r.address,
-            "passed": r.passed, "message": r.message,
-        } for r in results]
-        doc["passed"] = len(results) - len(failed)
-        doc["failed"] = len(failed)
-        print(json.dumps(doc, indent=2))
-        return 1 if failed else 0
-    for r in results:
-        if fmt == "github":
-            if not r.passed:
-                print(github_annotation(
-                    "error", r.test.source.file, r.test.source.line,
-                    f"{r.test.identity} {r.test.method} {r.test.url}: {r.message}"))
-            continue
-        mark = "ok  " if r.passed else "FAIL"
-        addr = f" [{r.address}]" if r.address and r.address.startswith(("dials", "refused")) \
-            else ""
-        call = f" [{describe(r.test.call)}]" if r.test.call is not None else ""  # mcp:/jsonrpc:
-        print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url}{call} "
-              f"-> {'allow' if r.decision.allowed else 'deny'}"
-              f" ({r.decision.rule_name or r.decision.code}){addr}"
-              f"{'' if r.passed else ': ' + r.message}")
-    report = sorted(n for n, i in policy.identities.items() if i.mode == "report")
-    if report:
-        print(f"report mode (policy refusals forwarded without credentials and audited, not "
-              f"enforced): {', '.join(report)}")
-    print(summary)
-    return 1 if failed or not all(pr.ok for pr in proofs) else 0
-
-
-def cmd_lint(args: argparse.Namespace) -> int:
-    from sandgate.policy.lint import findings_from_error, format_findings, lint_dir
-    from sandgate.policy.loader import PolicyError
-
-    try:
-        findings = lint_dir(args.policies, args.mcp_tools)
-    except PolicyError as e:
-        errors = findings_from_error(e)
-        print(format_findings(errors, args.format))
-        if args.format == "text":
-            print(f"sandgate: {len(errors)} load error(s) in {args.policies}", file=sys.stderr)
-        return 1
-    except ValueError as e:  # an unreadable --mcp-tools file
-        return _err(str(e))
-    text = format_findings(findings, args.format)
-    if text:
-        print(text)
-    if args.format == "text":
-        print(f"sandgate: {len(findings)} warning(s) in {args.policies}", file=sys.stderr)
-    return 1 if findings and args.strict else 0
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    from sandgate.explain import explain
-    from sandgate.policy.loader import PolicyError, load_policy_dir
-
-    try:
-        resolve = _resolve(args.resolve)
-    except ValueError as e:
-        return _err(str(e))
-    if args.batch is not None:
-        from sandgate import traffic_cli
-
-        return traffic_cli.cmd_explain_batch(args, resolve)
-    if not args.identity or not args.method or not args.url:
-        return _err("explain needs --identity NAME METHOD URL (or --batch FILE)")
-    try:
-        policy = load_policy_dir(args.policies)
-    except PolicyError as e:
-        print(str(e), file=sys.stderr)
-        return 1
-    try:
-        url, prefix = args.url, None
-        if args.gateway:
-            from sandgate.gateway import gateway_url
-
-            url, gw = gateway_url(policy.gateways, args.method, args.url)
-            prefix = gw.prefix
-        out, allowed = explain(policy, args.identity, args.method, url, resolve,
-                               call_from_args(args))
-    except ValueError as e:
-        return _err(f"bad request: {e}")
-    if prefix is not None:
-        out = {"gateway": prefix, "gateway_path": args.url, **out}
-    print(json.dumps(out, indent=2))
-    return 0 if allowed else 1
-
-
-def cmd_diff(args: argparse.Namespace) -> int:
-    from sandgate import traffic_cli
-
-    try:
-        resolve = _resolve(args.resolve)
-    except ValueError as e:
-        return _err(str(e))
-    return traffic_cli.cmd_diff(args, resolve)
-
-
-def cmd_suggest(args: argparse.Namespace) -> int:
-    from sandgate import traffic_cli
-
-    return traffic_cli.cmd_suggest(args)
-
-
-def cmd_token(args: argparse.Namespace) -> int:
-    from sandgate import confdir
-    from sandgate.tokens import issue_token, parse_ttl
-
-    try:
-        ttl = parse_ttl(args.ttl)
-    except ValueError as e:
-        return _err(str(e))
-    if args.policies is not None:
-        from sandgate.policy.loader import PolicyError, load_policy_dir
-
-        try:
-            policy = load_policy_dir(args.policies)
-        except PolicyError as e:
-            print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
-            print(str(e), file=sys.stderr)
-            return 1
-        if args.identity not in policy.identities:
-            known = ", ".join(sorted(policy.identities)) or "(none)"
-            print(f"sandgate: identity {args.identity!r} is not defined in {args.policies}; "
-                  f"known identities: {known}", file=sys.stderr)
-            return 1
-    key = confdir.token_key(confdir.ensure_confdir(args.confdir))
-    print(issue_token(key, args.identity, args.sandbox, ttl))
-    return 0
-
-
-def cmd_canary(args: argparse.Namespace) -> int:
-    from sandgate import confdir
-    from sandgate.tokens import canary
-
-    print(canary(confdir.token_key(confdir.ensure_confdir(args.confdir)), args.identity))
-    return 0
-
-
-def cmd_ca(args: argparse.Namespace) -> int:
-    from sandgate import confdir
-
-    path = confdir.ensure_ca(confdir.ensure_confdir(args.confdir))
-    sys.stdout.write(Path(path).read_text())
-    return 0
-
-
-def cmd_schema(args: argparse.Namespace) -> int:
-    from sandgate.policy.loader import policy_json_schema
-
-    print(json.dumps(policy_json_schema(), indent=2))
-    return 0
+    run.set_defaults(handler=cmd_run)
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
@@ -525,6 +185,8 @@ def _check_gateway(args: argparse.Namespace, gateways: Sequence[object],
         raise ValueError(f"--gateway given, but {args.policies} has no `gateways:` entries; "
                          "add one, e.g. gateways: [{prefix: /anthropic, upstream: "
                          "https://api.anthropic.com, token_header: x-api-key}]")
+
+
 def _instance(given: str | None) -> str:
     import socket
 
@@ -735,7 +397,3 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if dev is not None:
             dev.stop()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,344 @@
+"""`sandgate diff OLD_DIR NEW_DIR`: what each identity can reach that it could not (and the
+reverse), computed from the compiled policies, without traffic.
+
+For each identity the old and new rules are searched together with the proofs' machinery
+(sandgate.policy.reach): every (scheme, host class, port, method, query) cell, and in each cell
+every pair (old deciding rule, new deciding rule) that occurs on some normalised path, with a
+shortest such path as its example. A pair differs when one side allows and the other does not,
+or both allow with different secrets, private ranges or body limit. Tunnels (passthrough) are
+compared per host class and port with decide_connect. Identical changes over several methods are
+merged into one entry. The search is exact: an empty diff means the reach is the same.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sandgate.decision import decide_connect
+from sandgate.policy.model import Identity, Policy, Rule
+from sandgate.policy.proofs import _applies, cidrs_covered, glob_nfa, host_witnesses
+from sandgate.policy.reach import Witness, cells, decider, path_search
+
+Kind = Literal["reachable", "unreachable", "changed", "passthrough", "mode"]
+
+
+@dataclass(slots=True)
+class ReachChange:
+    identity: str
+    kind: Kind
+    host: str  # as a reviewer reads it: "api.github.com", "*.github.com", "any public host"
+    scheme: str = "https"
+    port: int = 443
+    methods: list[str] = field(default_factory=list)
+    example: str = ""  # one concrete request ("GET https://h:443/p?q=v") or "CONNECT h:443"
+    old_rule: Rule | None = None
+    new_rule: Rule | None = None
+    widened: bool = False  # reach grew: new requests, new secrets, wider ranges, a tunnel
+    note: str = ""
+    query: str = ""  # the constrained query values this change is about ("service=x")
+
+    def _rule(self, r: Rule | None) -> str:
+        if r is None:
+            return "refused"
+        return f"rule '{r.name}' ({r.source})"
+
+    @property
+    def what(self) -> str:
+        ms = ", ".join(self.methods)
+        q = f" with query {self.query}" if self.query else ""
+        return f"{ms} {self.scheme}://{self.host}:{self.port}{q}".strip()
+
+    def summary(self) -> str:
+        if self.kind == "mode":
+            return self.note
+        if self.kind == "passthrough":
+            return f"{self.example}: {self.note}"
+        if self.kind == "reachable":
+            return (f"{self.what} becomes reachable (e.g. {self.example}) by "
+                    f"{self._rule(self.new_rule)}{_paths(self.new_rule)}{_secrets(self.new_rule)}")
+        if self.kind == "unreachable":
+            return (f"{self.what} becomes unreachable (e.g. {self.example}); was "
+                    f"{self._rule(self.old_rule)}{_paths(self.old_rule)}")
+        return f"{self.what} (e.g. {self.example}): {self.note}"
+
+    def as_dict(self) -> dict[str, Any]:
+        def rule(r: Rule | None) -> dict[str, Any] | None:
+            if r is None:
+                return None
+            return {"name": r.name, "source": str(r.source), "secrets": sorted(r.secrets),
+                    "paths": [p.text for p in r.paths] if r.paths is not None else None,
+                    "private_cidrs": [str(n) for n in r.private_cidrs],
+                    "passthrough": r.passthrough}
+        return {"identity": self.identity, "kind": self.kind, "widened": self.widened,
+                "scheme": self.scheme, "host": self.host, "port": self.port,
+                "methods": self.methods, "query": self.query, "example": self.example,
+                "note": self.note,
+                "old": rule(self.old_rule), "new": rule(self.new_rule)}
+
+
+def _paths(r: Rule | None) -> str:
+    if r is None or r.paths is None:
+        return ", any path"
+    return ", paths " + ", ".join(p.text for p in r.paths)
+
+
+def _secrets(r: Rule | None) -> str:
+    return f", injects {', '.join(sorted(r.secrets))}" if r is not None and r.secrets else ""
+
+
+def _terms(r: Rule) -> tuple[object, ...]:
+    return (r.secrets, r.private_cidrs, r.max_request_bytes)
+
+
+def _same(o: Rule | None, n: Rule | None) -> bool:
+    if o is None or n is None:
+        return o is n
+    return _terms(o) == _terms(n)
+
+
+def _wider(o: Rule, n: Rule) -> bool:
+    """Does the new deciding rule grant more than the old one on the same request?"""
+    return (not n.secrets <= o.secrets or not cidrs_covered(n.private_cidrs, o.private_cidrs)
+            or (o.max_request_bytes is not None and (n.max_request_bytes is None
+                                                     or n.max_request_bytes > o.max_request_bytes)))
+
+
+def _changed_note(o: Rule, n: Rule) -> str:
+    parts = []
+    if o.secrets != n.secrets:
+        parts.append(f"secrets {', '.join(sorted(o.secrets)) or 'none'} -> "
+                     f"{', '.join(sorted(n.secrets)) or 'none'}")
+    if o.private_cidrs != n.private_cidrs:
+        parts.append(f"private_cidrs {', '.join(map(str, o.private_cidrs)) or 'none'} -> "
+                     f"{', '.join(map(str, n.private_cidrs)) or 'none'}")
+    if o.max_request_bytes != n.max_request_bytes:
+        parts.append(f"max_request_bytes {o.max_request_bytes} -> {n.max_request_bytes}")
+    return (f"{'; '.join(parts)} (rule '{o.name}' ({o.source}) -> rule '{n.name}' "
+            f"({n.source}))")
+
+
+def _host_label(host: str, rules: Sequence[Rule]) -> str:
+    """The host pattern a witness host stands for."""
+    pats = [p for r in rules for p in r.hosts]
+    if any(not p.wildcard and p.suffix == host for p in pats):
+        return host
+    best = max((p for p in pats if p.wildcard and p.matches(host)), key=lambda p: len(p.suffix),
+               default=None)
+    if best is None:
+        return host
+    return "any public host" if best.suffix == "" else best.text
+
+
+def identity_changes(old: Identity | None, new: Identity | None) -> list[ReachChange]:
+    """Every change of reach of one identity between two versions of it (None: absent)."""
+    name = (new or old).name if (new or old) is not None else "?"  # type: ignore[union-attr]
+    ro = old.rules if old is not None else ()
+    rn = new.rules if new is not None else ()
+    out: list[ReachChange] = []
+    om = old.mode if old is not None else "enforce"
+    nm = new.mode if new is not None else "enforce"
+    if om != nm:
+        out.append(ReachChange(name, "mode", "*", widened=nm == "report",
+                               note=f"mode {om} -> {nm}"
+                               + (": refusals by the rules are forwarded (uninjected), so the "
+                                  "identity reaches every host" if nm == "report" else "")))
+    rules = (*ro, *rn)
+    k = len(ro)
+    groups: dict[tuple[object, ...], ReachChange] = {}
+    named = {m for r in rules if r.methods is not None for m in r.methods}
+    memo: dict[tuple[bool, ...], list[tuple[int | None, int | None, str]]] = {}
+    for scheme, host, port, method, query in cells(rules) if rules else []:
+        app = tuple(_applies(r, scheme, host, port, method, query) for r in rules)
+        if not any(app):
+            continue
+        if app not in memo:
+            memo[app] = _pairs(ro, rn, app, k)
+        for io, i_n, path in memo[app]:
+            o = ro[io] if io is not None else None
+            n = rn[i_n] if i_n is not None else None
+            # query parameters neither deciding rule constrains are noise in the example
+            names = {q for r in (o, n) if r is not None for q, _ in r.query}
+            shown_q = tuple((q, v) for q, v in query if q in names)
+            w = Witness(scheme, host, port, method, path, shown_q)
+            kind: Kind = ("reachable" if o is None else "unreachable" if n is None
+                          else "changed")
+            widened = kind == "reachable" or (o is not None and n is not None and _wider(o, n))
+            label = _host_label(host, rules)
+            key = (kind, label, scheme, port, shown_q, o, n)
+            ch = groups.get(key)
+            if ch is None:
+                ch = groups[key] = ReachChange(
+                    name, kind, label, scheme, port, [], str(w), o, n, widened,
+                    _changed_note(o, n) if o is not None and n is not None else "",
+                    "&".join(f"{q}={v}" for q, v in shown_q))
+            shown = method if method in named else f"any other method (e.g. {method})"
+            if shown not in ch.methods:
+                ch.methods.append(shown)
+    out += groups.values()
+    out += _tunnel_changes(name, old, new)
+    return out
+
+
+def _pairs(ro: Sequence[Rule], rn: Sequence[Rule], app: tuple[bool, ...],
+           k: int) -> list[tuple[int | None, int | None, str]]:
+    """Every (old decider, new decider) pair that differs and occurs on some path of a cell."""
+    found: list[tuple[int | None, int | None, str]] = []
+    seen: set[tuple[int | None, int | None]] = set()
+    rules = (*ro, *rn)
+    while True:
+        def bad(v: Sequence[bool]) -> bool:
+            io, i_n = decider(ro, v[:k]), decider(rn, v[k:])
+            if (io, i_n) in seen:
+                return False
+            return not _same(ro[io] if io is not None else None,
+                             rn[i_n] if i_n is not None else None)
+        path = path_search(rules, app, bad)
+        if path is None:
+            return found
+        v = [a and (r.paths is None or glob_nfa(r.paths).matches(path))
+             for a, r in zip(app, (*ro, *rn), strict=True)]
+        pair = (decider(ro, v[:k]), decider(rn, v[k:]))
+        seen.add(pair)
+        found.append((*pair, path))
+
+
+def _tunnel_changes(name: str, old: Identity | None, new: Identity | None) -> list[ReachChange]:
+    rules = [*(old.rules if old else ()), *(new.rules if new else ())]
+    if not any(r.passthrough for r in rules):
+        return []
+    out = []
+    pol = [Policy(identities={name: i} if i is not None else {}, secrets={})
+           for i in (old, new)]
+    for host in host_witnesses(p for r in rules for p in r.hosts):
+        for port in sorted({p for r in rules if "https" in r.schemes for p in r.ports}):
+            ds = [decide_connect(p, name, host, port) for p in pol]
+            pt = [d.allowed and d.rule is not None and d.rule.passthrough for d in ds]
+            if pt[0] == pt[1] and (not pt[0] or _same_tunnel(ds[0].rule, ds[1].rule)):
+                continue
+            o, n = (d.rule if t else None for d, t in zip(ds, pt, strict=True))
+            note = ("tunnelled uninspected (passthrough) by rule "
+                    f"'{n.name}' ({n.source}): no method, path or secret check inside"
+                    if n is not None and o is None else
+                    f"no longer tunnelled by passthrough rule '{o.name}' ({o.source})"
+                    if o is not None and n is None else
+                    "passthrough private_cidrs change")
+            out.append(ReachChange(name, "passthrough", _host_label(host, rules), "https", port,
+                                   [], f"CONNECT {host}:{port}", o, n,
+                                   n is not None and (o is None or not cidrs_covered(
+                                       n.private_cidrs, o.private_cidrs)), note))
+    return out
+
+
+def _same_tunnel(a: Rule | None, b: Rule | None) -> bool:
+    return a is not None and b is not None and a.private_cidrs == b.private_cidrs
+
+
+@dataclass(slots=True)
+class ReachDiff:
+    old: str
+    new: str
+    changes: list[ReachChange]
+    added: list[str] = field(default_factory=list)  # identities only in new
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def widened(self) -> bool:
+        return any(c.widened for c in self.changes)
+
+    @property
+    def narrowed(self) -> bool:
+        return any(not c.widened for c in self.changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"old": self.old, "new": self.new, "widened": self.widened,
+                "narrowed": self.narrowed, "identities_added": self.added,
+                "identities_removed": self.removed,
+                "changes": [c.as_dict() for c in self.changes]}
+
+
+def reach_diff(old: Policy, new: Policy, old_name: str = "old",
+               new_name: str = "new") -> ReachDiff:
+    names = list(dict.fromkeys([*old.identities, *new.identities]))
+    changes: list[ReachChange] = []
+    for n in names:
+        changes += identity_changes(old.identities.get(n), new.identities.get(n))
+    return ReachDiff(old_name, new_name, changes,
+                     [n for n in names if n not in old.identities],
+                     [n for n in names if n not in new.identities])
+
+
+_ORDER = {"mode": 0, "passthrough": 1, "reachable": 2, "changed": 3, "unreachable": 4}
+
+
+def _by_identity(d: ReachDiff) -> dict[str, list[ReachChange]]:
+    out: dict[str, list[ReachChange]] = {}
+    for c in sorted(d.changes, key=lambda c: (not c.widened, _ORDER[c.kind], c.host)):
+        out.setdefault(c.identity, []).append(c)
+    return out
+
+
+def _counts(d: ReachDiff) -> str:
+    w = sum(c.widened for c in d.changes)
+    return (f"{len(d.changes)} change(s) of reach: {w} widening, {len(d.changes) - w} "
+            "narrowing or neutral")
+
+
+def format_text(d: ReachDiff) -> str:
+    out: list[str] = []
+    for ident, chs in _by_identity(d).items():
+        tag = " (new identity)" if ident in d.added else (
+            " (removed identity)" if ident in d.removed else "")
+        out.append(f"identity {ident}{tag}:")
+        out += [f"  {'+' if c.widened else '-'} {c.summary()}" for c in chs]
+    out.append(f"{d.old} -> {d.new}: {_counts(d)}" if d.changes else
+               f"{d.old} -> {d.new}: no change of reach")
+    return "\n".join(out)
+
+
+def _md(text: str) -> str:
+    return html.escape(text, quote=False).replace("|", "\\|").replace("*", "\\*")
+
+
+def format_markdown(d: ReachDiff) -> str:
+    out = ["## Sandgate reach diff", ""]
+    if not d.changes:
+        out.append(f"No change of reach between `{d.old}` and `{d.new}`.")
+        return "\n".join(out) + "\n"
+    mark = ":warning: **widens reach**" if d.widened else "narrows reach only"
+    out += [f"`{d.old}` → `{d.new}`: {mark}; {_counts(d)}.", ""]
+    for ident, chs in _by_identity(d).items():
+        tag = " (new identity)" if ident in d.added else (
+            " (removed identity)" if ident in d.removed else "")
+        out += [f"### `{ident}`{tag}", "", "| | change | request | by | secrets |",
+                "|---|---|---|---|---|"]
+        for c in chs:
+            r = c.new_rule if c.kind != "unreachable" else c.old_rule
+            by = f"`{r.name}` ({r.source}){_paths(r)}" if r is not None else ""
+            sec = ", ".join(sorted(r.secrets)) if r is not None and c.kind != "changed" else ""
+            what = c.note if c.kind in ("mode", "passthrough", "changed") else c.kind
+            sign = ":heavy_plus_sign:" if c.widened else ":heavy_minus_sign:"
+            out.append(f"| {sign} | {_md(what)} | "
+                       f"{_md(c.what if c.kind != 'mode' else '*')}<br>e.g. "
+                       f"`{c.example}` | {_md(by)} | {_md(sec)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def format_json(d: ReachDiff) -> str:
+    return json.dumps(d.as_dict(), indent=2)
+
+
+def exit_status(d: ReachDiff, fail_on_narrowing: bool) -> int:
+    """0: no change of reach (or only narrowing, unless asked to fail on it); 1: reach widened
+    (or narrowed with fail_on_narrowing)."""
+    if d.widened or (fail_on_narrowing and d.changes):
+        return 1
+    return 0
+
+
+__all__ = ["ReachChange", "ReachDiff", "exit_status", "format_json",
+           "format_markdown", "format_text", "identity_changes", "reach_diff"]

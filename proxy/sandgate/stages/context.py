@@ -1,0 +1,129 @@
+"""What every stage shares: the proxy's configuration and its state across flows.
+
+`GateState` holds what outlives one flow (the serving policy, the connections, the compiled
+secret set); the addon (`sandgate.addons.gate.Gate`) is a `GateState` with mitmproxy's hooks on
+top, and every stage takes it as its first argument. Per-flow state is the `FlowRecord`
+(`record(flow)`), per-connection state the `Conn` (`GateState.conn`): both in addons/state.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mitmproxy import connection, http
+from mitmproxy.proxy.mode_specs import ReverseMode
+
+from sandgate import audit as A
+from sandgate.addons.calls import Sessions
+from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord
+from sandgate.identity.resolve import Identifier
+from sandgate.inject import own_forms
+from sandgate.limits import Limiter, LimitsConfig
+from sandgate.netguard import IPAddress, IPNetwork
+from sandgate.policy.model import Policy, Rule
+from sandgate.scrub import SecretSet
+from sandgate.secrets.vault import SecretBroker
+
+
+@dataclass
+class GateConfig:
+    policy: Policy
+    broker: SecretBroker
+    identifier: Identifier
+    audit: A.AuditLog
+    resolve_overrides: dict[str, str] = field(default_factory=dict)
+    self_addresses: tuple[tuple[IPAddress, int], ...] = ()
+    max_request_body: int = 32 * 1024 * 1024
+    # secret-like name -> decoy value (`sandgate run --canary`): refused in requests, scrubbed
+    canaries: dict[str, str] = field(default_factory=dict)
+    # forward even while the audit log cannot be written (--audit-best-effort); off: fail closed
+    audit_best_effort: bool = False
+    # rates, budgets, connection counts and head limits (sandgate.limits, `sandgate run` flags)
+    limiter: Limiter = field(default_factory=lambda: Limiter(LimitsConfig()))
+    # --socks5-allow: the source ranges the SOCKS5 listener serves (empty: every source)
+    socks5_allow: tuple[IPNetwork, ...] = ()
+    # the gateway listener takes TLS only (`--gateway-tls-name`)
+    gateway_tls: bool = False
+
+
+class GateState:
+    """The proxy-wide state the stages read: one instance, the addon itself."""
+
+    def __init__(self, config: GateConfig) -> None:
+        self.cfg = config
+        self.conns: dict[str, Conn] = {}
+        self._placeholders = dict(config.policy.placeholders)
+        self._secret_set = SecretSet({})
+        self._secret_generation = -1
+        self.sessions = Sessions()  # MCP session ids -> the identity that opened each
+
+    @property
+    def policy(self) -> Policy:
+        return self.cfg.policy
+
+    def set_policy(self, policy: Policy, canaries: dict[str, str] | None = None) -> None:
+        """Swap in a reloaded (fully built and validated) policy. Flows already judged keep the
+        policy they started with (FlowRecord.policy); every new flow, and every new request in
+        an open tunnel, is judged by this one."""
+        placeholders = dict(policy.placeholders)
+        if canaries is not None:
+            self.cfg.canaries = canaries
+        self._placeholders = placeholders
+        self.cfg.policy = policy
+        self._secret_generation = -1  # own_forms depend on the policy: rebuild the automaton
+
+    @property
+    def placeholders(self) -> dict[str, str]:
+        """The serving policy's placeholder map (a flow keeps its own: FlowRecord.placeholders)."""
+        return self._placeholders
+
+    def flow_policy(self, rec: FlowRecord) -> Policy:
+        """The one policy a flow is judged by, read at its first hook."""
+        if rec.policy is None:
+            rec.policy = self.cfg.policy
+            rec.placeholders = self._placeholders
+        return rec.policy
+
+    def secrets(self) -> SecretSet:
+        """Every cached secret value and its encodings, compiled once per change of the cache."""
+        broker = self.cfg.broker
+        if broker.generation != self._secret_generation:
+            generation = broker.generation
+            # Every value of every sandbox: a sandbox must not receive another's value either.
+            pairs = [*self.cfg.canaries.items(), *broker.cached_pairs()]
+            extra: dict[str, list[bytes]] = {}
+            for view in broker.value_views():  # one caller's values together (a Basic pair)
+                for name, forms in own_forms(self.policy, view).items():
+                    extra.setdefault(name, []).extend(forms)
+            self._secret_set = SecretSet(pairs, extra)
+            self._secret_generation = generation
+        return self._secret_set
+
+    def conn(self, client: connection.Client) -> Conn:
+        c = self.conns.get(client.id)
+        if c is None:
+            c = self.conns[client.id] = Conn()
+        return c
+
+
+def record(flow: http.HTTPFlow) -> FlowRecord:
+    """The flow's record, created at its first hook."""
+    rec = flow.metadata.get(METADATA_KEY)
+    if rec is None:
+        rec = flow.metadata[METADATA_KEY] = FlowRecord()
+    assert isinstance(rec, FlowRecord)
+    return rec
+
+
+def via_gateway(flow: http.HTTPFlow) -> bool:
+    """Did the flow arrive on the gateway listener (the only reverse-mode listener)?"""
+    return isinstance(flow.client_conn.proxy_mode, ReverseMode)
+
+
+def allowing_rule(rec: FlowRecord) -> Rule | None:
+    """The rule that allowed the request, or None in report mode (no rule allowed it, so
+    nothing is bound, injected or swapped, and the address is checked without private_cidrs)."""
+    assert rec.decision is not None
+    rule = None if rec.reported else rec.decision.rule
+    assert rule is not None or rec.reported
+    return rule

@@ -1,0 +1,45 @@
+"""Inject: the credentials the allowing rule names, read from Vault at request time.
+
+Only over verified TLS; a caller without the sandbox a secret's path needs is refused before any
+read; a secret's budget is spent only once every value is there to inject. A new kind of
+credential is a new `inject:` form in sandgate.inject (applied here) or a stage of its own
+after this one.
+"""
+
+from __future__ import annotations
+
+from mitmproxy import ctx, http
+
+from sandgate.addons.state import FlowRecord
+from sandgate.decision import require_sandbox
+from sandgate.errors import Code, Refused
+from sandgate.inject import apply
+from sandgate.stages.context import GateState, allowing_rule
+
+
+async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
+    """The inject stage: nothing to do in report mode or for a rule without secrets."""
+    rule = allowing_rule(rec)
+    if rule is None or not rule.secrets:
+        return
+    info = rec.info
+    assert info is not None
+    if info.scheme != "https" or ctx.options.ssl_insecure:
+        raise Refused(Code.UNSAFE_INJECTION,
+                      "credentials are injected only over verified TLS to the upstream")
+    policy = st.flow_policy(rec)
+    caller = rec.caller
+    assert caller is not None
+    require_sandbox(policy, rule, caller.identity, caller.sandbox)  # before any read
+    values: dict[str, str] = {}
+    versions: list[str] = []
+    for name in sorted(rule.secrets):
+        sv = await st.cfg.broker.get(name, caller)
+        values[name] = sv.value
+        if sv.username is not None:
+            values[f"{name}.username"] = sv.username
+        versions.append(f"{name}@{sv.version}" if sv.version else name)
+    # counted only now that the secrets are there to inject (or 429, nothing spent)
+    st.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
+    rec.secrets += versions
+    apply(rule, flow.request, values, {n: policy.secrets[n].placeholder for n in rule.secrets})

@@ -1,0 +1,128 @@
+"""Choose the dial: resolve once, check the address, and dial only what was checked.
+
+A request pins the address it was judged for (per connection, so keep-alive reuses one checked
+answer); `server_connect`, the one place every upstream dial passes, lets only those addresses
+go (and a passthrough tunnel's, chosen there). Whether a passthrough CONNECT is relayed unseen
+or intercepted is decided at its TLS ClientHello (`passthrough_hello`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from mitmproxy import http, tcp, tls
+from mitmproxy.proxy import server_hooks
+
+from sandgate.addons import relay, wirelimits
+from sandgate.addons.state import FlowRecord
+from sandgate.netguard import DialTarget, IPNetwork, choose_address, may_dial, resolve
+from sandgate.request import same_host
+from sandgate.stages.context import GateState, allowing_rule, via_gateway
+
+log = logging.getLogger("sandgate")
+
+
+async def pin(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
+    """The dial stage: the checked address this request goes to, approved for the dial."""
+    info = rec.info
+    assert info is not None
+    rule = allowing_rule(rec)
+    private_cidrs = rule.private_cidrs if rule is not None else ()
+    conn = st.conn(flow.client_conn)
+    target = conn.pinned.get((info.host, info.port))
+    # A `public: true` rule resolves afresh: a pin chosen for another rule may have skipped
+    # a non-public address that this rule must refuse the host for.
+    only_public = rule is not None and rule.public
+    if target is None or only_public or not may_dial(target.ip, private_cidrs):
+        target = await choose(st, info.host, info.port, private_cidrs, only_public)
+        conn.pinned[(info.host, info.port)] = target
+    rec.dialed = f"{target.ip}:{target.port}"
+    if via_gateway(flow):
+        # One gateway connection serves several upstreams. mitmproxy reuses an upstream
+        # connection for any request to the same address, so two names sharing an IP would
+        # share a TLS connection verified for one of them: the dial is keyed by name, and
+        # server_connect dials the checked address with that name as SNI.
+        conn.by_name[(info.host, info.port)] = target
+    else:
+        conn.approved[(str(target.ip), target.port)] = info.host
+        # Dial exactly the checked address; the Host header and SNI keep the name.
+        flow.request.data.host = str(target.ip)
+
+
+async def choose(st: GateState, host: str, port: int, private_cidrs: Iterable[IPNetwork],
+                 only_public: bool = False) -> DialTarget:
+    ips = await resolve(host, port, st.cfg.resolve_overrides)
+    return choose_address(host, port, ips, private_cidrs, st.cfg.self_addresses, only_public)
+
+
+async def server_connect(st: GateState, data: server_hooks.ServerConnectionHookData) -> None:
+    """The one place every upstream dial passes: only approved, checked addresses go."""
+    conn = st.conn(data.client)
+    server = data.server
+    address = server.address
+    if address is None:
+        server.error = "sandgate: no address"
+        return
+    key = (str(address[0]), int(address[1]))
+    named = conn.by_name.get(key)
+    if named is not None:  # a gateway request: dial the checked address, verify the name
+        server.address = named.address
+        server.sni = key[0]
+        return
+    if key in conn.approved:
+        # We dial the checked IP; TLS must still verify the name the request was judged for.
+        server.sni = conn.approved[key]
+        return
+    tunnel = conn.tunnel
+    if tunnel is not None and tunnel.passthrough and tunnel.rule is not None:
+        if same_host(str(address[0]), tunnel.host) and address[1] == tunnel.port:
+            target = await choose(st, tunnel.host, tunnel.port, tunnel.rule.private_cidrs)
+            server.address = target.address
+            wirelimits.exempt(server)  # raw bytes: the idle timeout applies, not the read one
+            return
+    server.error = "sandgate: connection was not approved"
+
+
+def server_connected(st: GateState, data: server_hooks.ServerConnectionHookData) -> None:
+    """A gateway's upstream connection is known by the name it was verified for (see `pin`),
+    so that mitmproxy reuses it only for requests to that same name."""
+    try:
+        conn = st.conns.get(data.client.id)
+        server = data.server
+        if conn is None or server.sni is None or server.address is None:
+            return
+        name = (server.sni, int(server.address[1]))
+        named = conn.by_name.get(name)
+        if named is not None and named.address == tuple(server.address):
+            server.address = name
+    except Exception:  # not a decision: without it the connection is simply not reused
+        log.exception("sandgate: server_connected failed")
+
+
+def passthrough_hello(st: GateState, data: tls.ClientHelloData) -> None:
+    """Relay a passthrough tunnel unseen only when its SNI names what the CONNECT named."""
+    try:
+        tunnel = st.conn(data.context.client).tunnel
+        if tunnel is None or not tunnel.passthrough:
+            return
+        sni = data.client_hello.sni
+        # Pass through only what the CONNECT named; otherwise intercept and let the request
+        # hook refuse the disagreement with a readable answer.
+        if sni is not None and same_host(sni, tunnel.host):
+            data.ignore_connection = True
+            relay.verified(data.context)  # relayed lean once the approved dial is up
+    except Exception:
+        log.exception("sandgate: tls_clienthello failed; intercepting instead")
+
+
+def raw_allowed(st: GateState, flow: tcp.TCPFlow) -> bool:
+    """Raw bytes inside a CONNECT are relayed only where a passthrough rule allows them:
+    there is nothing to judge in them (server_connect refuses the dial otherwise too)."""
+    try:
+        tunnel = st.conn(flow.client_conn).tunnel
+        if tunnel is not None and tunnel.passthrough:
+            return True
+    except Exception:
+        log.exception("sandgate: tcp_message failed; dropping")
+    return False
