@@ -175,6 +175,21 @@ def acting(rules: Sequence[Rule], call: Call | None) -> list[Rule]:
     return out
 
 
+def common_call(a: Rule, b: Rule) -> str | None:
+    """A JSON-RPC call both rules' filters allow, as `shown` writes it ("" when either rule
+    has none: it takes every body, or when the witnesses are too many to tell); None only when
+    both have mcp:/jsonrpc: and no call (one message) passes both: then each rule decides only
+    its own calls, and neither takes the other's."""
+    if a.call is None or b.call is None:
+        return ""
+    calls = call_witnesses([a, b])
+    if calls is None:
+        return ""
+    return next((shown(c) for c in calls if c is not None and c is not NOT_A_CALL
+                 and all(message_verdict(f, m) is None for f in (a.call, b.call)
+                         for m in c.messages)), None)
+
+
 def shown(call: Call | None) -> str:
     """The witness in a counter-example: " with tool create_issue {repo: ...}"."""
     if call is None:
