@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 from sandgate.decision import Decision, message_verdict
 from sandgate.jsonrpc import Call, Message
-from sandgate.policy.model import Rule, glob_matches
+from sandgate.policy.model import CallFilter, Rule, glob_matches
 
 # Product states explored per glob set, and call witnesses per proof: past either, the claim
 # is reported as not proved.
@@ -188,6 +188,26 @@ def common_call(a: Rule, b: Rule) -> str | None:
     return next((shown(c) for c in calls if c is not None and c is not NOT_A_CALL
                  and all(message_verdict(f, m) is None for f in (a.call, b.call)
                          for m in c.messages)), None)
+
+
+def _passes(f: CallFilter | None, call: Call) -> bool:
+    """Does a rule with this filter (None: none) forward a body carrying `call`?"""
+    if f is None:
+        return True
+    return call is not NOT_A_CALL and all(message_verdict(f, m) is None for m in call.messages)
+
+
+def calls_gained(old: Rule, new: Rule) -> list[str] | None:
+    """The calls (one per witness class, as `shown` writes them) the new rule forwards and the
+    old one does not, judged by the two rules' filters alone; None when the witnesses are too
+    many to tell."""
+    if old.call == new.call:
+        return []
+    calls = call_witnesses([old, new])
+    if calls is None:
+        return None
+    return [shown(c).removeprefix(" carrying ") for c in calls if c is not None
+            and _passes(new.call, c) and not _passes(old.call, c)]
 
 
 def shown(call: Call | None) -> str:

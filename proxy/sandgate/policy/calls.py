@@ -131,6 +131,17 @@ def describe(call: Call) -> str:
 
 
 
+def describe_filter(f: CallFilter) -> str:
+    """A rule's mcp:/jsonrpc: in one line, for the reach diff and report."""
+    tools = (f", tools {', '.join(f.tools) if f.tools is not None else 'any'}"
+             if f.protocol == "mcp" else "")
+    deny = [*f.deny_methods, *(f.deny_tools if f.protocol == "mcp" else ())]
+    args = "".join(f", argument {n} {g}" for n, g in f.arguments) if f.protocol == "mcp" else ""
+    return (f"{f.protocol}: methods "
+            f"{', '.join(f.allowed_methods) if f.allowed_methods is not None else 'any'}"
+            f"{tools}{args}{', never ' + ', '.join(deny) if deny else ''}")
+
+
 def call_fields(d: Decision, call: Call | None) -> dict[str, Any]:
     """What explain adds for the call layer: the call judged, or that one will be."""
     out: dict[str, Any] = {}
