@@ -317,3 +317,56 @@ def test_explain_judges_the_call_as_the_proxy_does(policy: Policy) -> None:
     assert out["mcp"]["arguments"] == {"repo": "acme/*"}
     with pytest.raises(ValueError, match="mcp_args must be a JSON object"):
         call_from_values("a", [1], None)
+
+
+GATEWAY_POLICY = """\
+version: v1
+secrets:
+  gh: {vault: "secret/data/sandboxes/{{ sandbox }}/mcp", field: token}
+identities:
+  agent:
+    rules:
+      - {name: gh-mcp, hosts: [mcp.example.com], methods: [POST], paths: [/mcp],
+         mcp: {tools: ['get_*'], deny_tools: [delete_repo]},
+         inject: {headers: {authorization: "Bearer {{ secrets.gh }}"}}}
+      - {name: pt, hosts: [tunnel.example.com], passthrough: true}
+gateways:
+  - {prefix: /gh, upstream: https://mcp.example.com, token_header: x-api-key}
+"""
+
+
+@pytest.mark.parametrize(("extra", "decision", "code"), [
+    (["--sandbox", "sb1", "--mcp-tool", "get_issue"], "allow", None),
+    (["--mcp-tool", "get_issue"], "deny", "sandbox_required"),  # the sandbox step still runs
+    (["--sandbox", "sb1", "--mcp-tool", "delete_repo"], "deny", "denied_by_rule"),
+    (["--sandbox", "sb1", "--mcp-tool", "create_issue"], "deny", "no_rule"),
+])
+def test_explain_call_with_gateway_and_sandbox(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               extra: list[str], decision: str,
+                                               code: str | None) -> None:
+    """--mcp-tool goes with --gateway and --sandbox: one judgement, as the gateway does it."""
+    import json
+
+    from sandgate.cli import main
+
+    (tmp_path / "p.yaml").write_text(GATEWAY_POLICY)
+    rc = main(["explain", "--policies", str(tmp_path), "--identity", "agent", "--gateway",
+               *extra, "POST", "/gh/mcp"])
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["decision"], doc["code"]) == (decision, code), doc
+    assert doc["gateway"] == "/gh" and doc["call"].startswith("tool ")
+    assert rc == (0 if decision == "allow" else 1)
+
+
+def test_explain_call_inside_a_passthrough_tunnel_is_never_seen(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from sandgate.cli import main
+
+    (tmp_path / "p.yaml").write_text(GATEWAY_POLICY)
+    rc = main(["explain", "--policies", str(tmp_path), "--identity", "agent", "--mcp-tool",
+               "delete_repo", "POST", "https://tunnel.example.com/mcp"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["decision"] == "tunnel"
+    assert "the proxy never sees the body" in doc["call"]
