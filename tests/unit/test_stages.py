@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from mitmproxy import http
 from mitmproxy.test import tflow
 
 from sandgate import audit
@@ -236,7 +237,7 @@ async def test_the_call_stage_holds_the_body_to_the_rule_the_call_picked(tmp_pat
     state.set_policy(policy)
     info = RequestInfo("http", "docs.example", 80, "POST", "/")
 
-    def run(title: str) -> tuple[FlowRecord, tflow.http.HTTPFlow]:
+    def run(title: str) -> tuple[FlowRecord, http.HTTPFlow]:
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                            "params": {"name": "create_issue",
                                       "arguments": {"title": title}}}).encode()
