@@ -147,7 +147,7 @@ async def test_canary_in_any_encoding_is_refused_and_audited(gate):
     decoy = canary(KEY, "agent")
     assert decoy == canary(KEY, "agent") and decoy != canary(KEY, "other")
     gate.cfg.canaries = {"canary:agent": decoy}
-    gate._secret_generation = -1  # the set is rebuilt on the next use
+    gate._scrub_sets.invalidate()  # the set is rebuilt on the next use
     with taddons.context(gate):
         for body in (decoy.encode(), base64.b64encode(decoy.encode()), decoy.upper().encode()):
             f = plain_flow()

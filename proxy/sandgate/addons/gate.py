@@ -186,5 +186,8 @@ class Gate(GateState):
         s80_refuse.upstream_error(flow)
         s90_audit.audit(self, flow)
 
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        s70_scrub.websocket_start(self, flow, _record(flow))
+
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         s70_scrub.websocket_message(self, flow, _record(flow))

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sandgate.addons.flowsecrets import Owned
 from sandgate.decision import Decision
 from sandgate.errors import Refused
 from sandgate.identity.base import Caller
@@ -59,6 +60,8 @@ class FlowRecord:
     decision: Decision | None = None
     refusal: Refusal | None = None
     secrets: list[str] = field(default_factory=list)  # "name@version", never values
+    # the values injected into this flow: always scrubbed from its response (flowsecrets)
+    owned: Owned = field(default_factory=Owned, repr=False)
     dialed: str | None = None
     exfiltration: list[str] = field(default_factory=list)
     redactions: int = 0

@@ -120,6 +120,11 @@ def register(sub: Any) -> None:
     run.add_argument("--gateway-tls-name", default=None, metavar="NAME",
                      help="the gateway takes TLS only, with a certificate for NAME from the "
                      "confdir CA (sandboxes trust `sandgate ca`)")
+    run.add_argument("--role-listen", action="append", default=[], metavar="ROLE=HOST:PORT",
+                     help="pattern 1 split: the listener a split sandbox's tool (or other) "
+                     "users are sent to (tool=HOST:PORT, other=HOST:PORT); docs/pattern1.md")
+    run.add_argument("--tool-identity", action="append", default=[], metavar="AGENT=TOOL",
+                     help="pattern 1 split: the identity of AGENT's bash tool (tool listener)")
     run.add_argument("--admin", type=_listen, default=None, metavar="HOST:PORT",
                      help="serve the admin API (health, readiness, metrics, policy, reload) "
                      "here; off unless given")
@@ -244,6 +249,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _err(str(e))
     from sandgate.addons.socks5 import parse_allow
+    from sandgate.identity.roles import split_from
     from sandgate.lifecycle import configure_logging, default_log_format
     from sandgate.policy import live
     from sandgate.policy.loader import PolicyError
@@ -279,10 +285,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         _check_gateway(args, loaded.policy.gateways, same_address)
         max_ttl = parse_ttl(args.admin_max_token_ttl)
         socks5_allow = parse_allow(args.socks5_allow)
+        split, role_listens = split_from(args.role_listen, args.tool_identity)
         check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
                                   listen_host=args.listen[0], listen_port=args.listen[1],
                                   admin=args.admin, socks5=args.socks5,
-                                  socks5_allow=socks5_allow))
+                                  socks5_allow=socks5_allow, role_listens=role_listens))
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
@@ -362,7 +369,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
             socks5=args.socks5, socks5_allow=socks5_allow,
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
-            limits=limits,
+            limits=limits, split=split, role_listens=role_listens,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
         )
         if role is not None:

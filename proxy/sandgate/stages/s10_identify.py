@@ -87,7 +87,8 @@ def socks_refused(st: GateState, flow: http.HTTPFlow, error: Refused) -> None:
 
 
 def identify(st: GateState, flow: http.HTTPFlow, proxy_authorization: str | None) -> Caller:
-    return st.cfg.identifier.identify(proxy_authorization, flow.client_conn.peername[0])
+    return st.cfg.identifier.identify(proxy_authorization, flow.client_conn.peername[0],
+                                      flow.client_conn.proxy_mode.custom_listen_port)
 
 
 def identify_proxied(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Tunnel | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from mitmproxy import ctx, http
 
+from sandgate.addons.flowsecrets import owned
 from sandgate.addons.state import FlowRecord
 from sandgate.decision import require_sandbox
 from sandgate.errors import Code, Refused
@@ -42,4 +43,5 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     # counted only now that the secrets are there to inject (or 429, nothing spent)
     st.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
     rec.secrets += versions
+    rec.owned = owned(policy, values, rule.secrets)  # always scrubbed from its response
     apply(rule, flow.request, values, {n: policy.secrets[n].placeholder for n in rule.secrets})
