@@ -61,6 +61,7 @@ class Code(StrEnum):
     # an unidentified connection past --first-byte-timeout, --handshake-timeout or
     # --identify-timeout (sandgate/addons/admission.py)
     HANDSHAKE_TIMEOUT = "handshake_timeout"
+    SESSION_MISMATCH = "session_mismatch"  # an MCP session id another identity opened
 
 
 STATUS: dict[Code, int] = {
@@ -91,6 +92,7 @@ STATUS: dict[Code, int] = {
     Code.HEADER_TIMEOUT: 408,
     Code.IDLE_TIMEOUT: 408,  # audited only: an idle connection is closed without an answer
     Code.HANDSHAKE_TIMEOUT: 408,  # audited only: closed without an answer
+    Code.SESSION_MISMATCH: 403,
 }
 
 

@@ -51,6 +51,7 @@ CASES = [
     (Refused(Code.HEADER_TIMEOUT, "r"), 408),
     (Refused(Code.IDLE_TIMEOUT, "r"), 408),
     (Refused(Code.HANDSHAKE_TIMEOUT, "r"), 408),
+    (Refused(Code.SESSION_MISMATCH, "r"), 403),
 ]
 
 

@@ -29,6 +29,7 @@ from sandgate.stages import (
     s10_identify,
     s20_head,
     s30_body,
+    s35_call,
     s40_forward,
     s50_inject,
     s60_dial,
@@ -53,6 +54,7 @@ HEAD_PATH: tuple[Stage, ...] = (
 # The complete request, judged and made ready to forward, in order.
 REQUEST_PATH: tuple[Stage, ...] = (
     s30_body.check,
+    s35_call.judge,
     s40_forward.prepare_head,
     s50_inject.inject,
     s60_dial.pin,
@@ -83,6 +85,8 @@ async def _run(st: GateState, path: tuple[Stage, ...], flow: http.HTTPFlow) -> N
     rec = _record(flow)
     for stage in path:
         await stage(st, flow, rec)
+        if rec.refused:
+            return  # the stage answered the flow itself (s35_call: JSON-RPC errors)
 
 
 class Gate(GateState):

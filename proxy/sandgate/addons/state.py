@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sandgate.addons.flowsecrets import Owned
 from sandgate.decision import Decision
@@ -13,6 +14,9 @@ from sandgate.netguard import DialTarget
 from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo
+
+if TYPE_CHECKING:
+    from sandgate.addons.calls import CallState
 
 
 @dataclass
@@ -86,6 +90,8 @@ class FlowRecord:
     reported: bool = False
     # the gateway prefix the request arrived under (gateway listener), None for proxied ones
     gateway: str | None = None
+    # a rule with mcp:/jsonrpc: matched: the call judged and its list answers (addons/calls.py)
+    call: CallState | None = None
 
     @property
     def refused(self) -> bool:

@@ -14,6 +14,7 @@ from mitmproxy import connection, http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
+from sandgate.addons.calls import Sessions
 from sandgate.addons.flowsecrets import ScrubSets
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord
 from sandgate.identity.resolve import Identifier
@@ -53,6 +54,7 @@ class GateState:
         self.conns: dict[str, Conn] = {}
         self._placeholders = dict(config.policy.placeholders)
         self._scrub_sets = ScrubSets()
+        self.sessions = Sessions()  # MCP session ids -> the identity that opened each
 
     @property
     def policy(self) -> Policy:

@@ -15,7 +15,7 @@ import logging
 
 from mitmproxy import http
 
-from sandgate.addons import wscontrol
+from sandgate.addons import calls, wscontrol
 from sandgate.addons.forward import is_websocket_upgrade
 from sandgate.addons.state import FlowRecord
 from sandgate.addons.stream import (
@@ -49,6 +49,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
     resp = flow.response
     if resp is None or rec.refused:
         return
+    calls.response_headers(rec, resp, st.sessions)  # the MCP session id bound to its identity
     if resp.status_code == 101 and not (
             is_websocket_upgrade(flow.request)
             and resp.headers.get("upgrade", "").strip().lower() == "websocket"):
@@ -78,7 +79,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         rec.bytes_out += sum(len(c) for c in out)
         return out
 
-    resp.stream = stream
+    resp.stream = calls.wrap_stream(rec, flow, stream)  # MCP list answers filtered
 
 
 def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
@@ -91,6 +92,8 @@ def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
                 rec.redactions += scrub_whole(resp, st.secrets(rec))
             except ValueError as e:  # undecodable: a readable 502 instead of its body
                 refuse(flow, refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, str(e))))
+            if not rec.refused:
+                calls.filter_whole(rec, resp)  # MCP list answers filtered
             rec.bytes_out = len(resp.raw_content or b"")
         if resp is not None and resp.trailers and rec.refused:
             resp.trailers = None  # the upstream's answer was replaced: none of it goes
