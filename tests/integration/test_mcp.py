@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -361,6 +362,25 @@ def test_session_binding_holds_across_workers(mcp_workers: Admin) -> None:
             break
     # both outcomes seen on both workers (all 40 connections on one worker: 2^-39)
     wait_for(lambda: _workers_seen(proxy) == ({0, 1}, {0, 1}), 10, "both workers")
+
+
+def test_session_binding_holds_across_replicas_and_restarts(
+        tmp_path: Path, vault: Any, mcp_servers: Any, mcp_proxy: Proxy) -> None:
+    """A second `sandgate run` with the same confdir key (a replica, or the same proxy after a
+    restart) has never seen the session opened: it still serves agent's id and refuses
+    bash-tool's replay of it."""
+    sid = _open_session(mcp_proxy, "agent")
+    shutil.copytree(mcp_proxy.confdir, tmp_path / "conf")  # the key replicas share
+    replica = _start(tmp_path, vault, mcp_servers)
+    try:
+        payload, status, head = _post(replica.proxy, "bash-tool", LISTING, ACCEPT,
+                                      f"mcp-session-id: {sid}")
+        assert status == 403 and "x-sandgate-reason: session_mismatch" in head, payload
+        payload, status, _ = _post(replica.proxy, "agent", LISTING, ACCEPT,
+                                   f"mcp-session-id: {sid}")
+        assert status == 200 and "list_issues" in payload, payload
+    finally:
+        _stop(replica)
 
 
 def _workers_seen(proxy: Proxy) -> tuple[set[int], set[int]]:
