@@ -61,7 +61,7 @@ class Code(StrEnum):
     # an unidentified connection past --first-byte-timeout, --handshake-timeout or
     # --identify-timeout (sandgate/addons/admission.py)
     HANDSHAKE_TIMEOUT = "handshake_timeout"
-    SESSION_MISMATCH = "session_mismatch"  # an MCP session id another identity opened
+    SESSION_MISMATCH = "session_mismatch"  # an MCP session id not issued to this identity
 
 
 STATUS: dict[Code, int] = {

@@ -7,8 +7,11 @@ SDK (.venv-clients) and the TypeScript SDK (tests/mcp-ts, Node)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import time
@@ -60,10 +63,10 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], log: Path) -
 
 
 @pytest.fixture(scope="module")
-def mcp_stack(tmp_path_factory: pytest.TempPathFactory, vault: Any) -> Iterator[Admin]:
-    """The MCP servers and `sandgate run` with its admin listener (Admin.proxy: the proxy)."""
+def mcp_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The MCP servers (JSON and SSE answers) behind real TLS; their PKI."""
     assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
-    tmp = tmp_path_factory.mktemp("mcp")
+    tmp = tmp_path_factory.mktemp("mcp-servers")
     pki = make_pki(tmp / "pki", ["mcp.test", "mcp-sse.test"])
     servers = []
     for ip, mode in ((JSON_IP, "json"), (SSE_IP, "sse")):
@@ -74,19 +77,49 @@ def mcp_stack(tmp_path_factory: pytest.TempPathFactory, vault: Any) -> Iterator[
                                 stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
         servers.append(proc)
         _wait_port(ip, 443, proc, log)
+    yield pki
+    for proc in servers:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _start(tmp: Path, vault: Any, pki: Any, *extra: str) -> Admin:
     admin_port = free_port()
     p = start_proxy(tmp, HERE / "policies_mcp", {"VAULT_ADDR": vault.addr,
                                                   "VAULT_TOKEN": vault.root_token,
                                                   "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}, pki,
                     f"--resolve=mcp.test={JSON_IP}", f"--resolve=mcp-sse.test={SSE_IP}",
-                    "--admin", f"127.0.0.1:{admin_port}")
-    yield Admin(p, f"http://127.0.0.1:{admin_port}", HERE / "policies_mcp")
+                    "--admin", f"127.0.0.1:{admin_port}", *extra)
+    return Admin(p, f"http://127.0.0.1:{admin_port}", HERE / "policies_mcp")
+
+
+def _stop(a: Admin) -> None:
+    p = a.proxy
     stop_proxy(p)
-    for proc in servers:
-        proc.terminate()
-        proc.wait(10)
     logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
     assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+    # no session id handed out (wrapped) in the logs or the audit
+    assert not re.search(r"sgs1\.[A-Za-z0-9_-]+\.", logs)
+    assert not [sid for sid in UPSTREAM_SIDS if sid in logs]
+
+
+@pytest.fixture(scope="module")
+def mcp_stack(tmp_path_factory: pytest.TempPathFactory, vault: Any, mcp_servers: Any
+              ) -> Iterator[Admin]:
+    """`sandgate run` (one process) with its admin listener (Admin.proxy: the proxy)."""
+    a = _start(tmp_path_factory.mktemp("mcp"), vault, mcp_servers)
+    yield a
+    _stop(a)
+
+
+@pytest.fixture(scope="module")
+def mcp_workers(tmp_path_factory: pytest.TempPathFactory, vault: Any, mcp_servers: Any
+                ) -> Iterator[Admin]:
+    """`sandgate run --workers 2`: two processes on one port, the kernel picks per connection."""
+    a = _start(tmp_path_factory.mktemp("mcp-workers"), vault, mcp_servers, "--workers", "2")
+    wait_for(lambda: a.get("/readyz")[0] == 200, 120, "both workers ready")
+    yield a
+    _stop(a)
 
 
 @pytest.fixture(scope="module")
@@ -172,14 +205,14 @@ def test_typescript_sdk_tools_per_identity(mcp_proxy: Proxy, url: str) -> None:
 
 
 def _post(proxy: Proxy, identity: str, body: Any, *headers: str,
-          url: str = JSON_URL) -> tuple[str, int, str]:
+          url: str = JSON_URL, token: str | None = None) -> tuple[str, int, str]:
     """A raw POST through the proxy (curl): (body, status, response head)."""
     data = body if isinstance(body, str) else json.dumps(body)
     args = ["-X", "POST", "--data-binary", data, "-H", "content-type: application/json",
             "-D", "-"]
     for h in headers or ("accept: application/json, text/event-stream",):
         args += ["-H", h]
-    r = curl(proxy, identity, url, *args)
+    r = curl(proxy, identity, url, *args, token=token)
     out, status = split_status(r.stdout)
     head, _, payload = out.partition("\n\n")  # (text mode: CRLF read as LF)
     if "connection established" in head.lower():  # the CONNECT's answer comes first
@@ -234,21 +267,131 @@ def test_what_is_not_a_well_formed_call_is_refused_over_http(mcp_proxy: Proxy, b
         assert status == 400 and f"x-sandgate-reason: {code}" in head
 
 
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "curl", "version": "1"}}}
+LISTING = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+ACCEPT = "accept: application/json, text/event-stream"
+UPSTREAM_SIDS: list[str] = []  # the upstream's own ids (never logged: checked by _stop)
+
+
+def _open_session(proxy: Proxy, identity: str, url: str = JSON_URL,
+                  token: str | None = None) -> str:
+    """initialize through the proxy: the session id the client is given."""
+    r = curl(proxy, identity, url, "-X", "POST", "--data-binary", json.dumps(INIT),
+             "-H", "content-type: application/json", "-H", ACCEPT, "-D", "-", token=token)
+    out, status = split_status(r.stdout)
+    assert status == 200, out
+    sid = next(line.split(":", 1)[1].strip() for line in out.splitlines()
+               if line.lower().startswith("mcp-session-id:"))
+    if sid.startswith("sgs1."):
+        body = sid.split(".")[1]
+        UPSTREAM_SIDS.append(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode())
+    return sid
+
+
+def _delete(proxy: Proxy, identity: str, sid: str) -> tuple[int, str]:
+    r = curl(proxy, identity, JSON_URL, "-X", "DELETE", "-D", "-",
+             "-H", f"mcp-session-id: {sid}")
+    out, status = split_status(r.stdout)
+    return status, out.lower()
+
+
 def test_session_id_replayed_by_another_identity_is_refused(mcp_proxy: Proxy) -> None:
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "curl", "version": "1"}}}
-    _, status, head = _post(mcp_proxy, "agent", init)
-    assert status == 200, head
-    sid = next(line.split(":", 1)[1].strip() for line in head.splitlines()
-               if line.startswith("mcp-session-id:"))
-    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-    accept = "accept: application/json, text/event-stream"
-    payload, status, head = _post(mcp_proxy, "bash-tool", listing, accept,
+    sid = _open_session(mcp_proxy, "agent")
+    # the client holds a wrapped id (visible ASCII), bound to agent and mcp.test:443
+    assert sid.startswith("sgs1.") and all(0x21 <= ord(c) <= 0x7E for c in sid)
+    payload, status, head = _post(mcp_proxy, "bash-tool", LISTING, ACCEPT,
                                   f"mcp-session-id: {sid}")
     assert status == 403 and "x-sandgate-reason: session_mismatch" in head, payload
-    _, status, _ = _post(mcp_proxy, "agent", listing, accept, f"mcp-session-id: {sid}")
-    assert status == 200
+    assert "not issued through Sandgate to bash-tool" in payload
+    ev = mcp_proxy.wait_audit(lambda e: e.get("code") == "session_mismatch")
+    assert ev["identity"] == "bash-tool" and ev["upstream_status"] is None  # never forwarded
+    payload, status, _ = _post(mcp_proxy, "agent", LISTING, ACCEPT, f"mcp-session-id: {sid}")
+    assert status == 200 and "list_issues" in payload  # the upstream knew its own id
+    # the same id for another server (mcp-sse.test): bound to mcp.test, refused
+    _, status, head = _post(mcp_proxy, "agent", LISTING, ACCEPT, f"mcp-session-id: {sid}",
+                            url=SSE_URL)
+    assert status == 403 and "x-sandgate-reason: session_mismatch" in head
+    # the DELETE that ends the session is unwrapped the same way: refused for bash-tool,
+    # and ends agent's session (the upstream answers a second DELETE: session not found)
+    status, out = _delete(mcp_proxy, "bash-tool", sid)
+    assert status == 403 and "x-sandgate-reason: session_mismatch" in out
+    status, out = _delete(mcp_proxy, "agent", sid)
+    assert status == 200, out
+    status, out = _delete(mcp_proxy, "agent", sid)
+    assert status == 404 and "x-sandgate-reason" not in out, out
+
+
+def test_a_session_id_not_issued_through_sandgate_is_refused(mcp_proxy: Proxy) -> None:
+    """An id the agent got some other way (the upstream's own, a guess, a forgery) is never
+    forwarded: there is no "unknown, so let it through" any more."""
+    sid = _open_session(mcp_proxy, "agent")
+    _, body, mac = sid.split(".")
+    raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
+    forged = f"sgs1.{body}.{'A' * len(mac)}"
+    for value in (raw, forged, "not-a-session"):
+        payload, status, head = _post(mcp_proxy, "agent", LISTING, ACCEPT,
+                                      f"mcp-session-id: {value}")
+        assert status == 403 and "x-sandgate-reason: session_mismatch" in head, payload
+        assert raw not in payload
+        doc = json.loads(payload)
+        assert "initialize without Mcp-Session-Id" in doc["hint"]
+
+
+def test_session_binding_holds_across_workers(mcp_workers: Admin) -> None:
+    """With --workers 2 each connection lands on either worker (nothing shared but the key):
+    bash-tool replaying agent's id is refused on both (before agent has used the session on
+    the other worker: no process may have to have seen it opened), and agent's own requests
+    work on both."""
+    proxy = mcp_workers.proxy
+    tokens = {i: proxy.token(i) for i in ("agent", "bash-tool")}
+    sid = _open_session(proxy, "agent", token=tokens["agent"])
+    for attempt in range(40):  # each curl a new connection; every one of them is checked
+        payload, status, head = _post(proxy, "bash-tool", LISTING, ACCEPT,
+                                      f"mcp-session-id: {sid}", token=tokens["bash-tool"])
+        assert status == 403 and "x-sandgate-reason: session_mismatch" in head, (attempt,
+                                                                                 payload)
+        if attempt >= 4 and _workers_seen(proxy)[0] == {0, 1}:
+            break
+    for attempt in range(40):
+        payload, status, _ = _post(proxy, "agent", {**LISTING, "id": 100 + attempt}, ACCEPT,
+                                   f"mcp-session-id: {sid}", token=tokens["agent"])
+        assert status == 200 and "list_issues" in payload, (attempt, payload)
+        if attempt >= 4 and _workers_seen(proxy)[1] == {0, 1}:
+            break
+    # both outcomes seen on both workers (all 40 connections on one worker: 2^-39)
+    wait_for(lambda: _workers_seen(proxy) == ({0, 1}, {0, 1}), 10, "both workers")
+
+
+def test_session_binding_holds_across_replicas_and_restarts(
+        tmp_path: Path, vault: Any, mcp_servers: Any, mcp_proxy: Proxy) -> None:
+    """A second `sandgate run` with the same confdir key (a replica, or the same proxy after a
+    restart) has never seen the session opened: it still serves agent's id and refuses
+    bash-tool's replay of it."""
+    sid = _open_session(mcp_proxy, "agent")
+    shutil.copytree(mcp_proxy.confdir, tmp_path / "conf")  # the key replicas share
+    replica = _start(tmp_path, vault, mcp_servers)
+    try:
+        payload, status, head = _post(replica.proxy, "bash-tool", LISTING, ACCEPT,
+                                      f"mcp-session-id: {sid}")
+        assert status == 403 and "x-sandgate-reason: session_mismatch" in head, payload
+        payload, status, _ = _post(replica.proxy, "agent", LISTING, ACCEPT,
+                                   f"mcp-session-id: {sid}")
+        assert status == 200 and "list_issues" in payload, payload
+    finally:
+        _stop(replica)
+
+
+def _workers_seen(proxy: Proxy) -> tuple[set[int], set[int]]:
+    """The workers that refused bash-tool's replay, and those that served agent's session."""
+    events = [e for e in proxy.audit() if e.get("event") == "request"]
+    refused = {e["worker"] for e in events if e.get("identity") == "bash-tool"
+               and e.get("code") == "session_mismatch"}
+    served = {e["worker"] for e in events if e.get("identity") == "agent"
+              and e.get("upstream_status") == 200
+              and any(c.get("method") == "tools/list" for c in e.get("rpc") or ())}
+    return refused, served
 
 
 def test_calls_are_counted_and_explained_by_the_admin_api(mcp_stack: Admin) -> None:

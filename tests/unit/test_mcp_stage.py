@@ -1,5 +1,5 @@
-"""The call stage's response side: list answers filtered (JSON and SSE, however chunked) and
-session ids bound to identities (sandgate.addons.calls)."""
+"""The call stage's response side: list answers filtered, JSON and SSE, however chunked
+(sandgate.addons.calls). Session ids: tests/unit/test_mcpsession.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.addons.calls import CallState, Sessions, _filter_json, _SseFilter
+from sandgate.addons.calls import CallState, _filter_json, _SseFilter
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
@@ -95,16 +95,6 @@ def _policy() -> Policy:
             (Path(d) / "p.yaml").write_text(POLICY)
             _CACHE["p"] = load_policy_dir(d)
     return _CACHE["p"]
-
-
-def test_sessions_bind_to_the_first_identity_and_stay_bounded() -> None:
-    s = Sessions(limit=2)
-    assert s.bind("h", 443, "a", "agent") == "agent"
-    assert s.bind("h", 443, "a", "bash-tool") == "agent"
-    assert s.owner("h", 443, "a") == "agent" and s.owner("other", 443, "a") is None
-    s.bind("h", 443, "b", "x")
-    s.bind("h", 443, "c", "y")
-    assert s.owner("h", 443, "a") is None  # the oldest is forgotten past the limit
 
 
 def test_call_metric_labels_are_bounded_by_the_policy(policy: Policy) -> None:

@@ -8,8 +8,11 @@ the one decision function `explain`, fixtures and proofs use. A well-formed call
 is answered as a JSON-RPC error for each of its ids (`answer_call`), in the transport the
 client asked for; anything that is not a well-formed call gets the HTTP refusal.
 
-Response side: the `Mcp-Session-Id` a response carries is bound to the identity whose request
-it answered (another identity presenting it is refused), and answers to tools/list,
+Response side: the `Mcp-Session-Id` a response carries is handed to the client wrapped, bound by
+a MAC to the identity whose request it answered and the server (sandgate.mcpsession: no state,
+so it holds across workers, replicas and restarts); a request presents it back and is forwarded
+with the upstream's own id only if the MAC verifies for its identity and host:port (another
+identity's id, or any id Sandgate did not issue, is refused). Answers to tools/list,
 resources/list and prompts/list (JSON or server-sent events) keep only the entries the identity
 may call, judged by the same decide().
 """
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +31,7 @@ from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.jsonrpc import Call, CallError, Message, id_key, loads, parse
+from sandgate.mcpsession import SessionIdError, unwrap, wrap
 from sandgate.policy.model import Policy
 from sandgate.refusal import REASON_HEADER, Refusal
 from sandgate.request import RequestInfo
@@ -39,7 +42,6 @@ SESSION_HEADER = "mcp-session-id"
 REFUSED_CODE = -32003
 # A list answer is parsed whole (JSON) or per event (SSE): at most this much at once.
 MAX_LIST_BODY = 8 * 1024 * 1024
-MAX_SESSIONS = 65536
 
 # list method -> (the result member, the member naming an entry, the call that uses an entry)
 LISTS = {
@@ -47,30 +49,6 @@ LISTS = {
     "resources/list": ("resources", "uri", "resources/read"),
     "prompts/list": ("prompts", "name", "prompts/get"),
 }
-
-
-class Sessions:
-    """Mcp-Session-Id -> the identity that opened it, per upstream; the oldest forgotten past
-    MAX_SESSIONS (a forgotten id is unknown, and an unknown id is let through: another worker
-    or a restart may have seen it opened)."""
-
-    def __init__(self, limit: int = MAX_SESSIONS) -> None:
-        self._ids: OrderedDict[tuple[str, int, str], str] = OrderedDict()
-        self._limit = limit
-
-    def owner(self, host: str, port: int, sid: str) -> str | None:
-        return self._ids.get((host, port, sid))
-
-    def bind(self, host: str, port: int, sid: str, identity: str) -> str:
-        """Bind the id to identity unless bound already; the owner it has now."""
-        key = (host, port, sid)
-        owner = self._ids.get(key)
-        if owner is None:
-            self._ids[key] = owner = identity
-            while len(self._ids) > self._limit:
-                self._ids.popitem(last=False)
-        self._ids.move_to_end(key)
-        return owner
 
 
 @dataclass
@@ -113,7 +91,7 @@ class CallState:
 # ------------------------------------------------------------------------- the request side
 
 def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
-               sessions: Sessions) -> Refused | None:
+               session_key: bytes) -> Refused | None:
     """Judge the call in a complete request body (rec: the flow's FlowRecord). Returns the
     refusal to answer as JSON-RPC errors (see answer_call), None to go on (rec.decision is then
     the decision with the call); raises a Refused for an HTTP-level refusal."""
@@ -121,14 +99,7 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     if d is None or d.call_limit is None or rec.caller is None or rec.info is None:
         return None
     identity, info = rec.caller.identity, rec.info
-    sid = req.headers.get(SESSION_HEADER)
-    if sid is not None:
-        owner = sessions.owner(info.host, info.port, sid)
-        if owner is not None and owner != identity:
-            raise Refused(Code.SESSION_MISMATCH, f"this MCP session was opened by another "
-                          f"identity; {identity} cannot use it",
-                          hint="open a session of your own (initialize without "
-                          "Mcp-Session-Id)")
+    open_session(req, session_key, identity, info)
     state = rec.call = CallState(policy, identity, info)
     body = req.raw_content or b""
     if not body:
@@ -163,6 +134,26 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     return final.refused()
 
 
+def open_session(req: http.Request, key: bytes, identity: str, info: RequestInfo) -> None:
+    """The Mcp-Session-Id the request carries (a GET stream, a call, the DELETE that ends the
+    session: all alike) replaced by the upstream's own id, if Sandgate issued it to this
+    identity for this host:port; refused otherwise, so no id reaches the upstream unverified."""
+    values = req.headers.get_all(SESSION_HEADER)
+    if not values:
+        return
+    if len(values) > 1:
+        raise BadRequest(Code.BAD_REQUEST, f"the Mcp-Session-Id header is given {len(values)} "
+                         "times; send the session id once")
+    try:
+        sid = unwrap(key, identity, info.host, info.port, values[0])
+    except SessionIdError as e:
+        raise Refused(Code.SESSION_MISMATCH, f"this MCP session id cannot be used by "
+                      f"{identity}: {e}",
+                      hint="open a session of your own through Sandgate (initialize without "
+                      "Mcp-Session-Id) and send back the id Sandgate answers with") from None
+    req.headers[SESSION_HEADER] = sid.decode("utf-8", "surrogateescape")
+
+
 def _outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
     if allowed:
         return ["allow"] * len(call.messages)
@@ -195,17 +186,21 @@ def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
 
 # ------------------------------------------------------------------------ the response side
 
-def response_headers(rec: FlowRecord, resp: http.Response, sessions: Sessions) -> None:
-    """Bind the session id the upstream hands out to the identity it answered."""
+def response_headers(rec: FlowRecord, resp: http.Response, session_key: bytes) -> None:
+    """The session id the upstream hands out, wrapped: bound to the identity it answered and
+    to the server (sandgate.mcpsession)."""
     state: CallState | None = rec.call
     if state is None:
         return
-    sid = resp.headers.get(SESSION_HEADER)
-    if sid is not None:
-        owner = sessions.bind(state.info.host, state.info.port, sid, state.identity)
-        if owner != state.identity:
-            raise Refused(Code.UPSTREAM_ERROR, "the upstream answered with an MCP session id "
-                          "that belongs to another identity")
+    values = resp.headers.get_all(SESSION_HEADER)
+    if not values:
+        return
+    if not all(values):
+        raise Refused(Code.UPSTREAM_ERROR, "the upstream answered with an empty MCP session id")
+    info = state.info
+    resp.headers.set_all(SESSION_HEADER, [
+        wrap(session_key, state.identity, info.host, info.port,
+             v.encode("utf-8", "surrogateescape")) for v in values])
 
 
 def _filtering(rec: FlowRecord, resp: http.Response) -> CallState | None:

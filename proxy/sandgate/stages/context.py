@@ -14,11 +14,11 @@ from mitmproxy import connection, http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
-from sandgate.addons.calls import Sessions
 from sandgate.addons.flowsecrets import ScrubSets
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord
 from sandgate.identity.resolve import Identifier
 from sandgate.limits import Limiter, LimitsConfig
+from sandgate.mcpsession import session_key
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy.model import Policy, Rule
 from sandgate.scrub import SecretSet
@@ -54,7 +54,8 @@ class GateState:
         self.conns: dict[str, Conn] = {}
         self._placeholders = dict(config.policy.placeholders)
         self._scrub_sets = ScrubSets()
-        self.sessions = Sessions()  # MCP session ids -> the identity that opened each
+        # MCP session ids are bound by a MAC under this key (the same in every worker/replica)
+        self.session_key = session_key(config.identifier.token_key)
 
     @property
     def policy(self) -> Policy:

@@ -29,7 +29,7 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     """The call stage: nothing to do unless a matching rule judges calls."""
     head, was_reported = rec.decision, rec.reported
     assert head is not None
-    refused = judge_call(rec, flow.request, st.flow_policy(rec), st.sessions)
+    refused = judge_call(rec, flow.request, st.flow_policy(rec), st.session_key)
     if refused is not None:
         answer_call(flow, rec, refusal_for(st, flow, refused))  # rec.refused: the path ends
         return

@@ -49,7 +49,6 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
     resp = flow.response
     if resp is None or rec.refused:
         return
-    calls.response_headers(rec, resp, st.sessions)  # the MCP session id bound to its identity
     if resp.status_code == 101 and not (
             is_websocket_upgrade(flow.request)
             and resp.headers.get("upgrade", "").strip().lower() == "websocket"):
@@ -59,6 +58,8 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         return
     secrets = st.secrets(rec)
     rec.redactions += clean_head(resp, secrets)
+    # the MCP session id, already scrubbed, wrapped: bound to its identity and server
+    calls.response_headers(rec, resp, st.session_key)
     if flow.request.method == "HEAD" or resp.status_code in (204, 304) or (
         resp.status_code < 200
     ):
