@@ -45,12 +45,11 @@ lane() {  # lane NAME PYTEST_ARGS...: pytest's status, where "no test selected" 
 }
 ran=0
 status=0
-lane unit -n auto -m unit "$@" || status=$?
 if ((!fast)); then
-  workers=${SANDGATE_TEST_WORKERS:-3}
-  # The Docker lane runs beside the integration workers: it uses the host's namespace and the
-  # workers their own, so they share no address, and Docker tests spend much of their time
-  # waiting on image builds and containers. Its output is printed when it ends.
+  # The Docker lane (the longest) starts first and runs beside the unit lane and the integration
+  # workers: it uses the host's namespace and the workers their own, so they share no address,
+  # and Docker tests spend much of their time waiting on image builds and containers. Its
+  # output is printed when it ends.
   dlog=$(mktemp)
   (
     drc=0
@@ -58,6 +57,10 @@ if ((!fast)); then
     echo "$drc $ran" >"$dlog.status"
   ) &
   dpid=$!
+fi
+lane unit -n auto -m unit "$@" || status=$?
+if ((!fast)); then
+  workers=${SANDGATE_TEST_WORKERS:-3}
   lane integration -m "integration and not docker and not soak" --dist loadfile \
     --tx "$workers*popen//python=tests/support/netns-python" "$@" || status=$?
   wait "$dpid" || true
