@@ -60,6 +60,10 @@ def explain(policy: Policy, identity: str, method: str, url: str,
                 would.append(f"basic auth: from secret(s) {', '.join(sorted(s))}")
             would += [f"query {n}: from secret(s) {', '.join(sorted(t.secrets))}"
                       for n, t in inj.query]
+        if d.rule.substitute_body:
+            would.append("body (JSON string values, form field values): placeholder of "
+                         f"secret(s) {', '.join(sorted(d.rule.substitute))}; refused if one "
+                         "cannot be swapped")
         out["inject"] = would
         out["placeholders_honoured"] = sorted(d.rule.secrets)
     if d.rule is not None:

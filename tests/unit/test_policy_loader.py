@@ -46,6 +46,8 @@ BROKEN = [
     ("substitute_http.yaml", 10, "identities.a.rules[0].substitute", "only injected over TLS"),
     ("substitute_headers_alone.yaml", 7, "identities.a.rules[0].substitute_headers",
      "without substitute does nothing"),
+    ("substitute_body_alone.yaml", 7, "identities.a.rules[0].substitute_body",
+     "without substitute does nothing"),
     ("substitute_headers_bad_name.yaml", 10, "identities.a.rules[0].substitute_headers[0]",
      "not a valid HTTP header name"),
     ("passthrough_l7.yaml", 8, "identities.a.rules[0].passthrough", "cannot see HTTP"),

@@ -463,6 +463,11 @@ def _compile_rule(
             names.add(hl)
         sub_headers = frozenset(names)
 
+    if rs.substitute_body and not rs.substitute:
+        rep((*loc, "substitute_body"), "substitute_body without substitute does nothing",
+            "name the secrets whose placeholders the body carries in `substitute`, or remove "
+            "substitute_body")
+
     cidrs: list[IPNetwork] = []
     for j, c in enumerate(rs.private_cidrs):
         try:
@@ -556,7 +561,8 @@ def _compile_rule(
         private_cidrs=tuple(cidrs),
         passthrough=rs.passthrough, source=src, query=query, query_optional=query_optional,
         query_absent=query_absent,
-        max_request_bytes=max_bytes, public=rs.public, where=loc, meta=meta,
+        max_request_bytes=max_bytes, substitute_body=rs.substitute_body, public=rs.public,
+        where=loc, meta=meta,
     )
 
 

@@ -234,6 +234,9 @@ class Rule:
     query_optional: QueryConstraint = ()  # may be missing; when given, one of these values
     query_absent: frozenset[str] = frozenset()  # must be missing, in any letter case
     max_request_bytes: int | None = None  # the rule's own request body limit (413 above it)
+    # `substitute_body: true`: `substitute` placeholders are swapped in JSON/form body values too
+    # (sandgate.secrets.body)
+    substitute_body: bool = False
     public: bool = False  # `public: true`: hosts is (ANY_PUBLIC_HOST,)
     # where the rule is written inside source.file, e.g. ("identities", "a", "rules", 2) or
     # ("templates", "git", 0): for tools that point at one of its fields (lint)

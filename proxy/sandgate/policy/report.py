@@ -72,6 +72,8 @@ def _secret_text(policy: Policy, name: str, r: Rule) -> str:
     ref = policy.secrets.get(name)
     how = "substituted" if name in r.substitute and not (
         r.inject and name in r.inject.secrets) else "injected"
+    if how == "substituted" and r.substitute_body:
+        how = "substituted in headers and body"
     if ref is None:
         return name
     where = ref.location + (f"#{ref.field}" if ref.dynamic is None else "")

@@ -142,6 +142,15 @@ class RuleSpec(_Strict):
         "placeholder anywhere else is sent as it is, so an upstream that reflects a request "
         "header never sees (or echoes) the value.",
     )
+    substitute_body: bool = Field(
+        default=False,
+        description="Also swap the `substitute` placeholders inside the request body: inside "
+        "string values of a JSON body (application/json, */*+json) and field values of a form "
+        "body (application/x-www-form-urlencoded), the whole value or part of it. The body is "
+        "parsed (at most 1 MiB), not string-replaced. A placeholder anywhere else in the body "
+        "(an object key, a field name, another body type, a compressed or unparsable body) is "
+        "refused (exfiltration), never forwarded unresolved.",
+    )
     private_cidrs: list[str] = Field(
         default_factory=list, description="Non-public ranges this rule may dial."
     )

@@ -42,4 +42,9 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     # counted only now that the secrets are there to inject (or 429, nothing spent)
     st.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
     rec.secrets += versions
-    apply(rule, flow.request, values, {n: policy.secrets[n].placeholder for n in rule.secrets})
+    plan = rec.body_plan
+    if plan is not None:
+        rec.injected += [f"{v}: {plan.describe()}" for v in versions
+                         if v.partition("@")[0] in plan.secrets]
+    apply(rule, flow.request, values, {n: policy.secrets[n].placeholder for n in rule.secrets},
+          plan)
