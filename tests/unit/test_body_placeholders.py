@@ -186,3 +186,14 @@ def test_apply_swaps_body_and_sets_length(tmp_path):
     apply(rule, req, {"openai": VALUE}, {"openai": PH}, p)
     assert json.loads(req.content or b"") == {"api_key": VALUE}
     assert req.headers["content-length"] == str(len(req.raw_content or b""))
+
+
+def test_explain_names_the_body(tmp_path):
+    from sandgate.explain import explain_request
+
+    (tmp_path / "p.yaml").write_text(POLICY)
+    out, allowed = explain_request(load_policy_files([tmp_path / "p.yaml"]), "a", "POST",
+                                   "https://api.example.com/v1/x")
+    assert allowed
+    assert out["inject"] == ["body (JSON string values, form field values): placeholder of "
+                             "secret(s) openai; refused if one cannot be swapped"]
