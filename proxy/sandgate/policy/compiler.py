@@ -18,6 +18,7 @@ from typing import Literal
 
 from mitmproxy.utils import human
 
+from sandgate.errors import Refused
 from sandgate.policy import hosts as H
 from sandgate.policy import overlap
 from sandgate.policy import paths as P
@@ -28,6 +29,7 @@ from sandgate.policy.model import (
     HostPattern,
     Injection,
     IPNetwork,
+    OAuth2Ref,
     PolicyTest,
     QueryConstraint,
     Rule,
@@ -163,6 +165,8 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
         if kv is None:
             return None
         mount, path, kv_version = kv
+        if spec.oauth2 is not None and spec.field is None:
+            spec = spec.model_copy(update={"field": "client_id"})  # the record's one must-have
         if spec.field is None:
             report(("secrets", name, "field"), "required key `field` is missing",
                    "name the key inside the secret's data, e.g. `field: api_key`")
@@ -194,6 +198,8 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
                        "write an exact host (api.example.com) or a leading wildcard over a "
                        "registered domain ('*.example.com', quoted in YAML)")
                 ok = False
+    oauth2 = _compile_oauth2(name, spec, kv_version, path, report) if spec.oauth2 else None
+    ok = ok and (spec.oauth2 is None or oauth2 is not None)
     budget = None
     if spec.budget is not None:
         from sandgate.policy.limits import compile_budget  # imports this module
@@ -205,7 +211,46 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
     return SecretRef(name=name, mount=mount, path=path.strip("/"), field=field_name,
                      kv_version=kv_version, placeholder=placeholder, source=src,
                      hosts=tuple(hosts) if hosts is not None else None, dynamic=dynamic,
-                     budget=budget)
+                     budget=budget, oauth2=oauth2)
+
+
+def _compile_oauth2(name: str, spec: SecretSpec, kv_version: int, path: str,
+                    report: Report) -> OAuth2Ref | None:
+    o = spec.oauth2
+    assert o is not None
+    loc = ("secrets", name, "oauth2")
+    ok = True
+    if spec.dynamic is not None:
+        report((*loc,), "a secret cannot be both `oauth2` and `dynamic`",
+               "keep the client credentials in KV v2 (`vault:`) and drop `dynamic`")
+        return None
+    if kv_version != 2:
+        report(("secrets", name, "kv_version"), "an oauth2 secret needs KV version 2",
+               "store the client record in a KV v2 mount: a rotated refresh token is written "
+               "back with check-and-set, which KV v1 cannot do")
+        ok = False
+    if "{{" in path:
+        report(("secrets", name, "vault"), "an oauth2 secret's path cannot use {{ identity }} "
+               "or {{ sandbox }}", "one client record per secret: declare one secret per client")
+        ok = False
+    try:
+        url = parse_url("POST", o.token_url)
+    except Refused as e:
+        report((*loc, "token_url"), f"token_url {o.token_url!r} is not a valid URL: {e.reason}",
+               "write the token endpoint's URL, e.g. https://auth.example.com/oauth/token")
+        return None
+    if url.scheme != "https":
+        report((*loc, "token_url"), "token_url must be https: the client secret and refresh "
+               "token are sent there", "write the endpoint's https:// URL")
+        ok = False
+    if o.scope is not None and (not o.scope.strip() or has_control_chars(o.scope)):
+        report((*loc, "scope"), "scope is empty or holds control characters",
+               "write the scopes separated by spaces, e.g. 'read write', or drop `scope`")
+        ok = False
+    if not ok:
+        return None
+    return OAuth2Ref(token_url=o.token_url, grant=o.grant, scope=o.scope,
+                     client_auth=o.client_auth, timeout=o.timeout)
 
 
 _PATH_FIX = ("write literal path segments plus `{{ identity }}` or `{{ sandbox }}`, e.g. "

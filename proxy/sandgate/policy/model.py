@@ -47,6 +47,18 @@ def path_variable(name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class OAuth2Ref:
+    """`oauth2:` of a secret: the value is an access token from `token_url` (secrets/oauth2.py);
+    the secret's KV v2 location holds client_id, client_secret (and refresh_token)."""
+
+    token_url: str
+    grant: Literal["client_credentials", "refresh_token"]
+    scope: str | None = None
+    client_auth: Literal["basic", "post"] = "basic"
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class SecretBudget:
     """`budget:` of a secret: at most `calls` injections per window of `per` seconds."""
 
@@ -77,6 +89,7 @@ class SecretRef:
     # minted per sandbox with a lease instead of read from KV (then mount/path/field are unused)
     dynamic: DynamicRef | None = None
     budget: SecretBudget | None = None  # call budget per window (sandgate.limits)
+    oauth2: OAuth2Ref | None = None  # an OAuth 2.0 access token minted from the KV record
 
     @property
     def location(self) -> str:

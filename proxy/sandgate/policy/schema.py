@@ -27,6 +27,24 @@ class DynamicSpec(_Strict):
     username_field: str | None = Field(
         default=None, description="The key of the user name it was minted with (e.g. "
         "username), for `{{ secrets.NAME.username }}` in templates.")
+class OAuth2Spec(_Strict):
+    """An OAuth 2.0 access token Sandgate obtains itself (docs/credentials.md). The secret's
+    `vault:` path (KV v2) holds `client_id`, `client_secret` and, for the refresh-token grant,
+    `refresh_token`; a rotated refresh token is written back there (check-and-set)."""
+
+    token_url: str = Field(description="The token endpoint, https only. Sandgate dials it "
+                           "itself, under the same rules and address checks as any request of "
+                           "the calling identity: one of its rules must allow POST to it.")
+    grant: Literal["client_credentials", "refresh_token"] = Field(
+        description="client_credentials, or refresh_token (the refresh token read from Vault).")
+    scope: str | None = Field(default=None, description="The `scope` asked for, if any.")
+    client_auth: Literal["basic", "post"] = Field(
+        default="basic", description="How the client authenticates: HTTP Basic "
+        "(client_secret_basic, the default) or form fields (client_secret_post).")
+    timeout: float = Field(default=10.0, gt=0, le=60, description="Seconds the token request "
+                           "may take in all; past it: 503 secret_unavailable.")
+
+
 class BudgetSpec(_Strict):
     """A call budget for an expensive credential, counted per Sandgate process."""
 
@@ -68,6 +86,10 @@ class SecretSpec(_Strict):
         default=None, description="Minted per sandbox with a lease (database/creds/ROLE...), "
         "renewed while the sandbox lives and revoked when it ends.")
     kv_version: Literal[1, 2] = Field(default=2, description="KV engine version (mount form).")
+    oauth2: OAuth2Spec | None = Field(
+        default=None, description="The value is an OAuth 2.0 access token Sandgate obtains "
+        "from `token_url` with the client credentials read from the `vault:` path (KV v2), "
+        "cached until shortly before it expires. `field` is not needed.")
     placeholder: str | None = Field(
         default=None,
         description="Text a sandbox may hold instead of the value; default "

@@ -34,6 +34,7 @@ from sandgate.errors import SecretError
 from sandgate.identity.base import Caller
 from sandgate.policy.model import SecretRef
 from sandgate.secrets.leases import LeaseManager
+from sandgate.secrets.oauth2 import Dial, OAuth2Tokens
 from sandgate.secrets.scope import GLOBAL, Scope, scope_of
 from sandgate.secrets.scope import resolve as resolve_path
 from sandgate.text import breaks_header
@@ -49,6 +50,7 @@ class SecretValue:
     version: int | None = None
     username: str | None = field(default=None, repr=False)  # a dynamic secret's user name
     lease_id: str | None = None  # a dynamic secret's lease (not a credential)
+    note: str | None = None  # how a minted value was obtained, for the audit (never a value)
 
 
 @dataclass(frozen=True)
@@ -232,12 +234,13 @@ class SecretBroker:
         self.observer: BrokerObserver | None = None
         self._health: tuple[float, str | None] | None = None  # (checked at, problem) for check()
         self._health_task: asyncio.Task[str | None] | None = None
+        self.oauth2 = OAuth2Tokens(self._read_record, self._write_record, self._clock)
 
     @property
     def generation(self) -> int:
         """Bumped whenever a cached value (KV or lease) appears, changes or goes: consumers that
         compile the values (the scrubber's automaton) rebuild only then."""
-        return self._kv_generation + self.leases.generation
+        return self._kv_generation + self.leases.generation + self.oauth2.generation
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -479,6 +482,7 @@ class SecretBroker:
         pairs = [(ck[0], e.value.value) for ck, e in self._cache.items()]
         pairs += [(name, value) for _, name, value, _ in self.leases.values()]
         pairs += list(self.leases.retired)
+        pairs += self.oauth2.values()
         return pairs
 
     def value_views(self) -> list[dict[str, str]]:
@@ -498,13 +502,21 @@ class SecretBroker:
                           if view_scope.covers(scope)})
         return views
 
-    async def get(self, name: str, caller: Caller | None = None) -> SecretValue:
+    async def get(self, name: str, caller: Caller | None = None,
+                  dial: Dial | None = None) -> SecretValue:
         """The value of secret `name` for `caller` (None: a caller with neither identity nor
         sandbox, enough for shared secrets). Raises SecretError, or SandboxRequired when the
-        secret is per sandbox and the caller has no (usable) sandbox id."""
+        secret is per sandbox and the caller has no (usable) sandbox id. An oauth2 secret needs
+        `dial`: how this caller may reach the token endpoint."""
         ref = self._refs.get(name)
         if ref is None:
             raise SecretError(name, f"secret '{name}' is not defined in the policy")
+        if ref.oauth2 is not None:
+            if dial is None:
+                raise SecretError(name, f"secret '{name}' unavailable: its token endpoint "
+                                  "cannot be reached from here")
+            tok = await self.oauth2.get(ref, dial)
+            return SecretValue(name=name, value=tok.value, version=tok.version, note=tok.note)
         identity = caller.identity if caller is not None else None
         sandbox = caller.sandbox if caller is not None else None
         path = resolve_path(ref, identity, sandbox)
@@ -595,6 +607,27 @@ class SecretBroker:
                 self.observer.secret_fetch(name, outcome)
             except Exception:
                 log.exception("secret broker observer failed")
+
+    async def _read_record(self, ref: SecretRef) -> tuple[Any, int | None]:
+        """An oauth2 secret's client record (KV v2), errors as SecretError."""
+        try:
+            if not self._logged_in:
+                await self._login()
+            return await self._read(ref)
+        except _VaultFailure as f:
+            self._observe_fetch(ref.name, f.kind)
+            msg = f"secret '{ref.name}' unavailable: {f.detail} (reading {_where(ref)})"
+            log.warning("%s [vault %s]", msg, self.config.addr)
+            raise SecretError(ref.name, msg) from None
+
+    async def _write_record(self, ref: SecretRef, data: dict[str, Any], version: int) -> None:
+        """Write an oauth2 client record back, only over `version` (KV v2 check-and-set)."""
+        client = self._client
+        try:
+            await self._call(lambda: client.secrets.kv.v2.create_or_update_secret(
+                path=ref.path, secret=data, cas=version, mount_point=ref.mount))
+        except _VaultFailure as f:
+            raise SecretError(ref.name, f"writing {_where(ref)} failed: {f.kind}") from None
 
     async def _read(self, ref: SecretRef) -> tuple[Any, int | None]:
         """One read at `ref`'s (resolved) location."""

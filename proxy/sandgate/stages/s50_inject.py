@@ -11,10 +11,39 @@ from __future__ import annotations
 from mitmproxy import ctx, http
 
 from sandgate.addons.state import FlowRecord
-from sandgate.decision import require_sandbox
-from sandgate.errors import Code, Refused
+from sandgate.decision import decide, require_sandbox
+from sandgate.errors import Code, Refused, SecretError
 from sandgate.inject import apply
+from sandgate.netguard import choose_address, resolve
+from sandgate.policy.model import Policy
+from sandgate.request import parse_url
+from sandgate.secrets.oauth2 import Dial
 from sandgate.stages.context import GateState, allowing_rule
+
+
+def token_dial(st: GateState, policy: Policy, identity: str, name: str) -> Dial:
+    """How `identity` may reach a token endpoint (an oauth2 secret): as any of its requests
+    would, judged by its rules (POST to the endpoint must be allowed) and the address checks
+    (the rule's private_cidrs, never the proxy itself). Refused: 503 secret_unavailable."""
+
+    async def dial(url: str) -> tuple[str, int]:
+        try:
+            info = parse_url("POST", url)
+            d = decide(policy, identity, info)
+            if not d.allowed or d.rule is None:
+                raise SecretError(name, f"secret '{name}' unavailable: the rules of identity "
+                                  f"'{identity}' do not allow POST {url} ({d.code})")
+            ips = await resolve(info.host, info.port, st.cfg.resolve_overrides)
+            target = choose_address(info.host, info.port, ips, d.rule.private_cidrs,
+                                    st.cfg.self_addresses, d.rule.public)
+        except SecretError:
+            raise
+        except Refused as e:
+            raise SecretError(name, f"secret '{name}' unavailable: token endpoint refused "
+                              f"({e.code}: {e.reason})") from None
+        return str(target.ip), target.port
+
+    return dial
 
 
 async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
@@ -34,8 +63,11 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     values: dict[str, str] = {}
     versions: list[str] = []
     for name in sorted(rule.secrets):
-        sv = await st.cfg.broker.get(name, caller)
+        sv = await st.cfg.broker.get(name, caller, token_dial(st, policy, caller.identity, name))
         values[name] = sv.value
+        if sv.note is not None:
+            rec.injected.append(f"{name}@{sv.version}: {sv.note}" if sv.version else
+                                f"{name}: {sv.note}")
         if sv.username is not None:
             values[f"{name}.username"] = sv.username
         versions.append(f"{name}@{sv.version}" if sv.version else name)
