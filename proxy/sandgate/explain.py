@@ -9,6 +9,7 @@ from typing import Any
 
 from sandgate.decision import judge, shown_outcome
 from sandgate.policy.model import Policy
+from sandgate.secrets.describe import describe
 
 _NO_OVERRIDES: Mapping[str, str] = {}
 
@@ -65,6 +66,8 @@ def explain(policy: Policy, identity: str, method: str, url: str,
                          f"secret(s) {', '.join(sorted(d.rule.substitute))}; refused if one "
                          "cannot be swapped")
         out["inject"] = would
+        out["credentials"] = {n: describe(policy.secrets[n]) for n in sorted(d.rule.secrets)
+                              if n in policy.secrets}
         out["placeholders_honoured"] = sorted(d.rule.secrets)
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]

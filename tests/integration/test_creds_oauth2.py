@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 AUTH_IP = "127.0.51.2"  # helper 11's loopback range: the authorization and resource server
 DOWN_IP = "127.0.51.3"  # nothing listens here
+SLOW_IP = "127.0.51.4"  # accepts and never answers
 EXPIRES_IN = 4  # seconds: expiry is tested by waiting it out
 ROOT = Path(__file__).parents[2]
 
@@ -65,6 +67,9 @@ SECRETS = {  # name -> (client record, oauth2 settings)
     "bad": ("bad", f'token_url: "{TOKEN_URL}", grant: refresh_token'),
     "down": ("cc", 'token_url: "https://down.creds.test/oauth/token", '
                    "grant: client_credentials, timeout: 3"),
+    "slow": ("cc", 'token_url: "https://slow.creds.test/oauth/token", '
+                   "grant: client_credentials, timeout: 1"),
+    "vaultdown": ("sf", f'token_url: "{TOKEN_URL}", grant: client_credentials'),
     "norule": ("cc", 'token_url: "https://norule.creds.test/oauth/token", '
                      "grant: client_credentials"),
 }
@@ -74,11 +79,11 @@ POLICY = "version: v1\nsecrets:\n" + "".join(
   agent:
     rules:
       - name: token-endpoints
-        hosts: [auth.creds.test, down.creds.test]
+        hosts: [auth.creds.test, down.creds.test, slow.creds.test]
         methods: [POST]
         paths: [/oauth/token]
         private_cidrs: [127.0.51.0/24]
-{"".join(_api_rule(n) for n in ("cc", "sf", "rt", "bad", "down", "norule"))}"""
+{"".join(_api_rule(n) for n in SECRETS)}"""
 
 
 @dataclass
@@ -114,6 +119,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
         [sys.executable, "-m", "tests.support.oauth_server", AUTH_IP, "443", str(pki.cert),
          str(pki.key), json.dumps(CLIENTS)], cwd=ROOT, env=env,
         stdout=(tmp / "oauth.log").open("wb"), stderr=subprocess.STDOUT)
+    silent = socket.create_server((SLOW_IP, 443))  # the kernel accepts; nobody answers
     vault = SeedableVault()
     vault.start()
     for name, rec in RECORDS.items():
@@ -124,7 +130,8 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                                                 "VAULT_TOKEN": vault.root_token}, pki,
                         *(f"--resolve={h}={AUTH_IP}" for h in
                           ("auth.creds.test", "api.creds.test", "norule.creds.test")),
-                        f"--resolve=down.creds.test={DOWN_IP}")
+                        f"--resolve=down.creds.test={DOWN_IP}",
+                        f"--resolve=slow.creds.test={SLOW_IP}")
     st = Stack(proxy, vault, pki)
     deadline = time.monotonic() + 30
     while True:
@@ -142,6 +149,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
         stop_proxy(proxy)
         server.terminate()
         server.wait(10)
+        silent.close()
         logs = proxy.logs() + (proxy.audit_file.read_text() if proxy.audit_file.exists() else "")
         vault.stop()
         secrets = [*tokens, *(c["secret"] for c in CLIENTS.values()),
@@ -217,3 +225,17 @@ def test_token_endpoint_not_allowed_by_the_rules_is_503(stack):
     doc = json.loads(body)
     assert "do not allow POST https://norule.creds.test/oauth/token" in doc["reason"]
     assert stack.stats()["served"].get("norule", 0) == 0
+
+
+def test_token_endpoint_that_never_answers_is_503_within_its_timeout(stack):
+    body, status = stack.call("slow")
+    assert status == 503
+    assert "did not answer within 1s" in json.loads(body)["reason"]
+
+
+def test_vault_down_is_503_and_nothing_forwarded(stack):  # last: it stops OpenBao
+    stack.vault.stop()
+    body, status = stack.call("vaultdown")
+    assert status == 503
+    assert json.loads(body)["code"] == "secret_unavailable"
+    assert stack.stats()["served"].get("vaultdown", 0) == 0

@@ -76,7 +76,10 @@ def _secret_text(policy: Policy, name: str, r: Rule) -> str:
         how = "substituted in headers and body"
     if ref is None:
         return name
-    where = ref.location + (f"#{ref.field}" if ref.dynamic is None else "")
+    where = ref.location + (f"#{ref.field}" if ref.dynamic is None and ref.oauth2 is None
+                            else "")
+    if ref.oauth2 is not None:
+        where = f"oauth2 {ref.oauth2.grant} from {ref.oauth2.token_url}, client record {where}"
     only = f", only to {', '.join(p.text for p in ref.hosts)}" if ref.hosts else ""
     return f"{name} ({how}; {where}{only})"
 

@@ -122,6 +122,13 @@ async def request_token(ref: OAuth2Ref, record: Mapping[str, Any], dial: Dial,
         raise TokenFailure(f"the token endpoint cannot be reached ({type(e).__name__})") from None
     if len(body) > MAX_TOKEN_RESPONSE:
         raise TokenFailure("the token endpoint's answer is too large")
+    return answer(status, body)
+
+
+def answer(status: int, body: bytes) -> dict[str, Any]:
+    """A token endpoint's answer: the JSON object of a 200, or TokenFailure naming the status
+    and the provider's `error` code (only a well-formed code: the rest of an error body may
+    quote what was sent)."""
     try:
         doc = json.loads(body)
     except ValueError:
@@ -197,7 +204,7 @@ class OAuth2Tokens:
         try:
             self.mints += 1
             doc = await request_token(o, data, dial, self.ssl_ctx)
-            value, expires_in = _parse_token(doc)
+            value, expires_in = parse_token(doc)
         except TokenFailure as e:
             log.warning("secret '%s': token request to %s failed: %s", name, o.token_url, e)
             raise SecretError(name, f"secret '{name}' unavailable: {e}") from None
@@ -237,7 +244,7 @@ class OAuth2Tokens:
         del held[:-16]
 
 
-def _parse_token(doc: Mapping[str, Any]) -> tuple[str, int]:
+def parse_token(doc: Mapping[str, Any]) -> tuple[str, int]:
     value = doc.get("access_token")
     if not isinstance(value, str) or not value or any(c in value for c in "\r\n\0 "):
         raise TokenFailure("the token endpoint's answer has no usable access_token")
