@@ -14,7 +14,8 @@ import pytest
 from sandgate.errors import Code, SecretError
 from sandgate.policy.model import OAuth2Ref, SecretRef, Source
 from sandgate.secrets import oauth2
-from sandgate.secrets.oauth2 import OAuth2Tokens, TokenFailure, answer, parse_token
+from sandgate.secrets.oauth2 import OAuth2Tokens, answer, parse_token
+from sandgate.secrets.tokenhttp import TokenFailure
 
 pytestmark = pytest.mark.unit
 

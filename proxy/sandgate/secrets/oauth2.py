@@ -22,7 +22,6 @@ import base64
 import json
 import logging
 import re
-import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -30,23 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-
 from sandgate.errors import SecretError
 from sandgate.policy.model import OAuth2Ref, SecretRef
+from sandgate.secrets.tokenhttp import Dial, TokenFailure, call
 
 log = logging.getLogger("sandgate.oauth2")
 
-MAX_TOKEN_RESPONSE = 64 * 1024  # a token response is small; read no more
 # An access token is used until this long before it expires (or a tenth of its lifetime).
 REFRESH_MARGIN = 60.0
 # RFC 6749 5.2: `error` is a short ASCII code; anything else is not echoed.
 _ERROR_CODE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]{1,64}")
 
-# url -> (the checked address to dial, its port); raises Refused when the rules or the address
-# checks refuse the token endpoint for this caller.
-Dial = Callable[[str], Awaitable[tuple[str, int]]]
 ReadRecord = Callable[[SecretRef], Awaitable[tuple[Any, int | None]]]
 WriteRecord = Callable[[SecretRef, dict[str, Any], int], Awaitable[None]]
 
@@ -60,37 +53,10 @@ class Token:
     note: str  # how it was obtained, for the audit (never a value)
 
 
-class _Pinned(AbstractResolver):
-    """aiohttp's resolver, answering only the address Sandgate checked (the name stays for TLS
-    verification and the Host header)."""
-
-    def __init__(self, host: str, ip: str, port: int) -> None:
-        self.host, self.ip, self.port = host, ip, port
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        if host != self.host:
-            raise OSError(f"not the token endpoint: {host}")
-        fam = socket.AF_INET6 if ":" in self.ip else socket.AF_INET
-        return [ResolveResult(hostname=host, host=self.ip, port=self.port, family=fam, proto=0,
-                              flags=socket.AI_NUMERICHOST)]
-
-    async def close(self) -> None:
-        return None
-
-
-class TokenFailure(Exception):
-    """Why no token (text safe to show: never a token, never the client secret)."""
-
-
 async def request_token(ref: OAuth2Ref, record: Mapping[str, Any], dial: Dial,
                         ssl_ctx: ssl.SSLContext) -> dict[str, Any]:
     """One token request; the parsed JSON answer of a 200, or TokenFailure."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(ref.token_url)
-    host = parts.hostname or ""
-    ip, port = await dial(ref.token_url)
+    address = await dial(ref.token_url)
     client_id, client_secret = _text(record, "client_id"), _text(record, "client_secret")
     form: dict[str, str] = {"grant_type": ref.grant}
     if ref.grant == "refresh_token":
@@ -104,24 +70,8 @@ async def request_token(ref: OAuth2Ref, record: Mapping[str, Any], dial: Dial,
         headers["authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
     else:
         form |= {"client_id": client_id, "client_secret": client_secret}
-    connector = aiohttp.TCPConnector(resolver=_Pinned(host, ip, port), ssl=ssl_ctx,
-                                     use_dns_cache=False, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=ref.timeout)
-    try:
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                         trust_env=False) as session, session.post(
-                ref.token_url, data=urlencode(form), headers=headers,
-                allow_redirects=False) as resp:
-            body = await resp.content.read(MAX_TOKEN_RESPONSE + 1)
-            status = resp.status
-    except TimeoutError:
-        raise TokenFailure(f"the token endpoint did not answer within {ref.timeout:g}s") from None
-    except aiohttp.ClientSSLError:
-        raise TokenFailure("TLS to the token endpoint failed verification") from None
-    except (aiohttp.ClientError, OSError) as e:
-        raise TokenFailure(f"the token endpoint cannot be reached ({type(e).__name__})") from None
-    if len(body) > MAX_TOKEN_RESPONSE:
-        raise TokenFailure("the token endpoint's answer is too large")
+    status, body = await call("POST", ref.token_url, address, ssl_ctx, ref.timeout, headers,
+                              urlencode(form).encode())
     return answer(status, body)
 
 

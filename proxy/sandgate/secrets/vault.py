@@ -34,9 +34,10 @@ from sandgate.errors import SecretError
 from sandgate.identity.base import Caller
 from sandgate.policy.model import SecretRef
 from sandgate.secrets.leases import LeaseManager
-from sandgate.secrets.oauth2 import Dial, OAuth2Tokens
+from sandgate.secrets.oauth2 import OAuth2Tokens
 from sandgate.secrets.scope import GLOBAL, Scope, scope_of
 from sandgate.secrets.scope import resolve as resolve_path
+from sandgate.secrets.tokenhttp import Dial
 from sandgate.text import breaks_header
 
 log = logging.getLogger("sandgate.vault")

@@ -17,7 +17,7 @@ from sandgate.inject import apply
 from sandgate.netguard import choose_address, resolve
 from sandgate.policy.model import Policy
 from sandgate.request import parse_url
-from sandgate.secrets.oauth2 import Dial
+from sandgate.secrets.tokenhttp import Dial
 from sandgate.stages.context import GateState, allowing_rule
 
 
