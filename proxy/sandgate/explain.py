@@ -66,7 +66,8 @@ def explain(policy: Policy, identity: str, method: str, url: str,
                          f"secret(s) {', '.join(sorted(d.rule.substitute))}; refused if one "
                          "cannot be swapped")
         out["inject"] = would
-        out["credentials"] = {n: describe(policy.secrets[n]) for n in sorted(d.rule.secrets)
+        out["credentials"] = {n: describe(policy.secrets[n], d.rule.github_scope)
+                              for n in sorted(d.rule.secrets)
                               if n in policy.secrets}
         out["placeholders_honoured"] = sorted(d.rule.secrets)
     if d.rule is not None:

@@ -26,6 +26,8 @@ from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
     DynamicRef,
+    GitHubAppRef,
+    GitHubScope,
     HostPattern,
     Injection,
     IPNetwork,
@@ -167,6 +169,8 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
         mount, path, kv_version = kv
         if spec.oauth2 is not None and spec.field is None:
             spec = spec.model_copy(update={"field": "client_id"})  # the record's one must-have
+        if spec.github_app is not None and spec.field is None:
+            spec = spec.model_copy(update={"field": "private_key"})
         if spec.field is None:
             report(("secrets", name, "field"), "required key `field` is missing",
                    "name the key inside the secret's data, e.g. `field: api_key`")
@@ -200,6 +204,8 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
                 ok = False
     oauth2 = _compile_oauth2(name, spec, kv_version, path, report) if spec.oauth2 else None
     ok = ok and (spec.oauth2 is None or oauth2 is not None)
+    github_app = _compile_github_app(name, spec, report) if spec.github_app else None
+    ok = ok and (spec.github_app is None or github_app is not None)
     budget = None
     if spec.budget is not None:
         from sandgate.policy.limits import compile_budget  # imports this module
@@ -211,7 +217,62 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
     return SecretRef(name=name, mount=mount, path=path.strip("/"), field=field_name,
                      kv_version=kv_version, placeholder=placeholder, source=src,
                      hosts=tuple(hosts) if hosts is not None else None, dynamic=dynamic,
-                     budget=budget, oauth2=oauth2)
+                     budget=budget, oauth2=oauth2, github_app=github_app)
+
+
+def _compile_github_app(name: str, spec: SecretSpec, report: Report) -> GitHubAppRef | None:
+    g = spec.github_app
+    assert g is not None
+    loc = ("secrets", name, "github_app")
+    if spec.dynamic is not None or spec.oauth2 is not None:
+        report(loc, "a secret can be only one of `github_app`, `oauth2` and `dynamic`",
+               "keep the app's private key in KV (`vault:`) and declare one kind per secret")
+        return None
+    ok = True
+    for key in ("app_id", "installation_id"):
+        if getattr(g, key) <= 0:
+            report((*loc, key), f"{key} must be a positive number",
+                   "copy it from the app's settings page / the installation's URL")
+            ok = False
+    try:
+        url = parse_url("POST", g.api_url)
+    except Refused as e:
+        report((*loc, "api_url"), f"api_url {g.api_url!r} is not a valid URL: {e.reason}",
+               "write https://api.github.com or your server's https://HOST/api/v3")
+        return None
+    if url.scheme != "https" or "?" in g.api_url:
+        report((*loc, "api_url"), "api_url must be an https URL without a query",
+               "write https://api.github.com or your server's https://HOST/api/v3")
+        ok = False
+    if not ok:
+        return None
+    return GitHubAppRef(app_id=g.app_id, installation_id=g.installation_id,
+                        api_url=g.api_url.rstrip("/"), timeout=g.timeout)
+
+
+_REPO_RE = re.compile(r"(?:[A-Za-z0-9-]{1,39}/)?[A-Za-z0-9._-]{1,100}")
+_PERMISSION_RE = re.compile(r"[a-z][a-z_]{0,63}")
+
+
+def _compile_github_scope(rs: RuleSpec, loc: Loc, rep: Report) -> GitHubScope | None:
+    g = rs.github_app
+    assert g is not None
+    repos: list[str] = []
+    for j, r in enumerate(g.repositories or ()):
+        if not _REPO_RE.fullmatch(r) or r.rsplit("/", 1)[-1] in (".", ".."):
+            rep((*loc, "github_app", "repositories", j), f"{r!r} is not a repository name",
+                "write the repository as name or owner/name, e.g. acme/api")
+            continue
+        repos.append(r.rsplit("/", 1)[-1])
+    perms: list[tuple[str, str]] = []
+    for k, v in (g.permissions or {}).items():
+        if not _PERMISSION_RE.fullmatch(k):
+            rep((*loc, "github_app", "permissions", k), f"{k!r} is not a permission name",
+                "write GitHub's name for it, e.g. contents, pull_requests, issues")
+            continue
+        perms.append((k, v))
+    return GitHubScope(tuple(sorted(set(repos))) if g.repositories is not None else None,
+                       tuple(sorted(perms)) if g.permissions is not None else None)
 
 
 def _compile_oauth2(name: str, spec: SecretSpec, kv_version: int, path: str,
@@ -606,7 +667,9 @@ def _compile_rule(
         private_cidrs=tuple(cidrs),
         passthrough=rs.passthrough, source=src, query=query, query_optional=query_optional,
         query_absent=query_absent,
-        max_request_bytes=max_bytes, substitute_body=rs.substitute_body, public=rs.public,
+        max_request_bytes=max_bytes, substitute_body=rs.substitute_body,
+        github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
+        public=rs.public,
         where=loc, meta=meta,
     )
 

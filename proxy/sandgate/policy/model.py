@@ -59,6 +59,31 @@ class OAuth2Ref:
 
 
 @dataclass(frozen=True, slots=True)
+class GitHubAppRef:
+    """`github_app:` of a secret: installation tokens minted with the private key stored at the
+    secret's location (secrets/github_app.py)."""
+
+    app_id: int
+    installation_id: int
+    api_url: str = "https://api.github.com"
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class GitHubScope:
+    """`github_app:` of a rule: the repositories and permissions its tokens are minted with
+    (None: the installation's)."""
+
+    repositories: tuple[str, ...] | None = None  # names, sorted
+    permissions: tuple[tuple[str, str], ...] | None = None  # (name, level), sorted
+
+    def describe(self) -> str:
+        parts = [f"repo={r}" for r in self.repositories or ()]
+        parts += [f"{k}={v}" for k, v in self.permissions or ()]
+        return ", ".join(parts) or "the installation's repositories and permissions"
+
+
+@dataclass(frozen=True, slots=True)
 class SecretBudget:
     """`budget:` of a secret: at most `calls` injections per window of `per` seconds."""
 
@@ -90,6 +115,7 @@ class SecretRef:
     dynamic: DynamicRef | None = None
     budget: SecretBudget | None = None  # call budget per window (sandgate.limits)
     oauth2: OAuth2Ref | None = None  # an OAuth 2.0 access token minted from the KV record
+    github_app: GitHubAppRef | None = None  # a GitHub App installation token
 
     @property
     def location(self) -> str:
@@ -250,6 +276,7 @@ class Rule:
     # `substitute_body: true`: `substitute` placeholders are swapped in JSON/form body values too
     # (sandgate.secrets.body)
     substitute_body: bool = False
+    github_scope: GitHubScope | None = None  # `github_app:` restrictions of its tokens
     public: bool = False  # `public: true`: hosts is (ANY_PUBLIC_HOST,)
     # where the rule is written inside source.file, e.g. ("identities", "a", "rules", 2) or
     # ("templates", "git", 0): for tools that point at one of its fields (lint)

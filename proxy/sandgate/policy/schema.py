@@ -45,6 +45,33 @@ class OAuth2Spec(_Strict):
                            "may take in all; past it: 503 secret_unavailable.")
 
 
+class GitHubAppSpec(_Strict):
+    """A GitHub App installation token Sandgate mints itself (docs/credentials.md). The
+    secret's `vault:` path holds the app's private key (PEM) under `field` (default
+    private_key)."""
+
+    app_id: int = Field(description="The GitHub App's id (the JWT's issuer).")
+    installation_id: int = Field(description="The installation the tokens are minted for.")
+    api_url: str = Field(default="https://api.github.com", description="GitHub's API (https), "
+                         "e.g. https://github.example.com/api/v3 for GitHub Enterprise Server. "
+                         "Sandgate POSTs to {api_url}/app/installations/{id}/access_tokens: "
+                         "the calling identity's rules must allow it.")
+    timeout: float = Field(default=10.0, gt=0, le=60,
+                           description="Seconds a mint or revocation may take in all.")
+
+
+class GitHubTokenSpec(_Strict):
+    """`github_app:` of a rule: what the installation token it injects may do (narrower per
+    identity: a bash tool gets contents: read on one repository)."""
+
+    repositories: list[str] | None = Field(
+        default=None, min_length=1, description="The repositories the token is restricted to "
+        "(name, or owner/name within the installation's account). Default: the installation's.")
+    permissions: dict[str, Literal["read", "write", "admin"]] | None = Field(
+        default=None, min_length=1, description="The permissions the token gets, e.g. "
+        "{contents: read, pull_requests: write}. Default: the installation's.")
+
+
 class BudgetSpec(_Strict):
     """A call budget for an expensive credential, counted per Sandgate process."""
 
@@ -86,6 +113,11 @@ class SecretSpec(_Strict):
         default=None, description="Minted per sandbox with a lease (database/creds/ROLE...), "
         "renewed while the sandbox lives and revoked when it ends.")
     kv_version: Literal[1, 2] = Field(default=2, description="KV engine version (mount form).")
+    github_app: GitHubAppSpec | None = Field(
+        default=None, description="The value is a GitHub App installation token Sandgate "
+        "mints with the app's private key read from the `vault:` path (field private_key), "
+        "per sandbox and per rule's `github_app:` restrictions, cached until near expiry and "
+        "revoked when the sandbox ends.")
     oauth2: OAuth2Spec | None = Field(
         default=None, description="The value is an OAuth 2.0 access token Sandgate obtains "
         "from `token_url` with the client credentials read from the `vault:` path (KV v2), "
@@ -164,6 +196,9 @@ class RuleSpec(_Strict):
         "placeholder anywhere else is sent as it is, so an upstream that reflects a request "
         "header never sees (or echoes) the value.",
     )
+    github_app: GitHubTokenSpec | None = Field(
+        default=None, description="Restricts the GitHub App installation tokens this rule "
+        "injects to `repositories` and `permissions`.")
     substitute_body: bool = Field(
         default=False,
         description="Also swap the `substitute` placeholders inside the request body: inside "

@@ -3,10 +3,18 @@ a location, a grant: never a value)."""
 
 from __future__ import annotations
 
-from sandgate.policy.model import SecretRef
+from sandgate.policy.model import GitHubScope, SecretRef
 
 
-def describe(ref: SecretRef) -> str:
+def describe(ref: SecretRef, scope: GitHubScope | None = None) -> str:
+    """`scope`: the allowing rule's `github_app:` restrictions (for a github_app secret)."""
+    if ref.github_app is not None:
+        g = ref.github_app
+        what = scope.describe() if scope is not None else (
+            "the installation's repositories and permissions")
+        return (f"gh-app({what}): installation token of app {g.app_id}, installation "
+                f"{g.installation_id}, minted per sandbox by Sandgate with the key at "
+                f"{ref.location}#{ref.field}, revoked when the sandbox ends")
     if ref.oauth2 is not None:
         o = ref.oauth2
         scope = f", scope {o.scope!r}" if o.scope else ""

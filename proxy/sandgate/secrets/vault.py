@@ -32,7 +32,8 @@ import requests
 
 from sandgate.errors import SecretError
 from sandgate.identity.base import Caller
-from sandgate.policy.model import SecretRef
+from sandgate.policy.model import GitHubScope, SecretRef
+from sandgate.secrets.github_app import GitHubApps
 from sandgate.secrets.leases import LeaseManager
 from sandgate.secrets.oauth2 import OAuth2Tokens
 from sandgate.secrets.scope import GLOBAL, Scope, scope_of
@@ -236,12 +237,14 @@ class SecretBroker:
         self._health: tuple[float, str | None] | None = None  # (checked at, problem) for check()
         self._health_task: asyncio.Task[str | None] | None = None
         self.oauth2 = OAuth2Tokens(self._read_record, self._write_record, self._clock)
+        self.github = GitHubApps(self._read_record, self._clock)
 
     @property
     def generation(self) -> int:
         """Bumped whenever a cached value (KV or lease) appears, changes or goes: consumers that
         compile the values (the scrubber's automaton) rebuild only then."""
-        return self._kv_generation + self.leases.generation + self.oauth2.generation
+        return (self._kv_generation + self.leases.generation + self.oauth2.generation
+                + self.github.generation)
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -396,6 +399,7 @@ class SecretBroker:
     def _forget_sandbox(self, sandbox: str) -> None:
         """Its per-sandbox KV values leave the cache (and the scrubbing set): a fleet running
         for months must not keep every sandbox it ever served. Back, it reads them again."""
+        self.github.end_sandbox(sandbox)  # revoked with GitHub, in the background
         gone = [k for k, e in self._cache.items() if e.scope.sandbox == sandbox]
         for k in gone:
             del self._cache[k]
@@ -484,6 +488,7 @@ class SecretBroker:
         pairs += [(name, value) for _, name, value, _ in self.leases.values()]
         pairs += list(self.leases.retired)
         pairs += self.oauth2.values()
+        pairs += self.github.values()
         return pairs
 
     def value_views(self) -> list[dict[str, str]]:
@@ -504,11 +509,12 @@ class SecretBroker:
         return views
 
     async def get(self, name: str, caller: Caller | None = None,
-                  dial: Dial | None = None) -> SecretValue:
+                  dial: Dial | None = None, narrow: GitHubScope | None = None) -> SecretValue:
         """The value of secret `name` for `caller` (None: a caller with neither identity nor
         sandbox, enough for shared secrets). Raises SecretError, or SandboxRequired when the
         secret is per sandbox and the caller has no (usable) sandbox id. An oauth2 secret needs
-        `dial`: how this caller may reach the token endpoint."""
+        `dial`: how this caller may reach the token endpoint; a github_app secret is minted
+        with the allowing rule's restrictions, `narrow`."""
         ref = self._refs.get(name)
         if ref is None:
             raise SecretError(name, f"secret '{name}' is not defined in the policy")
@@ -518,6 +524,15 @@ class SecretBroker:
                                   "cannot be reached from here")
             tok = await self.oauth2.get(ref, dial)
             return SecretValue(name=name, value=tok.value, version=tok.version, note=tok.note)
+        if ref.github_app is not None:
+            if dial is None:
+                raise SecretError(name, f"secret '{name}' unavailable: GitHub cannot be "
+                                  "reached from here")
+            sandbox = caller.sandbox if caller is not None else None
+            if sandbox is not None and caller is not None and caller.source == "token":
+                self.leases.note_token(sandbox, caller.expires)  # its tokens end with it
+            m = await self.github.get(ref, sandbox, narrow, dial)
+            return SecretValue(name=name, value=m.value, version=m.version, note=m.note)
         identity = caller.identity if caller is not None else None
         sandbox = caller.sandbox if caller is not None else None
         path = resolve_path(ref, identity, sandbox)
@@ -660,6 +675,10 @@ class SecretBroker:
             await self.leases.shutdown(revoke_timeout)
         except Exception:
             log.exception("sandgate: revoking leases at shutdown failed")
+        try:
+            await asyncio.wait_for(self.github.aclose(), revoke_timeout)
+        except Exception:
+            log.exception("sandgate: revoking installation tokens at shutdown failed")
         self._closed = True
         tasks = [t for t in (self._renew_task, self._login_task, self._health_task,
                              *self._inflight.values())

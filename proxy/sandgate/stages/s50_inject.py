@@ -63,7 +63,8 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     values: dict[str, str] = {}
     versions: list[str] = []
     for name in sorted(rule.secrets):
-        sv = await st.cfg.broker.get(name, caller, token_dial(st, policy, caller.identity, name))
+        sv = await st.cfg.broker.get(name, caller, token_dial(st, policy, caller.identity, name),
+                                     rule.github_scope)
         values[name] = sv.value
         if sv.note is not None:
             rec.injected.append(f"{name}@{sv.version}: {sv.note}" if sv.version else
