@@ -17,8 +17,8 @@ def describe(ref: SecretRef, scope: GitHubScope | None = None) -> str:
                 f"{ref.location}#{ref.field}, revoked when the sandbox ends")
     if ref.oauth2 is not None:
         o = ref.oauth2
-        scope = f", scope {o.scope!r}" if o.scope else ""
-        return (f"oauth2 {o.grant}: access token from {o.token_url}{scope} (client record "
+        asked = f", scope {o.scope!r}" if o.scope else ""
+        return (f"oauth2 {o.grant}: access token from {o.token_url}{asked} (client record "
                 f"{ref.location}), minted by Sandgate and cached until near expiry")
     if ref.dynamic is not None:
         return f"dynamic: minted per sandbox from {ref.dynamic.path} (field {ref.dynamic.field})"
