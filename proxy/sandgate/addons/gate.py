@@ -31,6 +31,7 @@ from sandgate.stages import (
     s30_body,
     s40_forward,
     s50_inject,
+    s55_sign,
     s60_dial,
     s70_scrub,
     s80_refuse,
@@ -55,6 +56,7 @@ REQUEST_PATH: tuple[Stage, ...] = (
     s30_body.check,
     s40_forward.prepare_head,
     s50_inject.inject,
+    s55_sign.sign,
     s60_dial.pin,
     s70_scrub.ask_plain,
 )

@@ -25,6 +25,7 @@ from sandgate.policy import paths as P
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
+    AwsRef,
     DynamicRef,
     GitHubAppRef,
     GitHubScope,
@@ -169,6 +170,8 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
         mount, path, kv_version = kv
         if spec.oauth2 is not None and spec.field is None:
             spec = spec.model_copy(update={"field": "client_id"})  # the record's one must-have
+        if spec.aws is not None and spec.field is None:
+            spec = spec.model_copy(update={"field": "secret_access_key"})
         if spec.github_app is not None and spec.field is None:
             spec = spec.model_copy(update={"field": "private_key"})
         if spec.field is None:
@@ -205,6 +208,19 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
     oauth2 = _compile_oauth2(name, spec, kv_version, path, report) if spec.oauth2 else None
     ok = ok and (spec.oauth2 is None or oauth2 is not None)
     github_app = _compile_github_app(name, spec, report) if spec.github_app else None
+    aws = None
+    if spec.aws is not None:
+        kinds = [k for k in ("dynamic", "oauth2", "github_app") if getattr(spec, k) is not None]
+        if kinds:
+            report(("secrets", name, "aws"), f"a secret cannot be both `aws` and `{kinds[0]}`",
+                   "declare one kind per secret")
+            ok = False
+        for key in ("region", "service"):
+            if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", getattr(spec.aws, key)):
+                report(("secrets", name, "aws", key), f"{key} {getattr(spec.aws, key)!r} is "
+                       "not a valid AWS name", "e.g. region: eu-west-1, service: s3")
+                ok = False
+        aws = AwsRef(spec.aws.region, spec.aws.service)
     ok = ok and (spec.github_app is None or github_app is not None)
     budget = None
     if spec.budget is not None:
@@ -217,7 +233,7 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
     return SecretRef(name=name, mount=mount, path=path.strip("/"), field=field_name,
                      kv_version=kv_version, placeholder=placeholder, source=src,
                      hosts=tuple(hosts) if hosts is not None else None, dynamic=dynamic,
-                     budget=budget, oauth2=oauth2, github_app=github_app)
+                     budget=budget, oauth2=oauth2, github_app=github_app, aws=aws)
 
 
 def _compile_github_app(name: str, spec: SecretSpec, report: Report) -> GitHubAppRef | None:
@@ -825,7 +841,12 @@ def _compile_inject(rs: RuleSpec, loc: Loc, report: Report, uses: list[SecretUse
         t = _template(text, qloc, report, uses)
         if t is not None:
             query.append((qname, t))
-    return Injection(headers=tuple(headers), basic=basic, query=tuple(query))
+    if spec.sign is not None:
+        uses.append(SecretUse(spec.sign, (*iloc, "sign"), part="sign"))
+        if "authorization" in seen or basic is not None:
+            report((*iloc, "sign"), "`sign` and an Authorization header both set Authorization",
+                   "keep one of them")
+    return Injection(headers=tuple(headers), basic=basic, query=tuple(query), sign=spec.sign)
 
 
 def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,

@@ -59,6 +59,14 @@ class OAuth2Ref:
 
 
 @dataclass(frozen=True, slots=True)
+class AwsRef:
+    """`aws:` of a secret: SigV4 signing credentials (stages/s55_sign.py)."""
+
+    region: str
+    service: str = "s3"
+
+
+@dataclass(frozen=True, slots=True)
 class GitHubAppRef:
     """`github_app:` of a secret: installation tokens minted with the private key stored at the
     secret's location (secrets/github_app.py)."""
@@ -116,6 +124,7 @@ class SecretRef:
     budget: SecretBudget | None = None  # call budget per window (sandgate.limits)
     oauth2: OAuth2Ref | None = None  # an OAuth 2.0 access token minted from the KV record
     github_app: GitHubAppRef | None = None  # a GitHub App installation token
+    aws: AwsRef | None = None  # SigV4 signing credentials (only for `inject: {sign: NAME}`)
 
     @property
     def location(self) -> str:
@@ -173,10 +182,11 @@ class Injection:
     headers: tuple[tuple[str, Template], ...] = ()  # header names lower-cased
     basic: tuple[Template, Template] | None = None  # (user, password) -> Authorization: Basic
     query: tuple[tuple[str, Template], ...] = ()
+    sign: str | None = None  # an `aws:` secret: the request is signed with SigV4
 
     @property
     def secrets(self) -> frozenset[str]:
-        out: set[str] = set()
+        out: set[str] = {self.sign} if self.sign else set()
         for _, t in self.headers:
             out |= t.secrets
         for _, t in self.query:

@@ -72,6 +72,16 @@ class GitHubTokenSpec(_Strict):
         "{contents: read, pull_requests: write}. Default: the installation's.")
 
 
+class AwsSpec(_Strict):
+    """AWS credentials for SigV4 signing by Sandgate (a rule's `inject: {sign: NAME}`). The
+    secret's `vault:` path holds access_key_id, secret_access_key and, for temporary
+    credentials, session_token."""
+
+    region: str = Field(description="The region requests are signed for, e.g. eu-west-1.")
+    service: str = Field(default="s3", description="The signing name of the service, e.g. "
+                         "s3, sqs, dynamodb, execute-api.")
+
+
 class BudgetSpec(_Strict):
     """A call budget for an expensive credential, counted per Sandgate process."""
 
@@ -113,6 +123,10 @@ class SecretSpec(_Strict):
         default=None, description="Minted per sandbox with a lease (database/creds/ROLE...), "
         "renewed while the sandbox lives and revoked when it ends.")
     kv_version: Literal[1, 2] = Field(default=2, description="KV engine version (mount form).")
+    aws: AwsSpec | None = Field(
+        default=None, description="AWS credentials (access_key_id, secret_access_key, "
+        "session_token) at the `vault:` path, used only to sign requests (`inject: {sign: "
+        "NAME}`); `field` is not needed.")
     github_app: GitHubAppSpec | None = Field(
         default=None, description="The value is a GitHub App installation token Sandgate "
         "mints with the app's private key read from the `vault:` path (field private_key), "
@@ -150,6 +164,12 @@ class InjectSpec(_Strict):
     headers: dict[str, str] = Field(default_factory=dict)
     basic: BasicSpec | None = None
     query: dict[str, str] = Field(default_factory=dict)
+    sign: str | None = Field(
+        default=None, description="An `aws:` secret: Sandgate signs the request with AWS "
+        "SigV4 (after removing the client's Authorization and X-Amz-Date / "
+        "X-Amz-Content-SHA256 / X-Amz-Security-Token headers); the payload is sent as "
+        "UNSIGNED-PAYLOAD for s3 and hashed for other services; streaming (aws-chunked) "
+        "payloads are refused.")
 
 
 class QuerySpec(_Strict):

@@ -53,6 +53,8 @@ class SecretValue:
     username: str | None = field(default=None, repr=False)  # a dynamic secret's user name
     lease_id: str | None = None  # a dynamic secret's lease (not a credential)
     note: str | None = None  # how a minted value was obtained, for the audit (never a value)
+    # further parts of a multi-part credential (an aws secret's session_token)
+    extra: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -485,6 +487,7 @@ class SecretBroker:
         included: never served, but still real credentials until replaced or dropped), leases,
         and recently retired lease values. For response scrubbing and exfiltration checks."""
         pairs = [(ck[0], e.value.value) for ck, e in self._cache.items()]
+        pairs += [(ck[0], v) for ck, e in self._cache.items() for _, v in e.value.extra]
         pairs += [(name, value) for _, name, value, _ in self.leases.values()]
         pairs += list(self.leases.retired)
         pairs += self.oauth2.values()
@@ -607,6 +610,11 @@ class SecretBroker:
             raise
         self._observe_fetch(name, "ok")
         sv = SecretValue(name=name, value=value, version=version)
+        if ref.aws is not None:  # the key id signs in the clear; the session token is secret
+            akid, tok = data.get("access_key_id"), data.get("session_token")
+            sv = dataclasses.replace(
+                sv, username=check_value(name, akid) if akid is not None else None,
+                extra=(("session_token", check_value(name, tok)),) if tok is not None else ())
         current = self._refs.get(name)
         if current is not None and _ref_key(current) == _ref_key(ref):
             ck = (name, _ref_key(ref, path))

@@ -7,6 +7,7 @@
     s30_body.py       judge the body: the head once more, size as received, credential leaks
     s40_forward.py    the head the upstream receives is the one judged (before injection)
     s50_inject.py     the rule's credentials, from Vault at request time
+    s55_sign.py       AWS SigV4: Sandgate signs the request (`inject: {sign: NAME}`)
     s60_dial.py       resolve once, pin the checked address; server_connect dials only that
     s70_scrub.py      ask for plain bytes; scrub the response head, body, trailers, WebSocket
     s80_refuse.py     where a refusal (from any stage) becomes the answer
