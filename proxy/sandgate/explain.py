@@ -61,6 +61,8 @@ def explain(policy: Policy, identity: str, method: str, url: str,
                 would.append(f"basic auth: from secret(s) {', '.join(sorted(s))}")
             would += [f"query {n}: from secret(s) {', '.join(sorted(t.secrets))}"
                       for n, t in inj.query]
+        if inj is not None and inj.sign is not None:
+            would.append(f"signature (AWS SigV4): from secret {inj.sign}")
         if d.rule.substitute_body:
             would.append("body (JSON string values, form field values): placeholder of "
                          f"secret(s) {', '.join(sorted(d.rule.substitute))}; refused if one "

@@ -15,6 +15,9 @@ def describe(ref: SecretRef, scope: GitHubScope | None = None) -> str:
         return (f"gh-app({what}): installation token of app {g.app_id}, installation "
                 f"{g.installation_id}, minted per sandbox by Sandgate with the key at "
                 f"{ref.location}#{ref.field}, revoked when the sandbox ends")
+    if ref.aws is not None:
+        return (f"aws sigv4 {ref.aws.service} {ref.aws.region}: Sandgate signs the request with "
+                f"the keys at {ref.location} (the client's signing headers are removed)")
     if ref.oauth2 is not None:
         o = ref.oauth2
         asked = f", scope {o.scope!r}" if o.scope else ""
