@@ -29,6 +29,7 @@ import jwt
 
 from sandgate.errors import SecretError
 from sandgate.policy.model import GitHubAppRef, GitHubScope, SecretRef
+from sandgate.secrets.flight import Flights
 from sandgate.secrets.tokenhttp import Dial, TokenFailure, call
 
 log = logging.getLogger("sandgate.github_app")
@@ -98,7 +99,7 @@ class GitHubApps:
                  wall: Callable[[], float] = time.time) -> None:
         self._read, self._clock, self._wall = read, clock, wall
         self._tokens: dict[Key, Minted] = {}
-        self._inflight: dict[Key, asyncio.Task[Minted]] = {}
+        self._flights: Flights[Key, Minted] = Flights()
         self.retired: list[tuple[str, str]] = []  # (name, value): still scrubbed
         self.generation = 0
         self.ssl_ctx: ssl.SSLContext = ssl.create_default_context()
@@ -115,19 +116,8 @@ class GitHubApps:
         m = self._tokens.get(key)
         if m is not None and self._clock() < m.expires_at:
             return m
-        task = self._inflight.get(key)
-        if task is None:
-            task = asyncio.create_task(self._mint(ref, key, dial), name=f"sandgate-gh-{ref.name}")
-            self._inflight[key] = task
-
-            def done(t: asyncio.Task[Minted], k: Key = key) -> None:
-                if self._inflight.get(k) is t:
-                    del self._inflight[k]
-                if not t.cancelled():
-                    t.exception()
-
-            task.add_done_callback(done)
-        return await asyncio.shield(task)
+        return await self._flights.run(key, lambda: self._mint(ref, key, dial),
+                                       f"sandgate-gh-{ref.name}")
 
     async def _mint(self, ref: SecretRef, key: Key, dial: Dial) -> Minted:
         g = ref.github_app

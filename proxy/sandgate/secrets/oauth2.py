@@ -17,7 +17,6 @@ upstream; TLS is verified against the proxy's upstream trust roots.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -31,6 +30,7 @@ from urllib.parse import quote, urlencode
 
 from sandgate.errors import SecretError
 from sandgate.policy.model import OAuth2Ref, SecretRef
+from sandgate.secrets.flight import Flights
 from sandgate.secrets.tokenhttp import Dial, TokenFailure, call
 
 log = logging.getLogger("sandgate.oauth2")
@@ -107,7 +107,7 @@ class OAuth2Tokens:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._read, self._write, self._clock = read, write, clock
         self._tokens: dict[str, Token] = {}
-        self._inflight: dict[str, asyncio.Task[Token]] = {}
+        self._flights: Flights[str, Token] = Flights()
         self.retired: list[tuple[str, str]] = []  # (name, value): still scrubbed
         self.records: dict[str, list[str]] = {}  # name -> client secret / refresh tokens seen
         self.generation = 0
@@ -129,19 +129,8 @@ class OAuth2Tokens:
         tok = self._tokens.get(ref.name)
         if tok is not None and self._clock() < tok.expires_at:
             return tok
-        task = self._inflight.get(ref.name)
-        if task is None:
-            task = asyncio.create_task(self._mint(ref, dial), name=f"sandgate-oauth2-{ref.name}")
-            self._inflight[ref.name] = task
-
-            def done(t: asyncio.Task[Token], name: str = ref.name) -> None:
-                if self._inflight.get(name) is t:
-                    del self._inflight[name]
-                if not t.cancelled():
-                    t.exception()
-
-            task.add_done_callback(done)
-        return await asyncio.shield(task)
+        return await self._flights.run(ref.name, lambda: self._mint(ref, dial),
+                                       f"sandgate-oauth2-{ref.name}")
 
     async def _mint(self, ref: SecretRef, dial: Dial) -> Token:
         o = ref.oauth2
