@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the sandbox images from the local base image (no image registry; the bash-tool image's
 # Debian packages come from the archive its apt sources name, in a layer the builder caches):
-#   sandgate-agent:dev      pattern 1: agent with the anthropic + openai SDKs, placeholder keys
+#   sandgate-agent:dev      pattern 1: agent with the anthropic + openai SDKs, placeholder keys,
+#                           and the split (a `tool` user, the runner: docs/pattern1.md)
 #   sandgate-bash-tool:dev  pattern 2: the clients agent-host tool calls run (bash, curl, wget, git,
 #                           python3 + pip/uv/requests/httpx/aiohttp, node + npm, go, cargo; see
 #                           README "Clients"): Debian packages from the base image's apt sources
@@ -129,6 +130,14 @@ prepare_tool_wheelhouse() {
   fi
 }
 
+# The split's in-sandbox code (docs/pattern1.md) is Sandgate's package sandgate.pattern1 (standard
+# library only): copied into the agent's build context (sandbox_images/agent/pattern1, gitignored).
+copy_pattern1() {
+  rm -rf "$HERE/agent/pattern1"
+  mkdir -p "$HERE/agent/pattern1"
+  cp "$REPO"/proxy/sandgate/pattern1/*.py "$HERE/agent/pattern1/"
+}
+
 build() {  # build DIR TAG
   local t=$SECONDS
   log "docker build $2 from $BASE_IMAGE"
@@ -138,7 +147,7 @@ build() {  # build DIR TAG
 
 for target in "${targets[@]}"; do
   case $target in
-    agent) prepare_wheelhouse; build "$HERE/agent" "$AGENT_TAG" ;;
+    agent) prepare_wheelhouse; copy_pattern1; build "$HERE/agent" "$AGENT_TAG" ;;
     bash-tool) prepare_tool_wheelhouse; build "$HERE/bash-tool" "$BASH_TOOL_TAG" ;;
   esac
 done

@@ -58,6 +58,15 @@ if ((want_test)); then
     .venv-clients/bin/pip install -q -r "$pins"
     cp "$pins" .venv-clients/.installed
   fi
+  # The TypeScript MCP SDK as a client (tests/integration/test_mcp.py): exactly the versions in
+  # tests/mcp-ts/package-lock.json, reinstalled when the lock moves.
+  if command -v npm >/dev/null; then
+    lock=tests/mcp-ts/package-lock.json
+    if [[ ! -f tests/mcp-ts/node_modules/.installed ]] || ! cmp -s "$lock" tests/mcp-ts/node_modules/.installed; then
+      npm ci --prefix tests/mcp-ts --no-audit --no-fund --silent
+      cp "$lock" tests/mcp-ts/node_modules/.installed
+    fi
+  fi
   # The hosted-sandbox provider SDKs (tests/integration/test_providers.py): their own venv, as
   # they pin protobuf/grpclib/httpx on their own; sandgate.providers comes from proxy/ on
   # PYTHONPATH (it needs only the standard library).

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sandgate.call_cli import call_from_values
 from sandgate.explain import explain_request
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
@@ -175,9 +176,11 @@ def build_app(state: AdminState) -> web.Application:
             gateway = doc.get("gateway", False)
             if not isinstance(gateway, bool):
                 raise ValueError("`gateway` must be true or false")
+            call = call_from_values(doc.get("mcp_tool"), doc.get("mcp_args"),
+                                    doc.get("rpc_method"))
             out, _allowed = explain_request(state.live.policy, identity, method, url,
                                             state.resolve, _str(doc, "sandbox", required=False),
-                                            gateway)
+                                            gateway, call)
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)

@@ -139,6 +139,7 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         LISTENER: listener(flow),
         **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
         **({INJECTED: rec.injected} if rec.injected else {}),
+        **(rec.call.fields() if rec.call is not None else {}),  # JSON-RPC calls
     }
 
 
@@ -157,6 +158,10 @@ def scrub_fields(fields: dict[str, Any], secrets: SecretSet) -> dict[str, Any]:
         value = fields.get(key)
         if isinstance(value, str):
             fields[key] = secrets.scrub_text(value)[0]
+    for call in fields.get("rpc") or ():  # method, tool and id are the sandbox's strings
+        for k, v in call.items():
+            if isinstance(v, str):
+                call[k] = secrets.scrub_text(v)[0]
     return fields
 
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sandgate.errors import AddressRefused, Code, Refused, SandboxRequired
+from sandgate.jsonrpc import Call, Message
 from sandgate.netguard import choose_address, classify, known_addresses
 from sandgate.policy.hosts import normalise_host
-from sandgate.policy.model import Identity, Policy, Rule
+from sandgate.policy.model import CallFilter, Identity, Policy, Rule, glob_matches
 from sandgate.policy.paths import normalise_path
 from sandgate.request import RequestInfo, default_port, parse_url, split_authority
 from sandgate.secrets.scope import resolve as resolve_secret_path
@@ -38,6 +39,10 @@ class Decision:
     detail: str | None = None
     # allowed, and passed through uninspected by `rule` (a passthrough rule): the third outcome
     tunnel: bool = False
+    # Allowed at the HTTP level, and a rule that matched carries `mcp:`/`jsonrpc:`: the body's
+    # calls must be judged (decide again with `call=`) before it goes on; this many bytes of
+    # body at most. None: no call to judge (or it was judged).
+    call_limit: int | None = None
 
     @property
     def outcome(self) -> Outcome:
@@ -100,7 +105,12 @@ def _l7_matches(rule: Rule, scheme: str, host: str, port: int, method: str, path
     )
 
 
-def decide(policy: Policy, identity: str, req: RequestInfo) -> Decision:
+def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = None
+           ) -> Decision:
+    """Judge a request; with `call`, also the JSON-RPC messages of its body (sandgate.jsonrpc)
+    against the `mcp:`/`jsonrpc:` of the rules that match it: an allow rule with such a filter
+    matches only when it allows every message, and a deny entry (deny_tools, deny_methods) of
+    any matching rule refuses the whole call (a batch included)."""
     ident = policy.identities.get(identity)
     if ident is None:
         return _unknown_identity(policy, identity)
@@ -116,6 +126,8 @@ def decide(policy: Policy, identity: str, req: RequestInfo) -> Decision:
     target = f"{method} {scheme}://{host}:{req.port}{path}"
 
     allow: Rule | None = None
+    limits: list[int] = []
+    missed: tuple[Rule, Message, str] | None = None  # the first rule a call did not fit
     for rule in ident.rules:
         if not _l7_matches(rule, scheme, host, req.port, method, path, req.query):
             continue
@@ -128,16 +140,104 @@ def decide(policy: Policy, identity: str, req: RequestInfo) -> Decision:
                 "if this request should pass",
                 detail=f"rule '{rule.name}' is defined at {rule.source}",
             )
+        if rule.call is not None:
+            if call is None:
+                limits.append(rule.call.max_body)
+            else:
+                fit = _call_fits(rule.call, call)
+                if fit is not None:
+                    verdict, msg, why = fit
+                    if verdict == "deny":
+                        return _call_denied(identity, rule, msg, why)
+                    missed = missed or (rule, msg, why)
+                    continue
         if allow is None:
             allow = rule
     if allow is not None:
         return Decision(True, None, f"allowed by rule '{allow.name}' of identity '{identity}' "
-                        f"({allow.source})", rule=allow)
+                        f"({allow.source})", rule=allow,
+                        call_limit=min(limits) if limits else None)
+    if missed is not None:
+        rule, msg, why = missed
+        return Decision(
+            False, Code.NO_RULE,
+            f"{msg.shown} is not permitted for {identity}: {why} in rule '{rule.name}'",
+            rule=None,
+            hint=f"rule '{rule.name}' allows this server; to allow {msg.shown}, add it to "
+            f"the rule's `{rule.call.protocol if rule.call else 'mcp'}:` "
+            f"({_call_key(msg)})",
+            detail=f"rule '{rule.name}' is defined at {rule.source}",
+        )
     return Decision(
         False, Code.NO_RULE,
         f"identity '{identity}' has no rule allowing {target}",
         hint=_no_rule_hint(ident, scheme, host, req.port, method, path, req.query),
     )
+
+
+def _call_key(msg: Message) -> str:
+    if msg.method == "tools/call":
+        return "tools"
+    if msg.method == "prompts/get":
+        return "prompts"
+    if msg.method == "resources/read":
+        return "resources"
+    return "methods"
+
+
+def _call_denied(identity: str, rule: Rule, msg: Message, why: str) -> Decision:
+    return Decision(
+        False, Code.DENIED_BY_RULE,
+        f"{msg.shown} is not permitted for {identity}: {why} in rule '{rule.name}'",
+        rule=rule,
+        hint=f"deny entries win; remove it from rule '{rule.name}' if this call should pass",
+        detail=f"rule '{rule.name}' is defined at {rule.source}",
+    )
+
+
+def _call_fits(f: CallFilter, call: Call) -> tuple[str, Message, str] | None:
+    """None when the filter allows every message of the call; otherwise ("deny" for a deny
+    entry, "no" for a message it does not allow, the message, why). Deny entries are looked for
+    in every message first: one anywhere in a batch refuses it."""
+    missed: tuple[str, Message, str] | None = None
+    for m in call.messages:
+        verdict = message_verdict(f, m)
+        if verdict is None:
+            continue
+        if verdict[0] == "deny":
+            return verdict[0], m, verdict[1]
+        missed = missed or (verdict[0], m, verdict[1])
+    return missed
+
+
+def message_verdict(f: CallFilter, m: Message) -> tuple[str, str] | None:
+    """One message under one rule's filter: None (allowed), or ("deny"|"no", why)."""
+    if m.kind == "response" or m.method is None:
+        return None  # answers a server's request (sampling, roots, elicitation): not a call
+    method = m.method
+    for pat in f.deny_methods:
+        if glob_matches(pat, method):
+            return "deny", f"deny_methods lists {pat!r}"
+    if method == "tools/call" and m.name is not None:
+        for pat in f.deny_tools:
+            if glob_matches(pat, m.name):
+                return "deny", f"deny_tools lists {pat!r}"
+    allowed = f.allowed_methods
+    if allowed is not None and not any(glob_matches(p, method) for p in allowed):
+        return "no", "`methods` does not list it"
+    named = {"tools/call": f.tools, "prompts/get": f.prompts,
+             "resources/read": f.resources}.get(method)
+    if named is not None and m.name is not None and not any(
+            glob_matches(p, m.name) for p in named):
+        return "no", f"`{_call_key(m)}` does not list it"
+    if method == "tools/call" and m.arguments is not None:
+        for name, pat in f.arguments:
+            value = m.arguments.get(name)
+            if not isinstance(value, str) or not glob_matches(pat, value):
+                got = "is missing" if value is None else (
+                    "is not a string" if not isinstance(value, str) else "has another value")
+                return "no", f"argument {name} {got} (`arguments` wants {pat!r})"
+    return None
 
 
 def decide_connect(policy: Policy, identity: str, host: str, port: int) -> Decision:
@@ -336,7 +436,7 @@ def judge_sandbox(policy: Policy, identity: str, d: Decision, sandbox: str | Non
 
 
 def decide_request(policy: Policy, identity: str, req: RequestInfo,
-                   gateway: bool = False) -> Decision:
+                   gateway: bool = False, call: Call | None = None) -> Decision:
     """What the proxy does with a request as a client sends it, in the order the proxy meets it.
 
     An https request through the proxy comes inside a CONNECT tunnel: the tunnel is judged
@@ -344,7 +444,8 @@ def decide_request(policy: Policy, identity: str, req: RequestInfo,
     forwards the request unseen (outcome tunnel); a refused tunnel answers every request inside
     with its refusal (unless only reported); otherwise the request itself is judged
     (`decide`, the function the proxy calls per request). Plain http and gateway requests
-    have no tunnel: they are judged by `decide` alone."""
+    have no tunnel: they are judged by `decide` alone. `call`: the JSON-RPC call the body
+    carries (`decide` judges it against the matching rules' mcp:/jsonrpc:)."""
     if req.scheme.lower() == "https" and not gateway:
         c = decide_connect(policy, identity, req.host, req.port)
         if c.tunnel:
@@ -358,7 +459,7 @@ def decide_request(policy: Policy, identity: str, req: RequestInfo,
                 "host are inspected")
         if not c.allowed and not reported(policy, identity, c):
             return c
-    return decide(policy, identity, req)
+    return decide(policy, identity, req, call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,12 +486,14 @@ class Verdict:
 
 def judge(policy: Policy, identity: str, method: str, target: str,
           overrides: Mapping[str, str], sandbox: str | None = None,
-          gateway: bool = False) -> Verdict:
+          gateway: bool = False, call: Call | None = None) -> Verdict:
     """`METHOD URL` (or `CONNECT host:port`) through the proxy's request parser, decision
     (`decide_request`: the tunnel first), sandbox step and, where the address is known, its
     address step. Raises ValueError for a bad request. `sandbox` is the caller's sandbox id
     (None: a caller without one, refused on a rule needing a per-sandbox secret); `gateway`:
-    the URL is the upstream request a gateway path maps to (no CONNECT precedes it).
+    the URL is the upstream request a gateway path maps to (no CONNECT precedes it); `call`:
+    the JSON-RPC call its body carries (judged by the rules' mcp:/jsonrpc: as the proxy judges
+    the body; a tunnelled request's body is never seen).
 
     A passthrough tunnel is dialled at CONNECT; an intercepted one dials per request inside it,
     so a CONNECT verdict checks the address only for passthrough.
@@ -405,7 +508,8 @@ def judge(policy: Policy, identity: str, method: str, target: str,
             d, note = judge_address(d, host, port, overrides)
         return Verdict(f"CONNECT {shown}", d, note, True)
     req = parse_url(method, target)
-    d = judge_sandbox(policy, identity, decide_request(policy, identity, req, gateway), sandbox)
+    d = decide_request(policy, identity, req, gateway, call)
+    d = judge_sandbox(policy, identity, d, sandbox)
     d, note = judge_address(d, req.host, req.port, overrides, reported(policy, identity, d))
     query = target.partition("#")[0].partition("?")[2]  # shown as given (parsed by parse_url)
     return Verdict(f"{req.method} {req.target}{'?' + query if query else ''}", d, note, False)

@@ -58,6 +58,10 @@ class Code(StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"  # per identity, or in total
     HEADER_TIMEOUT = "header_timeout"  # the request head did not arrive within --header-timeout
     IDLE_TIMEOUT = "idle_timeout"  # nothing moved on the connection for --idle-timeout
+    # an unidentified connection past --first-byte-timeout, --handshake-timeout or
+    # --identify-timeout (sandgate/addons/admission.py)
+    HANDSHAKE_TIMEOUT = "handshake_timeout"
+    SESSION_MISMATCH = "session_mismatch"  # an MCP session id another identity opened
 
 
 STATUS: dict[Code, int] = {
@@ -87,6 +91,8 @@ STATUS: dict[Code, int] = {
     Code.TOO_MANY_CONNECTIONS: 429,
     Code.HEADER_TIMEOUT: 408,
     Code.IDLE_TIMEOUT: 408,  # audited only: an idle connection is closed without an answer
+    Code.HANDSHAKE_TIMEOUT: 408,  # audited only: closed without an answer
+    Code.SESSION_MISMATCH: 403,
 }
 
 

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandgate.decision import judge, shown_outcome
+from sandgate.jsonrpc import Call
+from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
 from sandgate.secrets.describe import describe
 
@@ -16,13 +18,15 @@ _NO_OVERRIDES: Mapping[str, str] = {}
 
 def explain(policy: Policy, identity: str, method: str, url: str,
             resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
-            gateway: bool = False) -> tuple[dict[str, Any], bool]:
+            gateway: bool = False, call: Call | None = None) -> tuple[dict[str, Any], bool]:
     """(the explanation, allowed). Raises ValueError (a BadRequest) for a request that cannot
     be judged. Secrets appear by name only. `resolve` pins names as `sandgate run --resolve`
     does, so that the address step can be shown; `sandbox` is the caller's sandbox id (None: a
-    caller without one); `gateway`: the URL is what a gateway path maps to (no CONNECT).
-    A tunnelled request is "allowed" (it is forwarded) with decision `tunnel`."""
-    v = judge(policy, identity, method, url, resolve, sandbox, gateway)
+    caller without one); `gateway`: the URL is what a gateway path maps to (no CONNECT);
+    `call`: the JSON-RPC call the body carries (judged by the rules' mcp:/jsonrpc:, as the
+    proxy judges the body). A tunnelled request is "allowed" (it is forwarded) with decision
+    `tunnel`."""
+    v = judge(policy, identity, method, url, resolve, sandbox, gateway, call)
     d = v.decision
     decision = shown_outcome(policy, identity, d)
     report = decision == "report"
@@ -45,6 +49,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
     if d.tunnel and not v.connect:
         out["tunnel"] = ("forwarded uninspected: the proxy never sees this request (any method, "
                          "path or query), injects nothing and scrubs nothing")
+    out.update(call_fields(d, call))
     if ident is not None and ident.mode != "enforce":
         out["mode"] = ident.mode
     if report:
@@ -84,15 +89,17 @@ def explain(policy: Policy, identity: str, method: str, url: str,
 
 def explain_request(policy: Policy, identity: str, method: str, url: str,
                     resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
-                    gateway: bool = False) -> tuple[dict[str, Any], bool]:
+                    gateway: bool = False, call: Call | None = None
+                    ) -> tuple[dict[str, Any], bool]:
     """`explain`, where with `gateway` the URL is a gateway path (e.g. /anthropic/v1/messages):
     mapped to its upstream request by the gateway listener's own `route`, then judged as the
     gateway judges it (no CONNECT precedes it). Raises ValueError for a path no gateway serves
-    and for a bad request."""
+    and for a bad request. `call`: the JSON-RPC call the body carries (see `explain`)."""
     if not gateway:
-        return explain(policy, identity, method, url, resolve, sandbox)
+        return explain(policy, identity, method, url, resolve, sandbox, call=call)
     from sandgate.gateway import gateway_url
 
     upstream, gw = gateway_url(policy.gateways, method, url)
-    out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True)
+    out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True,
+                           call=call)
     return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed

@@ -15,6 +15,7 @@ from sandgate.secrets.body import BodyPlan
 from sandgate.secrets.body import render as render_body
 from sandgate.secrets.forms import basic_auth_form, query_forms
 from sandgate.text import breaks_header
+from sandgate.unwrap import unwrapped_view
 
 
 def _checked(name: str, value: str) -> str:
@@ -143,7 +144,10 @@ def find_leaks(
 def find_leaks_in(blob: bytes, where: str, placeholders: Mapping[str, str], secrets: SecretSet,
                   bound: frozenset[str]) -> list[Leak]:
     """The leaks in one piece of outgoing data (a header block, a body, a WebSocket message)."""
-    leaks = [Leak(hit.name, "value", where) for hit in secrets.find(blob)]
+    hits = dict.fromkeys(hit.name for hit in secrets.find(blob))
+    if b"\n" in blob or b"\r" in blob:  # a value cut by line breaks (wrapped base64, MIME)
+        hits.update(dict.fromkeys(hit.name for hit in secrets.find(unwrapped_view(blob))))
+    leaks = [Leak(name, "value", where) for name in hits]
     # A bound placeholder may contain an unbound one ("...-openai-admin" holds "...-openai"):
     # take the bound ones out before looking for the others.
     for p in sorted((p.encode() for p, n in placeholders.items() if n in bound), key=len,

@@ -30,6 +30,12 @@ DEFAULT_HEADER_TIMEOUT = 30.0
 DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_UPSTREAM_CONNECT_TIMEOUT = 10.0
 DEFAULT_UPSTREAM_READ_TIMEOUT = 120.0
+# Before identification (sandgate/addons/admission.py): short, since a client that means to be
+# served sends its CONNECT or request at once.
+DEFAULT_FIRST_BYTE_TIMEOUT = 10.0
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+DEFAULT_IDENTIFY_TIMEOUT = 30.0
+DEFAULT_MAX_UNIDENTIFIED_PER_SOURCE = 128
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,10 @@ class LimitsConfig:
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
     upstream_connect_timeout: float | None = DEFAULT_UPSTREAM_CONNECT_TIMEOUT
     upstream_read_timeout: float | None = DEFAULT_UPSTREAM_READ_TIMEOUT
+    first_byte_timeout: float | None = DEFAULT_FIRST_BYTE_TIMEOUT
+    handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT
+    identify_timeout: float | None = DEFAULT_IDENTIFY_TIMEOUT
+    max_unidentified_per_source: int | None = DEFAULT_MAX_UNIDENTIFIED_PER_SOURCE
 
 
 def retry_after(seconds: float) -> int:
@@ -104,22 +114,35 @@ class WindowBudget:
 
 
 class ConnectionCounter:
-    """Open client connections, in total and per identity (once the identity is known)."""
+    """Open client connections, in total, per source address until identified, and per identity
+    (once the identity is known)."""
 
     def __init__(self) -> None:
         self.open: set[str] = set()  # client connection ids
         self.identity_of: dict[str, str] = {}  # client connection id -> identity it counts for
         self.per_identity: dict[str, int] = {}
+        self.source_of: dict[str, str] = {}  # unidentified connection id -> its source address
+        self.unidentified: dict[str, int] = {}  # source address -> unidentified connections
 
     @property
     def total(self) -> int:
         return len(self.open)
 
-    def connected(self, client_id: str, limit: int | None) -> bool:
-        """Count a new client connection; False when it is over the total limit (it is still
-        counted until `disconnected`)."""
+    def connected(self, client_id: str, limit: int | None, source: str | None = None,
+                  per_source: int | None = None) -> bool:
+        """Count a new client connection; False when it is over the total limit, or its source
+        over `per_source` unidentified connections (it is still counted until
+        `disconnected`)."""
         self.open.add(client_id)
-        return limit is None or len(self.open) <= limit
+        over_source = False
+        if source is not None:
+            self.source_of[client_id] = source
+            n = self.unidentified[source] = self.unidentified.get(source, 0) + 1
+            over_source = per_source is not None and n > per_source
+        return not over_source and (limit is None or len(self.open) <= limit)
+
+    def _unpend(self, client_id: str) -> None:
+        _release(self.unidentified, self.source_of.pop(client_id, None))
 
     def identify(self, client_id: str, identity: str, limit: int | None) -> bool:
         """Count the connection for `identity` (once); False when over the identity's limit,
@@ -131,17 +154,24 @@ class ConnectionCounter:
             return False
         self.identity_of[client_id] = identity
         self.per_identity[identity] = n + 1
+        self._unpend(client_id)
         return True
 
     def disconnected(self, client_id: str) -> None:
         self.open.discard(client_id)
-        identity = self.identity_of.pop(client_id, None)
-        if identity is not None:
-            n = self.per_identity.get(identity, 1) - 1
-            if n > 0:
-                self.per_identity[identity] = n
-            else:
-                self.per_identity.pop(identity, None)
+        self._unpend(client_id)
+        _release(self.per_identity, self.identity_of.pop(client_id, None))
+
+
+def _release(counts: dict[str, int], key: str | None) -> None:
+    """One fewer for `key` (None: nothing counted); a count that reaches 0 is removed."""
+    if key is None:
+        return
+    n = counts.get(key, 1) - 1
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
 
 
 class Limiter:
@@ -158,8 +188,14 @@ class Limiter:
 
     # ------------------------------------------------------------------ connections
 
-    def connected(self, client_id: str) -> bool:
-        return self.connections.connected(client_id, self.config.max_connections)
+    def connected(self, client_id: str, source: str | None = None) -> bool:
+        return self.connections.connected(client_id, self.config.max_connections, source,
+                                          self.config.max_unidentified_per_source)
+
+    def over_source(self, source: str) -> bool:
+        """Is `source` over its unidentified connections (the last one counted included)?"""
+        limit = self.config.max_unidentified_per_source
+        return limit is not None and self.connections.unidentified.get(source, 0) > limit
 
     def disconnected(self, client_id: str) -> None:
         self.connections.disconnected(client_id)

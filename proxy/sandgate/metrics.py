@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from sandgate import audit as A
 from sandgate.errors import Code
-from sandgate.policy.model import Policy
+from sandgate.policy.model import Policy, glob_matches
 
 UNKNOWN = "unknown"
 NONE = "none"
@@ -51,6 +51,12 @@ class _Bounds:
         self.rules = {name: frozenset(r.name for r in ident.rules)
                       for name, ident in policy.identities.items()}
         self.secrets = frozenset(policy.secrets)
+        # JSON-RPC label values: the names and globs the rules' mcp:/jsonrpc: write
+        filters = [r.call for i in policy.identities.values() for r in i.rules
+                   if r.call is not None]
+        self.tool_globs = sorted({g for f in filters for g in (*(f.tools or ()), *f.deny_tools)})
+        self.method_globs = sorted({g for f in filters for g in (*(f.allowed_methods or ()),
+                                                                 *f.deny_methods)})
 
 
 class Metrics:
@@ -96,6 +102,11 @@ class Metrics:
             "sandgate_exfiltration_attempts", "Requests or WebSocket messages refused for "
             "carrying a credential where its rule does not bind it, by secret name "
             "(canary for decoys)", ["secret"], registry=r)
+        self.calls = Counter(
+            "sandgate_rpc_calls", "JSON-RPC / MCP messages judged, by identity, method, tool "
+            "(tools/call) and decision (allow, deny, batch: allowed alone but refused with its "
+            "batch, report); method and tool are the policy's name or glob that matches, else "
+            "unknown", ["identity", "method", "tool", "decision"], registry=r)
         self.limit_refusals = Counter(
             "sandgate_limit_refusals", "Requests, CONNECTs and connections stopped by a limit "
             "(size, rate, budget, connections, timeouts), by code", ["code"], registry=r)
@@ -150,6 +161,18 @@ class Metrics:
         return value if isinstance(value, str) and rules is not None and value in rules \
             else UNKNOWN
 
+    @staticmethod
+    def _named(value: object, globs: list[str]) -> str:
+        """A method or tool as the policy names it: itself when written exactly, else the
+        first glob matching it, else unknown (a sandbox chooses these strings)."""
+        if value is None:
+            return NONE
+        if not isinstance(value, str):
+            return UNKNOWN
+        if value in globs:
+            return value
+        return next((g for g in globs if glob_matches(g, value)), UNKNOWN)
+
     def secret_label(self, name: object) -> str:
         if not isinstance(name, str):
             return UNKNOWN
@@ -177,6 +200,11 @@ class Metrics:
                 self.upstream_responses.labels(f"{status // 100}xx").inc()
             for s in fields.get(A.SECRETS) or ():
                 self.injections.labels(self.secret_label(str(s).partition("@")[0])).inc()
+            for c in fields.get("rpc") or ():
+                outcome = str(c.get("decision") or UNKNOWN)
+                self.calls.labels(identity, self._named(c.get("method"), self._b().method_globs),
+                                  self._named(c.get("tool"), self._b().tool_globs),
+                                  "report" if decision == "report" else outcome).inc()
         elif event == "lease":
             self.leases.labels(str(fields.get("action") or UNKNOWN),
                                str(fields.get("outcome") or UNKNOWN)).inc()

@@ -175,6 +175,9 @@ def choose_address(
             )
     for raw in candidates:
         ip = unmap(raw)
+        if is_this_host(raw):
+            raise AddressRefused(Code.SELF_ADDRESS, f"{host}:{port} is Sandgate's own host "
+                                 f"({raw} is an unspecified address, which dials this host)")
         if _is_self(ip, port, selves):
             raise AddressRefused(Code.SELF_ADDRESS, f"{host}:{port} is Sandgate itself ({ip})")
         kind = classify(ip)
@@ -191,6 +194,30 @@ def choose_address(
         hint="name the range in the rule's private_cidrs only if this destination is meant to "
         "be reachable",
     )
+
+
+def embedded_v4(ip: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 spelling carries (mapped, SIIT-translated, IPv4-compatible,
+    NAT64), or None."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return ip
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _V4_TRANSLATED or ip.packed[:12] == bytes(12) or any(ip in n for n in _NAT64):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def is_this_host(ip: IPAddress) -> bool:
+    """An address that dials the local host whatever listens there: 0.0.0.0/8 ("this network":
+    Linux connects 0.0.0.0 to the local host) and `::`, in every spelling (::ffff:0.0.0.0,
+    ::ffff:0:0.0.0.0, ::0.0.0.0, 64:ff9b::0.0.0.0). Never dialled, whatever private_cidrs say:
+    Sandgate's own listeners (admin API included) are on this host."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_unspecified:
+        return True
+    v4 = embedded_v4(ip)
+    return v4 is not None and v4 in _THIS_NET and not (
+        isinstance(ip, ipaddress.IPv6Address) and ip == ipaddress.IPv6Address("::1"))
 
 
 def _is_self(ip: IPAddress, port: int, selves: Sequence[tuple[IPAddress, int]]) -> bool:

@@ -40,7 +40,11 @@ class Refusal:
         return STATUS[self.code]
 
     def body(self) -> bytes:
-        doc = {
+        return (json.dumps(self.doc(), indent=1) + "\n").encode()
+
+    def doc(self) -> dict[str, object]:
+        """The refusal as JSON (the HTTP body; `error.data.sandgate` of a JSON-RPC error)."""
+        return {
             "error": "sandgate_refused",
             "code": str(self.code),
             "status": self.status,
@@ -49,7 +53,6 @@ class Refusal:
             "reason": self.reason,
             "hint": self.hint,
         }
-        return (json.dumps(doc, indent=1) + "\n").encode()
 
     def headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json", REASON_HEADER: str(self.code)}

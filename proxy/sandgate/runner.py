@@ -19,11 +19,22 @@ from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import audit, confdir
-from sandgate.addons import dialguard, dispatch, patches, relay, socks5, speed, wirelimits, writes
+from sandgate.addons import (
+    dialguard,
+    dispatch,
+    patches,
+    relay,
+    socks5,
+    speed,
+    tunnels,
+    wirelimits,
+    writes,
+)
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
+from sandgate.identity.roles import Role, Split
 from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.metrics import Metrics
@@ -75,6 +86,9 @@ class RunConfig:
     admin_open: Sequence[str] = ()  # admin paths served without the bearer token
     instance: str = "sandgate"  # this replica's name: in every audit event and sandgate_info
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # pattern 1 with the split (--role-listen, --tool-identity): sandgate.identity.roles
+    split: Split | None = None
+    role_listens: Sequence[tuple[Role, str, int]] = ()
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -135,6 +149,7 @@ def check_listeners(cfg: RunConfig) -> None:
         named.append(("--socks5", cfg.socks5))
     if cfg.admin is not None:
         named.append(("--admin", cfg.admin))
+    named += [(f"--role-listen {role}", (host, port)) for role, host, port in cfg.role_listens]
     for i, (name, addr) in enumerate(named):
         for other, other_addr in named[:i]:
             if same_address(addr, other_addr):
@@ -205,10 +220,12 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             raise ValueError(f"--gateway {cfg.gateway[0]}:{cfg.gateway[1]} is another "
                              "listener's address; give the gateway its own port")
         selves += self_addresses(*cfg.gateway)
+    for _, host, port in cfg.role_listens:
+        selves += self_addresses(host, port)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
-        identifier=Identifier(key, tuple(cfg.address_sources)),
+        identifier=Identifier(key, tuple(cfg.address_sources), cfg.split),
         audit=sink,
         resolve_overrides=dict(cfg.resolve),
         self_addresses=selves,
@@ -273,7 +290,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     socks5.install()  # before the listeners start: the SOCKS5 mode gets Sandgate's layer
     gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
     values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,
-                    cfg.socks5, gateway)
+                    cfg.socks5, gateway, [(h, p) for _, h, p in cfg.role_listens])
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()
@@ -288,6 +305,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     wirelimits.install(cfg.limits, limit_event)
     dialguard.install()  # after wirelimits: outermost, it also sees what that wrapper raises
     relay.install()
+    tunnels.install()  # one tunnel record (and upstream) per CONNECT stream
     writes.install()
     speed.install()
     addons.set_inert(speed.inert_addons(m, values))

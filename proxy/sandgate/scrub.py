@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import ahocorasick
 
@@ -38,6 +38,12 @@ _NO_EXTRA: Mapping[str, Iterable[bytes]] = MappingProxyType({})
 # deciding what to hold back costs a pass over the last max_len - 1 bytes, not one trie walk
 # per position.
 _PROBE_LEN = 8
+
+
+class Scan(Protocol):
+    """`SecretSet._scan`'s contract: (output pieces, replacements, stop) of `data`."""
+
+    def __call__(self, data: bytes, *, final: bool) -> tuple[list[bytes], int, int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +179,27 @@ class SecretSet:
         data change the decision. Everything before `stop` is output exactly as a scrub of the
         whole stream would output it; the caller holds ``data[stop:]`` back.
         """
+        matches, stop = self._matches(data, final=final)
+        pieces: list[bytes] = []
+        pos = 0
+        for start, needle in matches:
+            pieces.append(data[pos:start])
+            pieces.append(needle.replacement)
+            pos = start + needle.length
+        pieces.append(data[pos:stop])
+        return pieces, len(matches), stop
+
+    def matches(self, data: bytes, *, final: bool
+                ) -> tuple[list[tuple[int, int, bytes]], int]:
+        """What a scrub of `data` replaces, as (start, length, replacement), and where it stops
+        deciding (see `_scan`); for scrubbers over a view of the data (`sandgate.unwrap`)."""
+        if self._exact is None:
+            return [], len(data)
+        found, stop = self._matches(bytes(data), final=final)
+        return [(start, n.length, n.replacement) for start, n in found], stop
+
+    def _matches(self, data: bytes, *, final: bool) -> tuple[list[tuple[int, _Needle]], int]:
+        """The replacements `_scan` makes, as (start, needle), and its stop."""
         text = data.decode("latin-1")
         longest: dict[int, _Needle] = {}
         for end, needle in self._exact.iter(text):
@@ -181,8 +208,8 @@ class SecretSet:
             if best is None or best.length < needle.length:
                 longest[start] = needle
         blocked = [] if final else self._unfinished(text)
-        pieces: list[bytes] = []
-        count = pos = b = 0
+        matches: list[tuple[int, _Needle]] = []
+        pos = b = 0
         for start in sorted(longest):
             if start < pos:
                 continue  # inside the previous replacement
@@ -191,15 +218,12 @@ class SecretSet:
             if b < len(blocked) and blocked[b] <= start:
                 break  # a longer needle may yet start at blocked[b]: decide nothing from there
             needle = longest[start]
-            pieces.append(data[pos:start])
-            pieces.append(needle.replacement)
-            count += 1
+            matches.append((start, needle))
             pos = start + needle.length
         while b < len(blocked) and blocked[b] < pos:
             b += 1
         stop = blocked[b] if b < len(blocked) else len(data)
-        pieces.append(data[pos:stop])
-        return pieces, count, stop
+        return matches, stop
 
     def _unfinished(self, text: str) -> list[int]:
         """Ascending positions q where ``text[q:]`` is a proper prefix of some needle.
@@ -229,10 +253,14 @@ class StreamScrubber:
     only the bytes from the first undecided position on: a suffix that is a proper prefix of
     some needle (so fewer than max_len bytes). Any chunking, flushed, gives exactly
     ``secrets.scrub(whole)``.
+
+    `scan` replaces `SecretSet._scan` (same contract) for a scrubber over a view of the data
+    (`sandgate.unwrap`); the held-back bound is then the scan's.
     """
 
-    def __init__(self, secrets: SecretSet) -> None:
+    def __init__(self, secrets: SecretSet, scan: Scan | None = None) -> None:
         self._set = secrets
+        self._scan: Scan = scan if scan is not None else secrets._scan
         self._held = b""
         self.replacements = 0
 
@@ -248,7 +276,7 @@ class StreamScrubber:
         if not chunk:
             return b""  # nothing new can settle what is held
         data = self._held + chunk if self._held else bytes(chunk)
-        pieces, count, stop = self._set._scan(data, final=False)
+        pieces, count, stop = self._scan(data, final=False)
         self._held = data[stop:]
         self.replacements += count
         return b"".join(pieces)
@@ -256,11 +284,11 @@ class StreamScrubber:
     def flush(self) -> bytes:
         """Everything still held back, scrubbed. The scrubber may be reused afterwards."""
         held, self._held = self._held, b""
-        if not held:
-            return b""
-        out, count = self._set.scrub(held)
+        if not held or self._set.empty:
+            return held
+        pieces, count, _ = self._scan(held, final=True)
         self.replacements += count
-        return out
+        return b"".join(pieces)
 
 
 class StreamDetector:

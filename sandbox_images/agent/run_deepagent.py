@@ -8,8 +8,10 @@ The model is `ChatAnthropic` with the key in ANTHROPIC_API_KEY, which in a Sandg
 placeholder: the SDK's requests leave through HTTPS_PROXY (Sandgate), trust the Sandgate CA
 (SSL_CERT_FILE), and Sandgate swaps the real key in on the way to api.anthropic.com when the
 sandbox's policy allows it. The agent's own tools (`execute`, `ls`, `read_file`, `write_file`,
-`edit_file`, `glob`, `grep`) run right here, in the container, with its environment: whatever
-they reach goes through Sandgate too. Prints the agent's final answer on stdout.
+`edit_file`, `glob`, `grep`) run right here, in the container: whatever they reach goes through
+Sandgate too. In a split sandbox (docs/pattern1.md) `execute` runs as the `tool` user through the
+runner, so generated code gets the bash tool's identity and never the agent's egress. Prints the
+agent's final answer on stdout.
 
 Needs `deepagents` and `langchain-anthropic` in the container's Python.
 """
@@ -22,6 +24,7 @@ import sys
 from typing import Any
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
+RUNNER_SOCKET = "/run/sandgate/runner.sock"  # the split's tool runner (sandgate.pattern1)
 SYSTEM_PROMPT = (
     "You are an agent running in a network-restricted sandbox. Work in {workdir}. Every "
     "network request leaves through an egress proxy that may refuse it: if a request is "
@@ -32,16 +35,28 @@ SYSTEM_PROMPT = (
 def build_agent(model: Any, workdir: str, timeout: int = 120) -> Any:
     """The deep agent, its tools on this machine (the sandbox) rooted at `workdir`."""
     from deepagents import create_deep_agent
+
+    return create_deep_agent(
+        model=model, backend=shell_backend(workdir, timeout),
+        system_prompt=SYSTEM_PROMPT.format(workdir=workdir),
+    )
+
+
+def shell_backend(workdir: str, timeout: int = 120) -> Any:
+    """The tools' backend. In a split sandbox (docs/pattern1.md: the runner's socket exists) the
+    `execute` tool runs every command through the root-owned runner as the `tool` user, whose
+    traffic Sandgate sees as the bash tool's identity; without the split, here as the agent."""
+    if os.path.exists(RUNNER_SOCKET):
+        from sandgate.pattern1.shell import runner_backend
+
+        return runner_backend(workdir, timeout)
     from deepagents.backends import LocalShellBackend
 
-    backend = LocalShellBackend(
+    return LocalShellBackend(
         root_dir=workdir,
         virtual_mode=False,  # the container is the boundary: real paths, as the shell sees them
         timeout=timeout,
         inherit_env=True,  # the proxy and CA variables the sandbox set, for the tools' requests
-    )
-    return create_deep_agent(
-        model=model, backend=backend, system_prompt=SYSTEM_PROMPT.format(workdir=workdir)
     )
 
 

@@ -13,7 +13,7 @@
 # = 1; Docker loads it): the script refuses to report success without it.
 #
 # Environment: SANDGATE_SBX_BRIDGE (the bridge name, com.docker.network.bridge.name),
-# SANDGATE_SBX_SUBNET, SANDGATE_PROXY_ADDR, SANDGATE_PROXY_PORT. The rules match the bridge by
+# SANDGATE_SBX_SUBNET, SANDGATE_PROXY_ADDR, SANDGATE_PROXY_PORT (ports: 8080,8081). The rules match the bridge by
 # name, so they may be installed before the bridge exists and survive `down`/`up`. Remove them:
 # this script with SANDGATE_FIREWALL_REMOVE=1.
 set -euo pipefail
@@ -28,7 +28,12 @@ log() { echo "sandbox-firewall: $*"; }
 die() { echo "sandbox-firewall: error: $*" >&2; exit 1; }
 
 [[ ${#FWD} -le 28 ]] || die "bridge name too long for a chain name: $BRIDGE"
-[[ $PROXY_PORT =~ ^[0-9]+$ ]] || die "SANDGATE_PROXY_PORT is not a port: $PROXY_PORT"
+[[ $PROXY_PORT =~ ^[0-9]+(,[0-9]+)*$ ]] || die "SANDGATE_PROXY_PORT is not a port (or ports, comma-separated): $PROXY_PORT"
+# One rule per port (the proxy, and pattern 1's role listeners: docs/pattern1.md).
+PORT_RULES=()
+for port in ${PROXY_PORT//,/ }; do
+  PORT_RULES+=("-s $SUBNET -d $PROXY_ADDR/32 -o $BRIDGE -p tcp -m tcp --dport $port -m conntrack --ctstate NEW -j RETURN")
+done
 
 # The backend Docker uses (its DOCKER-USER chain is there): nft on current Debian, or legacy.
 V4= V6=
@@ -82,7 +87,7 @@ jump "$V6" INPUT "$IN" -i "$BRIDGE"
 # Bridged traffic: only to the proxy port (and the rest of connections already accepted).
 chain "$V4" "$FWD" \
   "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN" \
-  "-s $SUBNET -d $PROXY_ADDR/32 -o $BRIDGE -p tcp -m tcp --dport $PROXY_PORT -m conntrack --ctstate NEW -j RETURN" \
+  "${PORT_RULES[@]}" \
   "-m comment --comment \"sandgate: sandboxes reach only $PROXY_ADDR:$PROXY_PORT\" -j DROP"
 jump "$V4" DOCKER-USER "$FWD" -i "$BRIDGE"
 chain "$V6" "$FWD" "-m comment --comment \"sandgate: no IPv6 between sandboxes\" -j DROP"

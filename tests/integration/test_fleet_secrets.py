@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import ssl
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +32,7 @@ from tests.support.pki import make_pki
 from tests.support.postgres import PostgresCluster
 from tests.support.relay import Relay
 from tests.support.secrets import assert_no_secret
+from tests.support.upstream import AppThread
 
 pytestmark = pytest.mark.integration
 
@@ -91,31 +90,6 @@ class LoginUpstream:
         return web.json_response({"user": user, "login": ok}, status=200 if ok else 401)
 
 
-class UpstreamThread:
-    def __init__(self, app: web.Application, cert: Path, key: Path) -> None:
-        self.app = app
-        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(str(cert), str(key))
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner = web.AppRunner(app, access_log=None)
-
-    def start(self) -> UpstreamThread:
-        self.thread.start()
-
-        async def go() -> None:
-            await self.runner.setup()
-            await web.TCPSite(self.runner, UPSTREAM_IP, 443, ssl_context=self.ctx).start()
-
-        asyncio.run_coroutine_threadsafe(go(), self.loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-
 @dataclass
 class Fleet:
     proxy: Proxy
@@ -163,7 +137,7 @@ def fleet_up(tmp: Path, *proxy_args: str, listen_host: str = "127.0.0.1",
     pki = make_pki(tmp / "pki", NAMES)
     pg = PostgresCluster(PG_IP).start()
     vault = SeedableVault()
-    upstream_srv: UpstreamThread | None = None
+    upstream_srv: AppThread | None = None
     proxy: Proxy | None = None
     try:
         vault.start()
@@ -172,7 +146,7 @@ def fleet_up(tmp: Path, *proxy_args: str, listen_host: str = "127.0.0.1",
         upstream = LoginUpstream(pg)
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", upstream.handle)
-        upstream_srv = UpstreamThread(app, pki.cert, pki.key).start()
+        upstream_srv = AppThread(app, pki.cert, pki.key, UPSTREAM_IP).start()
         policies = tmp / "policies"
         policies.mkdir()
         (policies / "fleet.yaml").write_text(POLICY)

@@ -328,6 +328,7 @@ class SniRecorder:
         self.ctx.load_cert_chain(cert, key)
         self.ctx.sni_callback = self._sni
         self.seen: list[tuple[str | None, str, str]] = []  # (sni, host, path)
+        self.connections: list[str | None] = []  # the SNI of each TLS connection accepted
         self.sock = socket.create_server((SHARED_IP, 443))
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -347,6 +348,7 @@ class SniRecorder:
         try:
             with self.ctx.wrap_socket(conn, server_side=True) as s:
                 sni = getattr(s, "sandgate_sni", None)
+                self.connections.append(sni)
                 buf = b""
                 while True:
                     while b"\r\n\r\n" not in buf:
@@ -384,8 +386,13 @@ def test_upstreams_sharing_an_address_never_share_a_tls_connection(gw, pki):
         assert [(host, path) for _, host, path in rec.seen] == [
             ("a.r2.test", "/1"), ("b.r2.test", "/2"), ("a.r2.test", "/3"), ("b.r2.test", "/4")]
         assert all(sni == host for sni, host, _ in rec.seen), rec.seen
+        # The upstream connection keeps the name it was verified for as its address: a later
+        # request to that name reuses it (one TLS connection per name), and nothing renames an
+        # open connection (mitmproxy refused that: `server_connected failed` in the log).
+        assert sorted(rec.connections) == ["a.r2.test", "b.r2.test"], rec.connections
     finally:
         rec.close()
+    assert "Cannot change server.address" not in gw.proxy.logs()
 
 
 # ------------------------------------------------------------------ identity

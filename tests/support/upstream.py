@@ -150,3 +150,31 @@ class UpstreamServer:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, default=str)
+
+
+class AppThread:
+    """An aiohttp application served over TLS on `host`:443 from its own loop in a thread."""
+
+    def __init__(self, app: web.Application, cert: Any, key: Any, host: str,
+                 port: int = 443) -> None:
+        self.host, self.port = host, port
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(str(cert), str(key))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.runner = web.AppRunner(app, access_log=None)
+
+    def start(self) -> AppThread:
+        self.thread.start()
+
+        async def go() -> None:
+            await self.runner.setup()
+            await web.TCPSite(self.runner, self.host, self.port, ssl_context=self.ctx).start()
+
+        asyncio.run_coroutine_threadsafe(go(), self.loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)

@@ -3,6 +3,11 @@
 `/ws`: on the text message "send-key" it answers "your key is <the x-api-key it was given>";
 any other message is recorded and acknowledged with "ack <n>" (n = messages received so far),
 so a client can tell which of its messages arrived without seeing their content.
+
+`/ws-control`: control frames (no automatic pong). "ping-key", "pong-key" and "close-key" make
+the server send a ping, an unsolicited pong or a close whose payload (reason) holds the key it
+was given; every ping, pong and close the client sends is recorded in `control` (kind, payload)
+and acknowledged with "got <kind>" (a close is not acknowledged: the session ends).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ class WsServer:
         self.host, self.port = host, port
         self.received: list[str] = []
         self.upgrade_headers: list[dict[str, str]] = []
+        self.control: list[tuple[str, bytes]] = []
         self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._ctx.load_cert_chain(cert, key)
         self._loop = asyncio.new_event_loop()
@@ -40,6 +46,33 @@ class WsServer:
                 await ws.send_str(f"ack {len(self.received)}")
         return ws
 
+    async def _ws_control(self, request: web.Request) -> web.WebSocketResponse:
+        self.upgrade_headers.append({k.lower(): v for k, v in request.headers.items()})
+        key = request.headers.get("x-api-key", "").encode()
+        ws = web.WebSocketResponse(autoping=False, autoclose=False)
+        await ws.prepare(request)
+        while True:  # not `async for`: it stops before a CLOSE message is seen
+            msg = await ws.receive(timeout=15)
+            if msg.type in (WSMsgType.CLOSED, WSMsgType.ERROR, WSMsgType.CLOSING):
+                break
+            if msg.type == WSMsgType.TEXT:
+                if msg.data == "ping-key":
+                    await ws.ping(b"k=" + key)
+                elif msg.data == "pong-key":
+                    await ws.pong(b"k=" + key)
+                elif msg.data == "close-key":
+                    await ws.close(code=4000, message=b"bye " + key)
+                    break
+            elif msg.type in (WSMsgType.PING, WSMsgType.PONG):
+                kind = "ping" if msg.type == WSMsgType.PING else "pong"
+                self.control.append((kind, bytes(msg.data)))
+                await ws.send_str(f"got {kind}")
+            elif msg.type == WSMsgType.CLOSE:
+                self.control.append(("close", (msg.extra or "").encode()))
+                await ws.close()
+                break
+        return ws
+
     def start(self) -> WsServer:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
@@ -48,6 +81,7 @@ class WsServer:
     async def _start(self) -> None:
         app = web.Application()
         app.router.add_get("/ws", self._ws)
+        app.router.add_get("/ws-control", self._ws_control)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ctx).start()

@@ -50,6 +50,8 @@ CASES = [
     (LimitExceeded(Code.TOO_MANY_CONNECTIONS, "r", retry_after=1), 429),
     (Refused(Code.HEADER_TIMEOUT, "r"), 408),
     (Refused(Code.IDLE_TIMEOUT, "r"), 408),
+    (Refused(Code.HANDSHAKE_TIMEOUT, "r"), 408),
+    (Refused(Code.SESSION_MISMATCH, "r"), 403),
 ]
 
 

@@ -258,7 +258,10 @@ async def test_cache_is_keyed_by_resolved_path():
         assert b.vault_reads == 2
         gen = b.generation
         await b.end_sandbox("s1", "test")
-        assert [v for _, v in b.cached_pairs()] == [VALUE_B] and b.generation > gen
+        # forgotten by the cache, still scrubbed and detected for the retired window
+        assert [e.value.value for e in b._cache.values()] == [VALUE_B] and b.generation > gen
+        assert ("gh", VALUE_A) in b.retired
+        assert sorted(v for _, v in b.cached_pairs()) == sorted([VALUE_A, VALUE_B])
     finally:
         await b.aclose()
 
@@ -538,6 +541,7 @@ async def test_token_expiry_drops_per_sandbox_kv_values():
         await b.get("gh", Caller("agent", "s2", "token", expires=wall[0] + 500))
         wall[0] += 6
         await b.leases.step()
-        assert [v for _, v in b.cached_pairs()] == [VALUE_B]
+        assert [e.value.value for e in b._cache.values()] == [VALUE_B]
+        assert ("gh", VALUE_A) in b.retired  # retired, not forgotten
     finally:
         await b.aclose()

@@ -107,3 +107,21 @@ def test_prepare_keeps_the_clients_wish_to_close():
                       content=b"")
     prepare(req, websocket=False)
     assert req.headers["connection"] == "close" and "x-a" not in req.headers
+
+
+@pytest.mark.parametrize("info,host", [
+    (INFO, "api.example"),
+    (RequestInfo("https", "api.example", 8443, "GET", "/"), "api.example:8443"),
+    (RequestInfo("http", "plain.example", 80, "GET", "/"), "plain.example"),
+])
+def test_prepare_gives_a_request_without_host_the_judged_one(info, host):
+    """HTTP/1.0 may leave Host out; the upstream must get the origin that was judged."""
+    req = tutils.treq(headers=[(b"x-a", b"1")], http_version=b"HTTP/1.0", authority=b"")
+    prepare(req, websocket=False, info=info)
+    assert req.headers.fields[0] == (b"Host", host.encode())
+
+
+def test_prepare_keeps_a_host_that_was_judged():
+    req = tutils.treq(headers=[(b"host", b"api.example")])
+    prepare(req, websocket=False, info=INFO)
+    assert req.headers.get_all("host") == ["api.example"]

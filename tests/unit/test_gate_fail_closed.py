@@ -147,7 +147,7 @@ async def test_canary_in_any_encoding_is_refused_and_audited(gate):
     decoy = canary(KEY, "agent")
     assert decoy == canary(KEY, "agent") and decoy != canary(KEY, "other")
     gate.cfg.canaries = {"canary:agent": decoy}
-    gate._secret_generation = -1  # the set is rebuilt on the next use
+    gate._scrub_sets.invalidate()  # the set is rebuilt on the next use
     with taddons.context(gate):
         for body in (decoy.encode(), base64.b64encode(decoy.encode()), decoy.upper().encode()):
             f = plain_flow()
@@ -171,7 +171,15 @@ async def test_requestheaders_refuses_before_the_body(gate):
         f.request.headers["content-length"] = str(10 * 1024 * 1024)
         await gate.requestheaders(f)
         assert f.response is not None and f.response.status_code == 407
-        assert f.error is not None  # killed: the large body is never read
+        # answered now, before the body, which is never read (addons/readable.py)
+        assert f.metadata["sandgate-answer-early"] is True
+        assert f.response.headers["connection"] == "close"
+        h2 = plain_flow()
+        del h2.request.headers["proxy-authorization"]
+        h2.request.http_version = "HTTP/3"  # neither HTTP/1 nor HTTP/2: mitmproxy's order
+        h2.request.headers["content-length"] = str(10 * 1024 * 1024)
+        await gate.requestheaders(h2)
+        assert h2.error is not None  # killed: the large body is never read
 
 
 async def test_nothing_is_forwarded_while_the_audit_log_cannot_be_written(gate):

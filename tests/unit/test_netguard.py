@@ -5,9 +5,11 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sandgate.errors import AddressRefused
-from sandgate.netguard import choose_address, classify, parse_ip_literal
+from sandgate.netguard import choose_address, classify, is_this_host, parse_ip_literal
 
 
 @pytest.mark.parametrize("spelling,canonical", [
@@ -87,3 +89,39 @@ def test_never_dials_itself_even_when_range_is_named():
     # same address, other port: not itself
     t = choose_address("x", 443, ips("127.0.0.1"), [ipaddress.ip_network("127.0.0.0/8")], selves)
     assert t.port == 443
+
+
+# ---------------------------------------------------------------- the unspecified address
+
+_ZERO_NET = st.integers(0, 2**24 - 1).map(lambda n: ipaddress.IPv4Address(n))
+
+
+def _spellings(v4: ipaddress.IPv4Address) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    n = int(v4)
+    return [v4, ipaddress.IPv6Address(0xFFFF00000000 | n),  # ::ffff:a.b.c.d
+            ipaddress.IPv6Address(0xFFFF0000_00000000 | n),  # ::ffff:0:a.b.c.d (SIIT)
+            ipaddress.IPv6Address(int(ipaddress.IPv6Address("64:ff9b::")) | n)]  # NAT64
+
+
+@given(_ZERO_NET)
+def test_every_spelling_of_this_network_is_this_host(v4):
+    for ip in _spellings(v4):
+        assert is_this_host(ip), ip
+        with pytest.raises(AddressRefused) as e:
+            # whatever private_cidrs say, and with no listener of Sandgate on that port
+            choose_address("zero.test", 9, [ip], [ipaddress.ip_network("0.0.0.0/0"),
+                                                  ipaddress.ip_network("::/0")])
+        assert e.value.code == "self_address"
+
+
+@pytest.mark.parametrize("literal", ["0", "0.0.0.0", "0x0", "00.0.0.0", "0.1.2.3", "[::]",
+                                     "::0.0.0.0", "[::ffff:0.0.0.0]", "::ffff:0:0.0.0.0"])
+def test_unspecified_literals_are_this_host(literal):
+    ip = parse_ip_literal(literal)
+    assert ip is not None and is_this_host(ip)
+
+
+@pytest.mark.parametrize("addr", ["1.0.0.0", "127.0.0.1", "::1", "10.0.0.1", "8.8.8.8",
+                                  "::ffff:1.0.0.0", "2001:db8::"])
+def test_other_addresses_are_not_this_host(addr):
+    assert not is_this_host(ipaddress.ip_address(addr))

@@ -106,6 +106,24 @@ CASES: list[tuple[str, dict[str, str], str | None]] = [
         " substitute: [ghw]}\n"
         + R + "{name: rest, hosts: [api.example.com], methods: [GET], paths: [/repos/**],"
         " substitute: [gh]}\n")}, None),
+    # mcp:/jsonrpc: rules: a rule decides only the calls its filter allows
+    ("mcp-disjoint-calls-ok", {"p.yaml": policy(
+        R + "{name: read, hosts: [mcp.example.com], methods: [POST], paths: [/mcp, /mcp/**],"
+        " mcp: {tools: ['get_*']}, substitute: [gh]}\n"
+        + R + "{name: write, hosts: [mcp.example.com], methods: [POST], paths: [/mcp],"
+        " mcp: {methods: [tools/call], tools: [create_issue]}, substitute: [ghw]}\n")}, None),
+    ("mcp-shared-call", {"p.yaml": policy(
+        R + "{name: read, hosts: [mcp.example.com], methods: [POST], paths: [/mcp, /mcp/**],"
+        " mcp: {tools: ['get_*']}, substitute: [gh]}\n"
+        + R + "{name: write, hosts: [mcp.example.com], methods: [POST], paths: [/mcp],"
+        " mcp: {tools: [create_issue]}, substitute: [ghw]}\n")},
+     "carrying method initialize is sent with secrets gh instead of secrets ghw"),
+    ("mcp-fixture-judged-with-its-call", {"p.yaml": policy(
+        R + "{name: mcp, hosts: [mcp.example.com], methods: [POST], paths: [/mcp, /mcp/**],"
+        " mcp: {tools: ['get_*']}}\n"
+        + R + "{name: no-admin, action: deny, hosts: [mcp.example.com], paths: [/mcp/admin]}\n",
+        "  - {identity: a, request: POST https://mcp.example.com/mcp, mcp: {tool: drop},"
+        " expect: deny}\n")}, "is refused by no_rule, not by deny rule 'no-admin'"),
     ("query-then-unconstrained", {"p.yaml": policy(
         R + "{name: refs, hosts: [git.example.com], methods: [GET], paths: ['/*/info/refs'],"
         " query: {service: [git-upload-pack]}, substitute: [gh]}\n"

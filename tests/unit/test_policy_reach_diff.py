@@ -175,3 +175,38 @@ def test_traffic_diff_replays_kept_query_values(tmp_path):
     (ch,) = res.changes
     assert ch.kinds[0] == "deny->allow" and ch.new.rule == "git-refs"
     assert ch.request.endswith("/o/r.git/info/refs?service=git-receive-pack")
+
+
+def test_a_change_of_tools_is_a_change_of_reach(tmp_path: Path) -> None:
+    """An mcp: rule that lets more tools through widens reach, and the diff names them."""
+    example = (ROOT / "docs/examples/mcp/mcp.yaml").read_text()
+    wider = example.replace('create_issue], deny_tools', 'create_issue, "merge_*"], deny_tools')
+    assert wider != example
+    o, n = _dirs(tmp_path, example, wider)
+    d = reach_diff(load_policy_dir(o), load_policy_dir(n))
+    assert [(c.identity, c.kind, c.widened) for c in d.changes] == [
+        ("mcp-agent", "changed", True)]
+    assert "now forwards tool merge_" in d.changes[0].summary()
+    back = reach_diff(load_policy_dir(n), load_policy_dir(o))
+    assert [(c.kind, c.widened) for c in back.changes] == [("changed", False)]
+    assert "no longer forwards tool merge_" in back.changes[0].summary()
+
+
+def test_report_reads_mcp_rules_by_their_calls(tmp_path: Path) -> None:
+    """A rule after an mcp: rule on the same requests decides the calls the earlier filter
+    refuses: it is neither 'never decides' nor losing requests to a rule with no call in
+    common; the notes say which calls each rule judges."""
+    rules = ("version: v1\nidentities:\n  agent:\n    rules:\n"
+             "      - {name: read, hosts: [mcp.example.com], methods: [POST], paths: [/mcp],"
+             " mcp: {tools: ['get_*']}}\n"
+             "      - {name: write, hosts: [mcp.example.com], methods: [POST], paths: [/mcp],"
+             " mcp: {methods: [tools/call], tools: [create_issue],"
+             " arguments: {repo: 'acme/*'}}}\n")
+    o, _ = _dirs(tmp_path, rules, rules)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli_main(["report", "--format", "json", str(o)]) == 0
+    notes = {r["rule"]: r["notes"] for r in json.loads(buf.getvalue())["identities"][0]["rules"]}
+    assert "never decides" not in notes["write"] and "earlier rule" not in notes["write"]
+    assert "mcp: methods tools/call, tools create_issue, argument repo acme/*" in notes["write"]
+    assert "tools get_*" in notes["read"]

@@ -69,7 +69,11 @@ def test_placeholders_cannot_override_client_settings() -> None:
 def _compose_sandbox_env() -> dict[str, str]:
     doc = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     env = doc["services"]["bash-tool"]["environment"]
-    assert env == doc["services"]["agent"]["environment"]  # the same anchor
+    agent = dict(doc["services"]["agent"]["environment"])
+    # the same anchor; the agent adds its split's role listener ports (docs/pattern1.md)
+    assert agent.pop("SANDGATE_SPLIT_TOOL_PORT") == "8081"
+    assert agent.pop("SANDGATE_SPLIT_OTHER_PORT") == "8082"
+    assert env == agent
     return {str(k): str(v) for k, v in env.items()}
 
 

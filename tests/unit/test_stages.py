@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from mitmproxy import http
 from mitmproxy.test import tflow
 
 from sandgate import audit
@@ -211,3 +212,50 @@ def test_refusal_never_quotes_a_secret(state):
     refusal = s80_refuse.refusal_for(state, f, error)
     for text in (refusal.reason, refusal.hint, refusal.target, refusal.body().decode()):
         assert text is not None and decoy not in text
+
+
+CALL_POLICY = """
+version: v1
+identities:
+  agent:
+    rules:
+      - {name: read, hosts: [docs.example], methods: [POST], schemes: [http],
+         mcp: {tools: ['get_*']}}
+      - {name: write, hosts: [docs.example], methods: [POST], schemes: [http],
+         mcp: {tools: [create_issue]}, max_request_bytes: 150}
+"""
+
+
+async def test_the_call_stage_holds_the_body_to_the_rule_the_call_picked(tmp_path, state):
+    """The head picks `read`; a create_issue call is allowed by `write` only, and the body
+    stage runs again for it: its max_request_bytes counts, not the head rule's."""
+    import json
+
+    from sandgate.stages import s35_call
+
+    policy = load(tmp_path, CALL_POLICY, "calls")
+    state.set_policy(policy)
+    info = RequestInfo("http", "docs.example", 80, "POST", "/")
+
+    def run(title: str) -> tuple[FlowRecord, http.HTTPFlow]:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": {"name": "create_issue",
+                                      "arguments": {"title": title}}}).encode()
+        f = tflow.tflow(req=tflow.treq(method=b"POST", host="docs.example", port=80,
+                                       path=b"/", content=body))
+        rec = context.record(f)
+        rec.caller, rec.info, rec.policy = Caller("agent", None, "token"), info, policy
+        rec.decision = decide(policy, "agent", info)
+        assert rec.decision.rule is not None and rec.decision.rule.name == "read"
+        return rec, f
+
+    rec, f = run("short")
+    await s30_body.check(state, f, rec)
+    await s35_call.judge(state, f, rec)
+    assert rec.decision is not None and rec.decision.rule is not None
+    assert rec.decision.rule.name == "write" and not rec.refused
+    rec, f = run("x" * 200)
+    await s30_body.check(state, f, rec)  # the head rule's limit (the proxy's 1000) lets it in
+    with pytest.raises(Refused) as ei:
+        await s35_call.judge(state, f, rec)
+    assert ei.value.code == Code.TOO_LARGE and "150" in ei.value.reason

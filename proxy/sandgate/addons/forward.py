@@ -11,6 +11,7 @@ from __future__ import annotations
 import zlib
 
 from mitmproxy import http
+from mitmproxy.net.http import url
 
 from sandgate.errors import BadRequest, Code
 from sandgate.request import RequestInfo, split_authority
@@ -81,7 +82,7 @@ def inspectable_body(req: http.Request, limit: int) -> bytes:
     return out
 
 
-def prepare(req: http.Request, websocket: bool) -> None:
+def prepare(req: http.Request, websocket: bool, info: RequestInfo | None = None) -> None:
     """Make the head the upstream receives exactly the one that was judged.
 
     Called after the decision and before injection: origin form, hop-by-hop headers (and the
@@ -107,6 +108,10 @@ def prepare(req: http.Request, websocket: bool) -> None:
         req.headers["connection"] = "close"
     if req.http_version.startswith("HTTP/1"):
         req.authority = ""  # origin form; check_authority made sure it named the judged origin
+        if info is not None and "host" not in req.headers:
+            # An HTTP/1.0 request may leave Host out; it was judged as `info` (the tunnel's or
+            # the URL's origin), so the upstream gets that origin, not its default site.
+            req.headers.insert(0, "Host", url.hostport(info.scheme, info.host, info.port))
     req.trailers = None
     # The body was read whole; say exactly how long it is (an HTTP/2 body without a length
     # would otherwise reach an HTTP/1 upstream unframed, and be read as the next request).

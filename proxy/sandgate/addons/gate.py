@@ -21,7 +21,7 @@ from mitmproxy import connection, dns, http, tcp, tls, udp
 from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers import modes
 
-from sandgate.addons import relay
+from sandgate.addons import readable, relay
 from sandgate.addons.socks5 import REP_NOT_ALLOWED, Socks5ConnectData, connect_flow
 from sandgate.addons.state import FlowRecord
 from sandgate.errors import Refused
@@ -29,6 +29,7 @@ from sandgate.stages import (
     s10_identify,
     s20_head,
     s30_body,
+    s35_call,
     s40_forward,
     s50_inject,
     s55_sign,
@@ -54,6 +55,7 @@ HEAD_PATH: tuple[Stage, ...] = (
 # The complete request, judged and made ready to forward, in order.
 REQUEST_PATH: tuple[Stage, ...] = (
     s30_body.check,
+    s35_call.judge,
     s40_forward.prepare_head,
     s50_inject.inject,
     s55_sign.sign,
@@ -85,6 +87,8 @@ async def _run(st: GateState, path: tuple[Stage, ...], flow: http.HTTPFlow) -> N
     rec = _record(flow)
     for stage in path:
         await stage(st, flow, rec)
+        if rec.refused:
+            return  # the stage answered the flow itself (s35_call: JSON-RPC errors)
 
 
 class Gate(GateState):
@@ -106,6 +110,7 @@ class Gate(GateState):
     @guarded
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         await s20_head.judge_connect(self, flow, _record(flow))
+        await s60_dial.pin_tunnel(self, flow)  # passthrough: its address checked at CONNECT
         s90_audit.audit(self, flow, event="connect")
 
     def http_connect_error(self, flow: http.HTTPFlow) -> None:
@@ -128,6 +133,9 @@ class Gate(GateState):
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         s60_dial.passthrough_hello(self, data)
 
+    def tls_established_client(self, data: tls.TlsData) -> None:
+        s60_dial.tunnel_tls_up(self, data)
+
     def tcp_message(self, flow: tcp.TCPFlow) -> None:
         if not s60_dial.raw_allowed(self, flow):
             s80_refuse.drop_raw(flow)
@@ -144,9 +152,6 @@ class Gate(GateState):
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         await s60_dial.server_connect(self, data)
 
-    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        s60_dial.server_connected(self, data)
-
     # ---------------------------------------------------------------- requests
 
     @guarded
@@ -158,8 +163,9 @@ class Gate(GateState):
             await _run(self, HEAD_PATH, flow)
         except Refused as e:
             s80_refuse.refused(self, flow, e)
-            if s20_head.large_body(flow.request):
-                flow.kill()  # do not read (and buffer) a large body only to refuse it
+            # answered now, its body unread (HTTP/1); else do not buffer a large body to refuse it
+            if not readable.answer_early(flow) and s20_head.large_body(flow.request):
+                flow.kill()
 
     @guarded
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -183,6 +189,9 @@ class Gate(GateState):
     def error(self, flow: http.HTTPFlow) -> None:
         s80_refuse.upstream_error(flow)
         s90_audit.audit(self, flow)
+
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        s70_scrub.websocket_start(self, flow, _record(flow))
 
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         s70_scrub.websocket_message(self, flow, _record(flow))

@@ -28,6 +28,7 @@ from mitmproxy.net.http import http1
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http import _http1, _http2, _http3, _http_h2
 
+from sandgate.addons import wscontrol
 from sandgate.errors import Code
 from sandgate.refusal import REASON_HEADER, Refusal
 
@@ -115,8 +116,10 @@ def install() -> None:
         return (yield from original_check(self, request))
 
     stream_cls.check_body_size = check_body_size  # type: ignore[method-assign]
+    # 4. WebSocket ping, pong and close payloads are judged like messages (addons/wscontrol)
+    wscontrol.install()
     setattr(_http1, _MARK, True)
 
 
 def installed() -> bool:
-    return bool(getattr(_http1, _MARK, False))
+    return bool(getattr(_http1, _MARK, False)) and wscontrol.installed()

@@ -14,8 +14,9 @@ from mitmproxy import ctx, exceptions
 
 # name -> (value, why). Values that depend on the run's configuration are filled by `pinned()`.
 _PINNED: dict[str, tuple[Any, str]] = {
-    "mode": (["regular"], "regular, plus socks5@HOST:PORT for --socks5 and one reverse listener "
-             "for --gateway: the only modes whose every request passes Sandgate's hooks (socks5 "
+    "mode": (["regular"], "regular (and regular@HOST:PORT per --role-listen), plus "
+             "socks5@HOST:PORT for --socks5 and one reverse listener for --gateway: the only "
+             "modes whose every request passes Sandgate's hooks (socks5 "
              "only with Sandgate's own layer, addons/socks5.py, which requires the token and "
              "judges the CONNECT; the gateway's every request is re-targeted by its `gateways:` "
              "prefix or refused; dns resolves in-process, transparent/wireguard and other "
@@ -72,9 +73,11 @@ def gateway_mode(host: str, port: int, tls_name: str | None) -> str:
 
 
 def pinned(max_request_body: str, upstream_ca_bundle: str | None,
-           socks5: tuple[str, int] | None = None, gateway: str | None = None) -> dict[str, Any]:
+           socks5: tuple[str, int] | None = None, gateway: str | None = None,
+           role_listens: Sequence[tuple[str, int]] = ()) -> dict[str, Any]:
     """The pinned option values for one run: `mode` is exactly the configured listeners
-    (`socks5`: the SOCKS5 listen address; `gateway`: the gateway listener's mode)."""
+    (`socks5`: the SOCKS5 listen address; `gateway`: the gateway listener's mode;
+    `role_listens`: pattern 1's tool/other listeners, regular proxies, sandgate.identity.roles)."""
     values = {name: value for name, (value, _) in _PINNED.items()}
     modes = ["regular"]
     if socks5 is not None:
@@ -82,6 +85,7 @@ def pinned(max_request_body: str, upstream_ca_bundle: str | None,
         modes.append(f"socks5@{socks5[0]}:{socks5[1]}")
     if gateway is not None:
         modes.append(gateway)
+    modes += [f"regular@{host}:{port}" for host, port in role_listens]
     values["mode"] = modes
     values["body_size_limit"] = max_request_body
     values["ssl_verify_upstream_trusted_ca"] = upstream_ca_bundle

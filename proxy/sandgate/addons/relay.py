@@ -43,8 +43,9 @@ from mitmproxy.connection import ConnectionState
 from mitmproxy.proxy import events, server
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.tcp import TCPLayer
+from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
-from sandgate.addons import writes
+from sandgate.addons import admission, writes
 
 _MARK = "_sandgate_relay"
 _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport")  # noqa: B009
@@ -55,8 +56,20 @@ _VERIFIED: dict[str, Context] = {}
 
 
 def verified(context: Context) -> None:
-    """The tunnel of `context.client` passed the SNI check: relay it lean once it relays."""
+    """The tunnel of `context.client` passed the SNI check: relay it lean once it relays.
+
+    Not when the client spoke TLS to the proxy port itself (`curl --proxy https://`): its
+    socket carries the proxy's own TLS records around the tunnel, which only mitmproxy's layers
+    unwrap; copied raw, the upstream would get those records and the client garbage."""
+    if below_tls(context):
+        return
     _VERIFIED[context.client.id] = context
+
+
+def below_tls(context: Context) -> bool:
+    """Does a TLS layer that Sandgate terminates sit between the socket and this tunnel? (The
+    client's own flags cannot tell: the inner handshake writes to the same Client object.)"""
+    return any(isinstance(layer, ClientTLSLayer) for layer in context.layers[:-1])
 
 
 def forget(client: connection.Client) -> None:
@@ -159,6 +172,8 @@ async def handle_connection(self: Any, conn: connection.Connection) -> None:
             cancelled = e
             break
 
+        if conn is self.client and not getattr(self, admission.SPOKE, False):
+            setattr(self, admission.SPOKE, True)  # the client's first byte (admission.py)
         writer = peer_writer(self, conn)
         if writer is not None:
             self.timeout_watchdog.register_activity()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from sandgate.addons.flowsecrets import Owned
 from sandgate.decision import Decision
 from sandgate.errors import Refused
 from sandgate.identity.base import Caller
@@ -13,6 +15,9 @@ from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo
 from sandgate.secrets.body import BodyPlan
+
+if TYPE_CHECKING:
+    from sandgate.addons.calls import CallState
 
 
 @dataclass
@@ -29,11 +34,19 @@ class Tunnel:
     refusal: Refused | None = None
     # The policy the CONNECT was judged by: after a reload, the tunnel is judged again.
     policy: Policy | None = None
+    # passthrough: the address checked at CONNECT, the one the tunnel dials
+    target: DialTarget | None = None
+    # The TLS inside this tunnel: its ClientHello's SNI, and whether it is established. Not
+    # the client connection's fields: with TLS to the proxy port those are the outer TLS's.
+    sni: str | None = None
+    tls: bool = False
 
 
 @dataclass
 class Conn:
-    tunnel: Tunnel | None = None
+    # CONNECT stream -> its tunnel (addons/tunnels.py: keyed by the stream's Server id; HTTP/2
+    # carries several CONNECT streams on one connection)
+    tunnels: dict[str | None, Tunnel] = field(default_factory=dict)
     # (ip, port) this client may dial -> the host name it was checked for (the upstream SNI)
     approved: dict[tuple[str, int], str] = field(default_factory=dict)
     # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
@@ -44,6 +57,11 @@ class Conn:
     # gateway connections: (host, port) a request was approved for -> the checked address;
     # server_connect dials that address with the host as SNI (see stages/s60_dial.py)
     by_name: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
+
+    @property
+    def tunnel(self) -> Tunnel | None:
+        """The latest tunnel of the connection (for counting; hooks use tunnels.get)."""
+        return next(reversed(self.tunnels.values()), None)
 
 
 @dataclass
@@ -56,6 +74,8 @@ class FlowRecord:
     decision: Decision | None = None
     refusal: Refusal | None = None
     secrets: list[str] = field(default_factory=list)  # "name@version", never values
+    # the values injected into this flow: always scrubbed from its response (flowsecrets)
+    owned: Owned = field(default_factory=Owned, repr=False)
     dialed: str | None = None
     exfiltration: list[str] = field(default_factory=list)
     redactions: int = 0
@@ -76,6 +96,8 @@ class FlowRecord:
     body_plan: BodyPlan | None = None
     # how each credential went in, for the audit ("openai@3: body json: 1 value(s)"), no values
     injected: list[str] = field(default_factory=list)
+    # a rule with mcp:/jsonrpc: matched: the call judged and its list answers (addons/calls.py)
+    call: CallState | None = None
 
     @property
     def refused(self) -> bool:

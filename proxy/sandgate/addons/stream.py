@@ -1,18 +1,25 @@
-"""Scrub secret values from what an upstream sends back, without buffering the body."""
+"""Scrub secret values from what an upstream sends back, without buffering the body.
+
+Bodies are decoded first (gzip, deflate, br, zstd, stacked: `sandgate.addons.decoding`) and
+scrubbed with line breaks inside a form ignored (MIME's wrapped base64 and quoted-printable:
+`sandgate.unwrap`). A body in a coding Sandgate cannot decode gets a readable 502 instead
+(`answer_instead`), never a cut connection.
+"""
 
 from __future__ import annotations
 
 import re
-import zlib
+from collections.abc import Callable
 
 from mitmproxy import http
 from mitmproxy.net.http import status_codes
 
-from sandgate.refusal import REASON_HEADER
+from sandgate.addons.decoding import Decoder, codings, decode_all, unsupported
+from sandgate.refusal import REASON_HEADER, Refusal
 from sandgate.scrub import SecretSet
+from sandgate.unwrap import applies_to, scrub_unwrapped, unwrapping_scrubber
 
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 def clean_head(resp: http.Response, secrets: SecretSet) -> int:
@@ -32,16 +39,21 @@ def clean_head(resp: http.Response, secrets: SecretSet) -> int:
 
 
 def scrub_headers(headers: http.Headers, secrets: SecretSet) -> int:
-    """Scrub header values as the bytes they are (a non-ASCII secret is matched as UTF-8)."""
+    """Scrub header values as the bytes they are (a non-ASCII secret is matched as UTF-8), and
+    drop every field whose name carries a secret in any form and any letter case (a name is a
+    channel too, and HTTP/2 lower-cases it: no marker can stand in a name, so the field goes).
+    """
     if secrets.empty:
         return 0
     count = 0
-    fields = list(headers.fields)
-    for i, (k, v) in enumerate(fields):
+    fields: list[tuple[bytes, bytes]] = []
+    for k, v in headers.fields:
+        if secrets.find(k):
+            count += 1
+            continue
         clean, n = secrets.scrub(v)
-        if n:
-            fields[i] = (k, clean)
-            count += n
+        fields.append((k, clean))
+        count += n
     if count:
         headers.fields = tuple(fields)
     return count
@@ -57,8 +69,9 @@ class ResponseScrubber:
     def __init__(self, secrets: SecretSet, encoding: str, resp: http.Response,
                  client_version: str = "HTTP/1.1") -> None:
         self.refuse_reason: str | None = None
-        self._inner = secrets.scrubber()
-        self._decoder: zlib._Decompress | None = None
+        self._inner = (unwrapping_scrubber(secrets)
+                       if applies_to(resp.headers.get("content-type", "")) else secrets.scrubber())
+        self._decoder: Decoder | None = None
         self._active = not secrets.empty
         if not self._active:
             return
@@ -70,16 +83,13 @@ class ResponseScrubber:
             resp.http_version = "HTTP/1.1"
             if "chunked" not in resp.headers.get("transfer-encoding", "").lower():
                 resp.headers["transfer-encoding"] = "chunked"
-        if encoding in ("identity", ""):
+        chain = codings(encoding)
+        if not chain:
             return
-        wbits = _DECODERS.get(encoding)
-        if wbits is None:
-            self.refuse_reason = (
-                f"the upstream sent a {encoding!r}-encoded body that Sandgate cannot scrub"
-            )
-            return
-        self._decoder = zlib.decompressobj(wbits)
-        resp.headers.pop("content-encoding", None)
+        self.refuse_reason = unsupported(chain)
+        if self.refuse_reason is None:
+            self._decoder = Decoder(chain)
+            resp.headers.pop("content-encoding", None)
 
     @property
     def replacements(self) -> int:
@@ -88,13 +98,14 @@ class ResponseScrubber:
     def __call__(self, chunk: bytes) -> list[bytes]:
         if not self._active:
             return [chunk] if chunk else []
-        if chunk:
-            data = self._decoder.decompress(chunk) if self._decoder else chunk
-            out = self._inner.feed(data)
-        else:
-            tail = self._decoder.flush() if self._decoder else b""
-            out = self._inner.feed(tail) + self._inner.flush()
-        return [out] if out else []
+        if self._decoder is None:
+            out = self._inner.feed(chunk) if chunk else self._inner.flush()
+            return [out] if out else []
+        pieces = self._decoder.feed(chunk) if chunk else self._decoder.end()
+        outs = [self._inner.feed(piece) for piece in pieces]
+        if not chunk:
+            outs.append(self._inner.flush())
+        return [out for out in outs if out]
 
 
 # A response with a known length up to this size is read whole, scrubbed and sent with its exact
@@ -111,30 +122,50 @@ def scrub_whole_candidate(resp: http.Response, secrets: SecretSet) -> bool:
         length = int(resp.headers.get("content-length", ""))
     except ValueError:
         return False
-    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-    return 0 <= length <= WHOLE_BODY_LIMIT and (encoding in ("", "identity")
-                                                  or encoding in _DECODERS)
+    chain = codings(resp.headers.get("content-encoding", ""))
+    return 0 <= length <= WHOLE_BODY_LIMIT and unsupported(chain) is None
 
 
 def scrub_whole(resp: http.Response, secrets: SecretSet) -> int:
-    """Scrub a buffered body (decoded if gzip/deflate) and set its exact length; the count.
+    """Scrub a buffered body (decoded first: `sandgate.addons.decoding`) and set its exact
+    length; the count.
 
-    Raises ValueError when the body cannot be decoded within bounds (the caller drops it).
+    Raises ValueError when the body cannot be decoded within bounds (the caller refuses it).
     """
     raw = resp.raw_content or b""
-    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-    wbits = _DECODERS.get(encoding)
-    if wbits is not None and raw:
-        decoder = zlib.decompressobj(wbits)
-        try:
-            raw = decoder.decompress(raw, _DECODED_LIMIT)
-        except zlib.error:
-            raise ValueError(f"the upstream's {encoding} body is corrupt") from None
-        if decoder.unconsumed_tail:
-            raise ValueError(f"the upstream's {encoding} body decodes to more than Sandgate "
-                             "inspects")
+    chain = codings(resp.headers.get("content-encoding", ""))
+    if chain:
+        if raw:
+            raw = decode_all(raw, chain, _DECODED_LIMIT)
         resp.headers.pop("content-encoding", None)
-    clean, count = secrets.scrub(raw)
+    if applies_to(resp.headers.get("content-type", "")):
+        clean, count = scrub_unwrapped(secrets, raw)
+    else:
+        clean, count = secrets.scrub(raw)
     resp.raw_content = clean
     resp.headers["content-length"] = str(len(clean))
     return count
+
+
+def answer_instead(resp: http.Response, refusal: Refusal,
+                   http1: bool) -> Callable[[bytes], list[bytes]]:
+    """Turn an upstream response whose head has arrived into `refusal` (a readable answer
+    instead of a cut connection): its head is replaced now, and the returned stream callable
+    sends the refusal's body once and discards every byte of the upstream's."""
+    body = refusal.body()
+    resp.status_code = refusal.status
+    resp.reason = status_codes.RESPONSES.get(refusal.status, "")
+    resp.headers = http.Headers([(k.encode(), v.encode()) for k, v in refusal.headers().items()])
+    resp.headers["content-length"] = str(len(body))
+    if http1:
+        resp.headers["connection"] = "close"  # the rest of the upstream's body is not relayed
+    sent = False
+
+    def stream(chunk: bytes) -> list[bytes]:
+        nonlocal sent
+        if sent:
+            return []
+        sent = True
+        return [body]
+
+    return stream

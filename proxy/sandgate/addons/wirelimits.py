@@ -11,9 +11,10 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
    `max_header_bytes`, whichever is larger: 502 `upstream_error`.
 2. HTTP/2 header blocks are bounded by h2 itself: at most 64 CONTINUATION frames of up to
    mitmproxy's 128 KiB frame size (8 MiB encoded), decoded up to 64 KiB (hpack). On client
-   connections the encoded block is bounded here by about `max_header_bytes`, and the decoded
-   list by `max_header_bytes` plus hpack's 32 bytes a header; above those h2 ends the connection
-   (GOAWAY), below them the hooks answer 431 on the stream.
+   connections the encoded block and the decoded list are bounded here by `h2_readable_head`
+   (512 KiB, or twice `max_header_bytes`, plus hpack's 32 bytes a header); above that h2 ends
+   the connection (GOAWAY), below it the hooks answer 431 on the stream for a head over
+   `max_header_bytes`.
 3. Slow clients: an HTTP/1 head that has started must end within `header_timeout` (408
    `header_timeout`, connection closed); any connection on which nothing moves in either
    direction for `idle_timeout` is closed (mitmproxy's own watchdog, whose fixed 600 s this sets).
@@ -59,6 +60,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
 from sandgate import audit as A
+from sandgate.addons import admission, readable
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.refusal import Refusal
@@ -70,6 +72,9 @@ _MARK = "_sandgate_wirelimits"
 TIMEOUT_MARK = "sandgate: upstream timeout"
 RESET_MESSAGE = "sandgate: the upstream reset the connection"
 _HPACK_OVERHEAD = 32  # hpack counts 32 bytes per header on top of name and value (RFC 7541 4.1)
+# The least HTTP/2 header block that is still decoded and answered 431 (see h2_readable_head):
+# a 256 KiB cookie or token header, as clients send by mistake, gets a readable refusal.
+H2_READABLE_HEAD = 512 * 1024
 _BLANK_LINE = re.compile(rb"\n\r?\n")
 RESPONSE_HEAD_BYTES = 256 * 1024  # upstream response heads: generous (cookies), but bounded
 
@@ -91,6 +96,9 @@ _dialling: contextvars.ContextVar[connection.Server | None] = contextvars.Contex
 # closed (their stream's error becomes a 504). Connection ids; emptied on server_disconnected.
 _exempt: set[str] = set()
 _timed_out: set[str] = set()
+# Upstream connection id -> the checked address it dials; the connection keeps the name it was
+# judged for as its address (see `dial_at`). Emptied on server_disconnected.
+_dial_at: dict[str, tuple[str, int]] = {}
 
 
 def head_bytes(req: http.Request) -> int:
@@ -108,6 +116,11 @@ def _refusal_response(code: Code, reason: str) -> bytes:
     r = Refusal(code, reason)
     headers = {**r.headers(), "connection": "close"}
     return bytes(http1.assemble_response(http.Response.make(r.status, r.body(), headers)))
+
+
+def bad_request_response(reason: str) -> bytes:
+    """A 400 `bad_request` refusal as HTTP/1 bytes (for errors below the hooks)."""
+    return _refusal_response(Code.BAD_REQUEST, reason)
 
 
 def _peer(conn: connection.Connection) -> str | None:
@@ -149,12 +162,17 @@ def _head_over(buf: Any, limit: int) -> bool:
 
 def _refuse_head(self: Any, code: Code, reason: str) -> Generator[Any, Any, None]:
     """Answer a head that will not be read (through the layers: a TLS client gets it
-    encrypted), close the connection and stop reading."""
+    encrypted) and close. A head over the size limit is still being sent: the connection is
+    closed gracefully (the rest is read and discarded, bounded), so that the client reads the
+    answer instead of a reset (readable.py). A head past its time is not: closed at once."""
     self._sg_head_deadline = None
     _emit("limit", code, reason, self.conn)
     yield commands.SendData(self.conn, _refusal_response(code, reason))
-    yield commands.CloseConnection(self.conn)
     self.state = self.done
+    if code == Code.HEADERS_TOO_LARGE:
+        yield from readable.close_gracefully(self)
+    else:
+        yield commands.CloseConnection(self.conn)
 
 
 def _wrap_read_headers(original: Any) -> Any:
@@ -205,9 +223,38 @@ def _wrap_handle_event(original: Any) -> Any:
     return _handle_event
 
 
+_INTERIM = re.compile(rb"HTTP/1\.[01] 1(?!01)[0-9][0-9][ \r\n]")
+
+
+def drop_interim(buf: Any) -> int:
+    """Remove the complete 1xx heads (not 101) at the start of an upstream's receive buffer;
+    how many were removed.
+
+    mitmproxy 11.0.2 reads an HTTP/1 1xx head as the final response (no body), so the client
+    got a `100 Continue` or `103 Early Hints` as its answer and the real response was lost (the
+    client hung). A proxy may drop them: mitmproxy answers `Expect: 100-continue` to the client
+    itself (and removes the header, so an upstream's 100 is never solicited), and drops 1xx from
+    HTTP/2 upstreams already; 103 is a hint, and its headers would be one more channel."""
+    data = bytes(buf)
+    at = n = 0
+    while _INTERIM.match(data, at):
+        end = _BLANK_LINE.search(data, at)
+        if end is None:
+            break  # not complete yet: wait for more
+        at = end.end()
+        n += 1
+    if at:
+        buf._extract(at)  # h11's ReceiveBuffer: drop the first `at` bytes
+    return n
+
+
 def _wrap_response_head(original: Any) -> Any:
     def read_headers(self: Any, event: events.ConnectionEvent) -> Generator[Any, Any, None]:
         limit = max(RESPONSE_HEAD_BYTES, _state.limits.max_header_bytes)
+        if isinstance(event, events.DataReceived) and self.request is not None:
+            drop_interim(self.buf)
+            if not self.buf:
+                return  # only interim heads so far: wait for the final one
         if (isinstance(event, events.DataReceived) and self.stream_id is not None
                 and self.request is not None and _head_over(self.buf, limit)):
             yield commands.CloseConnection(self.conn)
@@ -223,17 +270,30 @@ def _wrap_response_head(original: Any) -> Any:
 
 # ------------------------------------------------------------------------ 2: HTTP/2 headers
 
+def h2_readable_head(limits: LimitsConfig) -> int:
+    """How large an HTTP/2 header block a client may send and still get a readable answer.
+
+    HPACK is one state for the whole connection: a block that is not decoded cannot be skipped,
+    so a block past h2's bounds ends the connection (GOAWAY), which clients report as "Connection
+    died" with nothing to show. Blocks up to this size are decoded and then answered `431
+    headers_too_large` on their stream by the hooks (over `max_header_bytes`); the bound is per
+    connection (one header block is in flight at a time), so what a connection may hold before
+    it is identified stays bounded.
+    """
+    return max(H2_READABLE_HEAD, 2 * limits.max_header_bytes)
+
+
 def _wrap_h2_init(original: Any) -> Any:
     def __init__(self: Any, config: Any) -> None:
         original(self, config)
         if not config.client_side:  # facing a client
             limits = _state.limits
-            decoded = limits.max_header_bytes + _HPACK_OVERHEAD * (limits.max_headers + 8)
+            readable = h2_readable_head(limits)
+            decoded = readable + _HPACK_OVERHEAD * (limits.max_headers + 8)
             self.decoder.max_header_list_size = decoded
             self.local_settings.max_header_list_size = decoded
             self.local_settings.acknowledge()
-            self.incoming_buffer._sg_max_block = limits.max_header_bytes + 8 * (
-                limits.max_headers + 8) + 1024
+            self.incoming_buffer._sg_max_block = readable + 8 * (limits.max_headers + 8) + 1024
 
     return __init__
 
@@ -325,7 +385,11 @@ class _AsyncioForServer(types.ModuleType):
         # asyncio.open_connection, with the reader that keeps the read timeout
         timeout = _state.limits.upstream_connect_timeout
         loop = asyncio.get_running_loop()
-        reader = _SilenceReader(_dialling.get(), limit)
+        dialling = _dialling.get()
+        at = _dial_at.get(dialling.id) if dialling is not None else None
+        if at is not None:
+            host, port = at
+        reader = _SilenceReader(dialling, limit)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         try:
             transport, _ = await asyncio.wait_for(
@@ -389,6 +453,15 @@ def exempt(server_conn: connection.Server) -> None:
     _exempt.add(server_conn.id)
 
 
+def dial_at(server_conn: connection.Server, address: tuple[str, int]) -> None:
+    """Dial `address` (the checked IP) for this upstream connection while its `address` stays
+    the name it was judged for. mitmproxy reuses a connection for any later request whose
+    address equals it: keyed by name, two names sharing an IP never share a TLS connection
+    verified for one of them. (Renaming the connection once open is refused by mitmproxy:
+    "Cannot change server.address on open connection".)"""
+    _dial_at[server_conn.id] = address
+
+
 class WireLimits:
     """The addon side: exemptions, and forgetting connections that closed."""
 
@@ -398,6 +471,7 @@ class WireLimits:
     def server_disconnected(self, data: Any) -> None:
         _exempt.discard(data.server.id)
         _timed_out.discard(data.server.id)
+        _dial_at.pop(data.server.id, None)
 
 
 # ------------------------------------------------------------------------ idle timeout
@@ -416,6 +490,8 @@ def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
     _state.limits = limits
     if on_event is not None:
         _state.on_event = on_event
+    admission.install(limits, lambda code, reason, client: _emit("limit", code, reason, client))
+    readable.install()
     # read by each connection at its start; off (None): mitmproxy's own 600 s
     setattr(server, "TCP_TIMEOUT", limits.idle_timeout or 600)  # noqa: B010
     if getattr(_http1, _MARK, False):

@@ -6,11 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sandgate.call_cli import add_call_args, call_from_args
 from sandgate.cli.common import err as _err
 from sandgate.cli.common import format_arg, resolve_arg
 from sandgate.cli.common import resolve as _resolve
+
+if TYPE_CHECKING:
+    from sandgate.policy.fixtures import FixtureResult
 
 
 def register(sub: Any) -> None:
@@ -24,6 +28,9 @@ def register(sub: Any) -> None:
                           "they say")
     lint.add_argument("policies", type=Path)
     lint.add_argument("--strict", action="store_true", help="exit 1 on any warning")
+    lint.add_argument("--mcp-tools", action="append", metavar="[HOST=]FILE",
+                      help="a recorded tools/list answer: warn on mcp: tool globs matching "
+                      "none of its tools (sandgate.policy.lint_calls); repeatable")
     format_arg(lint)
     lint.set_defaults(handler=cmd_lint)
 
@@ -40,6 +47,7 @@ def register(sub: Any) -> None:
     explain.add_argument("--sandbox", default=None, metavar="ID",
                          help="the caller's sandbox id (as in its token or Docker label); "
                          "without it, a rule needing a per-sandbox secret is sandbox_required")
+    add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method (sandgate.call_cli)
     explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
     explain.add_argument("url", nargs="?",
                          help="an absolute http(s) URL, or host:port after CONNECT")
@@ -126,8 +134,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         mark = "ok  " if r.passed else "FAIL"
         addr = f" [{r.address}]" if r.address and r.address.startswith(("dials", "refused")) \
             else ""
-        print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url} "
-              f"-> {r.decision.outcome}"
+        print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url}"
+              f"{_call(r)} -> {r.decision.outcome}"
               f" ({r.decision.rule_name or r.decision.code}){addr}"
               f"{'' if r.passed else ': ' + r.message}")
     report = sorted(n for n, i in policy.identities.items() if i.mode == "report")
@@ -138,18 +146,27 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed or expired or not all(pr.ok for pr in proofs) else 0
 
 
+def _call(r: FixtureResult) -> str:
+    """A fixture's JSON-RPC call (mcp:/jsonrpc:), as check prints it after the request."""
+    from sandgate.policy.calls import describe
+
+    return f" [{describe(r.test.call)}]" if r.test.call is not None else ""
+
+
 def cmd_lint(args: argparse.Namespace) -> int:
     from sandgate.policy.lint import findings_from_error, format_findings, lint_dir
     from sandgate.policy.loader import PolicyError
 
     try:
-        findings = lint_dir(args.policies)
+        findings = lint_dir(args.policies, args.mcp_tools)
     except PolicyError as e:
         errors = findings_from_error(e)
         print(format_findings(errors, args.format))
         if args.format == "text":
             print(f"sandgate: {len(errors)} load error(s) in {args.policies}", file=sys.stderr)
         return 1
+    except ValueError as e:  # an unreadable --mcp-tools file
+        return _err(str(e))
     text = format_findings(findings, args.format)
     if text:
         print(text)
@@ -179,7 +196,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 1
     try:
         out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
-                                       args.sandbox, args.gateway)
+                                       args.sandbox, args.gateway, call_from_args(args))
     except ValueError as e:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))

@@ -87,6 +87,18 @@ def register(sub: Any) -> None:
     lim.add_argument("--header-timeout", type=float, default=30.0, metavar="SECONDS",
                      help="a started HTTP/1 request head must end within this; else 408 and "
                      "the connection is closed (default %(default)s)")
+    lim.add_argument("--first-byte-timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="close an unidentified connection that sent nothing this long after "
+                     "connecting (default %(default)s)")
+    lim.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="close an unidentified connection whose TLS handshake with Sandgate "
+                     "has not ended this long after connecting (default %(default)s)")
+    lim.add_argument("--identify-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="close a connection not identified (CONNECT or request) this long "
+                     "after connecting (default %(default)s)")
+    lim.add_argument("--max-unidentified-per-source", type=int, default=128, metavar="N",
+                     help="connections one source address may hold before they are "
+                     "identified; past it a new one is closed at once (default %(default)s)")
     lim.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
                      help="close a connection on which nothing moved for this long (default "
                      "%(default)s; 0: mitmproxy's own 600)")
@@ -120,6 +132,11 @@ def register(sub: Any) -> None:
     run.add_argument("--gateway-tls-name", default=None, metavar="NAME",
                      help="the gateway takes TLS only, with a certificate for NAME from the "
                      "confdir CA (sandboxes trust `sandgate ca`)")
+    run.add_argument("--role-listen", action="append", default=[], metavar="ROLE=HOST:PORT",
+                     help="pattern 1 split: the listener a split sandbox's tool (or other) "
+                     "users are sent to (tool=HOST:PORT, other=HOST:PORT); docs/pattern1.md")
+    run.add_argument("--tool-identity", action="append", default=[], metavar="AGENT=TOOL",
+                     help="pattern 1 split: the identity of AGENT's bash tool (tool listener)")
     run.add_argument("--admin", type=_listen, default=None, metavar="HOST:PORT",
                      help="serve the admin API (health, readiness, metrics, policy, reload) "
                      "here; off unless given")
@@ -231,6 +248,11 @@ def limits_config(args: argparse.Namespace) -> LimitsConfig:
         upstream_connect_timeout=seconds("--upstream-connect-timeout",
                                          args.upstream_connect_timeout),
         upstream_read_timeout=seconds("--upstream-read-timeout", args.upstream_read_timeout),
+        first_byte_timeout=seconds("--first-byte-timeout", args.first_byte_timeout),
+        handshake_timeout=seconds("--handshake-timeout", args.handshake_timeout),
+        identify_timeout=seconds("--identify-timeout", args.identify_timeout),
+        max_unidentified_per_source=count("--max-unidentified-per-source",
+                                          args.max_unidentified_per_source),
     )
 
 
@@ -244,6 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _err(str(e))
     from sandgate.addons.socks5 import parse_allow
+    from sandgate.identity.roles import split_from
     from sandgate.lifecycle import configure_logging, default_log_format
     from sandgate.policy import live
     from sandgate.policy.loader import PolicyError
@@ -279,10 +302,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         _check_gateway(args, loaded.policy.gateways, same_address)
         max_ttl = parse_ttl(args.admin_max_token_ttl)
         socks5_allow = parse_allow(args.socks5_allow)
+        split, role_listens = split_from(args.role_listen, args.tool_identity)
         check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
                                   listen_host=args.listen[0], listen_port=args.listen[1],
                                   admin=args.admin, socks5=args.socks5,
-                                  socks5_allow=socks5_allow))
+                                  socks5_allow=socks5_allow, role_listens=role_listens))
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
@@ -362,7 +386,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
             socks5=args.socks5, socks5_allow=socks5_allow,
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
-            limits=limits,
+            limits=limits, split=split, role_listens=role_listens,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
         )
         if role is not None:

@@ -15,6 +15,9 @@ class Caller:
     # a token caller: when its token expires (epoch seconds); a sandbox known only by tokens
     # ends then (its dynamic secrets are revoked)
     expires: float | None = field(default=None, compare=False)
+    # pattern 1: does the sandbox run with the split (its bash tool as another user on the tool
+    # listener, sandgate.identity.roles)? None: the source cannot tell (tokens, CIDRs)
+    split: bool | None = field(default=None, compare=False)
 
 
 SandboxEnded = Callable[[Caller, str], None]  # (the caller that is gone, why); any thread

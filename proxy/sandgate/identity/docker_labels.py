@@ -35,7 +35,7 @@ import requests
 from docker.errors import DockerException, NotFound
 
 from sandgate.identity.base import Caller, SandboxEnded
-from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
+from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX, LABEL_SPLIT
 from sandgate.sandbox.errors import DockerUnavailable, docker_endpoint
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,8 @@ class DockerLabelSource:
             log.warning("container %s (%s) on %s has no %s label: its address is not mapped",
                         name, cid[:12], ", ".join(sorted(on_watched)), LABEL_IDENTITY)
             return {}
-        caller = Caller(identity, labels.get(LABEL_SANDBOX) or name, self.source)
+        caller = Caller(identity, labels.get(LABEL_SANDBOX) or name, self.source,
+                        split=labels.get(LABEL_SPLIT) == "uid")
         out: dict[str, Caller] = {}
         for settings in on_watched.values():
             for key in ("IPAddress", "GlobalIPv6Address"):

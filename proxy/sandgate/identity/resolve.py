@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sandgate.errors import Code, IdentityError
 from sandgate.identity.base import AddressIdentitySource, Caller
+from sandgate.identity.roles import Split
 from sandgate.tokens import authenticate_bare, authenticate_basic
 
 
@@ -14,29 +15,35 @@ from sandgate.tokens import authenticate_bare, authenticate_basic
 class Identifier:
     token_key: bytes
     address_sources: Sequence[AddressIdentitySource] = ()
+    split: Split | None = None  # pattern 1: role listeners (sandgate.identity.roles)
 
-    def identify(self, proxy_authorization: str | None, client_ip: str) -> Caller:
+    def identify(self, proxy_authorization: str | None, client_ip: str,
+                 listen_port: int | None = None) -> Caller:
         """Who is calling. Raises IdentityError; never trusts anything unverified.
 
         With address sources configured, an address no source vouches for is refused even with
         a valid token, and a token that names another identity than the address is refused.
         """
         return self._combine(proxy_authorization is not None, client_ip,
-                             lambda: authenticate_basic(proxy_authorization, self.token_key))
+                             lambda: authenticate_basic(proxy_authorization, self.token_key),
+                             listen_port)
 
-    def identify_token(self, token: str | None, client_ip: str) -> Caller:
+    def identify_token(self, token: str | None, client_ip: str,
+                       listen_port: int | None = None) -> Caller:
         """The same, for a bare token (the gateway's token header) instead of Basic
         Proxy-Authorization; None: the request carries no token."""
         return self._combine(token is not None, client_ip,
-                             lambda: authenticate_bare(token, self.token_key))
+                             lambda: authenticate_bare(token, self.token_key), listen_port)
 
     def address_known(self, client_ip: str) -> bool:
         """Does an address source vouch for this client (so a token is optional)?"""
         return self._by_address(client_ip) is not None
 
-    def _combine(self, has_token: bool, client_ip: str,
-                 by_token_of: Callable[[], Caller]) -> Caller:
+    def _combine(self, has_token: bool, client_ip: str, by_token_of: Callable[[], Caller],
+                 listen_port: int | None = None) -> Caller:
         by_address = self._by_address(client_ip)
+        if self.split is not None:  # a role listener: the address's caller in that role
+            by_address = self.split.caller(self.split.role(listen_port), by_address, client_ip)
         if self.address_sources and by_address is None:
             raise IdentityError(
                 Code.AUTH_INVALID, f"no sandbox is known at address {client_ip}"

@@ -22,6 +22,7 @@ from sandgate.errors import Refused
 from sandgate.policy import hosts as H
 from sandgate.policy import overlap
 from sandgate.policy import paths as P
+from sandgate.policy.calls import compile_call, compile_test_call
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
@@ -614,9 +615,13 @@ def _compile_rule(
                 f"{rs.max_request_bytes!r} is not a size of at least one byte",
                 "write a number of bytes or a size such as 512k, 1m or 1g (lower case)")
 
+    call = compile_call(rs, loc, rep, parse_size)
+    if call is not None:  # the body is judged whole: bounded by the smaller limit
+        max_bytes = min(max_bytes or call.max_body, call.max_body)
+
     # Combinations.
     l7 = [k for k in ("methods", "paths", "inject", "substitute_headers", "query",
-                      "max_request_bytes")
+                      "max_request_bytes", "mcp", "jsonrpc")
           if getattr(rs, k) is not None]
     if rs.substitute:
         l7.append("substitute")
@@ -685,8 +690,7 @@ def _compile_rule(
         query_absent=query_absent,
         max_request_bytes=max_bytes, substitute_body=rs.substitute_body,
         github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
-        public=rs.public,
-        where=loc, meta=meta,
+        public=rs.public, where=loc, meta=meta, call=call,
     )
 
 
@@ -916,9 +920,10 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
         report((*loc, "passthrough"), "`passthrough: true` with expect: deny asserts nothing",
                "remove `passthrough`, or expect allow")
         ok = False
-    if not ok:
+    call_ok, call = compile_test_call(spec, loc, report)
+    if not ok or not call_ok:
         return None
     return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
                       expect=spec.expect, rule=spec.rule, source=src, inject=inject,
                       code=spec.code, passthrough=spec.passthrough, sandbox=spec.sandbox,
-                      gateway=spec.gateway)
+                      gateway=spec.gateway, call=call)

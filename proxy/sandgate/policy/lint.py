@@ -17,6 +17,7 @@ import yaml
 
 from sandgate.policy.compiler import TEMPLATE_LOOKING, template_fix
 from sandgate.policy.hygiene import expiries
+from sandgate.policy.lint_calls import read_listings, tool_findings
 from sandgate.policy.loader import (
     POLICY_SUFFIXES,
     PolicyError,
@@ -55,17 +56,21 @@ class Finding:
         return asdict(self)
 
 
-def lint_dir(path: str | Path) -> list[Finding]:
-    """Load a policy directory and lint it. Raises PolicyError when it does not load."""
+def lint_dir(path: str | Path, mcp_tools: Sequence[str] | None = None) -> list[Finding]:
+    """Load a policy directory and lint it. Raises PolicyError when it does not load, and
+    ValueError for an unreadable --mcp-tools file (sandgate.policy.lint_calls)."""
+    listings = read_listings(mcp_tools)
     policy = load_policy_dir(path)
     _read, skipped = discover_policy_files(path)
-    return lint_policy(policy, skipped)
+    return lint_policy(policy, skipped, listings)
 
 
-def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = ()) -> list[Finding]:
+def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
+                listings: dict[str | None, set[str]] | None = None) -> list[Finding]:
     trees = _Trees(policy.files)
     out: list[Finding] = []
     out += _skipped_files(skipped)
+    out += tool_findings(policy, listings or {}, trees.finding)
     tested = {t.identity for t in policy.tests}
     used: set[str] = set()
     for ident in policy.identities.values():

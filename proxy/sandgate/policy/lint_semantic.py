@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from sandgate.decision import decide_connect, judge
 from sandgate.netguard import classify, parse_ip_literal
+from sandgate.policy.callproofs import common_call
 from sandgate.policy.lint import _deny_reaches
 from sandgate.policy.model import HostPattern, Identity, Policy, Rule
 from sandgate.policy.overlap import host_covers
@@ -265,6 +266,9 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
             for i, a in enumerate(rules[:j]):
                 if a.action != "allow" or a.passthrough or a.secrets == b.secrets:
                     continue
+                call = common_call(a, b)
+                if call is None:
+                    continue  # mcp:/jsonrpc: with no call in common: each decides its own
                 if find_request([a, b], lambda v: v[0] and not v[1], required=(0,)) is None:
                     continue  # `a` is the specific rule in front of a general one
                 w = find_request(rules, decides_while_matching(rules, i, j), required=(i, j))
@@ -273,7 +277,7 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
                 out.append(make(b.source.file, _loc(b),
                                 f"earlier allow rule '{a.name}' ({a.source}) also matches part "
                                 f"of what rule '{b.name}' was written for and decides it (the "
-                                f"first matching allow rule wins): e.g. {w} is sent with "
+                                f"first matching allow rule wins): e.g. {w}{call} is sent with "
                                 f"{_names(a.secrets)} instead of {_names(b.secrets)}",
                                 f"make the two rules disjoint (methods, paths, query), e.g. "
                                 f"narrow '{a.name}' so it no longer matches {w.method} "
@@ -501,7 +505,7 @@ def _fixtures(policy: Policy,
         if ident is None or t.connect or str(t.expect) == "tunnel":
             continue
         try:
-            v = judge(policy, t.identity, t.method, t.url, {})
+            v = judge(policy, t.identity, t.method, t.url, {}, call=t.call)
         except ValueError:
             continue
         host, port, scheme = _host_port(t.url)

@@ -6,12 +6,15 @@ file-format models in sandgate.policy.schema and never change afterwards. Nothin
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Literal
 
+from sandgate.jsonrpc import Call
 from sandgate.policy.paths import PathPattern
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -248,6 +251,55 @@ def query_matches(constraints: QueryConstraint,
     return not any(name.casefold() in folded_names for name in absent)
 
 
+# The MCP methods a rule with `mcp:` allows when it lists no `methods`: the protocol's own
+# housekeeping, the list calls and tools/call (each tool then judged by `tools`/`deny_tools`).
+MCP_DEFAULT_METHODS = ("initialize", "notifications/*", "ping", "tools/list", "resources/list",
+                       "prompts/list", "tools/call")
+DEFAULT_CALL_BODY = 64 * 1024  # the bounded body of a JSON-RPC rule (OpenShell's limit too)
+
+
+def glob_matches(pattern: str, text: str) -> bool:
+    """A call-level glob: `*` any run of characters ('/' included), `?` one; nothing else is
+    special. Case-sensitive, whole string."""
+    return _glob_re(pattern).fullmatch(text) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _glob_re(pattern: str) -> re.Pattern[str]:
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c)
+                              for c in pattern), re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class CallFilter:
+    """`mcp:` or `jsonrpc:` of a rule: what JSON-RPC calls in its request bodies may do.
+
+    A message is allowed when its method matches `methods` (None: MCP_DEFAULT_METHODS, plus
+    resources/read and prompts/get when `resources`/`prompts` are named; generic JSON-RPC: any)
+    and no `deny_methods`; a tools/call also needs its tool in `tools` (None: any) and not in
+    `deny_tools`, and its `arguments` constraints met; resources/read and prompts/get their uri
+    or name in `resources`/`prompts` (None: any). Deny entries win over every allow.
+    """
+
+    protocol: Literal["mcp", "jsonrpc"]
+    methods: tuple[str, ...] | None = None
+    deny_methods: tuple[str, ...] = ()
+    tools: tuple[str, ...] | None = None
+    deny_tools: tuple[str, ...] = ()
+    arguments: tuple[tuple[str, str], ...] = ()  # (argument name, glob its string value matches)
+    resources: tuple[str, ...] | None = None
+    prompts: tuple[str, ...] | None = None
+    max_body: int = DEFAULT_CALL_BODY
+
+    @property
+    def allowed_methods(self) -> tuple[str, ...] | None:
+        if self.methods is not None or self.protocol == "jsonrpc":
+            return self.methods
+        extra = (("resources/read",) if self.resources is not None else ()) + (
+            ("prompts/get",) if self.prompts is not None else ())
+        return MCP_DEFAULT_METHODS + extra
+
+
 # Where the official SDKs carry an API key: OpenAI (authorization: Bearer), Anthropic (x-api-key),
 # Azure OpenAI (api-key).
 DEFAULT_SUBSTITUTE_HEADERS = frozenset({"authorization", "x-api-key", "api-key"})
@@ -292,6 +344,7 @@ class Rule:
     # ("templates", "git", 0): for tools that point at one of its fields (lint)
     where: tuple[str | int, ...] = ()
     meta: RuleMeta | None = None  # description, owner, ticket, expires (None: none given)
+    call: CallFilter | None = None  # `mcp:` / `jsonrpc:`: the calls in its bodies are judged
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -337,6 +390,7 @@ class PolicyTest:
     passthrough: bool | None = None  # CONNECT fixtures: tunnelled without interception?
     sandbox: str | None = None  # the caller's sandbox id (None: the caller has none)
     gateway: bool = False  # url is a gateway path, judged as the gateway listener judges it
+    call: Call | None = None  # `mcp:` / `jsonrpc:`: the JSON-RPC call its body carries
 
     @property
     def connect(self) -> bool:

@@ -74,6 +74,10 @@ def covers(earlier: Rule, later: Rule) -> bool:
         return False
     if not (later.schemes <= earlier.schemes and later.ports <= earlier.ports):
         return False
+    if earlier.call is not None and earlier.call != later.call:
+        return False  # it matches only the JSON-RPC calls its mcp:/jsonrpc: allows
+    if later.call is not None and (later.call.deny_methods or later.call.deny_tools):
+        return False  # its deny entries refuse calls whichever rule decides
     if earlier.methods is not None and (later.methods is None
                                         or not later.methods <= earlier.methods):
         return False

@@ -48,6 +48,8 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from sandgate.decision import Decision, decide_connect, decide_request
+from sandgate.jsonrpc import Call
+from sandgate.policy.callproofs import NOT_A_CALL, acting, call_witnesses, passes, shown
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern, normalise_path
 from sandgate.request import RequestInfo, parse_url
@@ -532,11 +534,19 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
     ports = sorted({p for r in rules for p in r.ports})
     named = {m for r in rules if r.methods is not None for m in r.methods}
     methods = [*sorted(named), _fresh_method(named)]
+    if any(r.call is not None for r in rules):
+        methods.sort(key=lambda m: m != "POST")  # JSON-RPC calls are POSTed: shown first
     queries = query_cells(rules)
     if queries is None:
         return ProofResult("narrower_than", claim, False, src, details=(
             f"not proved: the `query:` constraints of these identities name too many "
             f"parameter values (more than {MAX_QUERY_CELLS} combinations) for an exact proof",))
+    # The JSON-RPC calls of rules with mcp:/jsonrpc: (sandgate.policy.callproofs).
+    calls = call_witnesses(rules)
+    if calls is None:
+        return ProofResult("narrower_than", claim, False, src, details=(
+            "not proved: the mcp:/jsonrpc: globs of these identities are too many for an "
+            "exact proof",))
     tunnel_memo: dict[tuple[str, str, int], Rule | None] = {}
 
     def tunnels(ident: str, scheme: str, host: str, port: int) -> Rule | None:
@@ -559,25 +569,29 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                     for query in queries:
                         if tunnels(narrow, scheme, host, port) is not None:
                             continue  # tunnelled, never judged: proved as a CONNECT below
-                        n_app = [r for r in n_ident.rules
-                                 if _applies(r, scheme, host, port, method, query)]
-                        if not any(r.action == "allow" for r in n_app):
+                        n_base = [r for r in n_ident.rules
+                                  if _applies(r, scheme, host, port, method, query)]
+                        if not any(r.action == "allow" for r in n_base):
                             continue
                         # A tunnel is reach: the other identity's passthrough tunnel forwards
                         # any request on this host:port (with no secret, its private ranges).
                         o_tunnel = tunnels(other, scheme, host, port)
-                        o_app = [o_tunnel] if o_tunnel is not None else [
+                        o_base = [o_tunnel] if o_tunnel is not None else [
                             r for r in o_ident.rules
                             if _applies(r, scheme, host, port, method, query)]
-                        key = (tuple(_shape(r) for r in n_app), (),
-                               tuple(_shape(r) for r in o_app))
-                        if key not in memo:
-                            memo[key] = _cell_gap(n_app, o_app)
-                        gap = memo[key]
-                        if gap is not None:
-                            return _l7_counterexample(policy, narrow, other, claim, src, scheme,
-                                                      host, port, method, n_app[gap[0]], gap[1],
-                                                      query)
+                        for call in calls:
+                            n_app, o_app = acting(n_base, call), acting(o_base, call)
+                            if not any(r.action == "allow" for r in n_app):
+                                continue
+                            key = (tuple(_shape(r) for r in n_app), (),
+                                   tuple(_shape(r) for r in o_app))
+                            if key not in memo:
+                                memo[key] = _cell_gap(n_app, o_app)
+                            gap = memo[key]
+                            if gap is not None:
+                                return _l7_counterexample(
+                                    policy, narrow, other, claim, src, scheme, host, port,
+                                    method, n_app[gap[0]], gap[1], query, call)
 
     # CONNECT: every tunnel decide_connect() passes through without interception.
     for host in hosts:
@@ -602,18 +616,24 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
 
 def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src: Source | None,
                        scheme: str, host: str, port: int, method: str, rule: Rule,
-                       path: str, query: QueryCell = ()) -> ProofResult:
+                       path: str, query: QueryCell = (), call: Call | None = None
+                       ) -> ProofResult:
     raw = raw_path(path)
     req = RequestInfo(scheme, host, port, method, raw, query)
     qs = f"?{query_string(query)}" if query else ""
     url = f"{scheme}://{_url_host(host)}:{port}{raw}{qs}"
     if parse_url(method, url) != req:
         raise ProofError(f"counter-example {method} {url} does not parse back to itself")
-    dn = decide_request(policy, narrow, req)
-    do = decide_request(policy, other, req)
-    _agree(dn.allowed and dn.rule == rule, f"{narrow} should allow {method} {url} by rule "
-           f"'{rule.name}'", dn)
-    if do.allowed:
+    judged = None if call is NOT_A_CALL else call
+    dn = decide_request(policy, narrow, req, call=judged)
+    do = decide_request(policy, other, req, call=judged)
+    url += shown(call)
+    _agree(passes(dn, call) and dn.rule == rule, f"{narrow} should allow {method} {url} by "
+           f"rule '{rule.name}'", dn)
+    if do.allowed and not passes(do, call):
+        why = (f"{other} refuses it (400 bad_request): a rule of {other} matching it judges "
+               "calls (mcp:/jsonrpc:), and the body is not one")
+    elif do.allowed:
         assert do.rule is not None
         _agree(not _compatible(rule, do.rule), f"{other} should not allow {method} {url} with "
                f"rule '{do.rule.name}'", do)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sandgate.decision import decide_connect
+from sandgate.policy.callproofs import calls_gained
+from sandgate.policy.calls import describe_filter
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.policy.proofs import _applies, cidrs_covered, glob_nfa, host_witnesses
 from sandgate.policy.reach import Witness, cells, decider, path_search
@@ -59,10 +61,11 @@ class ReachChange:
             return f"{self.example}: {self.note}"
         if self.kind == "reachable":
             return (f"{self.what} becomes reachable (e.g. {self.example}) by "
-                    f"{self._rule(self.new_rule)}{_paths(self.new_rule)}{_secrets(self.new_rule)}")
+                    f"{self._rule(self.new_rule)}{_paths(self.new_rule)}{_secrets(self.new_rule)}"
+                    f"{_calls(self.new_rule)}")
         if self.kind == "unreachable":
             return (f"{self.what} becomes unreachable (e.g. {self.example}); was "
-                    f"{self._rule(self.old_rule)}{_paths(self.old_rule)}")
+                    f"{self._rule(self.old_rule)}{_paths(self.old_rule)}{_calls(self.old_rule)}")
         return f"{self.what} (e.g. {self.example}): {self.note}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -91,7 +94,7 @@ def _secrets(r: Rule | None) -> str:
 
 
 def _terms(r: Rule) -> tuple[object, ...]:
-    return (r.secrets, r.private_cidrs, r.max_request_bytes)
+    return (r.secrets, r.private_cidrs, r.max_request_bytes, r.call)
 
 
 def _same(o: Rule | None, n: Rule | None) -> bool:
@@ -104,7 +107,8 @@ def _wider(o: Rule, n: Rule) -> bool:
     """Does the new deciding rule grant more than the old one on the same request?"""
     return (not n.secrets <= o.secrets or not cidrs_covered(n.private_cidrs, o.private_cidrs)
             or (o.max_request_bytes is not None and (n.max_request_bytes is None
-                                                     or n.max_request_bytes > o.max_request_bytes)))
+                                                     or n.max_request_bytes > o.max_request_bytes))
+            or calls_gained(o, n) != [])
 
 
 def _changed_note(o: Rule, n: Rule) -> str:
@@ -117,8 +121,32 @@ def _changed_note(o: Rule, n: Rule) -> str:
                      f"{', '.join(map(str, n.private_cidrs)) or 'none'}")
     if o.max_request_bytes != n.max_request_bytes:
         parts.append(f"max_request_bytes {o.max_request_bytes} -> {n.max_request_bytes}")
+    if o.call != n.call:
+        parts.append(_calls_note(o, n))
     return (f"{'; '.join(parts)} (rule '{o.name}' ({o.source}) -> rule '{n.name}' "
             f"({n.source}))")
+
+
+def _calls_note(o: Rule, n: Rule) -> str:
+    """A change of the deciding rule's mcp:/jsonrpc:, with the calls it now lets through or
+    no longer does (judged by the two rules' filters: deny entries of the identity's other
+    rules on the same request are not counted)."""
+    gained, lost = calls_gained(o, n), calls_gained(n, o)
+    if gained is None or lost is None:
+        return "mcp:/jsonrpc: changed (too many globs to list the calls)"
+    parts = [f"{what} {_few(calls)}" for what, calls in
+             (("now forwards", gained), ("no longer forwards", lost)) if calls]
+    return "calls: " + ("; ".join(parts) or "mcp:/jsonrpc: rewritten, the same calls pass")
+
+
+def _few(items: Sequence[str], at_most: int = 6) -> str:
+    more = f" (and {len(items) - at_most} more)" if len(items) > at_most else ""
+    return ", ".join(items[:at_most]) + more
+
+
+def _calls(r: Rule | None) -> str:
+    """The rule's call filter in a change summary."""
+    return f", {describe_filter(r.call)}" if r is not None and r.call is not None else ""
 
 
 def _host_label(host: str, rules: Sequence[Rule]) -> str:

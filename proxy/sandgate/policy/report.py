@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandgate.policy.callproofs import common_call
+from sandgate.policy.calls import describe_filter
 from sandgate.policy.lint_semantic import decides_while_matching
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.policy.reach import decider, find_request
@@ -90,6 +92,8 @@ def _notes(ident: Identity, k: int) -> list[str]:
     out: list[str] = []
     if r.action == "deny" or r.passthrough:
         return out
+    if r.call is not None:
+        out.append(f"each JSON-RPC call judged ({describe_filter(r.call)})")
     for d in rules:
         if d.action == "deny":
             w = find_request([r, d], lambda v: v[0] and v[1], required=(0, 1))
@@ -99,10 +103,16 @@ def _notes(ident: Identity, k: int) -> list[str]:
         a = rules[i]
         if a.action != "allow" or a.passthrough:
             continue
+        call = common_call(a, r)
+        if call is None:
+            continue  # mcp:/jsonrpc: with no call in common: each decides its own
         w = find_request(rules, decides_while_matching(rules, i, k), required=(i, k))
         if w is not None:
-            out.append(f"some requests go to earlier rule '{a.name}' (e.g. {w})")
-    if not find_request(rules, lambda v: decider(rules, v) == k, required=(k,)):
+            out.append(f"some requests go to earlier rule '{a.name}' (e.g. {w}{call})")
+    # an earlier rule with mcp:/jsonrpc: passes on the calls it does not allow
+    passed_on = any(a.call is not None for a in rules[:k] if a.action == "allow")
+    if not passed_on and not find_request(rules, lambda v: decider(rules, v) == k,
+                                          required=(k,)):
         out.append("never decides a request")
     if r.public:
         out.append("only hosts that resolve to public addresses")

@@ -172,6 +172,47 @@ class InjectSpec(_Strict):
         "payloads are refused.")
 
 
+class JsonRpcSpec(_Strict):
+    """Generic JSON-RPC 2.0 over HTTP POST: each message of a request body is judged."""
+
+    methods: list[str] | None = Field(
+        default=None, min_length=1, description="JSON-RPC methods allowed (exact names or "
+        "globs: '*' any run of characters, '?' one). Default: any method.")
+    deny_methods: list[str] = Field(
+        default_factory=list, description="Methods refused even when `methods` allows them "
+        "(deny entries win, in every rule of the identity that matches the request).")
+    max_body: int | str | None = Field(
+        default=None, description="The largest body judged, e.g. 64k (the default) or 1m: "
+        "larger bodies are refused (413 too_large), never forwarded unjudged.")
+
+
+class McpSpec(JsonRpcSpec):
+    """An MCP server (streamable HTTP): each JSON-RPC message POSTed is judged, tools/call by
+    the tool's name, and the server's tools/list (resources/list, prompts/list) answers are
+    filtered to what the identity may call."""
+
+    methods: list[str] | None = Field(
+        default=None, min_length=1, description="MCP methods allowed (names or globs). "
+        "Default: initialize, notifications/*, ping, tools/list, resources/list, prompts/list "
+        "and tools/call (plus resources/read and prompts/get when `resources`/`prompts` are "
+        "set). Listing methods replaces the default: list only what you allow.")
+    tools: list[str] | None = Field(
+        default=None, min_length=1, description="Tools that tools/call may name (exact names "
+        "or globs such as 'get_*'). Default: any tool.")
+    deny_tools: list[str] = Field(
+        default_factory=list, description="Tools refused even when `tools` allows them.")
+    arguments: dict[str, str] | None = Field(
+        default=None, min_length=1, description="Constraints on every tools/call of this "
+        "rule: each named argument must be present, a string, and match the glob, e.g. "
+        "{repo: 'acme/*'}.")
+    resources: list[str] | None = Field(
+        default=None, min_length=1, description="Resource URIs resources/read may name "
+        "(globs); setting it allows resources/read. Default: resources/read is not allowed.")
+    prompts: list[str] | None = Field(
+        default=None, min_length=1, description="Prompts prompts/get may name (globs); "
+        "setting it allows prompts/get. Default: prompts/get is not allowed.")
+
+
 class QuerySpec(_Strict):
     """One `query:` parameter written as a mapping."""
 
@@ -251,6 +292,12 @@ class RuleSpec(_Strict):
         "(bytes). Larger bodies (declared or received) are refused with 413 too_large. The "
         "proxy's --max-request-body still applies; the smaller limit wins.",
     )
+    mcp: McpSpec | None = Field(
+        default=None, description="The rule carries MCP (streamable HTTP): the JSON-RPC "
+        "messages of every request body are judged by method and tool (docs/mcp.md).")
+    jsonrpc: JsonRpcSpec | None = Field(
+        default=None, description="The rule carries generic JSON-RPC 2.0: the messages of "
+        "every request body are judged by method.")
     description: str | None = Field(
         default=None, description="Why the rule exists, for reviewers (shown by explain).")
     owner: str | None = Field(
@@ -349,6 +396,23 @@ class TestSpec(_Strict):
         default=None, description="For `CONNECT host:port` fixtures: true when the tunnel is "
         "passed through without interception (no request inside is judged), false when it is "
         "intercepted and each request inside is judged again.")
+    mcp: CallTestSpec | None = Field(
+        default=None, description="The request carries this MCP call, e.g. {tool: "
+        "delete_repo}: judged by the rules' `mcp:` as the proxy judges the body.")
+    jsonrpc: CallTestSpec | None = Field(
+        default=None, description="The request carries this JSON-RPC call ({method: NAME}).")
+
+
+class CallTestSpec(_Strict):
+    """The JSON-RPC call a fixture's request carries (judged as the proxy judges its body)."""
+
+    tool: str | None = Field(default=None, description="A tools/call of this tool.")
+    arguments: dict[str, str | int | float | bool | None] | None = Field(
+        default=None, description="The tool's arguments (default: none).")
+    method: str | None = Field(default=None, description="A request of this method instead "
+                               "of a tools/call (e.g. prompts/get with `name`).")
+    name: str | None = Field(default=None, description="With `method`: the prompt name or "
+                             "resource uri it names.")
 
 
 class GatewaySpec(_Strict):

@@ -18,10 +18,12 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from sandgate import audit as A
 from sandgate.decision import judge, shown_outcome
+from sandgate.jsonrpc import Call, Message
+from sandgate.policy.calls import describe
 from sandgate.policy.model import Policy
 from sandgate.request import parse_url, split_authority
 
@@ -43,6 +45,9 @@ class Recorded:
     dialed: str | None  # ip:port as recorded
     sandbox: str | None = None  # the caller's sandbox id as recorded (per-sandbox secrets)
     gateway: bool = False  # came in on the gateway listener: judged without a CONNECT
+    # the JSON-RPC call its body carried (the event's `rpc`): methods and tool names, never
+    # arguments, so `arguments:` constraints are not replayed
+    call: Call | None = None
 
     @property
     def connect(self) -> bool:
@@ -50,7 +55,8 @@ class Recorded:
 
     @property
     def request_line(self) -> str:
-        return f"{self.method} {self.target}"
+        shown = f" [{describe(self.call)}]" if self.call is not None else ""
+        return f"{self.method} {self.target}{shown}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +142,31 @@ def parse_event(line_no: int, ev: Any) -> Recorded | Unreplayable | str:
             method = parse_url(method, target).method
     except ValueError as e:
         return Unreplayable(line_no, event, f"cannot be parsed as a request: {e}")
+    call = recorded_call(ev.get("rpc"))
+    if call is False:
+        return Unreplayable(line_no, event, "invalid field: rpc (not a list of calls)")
     return Recorded(line_no, event, ev[A.IDENTITY], method, target, _opt_str(ev, A.DECISION),
                     _opt_str(ev, A.CODE), secrets, _opt_str(ev, A.DIALED),
-                    _opt_str(ev, A.SANDBOX), _opt_str(ev, A.GATEWAY) is not None)
+                    _opt_str(ev, A.SANDBOX), _opt_str(ev, A.GATEWAY) is not None, call or None)
+
+
+def recorded_call(rpc: Any) -> Call | Literal[False] | None:
+    """The call of an event's `rpc` entries (None: none; False: malformed)."""
+    if rpc is None:
+        return None
+    if not isinstance(rpc, list) or not rpc or not all(isinstance(c, dict) for c in rpc):
+        return False
+    messages = []
+    for c in rpc:
+        kind, method, name = c.get("kind"), c.get("method"), c.get("tool", c.get("name"))
+        if kind not in ("request", "notification", "response") or not (
+                method is None or isinstance(method, str)) or not (
+                name is None or isinstance(name, str)):
+            return False
+        mid = c.get("id")
+        messages.append(Message(kind, method, mid if isinstance(mid, int | str) else None,
+                                name, None))
+    return Call(tuple(messages), batch=len(messages) > 1)
 
 
 def read_audit(lines: Iterable[str], source: str = "-") -> AuditTraffic:
@@ -199,7 +227,8 @@ class Outcome:
 def outcome(policy: Policy, rec: Recorded, resolve: Mapping[str, str]) -> Outcome:
     """Judge one recorded request exactly as `sandgate explain` would. Raises ValueError for a
     request the parser refuses (read_audit has already weeded those out)."""
-    v = judge(policy, rec.identity, rec.method, rec.target, resolve, rec.sandbox, rec.gateway)
+    v = judge(policy, rec.identity, rec.method, rec.target, resolve, rec.sandbox, rec.gateway,
+              rec.call)
     d = v.decision
     decision = shown_outcome(policy, rec.identity, d)
     return Outcome(decision, d.rule_name, str(d.code) if d.code else None,

@@ -3,6 +3,7 @@
     sandgate sandbox network [--proxy-port 8080]       create the internal network, print gateway
                      [--unsafe-allow-host-services]     (sandboxes then reach every host port)
     sandgate sandbox run --identity NAME [...] -- CMD   one command in a fresh sandbox, then remove
+                     [--pattern1]                       ... as the agent of a split sandbox
     sandgate sandbox ls                                 sandboxes the launcher created
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
+from sandgate.sandbox import split
 from sandgate.sandbox.errors import DockerUnavailable, SandboxError, connect
 from sandgate.sandbox.launcher import (
     DEFAULT_IMAGE,
@@ -51,7 +53,16 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
 
     run = ssub.add_parser("run", help="run one command in a fresh sandbox, then remove it")
     run.add_argument("--identity", required=True)
-    run.add_argument("--image", default=DEFAULT_IMAGE)
+    run.add_argument("--image", default=None, help=f"default {DEFAULT_IMAGE}; with --pattern1 "
+                     f"{split.IMAGE}")
+    run.add_argument("--pattern1", action="store_true",
+                     help="the agent runs in the sandbox, its bash tool (sandgate-tool) as "
+                     "another user whose traffic reaches Sandgate's tool listener "
+                     "(docs/pattern1.md)")
+    run.add_argument("--tool-port", type=int, default=split.SplitPorts().tool_port,
+                     help="--pattern1: Sandgate's tool listener port (default %(default)s)")
+    run.add_argument("--other-port", type=int, default=split.SplitPorts().other_port,
+                     help="--pattern1: Sandgate's other listener port (default %(default)s)")
     run.add_argument("--proxy-url", default=None,
                      help="default: http://<gateway of the network>:<proxy-port>")
     run.add_argument("--ttl", default="1h", help="proxy token lifetime (30s, 15m, 1h)")
@@ -138,7 +149,9 @@ def _run(args: argparse.Namespace) -> int:
             return _err(str(e))
         token = issue_token(confdir.token_key(directory), args.identity, sandbox_id, ttl)
     spec = SandboxSpec(
-        identity=args.identity, image=args.image, sandbox_id=sandbox_id,
+        identity=args.identity, sandbox_id=sandbox_id,
+        image=args.image or (split.IMAGE if args.pattern1 else DEFAULT_IMAGE),
+        split=split.SplitPorts(args.tool_port, args.other_port) if args.pattern1 else None,
         proxy_url=args.proxy_url or f"http://{info.gateway}:{args.proxy_port}",
         ca_pem=ca_pem, token=token, placeholders=placeholders, memory=args.memory,
         cpus=args.cpus, pids_limit=args.pids_limit, network=args.network,

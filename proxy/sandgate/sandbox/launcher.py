@@ -40,7 +40,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.utils.socket import STDERR, frames_iter
 
-from sandgate.identity.labels import LABEL_IDENTITY, LABEL_MANAGED, LABEL_SANDBOX
+from sandgate.identity.labels import LABEL_IDENTITY, LABEL_MANAGED, LABEL_SANDBOX, LABEL_SPLIT
 from sandgate.proxyenv import (
     CA_BUNDLE,
     CA_DIR,
@@ -51,6 +51,7 @@ from sandgate.proxyenv import (
 )
 from sandgate.sandbox.errors import SandboxError, unavailable
 from sandgate.sandbox.network import NETWORK_NAME, inspect_network, restrict_host_access
+from sandgate.sandbox.split import AS_AGENT, STATE_FILE, SplitPorts, container_options, wait_ready
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,9 @@ class SandboxSpec:
     # proxy_url, at the gateway). True opens every port of the gateway address: UNSAFE, every
     # service listening on the host then answers the sandboxes (of this whole network).
     allow_host_services: bool = False
+    # Pattern 1 with the split (docs/pattern1.md; the image: sandgate-agent:dev): the agent and
+    # its bash tool run as two users whose traffic reaches Sandgate's agent / tool listeners.
+    split: SplitPorts | None = None
 
     def validate(self) -> None:
         if not _NAME.match(self.identity):
@@ -129,6 +133,8 @@ class SandboxSpec:
                 raise SandboxError(f"label {key!r}: the sandgate.* labels are set by the launcher")
         if self.cpus <= 0 or self.pids_limit <= 0:
             raise SandboxError("cpus and pids_limit must be positive")
+        if self.split is not None:
+            self.split.validate(url.port or (443 if url.scheme == "https" else 80))
 
     def proxy_url_with_token(self) -> str:
         return proxy_url_with_credentials(self.proxy_url, self.identity, self.token)
@@ -140,6 +146,8 @@ def sandbox_environment(spec: SandboxSpec, sandbox_id: str) -> dict[str, str]:
     env.update(proxy_environment(spec.proxy_url_with_token(), ca_bundle=CA_BUNDLE, ca_file=CA_FILE))
     env["SANDGATE_IDENTITY"] = spec.identity
     env["SANDGATE_SANDBOX"] = sandbox_id
+    if spec.split is not None:
+        env.update(spec.split.environment())
     return env
 
 
@@ -173,7 +181,9 @@ def _shutdown(sock: Any) -> None:
 def _lock_host(client: docker.DockerClient, spec: SandboxSpec) -> bool:
     """Put the network's host firewall in place for this spec: the host accepts the sandboxes'
     packets only at the proxy port of the gateway (none at all when proxy_url names another
-    address, e.g. a proxy container), unless spec.allow_host_services. Whether it is in place."""
+    address, e.g. a proxy container), unless spec.allow_host_services; for a split sandbox also
+    at its role listener ports, which stay open while split sandboxes run on the network.
+    Whether it is in place."""
     info = inspect_network(client, spec.network)
     url = urlsplit(spec.proxy_url)
     host = url.hostname or ""
@@ -183,8 +193,26 @@ def _lock_host(client: docker.DockerClient, spec: SandboxSpec) -> bool:
     except ValueError:
         literal = None
     on_host = literal is None or str(literal) in (info.gateway, info.gateway6)
-    return restrict_host_access(client, info, [port] if on_host else [],
+    ports = {port}
+    if spec.split is not None:  # its role listeners
+        ports |= {spec.split.tool_port, spec.split.other_port}
+    if on_host:  # and those of the split sandboxes already running there stay open
+        ports |= _split_ports(client, spec.network)
+    return restrict_host_access(client, info, sorted(ports) if on_host else [],
                                 allow_host_services=spec.allow_host_services)
+
+
+def _split_ports(client: docker.DockerClient, network: str) -> set[int]:
+    """The role listener ports of the split sandboxes running on the network: a sandbox started
+    later must not close the host firewall on them."""
+    ports: set[int] = set()
+    for c in client.containers.list(filters={"label": f"{LABEL_SPLIT}=uid",
+                                             "network": network}):
+        env = dict(e.partition("=")[::2] for e in c.attrs["Config"].get("Env") or [])
+        for name in ("SANDGATE_SPLIT_TOOL_PORT", "SANDGATE_SPLIT_OTHER_PORT"):
+            if env.get(name, "").isdigit():
+                ports.add(int(env[name]))
+    return ports
 
 
 def _ca_fingerprint_line(ca_pem: str) -> str:
@@ -207,7 +235,20 @@ class Sandbox:
         self.id = sandbox_id
         self.identity = spec.identity
         self.host_firewall = False  # whether the network's host firewall is in place
+        self.split_state: dict[str, Any] | None = None  # what a split sandbox's entrypoint set
         self._closed = False
+
+    def _wait_split(self) -> dict[str, Any]:
+        def read_state() -> str | None:
+            res = self.exec(["cat", STATE_FILE], timeout=10, workdir="/", user="root")
+            return res.stdout if res.ok else None
+
+        def status() -> str:
+            self.container.reload()
+            return str(self.container.status)
+
+        return wait_ready(read_state, status,
+                          lambda: self.container.logs().decode("utf-8", "replace"))
 
     @property
     def name(self) -> str:
@@ -253,7 +294,9 @@ class Sandbox:
             LABEL_IDENTITY: spec.identity,
             LABEL_SANDBOX: sandbox_id,
             LABEL_MANAGED: "launcher",
+            LABEL_SPLIT: "uid" if spec.split is not None else "none",
         }
+        split_options = container_options() if spec.split is not None else {}
         try:
             container = client.containers.create(
                 spec.image,
@@ -266,6 +309,7 @@ class Sandbox:
                 working_dir=spec.workdir,
                 init=True,  # reap what exec'd commands leave behind
                 cap_drop=["ALL"],
+                **split_options,
                 security_opt=["no-new-privileges:true"],
                 mem_limit=spec.memory,
                 memswap_limit=spec.memory,  # no swap beyond the memory limit
@@ -279,18 +323,24 @@ class Sandbox:
         sandbox = cls(client, container, spec, sandbox_id)
         sandbox.host_firewall = firewall
         try:
-            container.start()
-            if not container.put_archive("/", _ca_archive(spec.ca_pem)):
-                raise SandboxError("could not write the Sandgate CA into the sandbox")
-            res = sandbox.exec(
-                ["sh", "-c", _TRUST_CA, "trust-ca", _ca_fingerprint_line(spec.ca_pem)],
-                timeout=60, workdir="/", user="root",
-            )
-            if res.exit_code != 0:
-                raise SandboxError(
-                    f"could not install the Sandgate CA in '{spec.image}' "
-                    f"(exit {res.exit_code}): {res.stderr.strip()[-500:]}"
+            if spec.split is not None:  # the entrypoint trusts the CA, before the agent runs
+                if not container.put_archive("/", _ca_archive(spec.ca_pem)):
+                    raise SandboxError("could not write the Sandgate CA into the sandbox")
+                container.start()
+                sandbox.split_state = sandbox._wait_split()
+            else:
+                container.start()
+                if not container.put_archive("/", _ca_archive(spec.ca_pem)):
+                    raise SandboxError("could not write the Sandgate CA into the sandbox")
+                res = sandbox.exec(
+                    ["sh", "-c", _TRUST_CA, "trust-ca", _ca_fingerprint_line(spec.ca_pem)],
+                    timeout=60, workdir="/", user="root",
                 )
+                if res.exit_code != 0:
+                    raise SandboxError(
+                        f"could not install the Sandgate CA in '{spec.image}' "
+                        f"(exit {res.exit_code}): {res.stderr.strip()[-500:]}"
+                    )
             container.reload()
             nets = set(container.attrs["NetworkSettings"]["Networks"])
             if nets != {spec.network}:
@@ -328,6 +378,8 @@ class Sandbox:
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise SandboxError("empty command")
+        if self.spec.split is not None and user is None:  # the agent, with no capability
+            argv, user = [*AS_AGENT, *argv], "root"
         secs = max(1, int(timeout + 0.999))
         wrapped = ["timeout", "--kill-after=5", str(secs), *argv]
         api = self.client.api

@@ -10,9 +10,14 @@ occurs in ordinary traffic all the time, and scrubbing it would mangle bodies (a
 innocent requests as exfiltration) while protecting a value too short to be a credential
 anyway. The raw form is always kept: the operator chose that value, however short.
 
-Not covered (documented so nobody assumes otherwise): base64 wrapped at 76 characters (MIME),
-other encodings layered on top of these (base64 of hex, ...), compression, and mixed-case hex
-or ``%xX`` escapes (`SecretSet.find` matches case-insensitively, scrubbing does not).
+Quoted-printable (MIME) escapes ``=`` and non-printable bytes as ``=XX``: those spellings are
+forms too. Line breaks inside a form (base64 wrapped at 76 columns, a quoted-printable soft
+break) are handled by the scrubber, not here: `sandgate.unwrap`. Compressed bodies are decoded
+before scrubbing (`sandgate.addons.decoding`).
+
+Not covered (documented so nobody assumes otherwise): other encodings layered on top of these
+(base64 of hex, ...), and mixed-case hex or ``%xX`` escapes (`SecretSet.find` matches
+case-insensitively, scrubbing does not).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import re
 import urllib.parse
 from typing import Literal
 
-FormKind = Literal["raw", "base64", "hex", "percent", "json", "own"]
+FormKind = Literal["raw", "base64", "hex", "percent", "json", "qp", "own"]
 """Which family a form belongs to; "own" is a form Sandgate itself produced (see `query_forms`)."""
 
 MIN_DERIVED_LEN = 8
@@ -56,6 +61,7 @@ def classified_forms(value: bytes) -> dict[bytes, FormKind]:
         ("hex", [value.hex().encode("ascii"), value.hex().upper().encode("ascii")]),
         ("percent", _percent_forms(value)),
         ("json", _json_forms(value)),
+        ("qp", _qp_forms(value)),
     ]
     for kind, candidates in families:
         for form in candidates:
@@ -161,6 +167,19 @@ def _json_forms(value: bytes) -> list[bytes]:
     codes = [units[i] << 8 | units[i + 1] for i in range(0, len(units), 2)]
     out.append("".join(f"\\u{c:04x}" for c in codes).encode("ascii"))
     out.append("".join(f"\\u{c:04X}" for c in codes).encode("ascii"))
+    return out
+
+
+def _qp_forms(value: bytes) -> list[bytes]:
+    """Quoted-printable (RFC 2045 section 6.7): ``=`` and bytes outside printable ASCII as
+    ``=XX``, upper-case hex as the RFC says and lower-case as some encoders write it; a space
+    or tab literal or escaped (encoders differ). Soft line breaks: `sandgate.unwrap`."""
+    out: list[bytes] = []
+    for hexfmt in ("={:02X}", "={:02x}"):
+        for literal in (b" \t", b""):
+            out.append(b"".join(
+                bytes([c]) if (33 <= c <= 126 and c != 61) or c in literal
+                else hexfmt.format(c).encode("ascii") for c in value))
     return out
 
 

@@ -24,7 +24,6 @@ for lease durations) and `wall` (epoch seconds, for token expiry), both injectab
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -33,14 +32,13 @@ from typing import Any, Protocol
 
 from sandgate.errors import SecretError
 from sandgate.policy.model import SecretRef
+from sandgate.secrets.retired import Retired
 from sandgate.secrets.scope import Scope
 
 log = logging.getLogger("sandgate.leases")
 
 # Backoff between attempts to revoke a lease (seconds); the last one repeats.
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
-# How many retired (revoked or run-out) values stay in the scrubbing set.
-RETIRED_KEPT = 256
 
 
 class LeaseBackend(Protocol):
@@ -105,8 +103,9 @@ class LeaseManager:
         self.retry_delays = retry_delays
         self.leases: dict[_Key, Lease] = {}  # (name, path, scope) -> lease
         self.pending: list[_Revocation] = []  # revocations that failed, to retry
-        self.retired: collections.deque[tuple[str, str]] = collections.deque(maxlen=RETIRED_KEPT)
-        self.generation = 0  # bumps when the set of values (leases, retired) changes
+        # replaced, revoked and run-out values: still scrubbed and detected for a window
+        self.retired = Retired(lambda: self.clock())
+        self.generation = 0  # bumps when the set of leases changes (retired: its own)
         self._inflight: dict[_Key, asyncio.Task[Lease]] = {}
         self._token_deadline: dict[str, float] = {}  # sandbox -> latest token expiry (wall)
         # sandbox -> how often it ended while a mint for it was in flight (such a mint is
@@ -243,8 +242,9 @@ class LeaseManager:
                      expires=self.clock() + ttl)
 
     def leases_retire(self, lease: Lease) -> None:
-        self.retired.append((lease.name, lease.value))
-        self.generation += 1
+        """Kept scrubbed for the retired window, or until the lease's end if later (a failed
+        revocation leaves it valid that long)."""
+        self.retired.add(lease.name, lease.value, lease.expires)
 
     # ------------------------------------------------------------------------- values
 
@@ -266,6 +266,7 @@ class LeaseManager:
             now = self.clock()
             if now >= lease.expires:  # ran out: Vault has revoked it
                 del self.leases[key]
+                self.generation += 1
                 self.leases_retire(lease)
                 self._emit("expire", "ok", lease)
             elif (lease.renewable and not lease.capped and now >= lease.next_renew

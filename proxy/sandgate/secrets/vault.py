@@ -225,6 +225,9 @@ class SecretBroker:
         self._inflight: dict[tuple[str, _Loc], asyncio.Task[SecretValue]] = {}
         self.leases = LeaseManager(_HvacLeases(self))
         self.leases.on_sandbox_end = self._forget_sandbox
+        # values that left the cache (rotated, forgotten, dropped by a reload) and leases that
+        # ended: still scrubbed and detected for a window (sandgate.secrets.retired)
+        self.retired = self.leases.retired
         self._lease_task: asyncio.Task[None] | None = None
         self.lease_tick = 0.5  # seconds between lease steps (renewals, expiries, retries)
         self._login_task: asyncio.Task[None] | None = None
@@ -245,8 +248,8 @@ class SecretBroker:
     def generation(self) -> int:
         """Bumped whenever a cached value (KV or lease) appears, changes or goes: consumers that
         compile the values (the scrubber's automaton) rebuild only then."""
-        return (self._kv_generation + self.leases.generation + self.oauth2.generation
-                + self.github.generation)
+        return (self._kv_generation + self.leases.generation + self.retired.generation
+                + self.oauth2.generation + self.github.generation)
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -404,7 +407,7 @@ class SecretBroker:
         self.github.end_sandbox(sandbox)  # revoked with GitHub, in the background
         gone = [k for k, e in self._cache.items() if e.scope.sandbox == sandbox]
         for k in gone:
-            del self._cache[k]
+            self._retire(self._cache.pop(k))
         if gone:
             self._kv_generation += 1
 
@@ -473,9 +476,14 @@ class SecretBroker:
         for ck in list(self._cache):
             ref = new.get(ck[0])
             if ref is None or ref.dynamic is not None or _ref_key(ref) != self._cache[ck].key:
-                del self._cache[ck]
+                self._retire(self._cache.pop(ck))
                 self._kv_generation += 1
         self._refs = new
+
+    def _retire(self, entry: _Entry) -> None:
+        """A value leaves the cache: it stays scrubbed and detected for the retired window
+        (a flow it was injected into keeps it anyway, see sandgate.addons.flowsecrets)."""
+        self.retired.add(entry.value.name, entry.value.value)
 
     def cached_values(self) -> dict[str, str]:
         """name -> value of every cached value shared by all callers (no per-identity or
@@ -485,11 +493,12 @@ class SecretBroker:
     def cached_pairs(self) -> list[tuple[str, str]]:
         """(name, value) of every value held, of every sandbox: KV entries (expired ones
         included: never served, but still real credentials until replaced or dropped), leases,
-        and recently retired lease values. For response scrubbing and exfiltration checks."""
+        and the retired values (rotated, forgotten, revoked: `sandgate.secrets.retired`). For
+        response scrubbing and exfiltration checks."""
         pairs = [(ck[0], e.value.value) for ck, e in self._cache.items()]
         pairs += [(ck[0], v) for ck, e in self._cache.items() for _, v in e.value.extra]
         pairs += [(name, value) for _, name, value, _ in self.leases.values()]
-        pairs += list(self.leases.retired)
+        pairs += self.retired.pairs()
         pairs += self.oauth2.values()
         pairs += self.github.values()
         return pairs
@@ -622,6 +631,10 @@ class SecretBroker:
             self._cache[ck] = _Entry(_ref_key(ref), sv, self._clock() + self.ttl, scope)
             if old is None or old.value.value != value:
                 self._kv_generation += 1
+            if old is not None and old.value.value != value:
+                self._retire(old)  # rotated in Vault: the old value may still be in flight
+        else:  # a reload moved the secret while it was read: handed out once, never cached
+            self.retired.add(name, value)
         log.debug("fetched secret '%s' from %s (version %s)", name, where, version)
         return sv
 

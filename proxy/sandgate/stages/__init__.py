@@ -5,17 +5,19 @@
     s10_identify.py   who is calling: connection admission, Proxy-Authorization, SOCKS5, tunnel
     s20_head.py       judge the head: bounds, parse, decide; gateway re-targeting; CONNECT
     s30_body.py       judge the body: the head once more, size as received, credential leaks
+    s35_call.py       judge the call: JSON-RPC / MCP messages against mcp:/jsonrpc: rules
     s40_forward.py    the head the upstream receives is the one judged (before injection)
     s50_inject.py     the rule's credentials, from Vault at request time
     s55_sign.py       AWS SigV4: Sandgate signs the request (`inject: {sign: NAME}`)
     s60_dial.py       resolve once, pin the checked address; server_connect dials only that
-    s70_scrub.py      ask for plain bytes; scrub the response head, body, trailers, WebSocket
+    s70_scrub.py      ask for plain bytes; scrub the response head, body, trailers, WebSocket;
+                      MCP session ids bound, list answers filtered (addons/calls.py)
     s80_refuse.py     where a refusal (from any stage) becomes the answer
     s90_audit.py      one event per flow (every stage ends here)
 
 Why `sNN_` names: a module name cannot start with a digit, and the number makes `ls` show the
 path a request takes. The numbers go in tens, as unit files and rule files do, so a stage that
-comes between two others gets a free number (`s35_toolcall.py`) and nothing is renamed.
+comes between two others gets a free number (as `s35_call.py` did) and nothing is renamed.
 
 Each stage is a function over the proxy-wide state (`GateState`, which the addon is), the flow
 and its per-flow record (`FlowRecord`, addons/state.py); it raises a `Refused` to refuse, and
@@ -24,13 +26,14 @@ only: each hook calls stages, wrapped by `guarded` so that any exception refuses
 Imports point backwards along the path (a stage uses earlier ones), except that every stage may
 end in s80_refuse or s90_audit.
 
-Adding a stage (tool-call rules, a new credential type, an approval hold): write it as
+Adding a stage (a new credential type, an approval hold): write it as
 
     async def step(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None
 
 in a new module numbered for where it belongs, and add it as one line to `HEAD_PATH` (judged
 before the body is read: anything that needs only the head) or `REQUEST_PATH` (the complete
 request, before it is forwarded) in addons/gate.py, in order. Raise a `Refused` (errors.py) to
-refuse; s80_refuse answers it and s90_audit records it. A stage for the response side is called
-from the response hooks the same way.
+refuse; s80_refuse answers it and s90_audit records it. A stage that answers the flow itself
+(sets rec.refusal and flow.response, as s35_call does with JSON-RPC errors) ends the path.
+A stage for the response side is called from the response hooks the same way.
 """

@@ -14,9 +14,10 @@ from mitmproxy import connection, http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
+from sandgate.addons.calls import Sessions
+from sandgate.addons.flowsecrets import ScrubSets
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord
 from sandgate.identity.resolve import Identifier
-from sandgate.inject import own_forms
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy.model import Policy, Rule
@@ -52,8 +53,8 @@ class GateState:
         self.cfg = config
         self.conns: dict[str, Conn] = {}
         self._placeholders = dict(config.policy.placeholders)
-        self._secret_set = SecretSet({})
-        self._secret_generation = -1
+        self._scrub_sets = ScrubSets()
+        self.sessions = Sessions()  # MCP session ids -> the identity that opened each
 
     @property
     def policy(self) -> Policy:
@@ -68,7 +69,7 @@ class GateState:
             self.cfg.canaries = canaries
         self._placeholders = placeholders
         self.cfg.policy = policy
-        self._secret_generation = -1  # own_forms depend on the policy: rebuild the automaton
+        self._scrub_sets.invalidate()  # own_forms depend on the policy: rebuild the automaton
 
     @property
     def placeholders(self) -> dict[str, str]:
@@ -82,20 +83,11 @@ class GateState:
             rec.placeholders = self._placeholders
         return rec.policy
 
-    def secrets(self) -> SecretSet:
-        """Every cached secret value and its encodings, compiled once per change of the cache."""
-        broker = self.cfg.broker
-        if broker.generation != self._secret_generation:
-            generation = broker.generation
-            # Every value of every sandbox: a sandbox must not receive another's value either.
-            pairs = [*self.cfg.canaries.items(), *broker.cached_pairs()]
-            extra: dict[str, list[bytes]] = {}
-            for view in broker.value_views():  # one caller's values together (a Basic pair)
-                for name, forms in own_forms(self.policy, view).items():
-                    extra.setdefault(name, []).extend(forms)
-            self._secret_set = SecretSet(pairs, extra)
-            self._secret_generation = generation
-        return self._secret_set
+    def secrets(self, rec: FlowRecord | None = None) -> SecretSet:
+        """Every held and retired secret value and its encodings, plus every value injected
+        into `rec`'s flow (the flow owns its secrets: sandgate.addons.flowsecrets)."""
+        return self._scrub_sets.for_flow(self.cfg.broker, self.cfg.canaries, self.policy,
+                                         rec.owned if rec is not None else None)
 
     def conn(self, client: connection.Client) -> Conn:
         c = self.conns.get(client.id)

@@ -14,6 +14,7 @@ import logging
 from mitmproxy import connection, http
 from mitmproxy.proxy.layers import modes
 
+from sandgate.addons import admission, tunnels
 from sandgate.addons.socks5 import basic_credentials, connect_flow, is_socks5, source_allowed
 from sandgate.addons.state import FlowRecord, Tunnel
 from sandgate.errors import Code, IdentityError, Refused
@@ -27,12 +28,13 @@ log = logging.getLogger("sandgate")
 
 
 def admit_client(st: GateState, client: connection.Client) -> bool:
-    """Past --max-connections a new client connection is closed at once (and audited)."""
+    """Past --max-connections (or --max-unidentified-per-source) a new client connection is
+    closed at once (and audited)."""
     try:
-        if st.cfg.limiter.connected(client.id):
+        refused = admission.admit(st.cfg.limiter, client)  # also per source, unidentified
+        if refused is None:
             return True
-        reason = (f"Sandgate has {st.cfg.limiter.config.max_connections} client "
-                  "connections open (--max-connections)")
+        reason = refused
     except Exception:
         log.exception("sandgate: client_connected failed; closing")
         reason = "Sandgate hit an internal error"
@@ -87,14 +89,15 @@ def socks_refused(st: GateState, flow: http.HTTPFlow, error: Refused) -> None:
 
 
 def identify(st: GateState, flow: http.HTTPFlow, proxy_authorization: str | None) -> Caller:
-    return st.cfg.identifier.identify(proxy_authorization, flow.client_conn.peername[0])
+    return st.cfg.identifier.identify(proxy_authorization, flow.client_conn.peername[0],
+                                      flow.client_conn.proxy_mode.custom_listen_port)
 
 
 def identify_proxied(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Tunnel | None:
     """A proxied request's caller: its tunnel's, or its own Proxy-Authorization's (removed
     from the request either way: it is never forwarded). Returns the tunnel it arrived in."""
     auth = flow.request.headers.pop("proxy-authorization", None)
-    tunnel = st.conn(flow.client_conn).tunnel
+    tunnel = tunnels.get(st.conn(flow.client_conn), flow.client_conn, flow.server_conn)
     if tunnel is None and is_socks5(flow.client_conn):
         raise IdentityError(Code.AUTH_REQUIRED, "no SOCKS5 CONNECT was granted")
     rec.caller = tunnel.caller if tunnel is not None else identify(st, flow, auth)
@@ -106,3 +109,4 @@ def count_connection(st: GateState, flow: http.HTTPFlow, caller: Caller, policy:
     ident = policy.identities.get(caller.identity)
     st.cfg.limiter.identified(flow.client_conn.id, caller.identity,
                               ident.limits if ident is not None else None)
+    admission.identified(flow.client_conn)  # no admission deadline from here on

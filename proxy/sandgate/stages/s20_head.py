@@ -13,7 +13,7 @@ from __future__ import annotations
 from mitmproxy import http
 from mitmproxy.net.http import url
 
-from sandgate.addons import wirelimits
+from sandgate.addons import tunnels, wirelimits
 from sandgate.addons.forward import check_authority, check_upgrade
 from sandgate.addons.state import FlowRecord, Tunnel
 from sandgate.decision import decide, decide_connect, reported
@@ -105,8 +105,7 @@ def parse(flow: http.HTTPFlow, rec: FlowRecord, tunnel: Tunnel | None) -> Reques
                              req.host_header)
         rec.info = info
         if tunnel is not None:
-            check_tunnel(info, tunnel.host, tunnel.port, flow.client_conn.tls_established,
-                         flow.client_conn.sni)
+            check_tunnel(info, tunnel.host, tunnel.port, tunnel.tls, tunnel.sni)
         elif req.scheme == "https":
             # https without a CONNECT (e.g. a TLS client talking to the proxy port directly)
             raise BadRequest(Code.BAD_REQUEST, "https requests must arrive through CONNECT")
@@ -160,7 +159,7 @@ async def judge_connect(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> 
         else:
             tunnel.refusal = d.refused()
             rec.refusal = refusal_for(st, flow, tunnel.refusal)
-    st.conn(flow.client_conn).tunnel = tunnel
+    tunnels.put(st.conn(flow.client_conn), flow.client_conn, flow.server_conn, tunnel)
 
 
 def check_head_size(lim: LimitsConfig, req: http.Request) -> None:

@@ -17,4 +17,4 @@ from sandgate.stages.context import GateState
 async def prepare_head(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     """The forward stage: only the judged protocol switch (WebSocket) survives."""
     req = flow.request
-    prepare(req, is_websocket_upgrade(req))
+    prepare(req, is_websocket_upgrade(req), rec.info)  # rec.info: the judged Host

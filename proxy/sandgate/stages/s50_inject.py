@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from mitmproxy import ctx, http
 
+from sandgate.addons.flowsecrets import owned
 from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, require_sandbox
 from sandgate.errors import Code, Refused, SecretError
@@ -75,6 +76,7 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     # counted only now that the secrets are there to inject (or 429, nothing spent)
     st.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
     rec.secrets += versions
+    rec.owned = owned(policy, values, rule.secrets)  # always scrubbed from its response
     plan = rec.body_plan
     if plan is not None:
         rec.injected += [f"{v}: {plan.describe()}" for v in versions

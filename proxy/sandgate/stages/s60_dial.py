@@ -2,8 +2,9 @@
 
 A request pins the address it was judged for (per connection, so keep-alive reuses one checked
 answer); `server_connect`, the one place every upstream dial passes, lets only those addresses
-go (and a passthrough tunnel's, chosen there). Whether a passthrough CONNECT is relayed unseen
-or intercepted is decided at its TLS ClientHello (`passthrough_hello`).
+go (and a passthrough tunnel's, checked and pinned at its CONNECT: `pin_tunnel`). Whether a
+passthrough CONNECT is relayed unseen or intercepted is decided at its TLS ClientHello
+(`passthrough_hello`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from collections.abc import Iterable
 from mitmproxy import http, tcp, tls
 from mitmproxy.proxy import server_hooks
 
-from sandgate.addons import relay, wirelimits
+from sandgate.addons import relay, tunnels, wirelimits
 from sandgate.addons.state import FlowRecord
+from sandgate.errors import Refused
 from sandgate.netguard import DialTarget, IPNetwork, choose_address, may_dial, resolve
 from sandgate.request import same_host
 from sandgate.stages.context import GateState, allowing_rule, via_gateway
@@ -56,6 +58,20 @@ async def choose(st: GateState, host: str, port: int, private_cidrs: Iterable[IP
     return choose_address(host, port, ips, private_cidrs, st.cfg.self_addresses, only_public)
 
 
+async def pin_tunnel(st: GateState, flow: http.HTTPFlow) -> None:
+    """A passthrough CONNECT: its address is checked (internal_address, self_address) and
+    pinned now, so it is refused at the CONNECT, and the tunnel dials only that address."""
+    conn = st.conn(flow.client_conn)
+    tunnel = tunnels.get(conn, flow.client_conn, flow.server_conn)
+    if tunnel is None or not tunnel.passthrough or tunnel.rule is None:
+        return
+    try:
+        tunnel.target = await choose(st, tunnel.host, tunnel.port, tunnel.rule.private_cidrs)
+    except Refused:
+        conn.tunnels.pop(tunnels.key(flow.client_conn, flow.server_conn), None)  # no tunnel
+        raise
+
+
 async def server_connect(st: GateState, data: server_hooks.ServerConnectionHookData) -> None:
     """The one place every upstream dial passes: only approved, checked addresses go."""
     conn = st.conn(data.client)
@@ -67,43 +83,31 @@ async def server_connect(st: GateState, data: server_hooks.ServerConnectionHookD
     key = (str(address[0]), int(address[1]))
     named = conn.by_name.get(key)
     if named is not None:  # a gateway request: dial the checked address, verify the name
-        server.address = named.address
+        wirelimits.dial_at(server, named.address)  # the address stays the name (no rename)
         server.sni = key[0]
         return
     if key in conn.approved:
         # We dial the checked IP; TLS must still verify the name the request was judged for.
         server.sni = conn.approved[key]
         return
-    tunnel = conn.tunnel
+    tunnel = tunnels.get(conn, data.client, server)
     if tunnel is not None and tunnel.passthrough and tunnel.rule is not None:
         if same_host(str(address[0]), tunnel.host) and address[1] == tunnel.port:
-            target = await choose(st, tunnel.host, tunnel.port, tunnel.rule.private_cidrs)
+            target = tunnel.target or await choose(st, tunnel.host, tunnel.port,
+                                                   tunnel.rule.private_cidrs)
             server.address = target.address
             wirelimits.exempt(server)  # raw bytes: the idle timeout applies, not the read one
             return
     server.error = "sandgate: connection was not approved"
 
 
-def server_connected(st: GateState, data: server_hooks.ServerConnectionHookData) -> None:
-    """A gateway's upstream connection is known by the name it was verified for (see `pin`),
-    so that mitmproxy reuses it only for requests to that same name."""
-    try:
-        conn = st.conns.get(data.client.id)
-        server = data.server
-        if conn is None or server.sni is None or server.address is None:
-            return
-        name = (server.sni, int(server.address[1]))
-        named = conn.by_name.get(name)
-        if named is not None and named.address == tuple(server.address):
-            server.address = name
-    except Exception:  # not a decision: without it the connection is simply not reused
-        log.exception("sandgate: server_connected failed")
-
-
 def passthrough_hello(st: GateState, data: tls.ClientHelloData) -> None:
     """Relay a passthrough tunnel unseen only when its SNI names what the CONNECT named."""
     try:
-        tunnel = st.conn(data.context.client).tunnel
+        tunnel = tunnels.get(st.conn(data.context.client), data.context.client,
+                             data.context.server)
+        if tunnel is not None:
+            tunnel.sni = data.client_hello.sni  # this tunnel's own (not the connection's)
         if tunnel is None or not tunnel.passthrough:
             return
         sni = data.client_hello.sni
@@ -116,11 +120,18 @@ def passthrough_hello(st: GateState, data: tls.ClientHelloData) -> None:
         log.exception("sandgate: tls_clienthello failed; intercepting instead")
 
 
+def tunnel_tls_up(st: GateState, data: tls.TlsData) -> None:
+    """The TLS inside a tunnel is up (TLS to the proxy port itself is no tunnel's)."""
+    tunnel = tunnels.get(st.conn(data.context.client), data.context.client, data.context.server)
+    if tunnel is not None:
+        tunnel.tls = True
+
+
 def raw_allowed(st: GateState, flow: tcp.TCPFlow) -> bool:
     """Raw bytes inside a CONNECT are relayed only where a passthrough rule allows them:
     there is nothing to judge in them (server_connect refuses the dial otherwise too)."""
     try:
-        tunnel = st.conn(flow.client_conn).tunnel
+        tunnel = tunnels.get(st.conn(flow.client_conn), flow.client_conn, flow.server_conn)
         if tunnel is not None and tunnel.passthrough:
             return True
     except Exception:

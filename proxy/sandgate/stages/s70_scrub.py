@@ -2,20 +2,25 @@
 
 The request asks for plain bytes (`ask_plain`, the last step before forwarding); the response
 head is cleaned and its body streamed through the scrubber (or, small and of known length,
-scrubbed whole), trailers cleaned or dropped; WebSocket messages are scrubbed one by one, and
-one leaving with a credential is dropped and ends the stream.
+scrubbed whole), trailers cleaned or dropped; WebSocket messages and control frames (ping, pong,
+close: addons/wscontrol.py) are scrubbed one by one, and one leaving with a credential is not
+relayed and ends the stream. The set scrubbed is the flow's own (`GateState.secrets(rec)`): what
+was injected into it stays scrubbed whatever the cache does (addons/flowsecrets.py).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from mitmproxy import http
 
+from sandgate.addons import calls, wscontrol
 from sandgate.addons.forward import is_websocket_upgrade
 from sandgate.addons.state import FlowRecord
 from sandgate.addons.stream import (
     ResponseScrubber,
+    answer_instead,
     clean_head,
     scrub_headers,
     scrub_whole,
@@ -26,8 +31,9 @@ from sandgate.inject import find_leaks_in
 from sandgate.refusal import Refusal
 from sandgate.stages.context import GateState
 from sandgate.stages.s30_body import exfiltration, leak_names
-from sandgate.stages.s80_refuse import drop_response
+from sandgate.stages.s80_refuse import drop_response, refusal_for, refuse
 from sandgate.stages.s90_audit import audit_event
+from sandgate.unwrap import scrub_unwrapped
 
 log = logging.getLogger("sandgate")
 
@@ -43,6 +49,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
     resp = flow.response
     if resp is None or rec.refused:
         return
+    calls.response_headers(rec, resp, st.sessions)  # the MCP session id bound to its identity
     if resp.status_code == 101 and not (
             is_websocket_upgrade(flow.request)
             and resp.headers.get("upgrade", "").strip().lower() == "websocket"):
@@ -50,7 +57,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
             Code.UPSTREAM_ERROR, "the upstream switched to a protocol other than the "
             "WebSocket that was asked for"))
         return
-    secrets = st.secrets()
+    secrets = st.secrets(rec)
     rec.redactions += clean_head(resp, secrets)
     if flow.request.method == "HEAD" or resp.status_code in (204, 304) or (
         resp.status_code < 200
@@ -61,8 +68,9 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         return
     encoding = resp.headers.get("content-encoding", "identity").strip().lower()
     scrubber = ResponseScrubber(secrets, encoding, resp, flow.request.http_version)
-    if scrubber.refuse_reason:
-        drop_response(st, flow, Refused(Code.UPSTREAM_ERROR, scrubber.refuse_reason))
+    if scrubber.refuse_reason:  # a readable 502, not a cut connection
+        rec.refusal = refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, scrubber.refuse_reason))
+        resp.stream = answer_instead(resp, rec.refusal, flow.client_conn.alpn != b"h2")
         return
 
     def stream(chunk: bytes) -> bytes | list[bytes]:
@@ -71,7 +79,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         rec.bytes_out += sum(len(c) for c in out)
         return out
 
-    resp.stream = stream
+    resp.stream = calls.wrap_stream(rec, flow, stream)  # MCP list answers filtered
 
 
 def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
@@ -80,11 +88,18 @@ def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     try:
         resp = flow.response
         if resp is not None and rec.scrub_whole and not rec.refused:
-            rec.redactions += scrub_whole(resp, st.secrets())
+            try:
+                rec.redactions += scrub_whole(resp, st.secrets(rec))
+            except ValueError as e:  # undecodable: a readable 502 instead of its body
+                refuse(flow, refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, str(e))))
+            if not rec.refused:
+                calls.filter_whole(rec, resp)  # MCP list answers filtered
             rec.bytes_out = len(resp.raw_content or b"")
+        if resp is not None and resp.trailers and rec.refused:
+            resp.trailers = None  # the upstream's answer was replaced: none of it goes
         if resp is not None and resp.trailers and not rec.refused:
             if flow.client_conn.alpn == b"h2":
-                rec.redactions += scrub_headers(resp.trailers, st.secrets())
+                rec.redactions += scrub_headers(resp.trailers, st.secrets(rec))
             else:  # HTTP/1 clients get no trailers (mitmproxy cannot send them anyway)
                 resp.trailers = None
     except Exception:
@@ -104,23 +119,48 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
         if rec.websocket_closed:
             message.drop()
             return
-        secrets = st.secrets()
         if not message.from_client:
-            clean, n = secrets.scrub(message.content)
+            clean, n = scrub_unwrapped(st.secrets(rec), message.content)
             if n:
                 message.content = clean
                 rec.redactions += n
             return
-        rule = rec.decision.rule if rec.decision is not None and not rec.reported else None
-        bound = rule.secrets if rule is not None else frozenset()
-        placeholders = rec.placeholders if rec.policy is not None else st.placeholders
-        leaks = find_leaks_in(message.content, "websocket", placeholders, secrets, bound)
-        if leaks:
+        if _websocket_leaks(st, flow, rec, message.content):
             message.drop()
-            rec.websocket_closed = True
-            rec.exfiltration = leak_names(leaks)
-            audit_event(st, flow, "websocket", exfiltration(leaks, rule))
     except Exception:
         log.exception("sandgate: websocket_message failed; dropping the stream")
         rec.websocket_closed = True
         message.drop()
+
+
+def _websocket_leaks(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
+                     content: bytes) -> bool:
+    """Does what the client sends carry a credential? If so the stream goes silent and the
+    exfiltration is audited."""
+    rule = rec.decision.rule if rec.decision is not None and not rec.reported else None
+    bound = rule.secrets if rule is not None else frozenset()
+    placeholders = rec.placeholders if rec.policy is not None else st.placeholders
+    leaks = find_leaks_in(content, "websocket", placeholders, st.secrets(rec), bound)
+    if leaks:
+        rec.websocket_closed = True
+        rec.exfiltration = leak_names(leaks)
+        audit_event(st, flow, "websocket", exfiltration(leaks, rule))
+    return bool(leaks)
+
+
+def websocket_start(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
+    """The WebSocket's control frames are judged by `_websocket_control` (addons/wscontrol)."""
+    flow.metadata[wscontrol.HANDLER_KEY] = functools.partial(_websocket_control, st, flow, rec)
+
+
+def _websocket_control(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, from_client: bool,
+                       payload: bytes) -> bytes | None:
+    """A ping, pong or close payload: scrubbed from the server, judged like a message from the
+    client (None: not relayed)."""
+    if not from_client:
+        clean, n = scrub_unwrapped(st.secrets(rec), payload)
+        rec.redactions += n
+        return clean
+    if rec.websocket_closed or _websocket_leaks(st, flow, rec, payload):
+        return None
+    return payload

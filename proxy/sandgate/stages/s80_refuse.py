@@ -44,7 +44,7 @@ def refusal_for(st: GateState, flow: http.HTTPFlow, error: Refused) -> Refusal:
         target = A.redact_path(flow.request.path)  # no gateway matched: its own path
     identity = rec.caller.identity if rec.caller is not None else None
     refusal = Refusal.from_error(error, identity=identity, target=target, gateway=gateway)
-    secrets = st.secrets()
+    secrets = st.secrets(rec)
     if secrets.empty:
         return refusal
     # The reason may quote the request, and the request may quote a value.

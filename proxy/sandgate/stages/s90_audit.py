@@ -32,7 +32,8 @@ def audit(st: GateState, flow: http.HTTPFlow, event: str = "request") -> None:
         return
     rec.audited = True
     try:
-        st.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), st.secrets()))
+        st.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec),
+                                                    st.secrets(rec)))
     except Exception:
         log.exception("sandgate: audit failed")
 
@@ -43,7 +44,8 @@ def audit_event(st: GateState, flow: http.HTTPFlow, event: str, error: Refused) 
     refusal = refusal_for(st, flow, error)
     saved, rec.refusal = rec.refusal, refusal
     try:
-        st.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec), st.secrets()))
+        st.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec),
+                                                    st.secrets(rec)))
     except Exception:
         log.exception("sandgate: audit failed")
     finally:

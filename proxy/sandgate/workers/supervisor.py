@@ -319,7 +319,9 @@ class Supervisor:
         confdir.ensure_ca(conf)  # once, before any worker: every worker presents this CA
         confdir.token_key(conf)
         reserved = [listen.reserve(self.cfg.listen_host, self.cfg.listen_port)]
-        for flag, addr in (("--socks5", self.cfg.socks5), ("--gateway", self.cfg.gateway)):
+        roles = [(f"--role-listen {r}", (h, p)) for r, h, p in self.cfg.role_listens]
+        for flag, addr in (("--socks5", self.cfg.socks5), ("--gateway", self.cfg.gateway),
+                           *roles):
             if addr is None:
                 continue
             try:

@@ -52,18 +52,24 @@ def _script(args: list[str], timeout: float) -> None:
     print(f"{' '.join(args)}: {time.monotonic() - t0:.1f} s\n{res.stdout}")
 
 
-@pytest.fixture(scope="session")
-def docker_client() -> Iterator[docker.DockerClient]:
-    """A live Docker client, with sandgate-base, sandgate-agent and sandgate-bash-tool built."""
+def docker_with_images(*images: str) -> Iterator[docker.DockerClient]:
+    """A live Docker client with sandgate-base and these sandbox images (build.sh targets;
+    none: all) built; containers labelled with this session are removed afterwards."""
     if os.environ.get("SANDGATE_SKIP_DOCKER_SETUP") != "1":
         _script([str(REPO / ".ci/docker-setup.sh")], timeout=1200)
     client = connect()  # DockerUnavailable propagates: an error, not a skip
-    _script([str(REPO / "sandbox_images/build.sh")], timeout=1200)
+    _script([str(REPO / "sandbox_images/build.sh"), *images], timeout=1200)
     yield client
     leftovers = client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={SESSION}"})
     for container in leftovers:
         container.remove(force=True)
     client.close()
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    """A live Docker client, with sandgate-base, sandgate-agent and sandgate-bash-tool built."""
+    yield from docker_with_images()
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,7 @@ VAULT_IP = "172.30.121.5"
 FAKE_IP = "172.30.121.20"
 BRIDGE = "sandgate-sbx"  # com.docker.network.bridge.name of the sandboxes network
 BASH_TOOL_IP = "172.30.120.11"
+AGENT_IP = "172.30.120.10"
 PLACEHOLDER = "sandgate-placeholder-anthropic"
 
 ANTHROPIC_SCRIPT = """
@@ -75,7 +76,9 @@ class Stack:
 
     def exec(self, service: str, *cmd: str, timeout: float = 60,
              input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-        return self.run("exec", "-T", service, *cmd, timeout=timeout, check=False,
+        # the agent service starts as root (its split entrypoint): commands run as the agent
+        user = ["-u", "agent"] if service == "agent" else []
+        return self.run("exec", "-T", *user, service, *cmd, timeout=timeout, check=False,
                         input_text=input_text)
 
     def logs(self, *services: str) -> str:
@@ -257,36 +260,47 @@ def test_agent_cannot_reach_the_host(stack: Stack) -> None:
     assert v6.stdout.split() == ["1"], f"the agent has IPv6: {v6.stdout}"
 
 
-def test_sandboxes_cannot_reach_each_other(stack: Stack) -> None:
-    """bash-tool serves on its sandbox address; the agent cannot connect to it."""
+def _serve_and_probe(stack: Stack, server_svc: str, server_ip: str, client_svc: str) -> str:
+    """A server on server_svc's sandbox address (checked from inside it), then a connect from
+    client_svc: its stderr (the connection must fail)."""
     server = (
         "import socket, threading, time\n"
         "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-        f"s.bind(('{BASH_TOOL_IP}', 8000)); s.listen()\n"
+        f"s.bind(('{server_ip}', 8000)); s.listen()\n"
         "def serve():\n"
         "    while True:\n"
         "        c, _ = s.accept(); c.sendall(b'hello'); c.close()\n"
         "threading.Thread(target=serve, daemon=True).start()\n"
-        "c = socket.create_connection(('" + BASH_TOOL_IP + "', 8000), 3)\n"
+        "c = socket.create_connection(('" + server_ip + "', 8000), 3)\n"
         "print('SELF', c.recv(5).decode(), flush=True)\n"
         "time.sleep(float(__import__('sys').argv[1]))\n"
     )
-    bash_tool = subprocess.Popen(
-        [*stack.compose, "exec", "-T", "bash-tool", "python3", "-c", server, "25"], cwd=REPO,
-        env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    user = ["-u", "agent"] if server_svc == "agent" else []
+    proc = subprocess.Popen(
+        [*stack.compose, "exec", "-T", *user, server_svc, "python3", "-c", server, "25"],
+        cwd=REPO, env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert bash_tool.stdout is not None
-        first = bash_tool.stdout.readline()  # control: the server answers on that address
-        assert first.strip() == "SELF hello", (first, bash_tool.stderr.read()
-                                                if bash_tool.poll() is not None else "")
-        r = stack.exec("agent", "python", "-c",
-                       f"import socket; socket.create_connection(('{BASH_TOOL_IP}', 8000), 4)",
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # control: the server answers on that address
+        assert first.strip() == "SELF hello", (first, proc.stderr.read()
+                                                if proc.poll() is not None else "")
+        r = stack.exec(client_svc, "python3", "-c",
+                       f"import socket; socket.create_connection(('{server_ip}', 8000), 4)",
                        timeout=30)
-        assert r.returncode != 0, "the agent reached a port of the bash-tool sandbox"
-        assert "TimeoutError" in r.stderr or "timed out" in r.stderr, r.stderr[-500:]
+        assert r.returncode != 0, f"{client_svc} reached a port of the {server_svc} sandbox"
+        return r.stderr
     finally:
-        bash_tool.kill()
-        bash_tool.wait(10)
+        proc.kill()
+        proc.wait(10)
+
+
+def test_sandboxes_cannot_reach_each_other(stack: Stack) -> None:
+    """Each sandbox serves on its address; the other cannot connect to it. The bridge firewall
+    drops it (a timeout); the agent's split rules already reject it inside the agent."""
+    err = _serve_and_probe(stack, "agent", AGENT_IP, "bash-tool")
+    assert "TimeoutError" in err or "timed out" in err, err[-500:]
+    err = _serve_and_probe(stack, "bash-tool", BASH_TOOL_IP, "agent")
+    assert "ConnectionRefusedError" in err, err[-500:]
 
 
 SCAN = """
@@ -341,3 +355,12 @@ def test_no_secret_in_any_log(stack: Stack) -> None:
     text = stack.logs()
     leaked = [i for i, s in enumerate(stack.secrets[:4]) if s in text]
     assert not leaked, f"secret #{leaked} in the compose logs"
+
+
+def test_agent_bash_tool_is_the_bash_tool_identity(stack: Stack) -> None:
+    """The compose agent has the split by default (docs/pattern1.md): what its bash tool runs
+    is identity bash-tool, which may not call the LLM API."""
+    r = stack.exec("agent", "sandgate-tool", "--", "id -un; curl -sS -m 20 -w '\\n%{http_code}' "
+                   "https://api.anthropic.com/v1/messages -d '{}'", timeout=90)
+    assert r.stdout.startswith("tool\n"), r.stdout + r.stderr
+    assert r.stdout.strip().endswith("403") and '"identity": "bash-tool"' in r.stdout, r.stdout

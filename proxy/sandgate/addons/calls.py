@@ -1,0 +1,382 @@
+"""The call stage: the JSON-RPC / MCP messages of a request body, judged before it goes on, and
+the server's answers to list calls filtered to what the identity may call.
+
+Request side (`judge_call`, from Gate.request once the bounded body is complete): a rule with
+`mcp:` or `jsonrpc:` matched the head (Decision.call_limit); the body is parsed strictly
+(sandgate.jsonrpc) and the request decided again with the call, by sandgate.decision.decide,
+the one decision function `explain`, fixtures and proofs use. A well-formed call that is refused
+is answered as a JSON-RPC error for each of its ids (`answer_call`), in the transport the
+client asked for; anything that is not a well-formed call gets the HTTP refusal.
+
+Response side: the `Mcp-Session-Id` a response carries is bound to the identity whose request
+it answered (another identity presenting it is refused), and answers to tools/list,
+resources/list and prompts/list (JSON or server-sent events) keep only the entries the identity
+may call, judged by the same decide().
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitmproxy import http
+
+from sandgate.addons.state import FlowRecord
+from sandgate.decision import decide, reported
+from sandgate.errors import BadRequest, Code, Refused
+from sandgate.jsonrpc import Call, CallError, Message, id_key, loads, parse
+from sandgate.policy.model import Policy
+from sandgate.refusal import REASON_HEADER, Refusal
+from sandgate.request import RequestInfo
+
+SESSION_HEADER = "mcp-session-id"
+# The JSON-RPC error code of a call Sandgate refused (implementation-defined server range);
+# error.data.sandgate says why, as the HTTP refusal body would.
+REFUSED_CODE = -32003
+# A list answer is parsed whole (JSON) or per event (SSE): at most this much at once.
+MAX_LIST_BODY = 8 * 1024 * 1024
+MAX_SESSIONS = 65536
+
+# list method -> (the result member, the member naming an entry, the call that uses an entry)
+LISTS = {
+    "tools/list": ("tools", "name", "tools/call"),
+    "resources/list": ("resources", "uri", "resources/read"),
+    "prompts/list": ("prompts", "name", "prompts/get"),
+}
+
+
+class Sessions:
+    """Mcp-Session-Id -> the identity that opened it, per upstream; the oldest forgotten past
+    MAX_SESSIONS (a forgotten id is unknown, and an unknown id is let through: another worker
+    or a restart may have seen it opened)."""
+
+    def __init__(self, limit: int = MAX_SESSIONS) -> None:
+        self._ids: OrderedDict[tuple[str, int, str], str] = OrderedDict()
+        self._limit = limit
+
+    def owner(self, host: str, port: int, sid: str) -> str | None:
+        return self._ids.get((host, port, sid))
+
+    def bind(self, host: str, port: int, sid: str, identity: str) -> str:
+        """Bind the id to identity unless bound already; the owner it has now."""
+        key = (host, port, sid)
+        owner = self._ids.get(key)
+        if owner is None:
+            self._ids[key] = owner = identity
+            while len(self._ids) > self._limit:
+                self._ids.popitem(last=False)
+        self._ids.move_to_end(key)
+        return owner
+
+
+@dataclass
+class CallState:
+    """What the response side and the audit need of a judged call."""
+
+    policy: Policy
+    identity: str
+    info: RequestInfo
+    call: Call | None = None
+    # per message: "allow", "deny", or "batch" (allowed alone, refused with its batch)
+    outcomes: list[str] = field(default_factory=list)
+    lists: dict[str, str] = field(default_factory=dict)  # id_key -> list method
+    removed: int = 0  # list entries filtered out of the answers
+
+    def may(self, method: str, name: str) -> bool:
+        return decide(self.policy, self.identity, self.info,
+                      Call((Message("request", method, 1, name, None),))).allowed
+
+    def fields(self) -> dict[str, Any]:
+        """Audit fields: per message method, tool, id, outcome; arguments only by size+hash."""
+        if self.call is None:
+            return {}
+        rpc = []
+        for m, outcome in zip(self.call.messages, self.outcomes, strict=False):
+            entry: dict[str, Any] = {"kind": m.kind, "method": m.method, "id": m.id,
+                                     "decision": outcome}
+            if m.name is not None:
+                entry["tool" if m.method == "tools/call" else "name"] = m.name
+            if m.args_sha256 is not None:
+                entry["args_bytes"] = m.args_bytes
+                entry["args_sha256"] = m.args_sha256
+            rpc.append(entry)
+        out: dict[str, Any] = {"rpc": rpc}
+        if self.removed:
+            out["rpc_filtered"] = self.removed
+        return out
+
+
+# ------------------------------------------------------------------------- the request side
+
+def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
+               sessions: Sessions) -> Refused | None:
+    """Judge the call in a complete request body (rec: the flow's FlowRecord). Returns the
+    refusal to answer as JSON-RPC errors (see answer_call), None to go on (rec.decision is then
+    the decision with the call); raises a Refused for an HTTP-level refusal."""
+    d = rec.decision
+    if d is None or d.call_limit is None or rec.caller is None or rec.info is None:
+        return None
+    identity, info = rec.caller.identity, rec.info
+    sid = req.headers.get(SESSION_HEADER)
+    if sid is not None:
+        owner = sessions.owner(info.host, info.port, sid)
+        if owner is not None and owner != identity:
+            raise Refused(Code.SESSION_MISMATCH, f"this MCP session was opened by another "
+                          f"identity; {identity} cannot use it",
+                          hint="open a session of your own (initialize without "
+                          "Mcp-Session-Id)")
+    state = rec.call = CallState(policy, identity, info)
+    body = req.raw_content or b""
+    if not body:
+        return None  # nothing to act on: a GET stream, a DELETE of the session
+    encoding = req.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise BadRequest(Code.BAD_REQUEST, f"a JSON-RPC body must not be {encoding!r}-encoded: "
+                         "Sandgate judges the call as sent")
+    if len(body) > d.call_limit:
+        raise BadRequest(Code.TOO_LARGE, f"the JSON-RPC body is larger than the rule allows "
+                         f"({d.call_limit} bytes, mcp.max_body)",
+                         hint="raise max_body in the rule's mcp:/jsonrpc: if such calls are "
+                         "expected")
+    try:
+        call = parse(body)
+    except CallError as e:
+        raise BadRequest(Code.BAD_REQUEST, f"the body is not a JSON-RPC call Sandgate can "
+                         f"judge: {e}") from None
+    state.call = call
+    final = rec.decision = decide(policy, identity, info, call)
+    state.outcomes = _outcomes(state, call, final.allowed)
+    for m in call.messages:
+        if m.kind == "request" and m.method in LISTS and m.id is not None:
+            state.lists[id_key(m.id)] = m.method
+    if final.allowed:
+        return None
+    if reported(policy, identity, final):
+        rec.reported = True  # forwarded without credentials; audited as `report`
+        return None
+    if not call.ids:
+        raise final.refused()  # notifications only: there is no id to answer
+    return final.refused()
+
+
+def _outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
+    if allowed:
+        return ["allow"] * len(call.messages)
+    if not call.batch:
+        return ["deny"]
+    return ["batch" if decide(state.policy, state.identity, state.info,
+                              Call((m,))).allowed else "deny" for m in call.messages]
+
+
+def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
+    """Answer a refused call as JSON-RPC errors, one per request id (all of a batch): JSON, or
+    server-sent events when the client accepts only those."""
+    call = rec.call.call if rec.call is not None else None
+    assert call is not None
+    rec.refusal = refusal
+    errors = [{"jsonrpc": "2.0", "id": i,
+               "error": {"code": REFUSED_CODE, "message": refusal.reason,
+                         "data": {"sandgate": refusal.doc()}}} for i in call.ids]
+    accept = flow.request.headers.get("accept", "").lower()
+    headers = {REASON_HEADER: str(refusal.code)}
+    if "text/event-stream" in accept and "application/json" not in accept and "*/*" not in accept:
+        body = b"".join(b"event: message\ndata: " + json.dumps(e).encode() + b"\n\n"
+                        for e in errors)
+        headers["Content-Type"] = "text/event-stream"
+    else:
+        body = json.dumps(errors if call.batch else errors[0]).encode()
+        headers["Content-Type"] = "application/json"
+    flow.response = http.Response.make(200, body, headers)
+
+
+# ------------------------------------------------------------------------ the response side
+
+def response_headers(rec: FlowRecord, resp: http.Response, sessions: Sessions) -> None:
+    """Bind the session id the upstream hands out to the identity it answered."""
+    state: CallState | None = rec.call
+    if state is None:
+        return
+    sid = resp.headers.get(SESSION_HEADER)
+    if sid is not None:
+        owner = sessions.bind(state.info.host, state.info.port, sid, state.identity)
+        if owner != state.identity:
+            raise Refused(Code.UPSTREAM_ERROR, "the upstream answered with an MCP session id "
+                          "that belongs to another identity")
+
+
+def _filtering(rec: FlowRecord, resp: http.Response) -> CallState | None:
+    state: CallState | None = rec.call
+    if state is None or not state.lists or not 200 <= resp.status_code < 300:
+        return None
+    return state
+
+
+def _sse(resp: http.Response) -> bool:
+    return "text/event-stream" in resp.headers.get("content-type", "").lower()
+
+
+def filter_whole(rec: FlowRecord, resp: http.Response) -> None:
+    """A buffered answer (already scrubbed) with list results: filtered in place."""
+    state = _filtering(rec, resp)
+    if state is None:
+        return
+    body = resp.content or b""
+    if _sse(resp):
+        f = _SseFilter(state)
+        resp.content = b"".join([f.feed(body), f.feed(b"")])
+    else:
+        resp.content = _filter_json(state, body)
+
+
+def wrap_stream(rec: FlowRecord, flow: http.HTTPFlow,
+                stream: Callable[[bytes], bytes | list[bytes]]
+                ) -> Callable[[bytes], bytes | list[bytes]]:
+    """A streamed answer: the scrubber first (it decodes), then the list filter."""
+    resp = flow.response
+    assert resp is not None
+    state = _filtering(rec, resp)
+    if state is None:
+        return stream
+    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+    resp.headers.pop("content-length", None)  # filtering changes the length
+    if flow.request.http_version == "HTTP/1.1" and resp.http_version in ("HTTP/1.0",
+                                                                         "HTTP/1.1"):
+        resp.http_version = "HTTP/1.1"
+        if "chunked" not in resp.headers.get("transfer-encoding", "").lower():
+            resp.headers["transfer-encoding"] = "chunked"
+    flt: _SseFilter | _JsonFilter = _SseFilter(state) if _sse(resp) else _JsonFilter(state)
+
+    def filtered(chunk: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        try:
+            if encoding not in ("", "identity") and "content-encoding" in resp.headers:
+                raise ValueError("an encoded list answer cannot be filtered")
+            for part in _parts(stream(chunk)):
+                piece = flt.feed(part)
+                if piece:
+                    out.append(piece)
+            if not chunk:
+                tail = flt.feed(b"")
+                if tail:
+                    out.append(tail)
+        except ValueError:  # unreadable: nothing more of it reaches the client
+            flt.overflow = True
+        if flt.overflow:
+            if flow.killable:
+                flow.kill()
+            return []
+        return out
+
+    return filtered
+
+
+def _parts(out: bytes | Iterable[bytes]) -> list[bytes]:
+    return [out] if isinstance(out, bytes) else list(out)
+
+
+class _JsonFilter:
+    def __init__(self, state: CallState) -> None:
+        self._state = state
+        self._buf = bytearray()
+        self.overflow = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        if chunk:
+            self._buf += chunk
+            if len(self._buf) > MAX_LIST_BODY:
+                self.overflow = True
+            return b""
+        return _filter_json(self._state, bytes(self._buf)) if not self.overflow else b""
+
+
+_LINE = re.compile(rb"\r\n|\r|\n")
+
+
+class _SseFilter:
+    """Server-sent events, one event at a time; events answering a list call are rewritten."""
+
+    def __init__(self, state: CallState) -> None:
+        self._state = state
+        self._buf = b""
+        self._lines: list[bytes] = []
+        self._size = 0
+        self.overflow = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self.overflow:
+            return b""
+        out: list[bytes] = []
+        self._buf += chunk
+        while True:
+            m = _LINE.search(self._buf)
+            # a trailing CR may be the first half of CRLF: wait for the next chunk
+            if m is None or (m.group() == b"\r" and m.end() == len(self._buf) and chunk):
+                break
+            line, self._buf = self._buf[:m.start()], self._buf[m.end():]
+            if line:
+                self._lines.append(line)
+                self._size += len(line)
+            else:
+                out.append(self._event(self._lines))
+                self._lines, self._size = [], 0
+        if self._size + len(self._buf) > MAX_LIST_BODY:
+            self.overflow = True
+            return b""
+        if not chunk:  # the end: an unfinished event is discarded, as the SSE spec says
+            self._buf, self._lines = b"", []
+        return b"".join(out)
+
+    def _event(self, lines: list[bytes]) -> bytes:
+        data = [ln[5:].removeprefix(b" ") for ln in lines if ln.startswith(b"data:")]
+        if data:
+            new = _filter_doc(self._state, b"\n".join(data))
+            if new is not None:
+                lines = [ln for ln in lines if not ln.startswith(b"data:")]
+                lines.append(b"data: " + new)
+        return b"".join(ln + b"\n" for ln in lines) + b"\n"
+
+
+def _filter_json(state: CallState, body: bytes) -> bytes:
+    new = _filter_doc(state, body)
+    return body if new is None else new
+
+
+def _filter_doc(state: CallState, data: bytes) -> bytes | None:
+    """The JSON text with list results filtered; None when nothing in it answers a list call.
+    A list answer that cannot be read strictly raises (the response is dropped)."""
+    try:
+        doc = loads(data)
+    except CallError:
+        if _answers_list(state, data):
+            raise
+        return None
+    changed = False
+    for msg in doc if isinstance(doc, list) else [doc]:
+        if not isinstance(msg, dict) or "id" not in msg or not isinstance(msg.get("result"),
+                                                                          dict):
+            continue
+        mid = msg["id"]
+        if isinstance(mid, bool) or not isinstance(mid, int | str):
+            continue
+        method = state.lists.get(id_key(mid))
+        if method is None:
+            continue
+        member, key, use = LISTS[method]
+        entries = msg["result"].get(member)
+        if not isinstance(entries, list):
+            continue
+        kept = [e for e in entries if isinstance(e, dict) and isinstance(e.get(key), str)
+                and state.may(use, e[key])]
+        state.removed += len(entries) - len(kept)
+        msg["result"][member] = kept
+        changed = True
+    return json.dumps(doc, ensure_ascii=False).encode() if changed else None
+
+
+def _answers_list(state: CallState, data: bytes) -> bool:
+    """Unreadable text that might still answer a list call (then it is not passed on)."""
+    return bool(state.lists) and b'"result"' in data

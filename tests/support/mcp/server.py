@@ -1,0 +1,73 @@
+"""A GitHub-like MCP server (the official Python SDK, streamable HTTP) for the MCP tests.
+
+Run from the clients' venv (.venv-clients: the SDK needs newer h11/httpx than mitmproxy):
+    python server.py HOST PORT CERT KEY json|sse
+Every tool checks the bearer token Sandgate injects (MCP_EXPECTED_TOKEN); `get_me` reflects the
+Authorization header it received, so the tests can see that Sandgate scrubs it from the result.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+
+EXPECTED = "Bearer " + os.environ["MCP_EXPECTED_TOKEN"]
+server = MCPServer("github-like")
+
+
+def _check(ctx: Context) -> None:
+    got = (ctx.headers or {}).get("authorization")
+    if got != EXPECTED:
+        raise ValueError("bad or missing bearer token")
+
+
+@server.tool()
+def list_issues(repo: str, ctx: Context) -> str:
+    """List the open issues of a repository."""
+    _check(ctx)
+    return f"issues of {repo}: #1, #2"
+
+
+@server.tool()
+def get_issue(repo: str, number: int, ctx: Context) -> str:
+    """One issue."""
+    _check(ctx)
+    return f"{repo}#{number}: it is broken"
+
+
+@server.tool()
+def get_me(ctx: Context) -> str:
+    """Who the token belongs to (reflects the Authorization header: scrubbed by Sandgate)."""
+    _check(ctx)
+    return f"you are octo, authorised with {(ctx.headers or {}).get('authorization')}"
+
+
+@server.tool()
+def create_issue(repo: str, title: str, ctx: Context) -> str:
+    """Open an issue."""
+    _check(ctx)
+    return f"created {repo}#3: {title}"
+
+
+@server.tool()
+def delete_repo(repo: str, ctx: Context) -> str:
+    """Delete a repository (nobody should be allowed this)."""
+    _check(ctx)
+    return f"DELETED {repo}"
+
+
+@server.tool()
+def search_code(query: str, ctx: Context) -> str:
+    """Search code."""
+    _check(ctx)
+    return f"3 hits for {query}"
+
+
+if __name__ == "__main__":
+    host, port, cert, key, mode = sys.argv[1:6]
+    app = server.streamable_http_app(json_response=mode == "json", host="mcp.test")
+    uvicorn.run(app, host=host, port=int(port), ssl_certfile=cert, ssl_keyfile=key,
+                log_level="warning")
