@@ -6,17 +6,16 @@ with the token it got: a reflecting upstream)."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import secrets
-import ssl
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
 from aiohttp import web
+
+from tests.support.aioserve import ThreadedApp
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -44,8 +43,7 @@ class GitHubApp:
     issued: list[Issued] = field(default_factory=list)
     rejected_jwts: int = 0
     served: int = 0
-    _loop: asyncio.AbstractEventLoop | None = None
-    _runner: web.AppRunner | None = None
+    _server: ThreadedApp | None = None
 
     def _live(self, request: web.Request) -> Issued | None:
         auth = request.headers.get("authorization", "")
@@ -96,31 +94,14 @@ class GitHubApp:
         return web.json_response({"token": live.token, "permissions": live.permissions})
 
     def start(self) -> GitHubApp:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(self.cert, self.key)
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            app = web.Application()
-            app.router.add_post("/app/installations/{id}/access_tokens", self._mint)
-            app.router.add_delete("/installation/token", self._revoke)
-            app.router.add_get("/repos/{owner}/{repo}/contents/{path:.*}", self._contents)
-            self._runner = web.AppRunner(app)
-            loop.run_until_complete(self._runner.setup())
-            loop.run_until_complete(
-                web.TCPSite(self._runner, self.host, self.port, ssl_context=ctx).start())
-            ready.set()
-            loop.run_forever()
-
-        threading.Thread(target=run, daemon=True).start()
-        if not ready.wait(10):
-            raise RuntimeError("the GitHub App endpoint did not start")
+        app = web.Application()
+        app.router.add_post("/app/installations/{id}/access_tokens", self._mint)
+        app.router.add_delete("/installation/token", self._revoke)
+        app.router.add_get("/repos/{owner}/{repo}/contents/{path:.*}", self._contents)
+        self._server = ThreadedApp(app, self.host, self.port, self.cert, self.key)
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        if self._loop is None or self._runner is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._server is not None:
+            self._server.stop()
