@@ -56,6 +56,7 @@ REDACTIONS = "redactions"
 ERROR = "error"  # what went wrong upstream or in transport (not a refusal)
 LISTENER = "listener"  # the way in: "http" (the proxy port) or "socks5" (--socks5)
 GATEWAY = "gateway"  # the gateway prefix a request came in under; absent for proxied requests
+INJECTED = "injected"  # how credentials went in beyond headers ("name@v: body json: ...")
 
 # Free-text fields a sandbox can influence (path, Host, reasons quoting them): scrubbed of every
 # cached secret value before an event is written.
@@ -137,6 +138,7 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         ERROR: flow.error.msg if flow.error and not refusal else None,
         LISTENER: listener(flow),
         **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
+        **({INJECTED: rec.injected} if rec.injected else {}),
         **(rec.call.fields() if rec.call is not None else {}),  # JSON-RPC calls
     }
 

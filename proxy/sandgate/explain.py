@@ -11,6 +11,7 @@ from sandgate.decision import judge, shown_outcome
 from sandgate.jsonrpc import Call
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
+from sandgate.secrets.describe import describe
 
 _NO_OVERRIDES: Mapping[str, str] = {}
 
@@ -65,7 +66,16 @@ def explain(policy: Policy, identity: str, method: str, url: str,
                 would.append(f"basic auth: from secret(s) {', '.join(sorted(s))}")
             would += [f"query {n}: from secret(s) {', '.join(sorted(t.secrets))}"
                       for n, t in inj.query]
+        if inj is not None and inj.sign is not None:
+            would.append(f"signature (AWS SigV4): from secret {inj.sign}")
+        if d.rule.substitute_body:
+            would.append("body (JSON string values, form field values): placeholder of "
+                         f"secret(s) {', '.join(sorted(d.rule.substitute))}; refused if one "
+                         "cannot be swapped")
         out["inject"] = would
+        out["credentials"] = {n: describe(policy.secrets[n], d.rule.github_scope)
+                              for n in sorted(d.rule.secrets)
+                              if n in policy.secrets}
         out["placeholders_honoured"] = sorted(d.rule.secrets)
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]

@@ -11,6 +11,8 @@ from mitmproxy import http
 from sandgate.errors import UnsafeValue
 from sandgate.policy.model import Policy, Rule
 from sandgate.scrub import SecretSet
+from sandgate.secrets.body import BodyPlan
+from sandgate.secrets.body import render as render_body
 from sandgate.secrets.forms import basic_auth_form, query_forms
 from sandgate.text import breaks_header
 from sandgate.unwrap import unwrapped_view
@@ -23,7 +25,8 @@ def _checked(name: str, value: str) -> str:
 
 
 def apply(
-    rule: Rule, req: http.Request, values: Mapping[str, str], placeholders: Mapping[str, str]
+    rule: Rule, req: http.Request, values: Mapping[str, str], placeholders: Mapping[str, str],
+    body_plan: BodyPlan | None = None,
 ) -> None:
     """Inject the rule's credentials and swap its bound placeholders for values.
 
@@ -33,6 +36,10 @@ def apply(
     under that name (in any case); they never duplicate it.
     """
     _substitute(rule, req, values, placeholders)
+    if body_plan is not None:
+        # the plan was made from this body when it was judged (stages/s30_body.py)
+        req.content = render_body(req.raw_content or b"", body_plan, values,
+                                  {p: n for n, p in placeholders.items()})
     inj = rule.inject
     if inj is None:
         return

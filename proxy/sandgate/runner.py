@@ -285,6 +285,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     if cfg.sets:
         opts.set(*cfg.sets)
     bundle = upstream_bundle(conf, cfg.upstream_cas)
+    broker.oauth2.use_ca_file(str(bundle) if bundle is not None else None)  # token endpoints
+    broker.github.ssl_ctx = broker.oauth2.ssl_ctx
     socks5.install()  # before the listeners start: the SOCKS5 mode gets Sandgate's layer
     gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
     values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,

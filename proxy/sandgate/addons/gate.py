@@ -32,6 +32,7 @@ from sandgate.stages import (
     s35_call,
     s40_forward,
     s50_inject,
+    s55_sign,
     s60_dial,
     s70_scrub,
     s80_refuse,
@@ -57,6 +58,7 @@ REQUEST_PATH: tuple[Stage, ...] = (
     s35_call.judge,
     s40_forward.prepare_head,
     s50_inject.inject,
+    s55_sign.sign,
     s60_dial.pin,
     s70_scrub.ask_plain,
 )

@@ -14,6 +14,7 @@ from sandgate.netguard import DialTarget
 from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo
+from sandgate.secrets.body import BodyPlan
 
 if TYPE_CHECKING:
     from sandgate.addons.calls import CallState
@@ -90,6 +91,11 @@ class FlowRecord:
     reported: bool = False
     # the gateway prefix the request arrived under (gateway listener), None for proxied ones
     gateway: str | None = None
+    # where the body's placeholders are (a `substitute_body` rule; secrets/body.py), found when
+    # the body is judged and filled with values at injection
+    body_plan: BodyPlan | None = None
+    # how each credential went in, for the audit ("openai@3: body json: 1 value(s)"), no values
+    injected: list[str] = field(default_factory=list)
     # a rule with mcp:/jsonrpc: matched: the call judged and its list answers (addons/calls.py)
     call: CallState | None = None
 

@@ -18,6 +18,7 @@ from typing import Literal
 
 from mitmproxy.utils import human
 
+from sandgate.errors import Refused
 from sandgate.policy import hosts as H
 from sandgate.policy import overlap
 from sandgate.policy import paths as P
@@ -25,10 +26,14 @@ from sandgate.policy.calls import compile_call, compile_test_call
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
+    AwsRef,
     DynamicRef,
+    GitHubAppRef,
+    GitHubScope,
     HostPattern,
     Injection,
     IPNetwork,
+    OAuth2Ref,
     PolicyTest,
     QueryConstraint,
     Rule,
@@ -164,6 +169,12 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
         if kv is None:
             return None
         mount, path, kv_version = kv
+        if spec.oauth2 is not None and spec.field is None:
+            spec = spec.model_copy(update={"field": "client_id"})  # the record's one must-have
+        if spec.aws is not None and spec.field is None:
+            spec = spec.model_copy(update={"field": "secret_access_key"})
+        if spec.github_app is not None and spec.field is None:
+            spec = spec.model_copy(update={"field": "private_key"})
         if spec.field is None:
             report(("secrets", name, "field"), "required key `field` is missing",
                    "name the key inside the secret's data, e.g. `field: api_key`")
@@ -195,6 +206,23 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
                        "write an exact host (api.example.com) or a leading wildcard over a "
                        "registered domain ('*.example.com', quoted in YAML)")
                 ok = False
+    oauth2 = _compile_oauth2(name, spec, kv_version, path, report) if spec.oauth2 else None
+    ok = ok and (spec.oauth2 is None or oauth2 is not None)
+    github_app = _compile_github_app(name, spec, report) if spec.github_app else None
+    aws = None
+    if spec.aws is not None:
+        kinds = [k for k in ("dynamic", "oauth2", "github_app") if getattr(spec, k) is not None]
+        if kinds:
+            report(("secrets", name, "aws"), f"a secret cannot be both `aws` and `{kinds[0]}`",
+                   "declare one kind per secret")
+            ok = False
+        for key in ("region", "service"):
+            if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", getattr(spec.aws, key)):
+                report(("secrets", name, "aws", key), f"{key} {getattr(spec.aws, key)!r} is "
+                       "not a valid AWS name", "e.g. region: eu-west-1, service: s3")
+                ok = False
+        aws = AwsRef(spec.aws.region, spec.aws.service)
+    ok = ok and (spec.github_app is None or github_app is not None)
     budget = None
     if spec.budget is not None:
         from sandgate.policy.limits import compile_budget  # imports this module
@@ -206,7 +234,101 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
     return SecretRef(name=name, mount=mount, path=path.strip("/"), field=field_name,
                      kv_version=kv_version, placeholder=placeholder, source=src,
                      hosts=tuple(hosts) if hosts is not None else None, dynamic=dynamic,
-                     budget=budget)
+                     budget=budget, oauth2=oauth2, github_app=github_app, aws=aws)
+
+
+def _compile_github_app(name: str, spec: SecretSpec, report: Report) -> GitHubAppRef | None:
+    g = spec.github_app
+    assert g is not None
+    loc = ("secrets", name, "github_app")
+    if spec.dynamic is not None or spec.oauth2 is not None:
+        report(loc, "a secret can be only one of `github_app`, `oauth2` and `dynamic`",
+               "keep the app's private key in KV (`vault:`) and declare one kind per secret")
+        return None
+    ok = True
+    for key in ("app_id", "installation_id"):
+        if getattr(g, key) <= 0:
+            report((*loc, key), f"{key} must be a positive number",
+                   "copy it from the app's settings page / the installation's URL")
+            ok = False
+    try:
+        url = parse_url("POST", g.api_url)
+    except Refused as e:
+        report((*loc, "api_url"), f"api_url {g.api_url!r} is not a valid URL: {e.reason}",
+               "write https://api.github.com or your server's https://HOST/api/v3")
+        return None
+    if url.scheme != "https" or "?" in g.api_url:
+        report((*loc, "api_url"), "api_url must be an https URL without a query",
+               "write https://api.github.com or your server's https://HOST/api/v3")
+        ok = False
+    if not ok:
+        return None
+    return GitHubAppRef(app_id=g.app_id, installation_id=g.installation_id,
+                        api_url=g.api_url.rstrip("/"), timeout=g.timeout)
+
+
+_REPO_RE = re.compile(r"(?:[A-Za-z0-9-]{1,39}/)?[A-Za-z0-9._-]{1,100}")
+_PERMISSION_RE = re.compile(r"[a-z][a-z_]{0,63}")
+
+
+def _compile_github_scope(rs: RuleSpec, loc: Loc, rep: Report) -> GitHubScope | None:
+    g = rs.github_app
+    assert g is not None
+    repos: list[str] = []
+    for j, r in enumerate(g.repositories or ()):
+        if not _REPO_RE.fullmatch(r) or r.rsplit("/", 1)[-1] in (".", ".."):
+            rep((*loc, "github_app", "repositories", j), f"{r!r} is not a repository name",
+                "write the repository as name or owner/name, e.g. acme/api")
+            continue
+        repos.append(r.rsplit("/", 1)[-1])
+    perms: list[tuple[str, str]] = []
+    for k, v in (g.permissions or {}).items():
+        if not _PERMISSION_RE.fullmatch(k):
+            rep((*loc, "github_app", "permissions", k), f"{k!r} is not a permission name",
+                "write GitHub's name for it, e.g. contents, pull_requests, issues")
+            continue
+        perms.append((k, v))
+    return GitHubScope(tuple(sorted(set(repos))) if g.repositories is not None else None,
+                       tuple(sorted(perms)) if g.permissions is not None else None)
+
+
+def _compile_oauth2(name: str, spec: SecretSpec, kv_version: int, path: str,
+                    report: Report) -> OAuth2Ref | None:
+    o = spec.oauth2
+    assert o is not None
+    loc = ("secrets", name, "oauth2")
+    ok = True
+    if spec.dynamic is not None:
+        report((*loc,), "a secret cannot be both `oauth2` and `dynamic`",
+               "keep the client credentials in KV v2 (`vault:`) and drop `dynamic`")
+        return None
+    if kv_version != 2:
+        report(("secrets", name, "kv_version"), "an oauth2 secret needs KV version 2",
+               "store the client record in a KV v2 mount: a rotated refresh token is written "
+               "back with check-and-set, which KV v1 cannot do")
+        ok = False
+    if "{{" in path:
+        report(("secrets", name, "vault"), "an oauth2 secret's path cannot use {{ identity }} "
+               "or {{ sandbox }}", "one client record per secret: declare one secret per client")
+        ok = False
+    try:
+        url = parse_url("POST", o.token_url)
+    except Refused as e:
+        report((*loc, "token_url"), f"token_url {o.token_url!r} is not a valid URL: {e.reason}",
+               "write the token endpoint's URL, e.g. https://auth.example.com/oauth/token")
+        return None
+    if url.scheme != "https":
+        report((*loc, "token_url"), "token_url must be https: the client secret and refresh "
+               "token are sent there", "write the endpoint's https:// URL")
+        ok = False
+    if o.scope is not None and (not o.scope.strip() or has_control_chars(o.scope)):
+        report((*loc, "scope"), "scope is empty or holds control characters",
+               "write the scopes separated by spaces, e.g. 'read write', or drop `scope`")
+        ok = False
+    if not ok:
+        return None
+    return OAuth2Ref(token_url=o.token_url, grant=o.grant, scope=o.scope,
+                     client_auth=o.client_auth, timeout=o.timeout)
 
 
 _PATH_FIX = ("write literal path segments plus `{{ identity }}` or `{{ sandbox }}`, e.g. "
@@ -464,6 +586,11 @@ def _compile_rule(
             names.add(hl)
         sub_headers = frozenset(names)
 
+    if rs.substitute_body and not rs.substitute:
+        rep((*loc, "substitute_body"), "substitute_body without substitute does nothing",
+            "name the secrets whose placeholders the body carries in `substitute`, or remove "
+            "substitute_body")
+
     cidrs: list[IPNetwork] = []
     for j, c in enumerate(rs.private_cidrs):
         try:
@@ -561,8 +688,9 @@ def _compile_rule(
         private_cidrs=tuple(cidrs),
         passthrough=rs.passthrough, source=src, query=query, query_optional=query_optional,
         query_absent=query_absent,
-        max_request_bytes=max_bytes, public=rs.public, where=loc, meta=meta,
-        call=call,
+        max_request_bytes=max_bytes, substitute_body=rs.substitute_body,
+        github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
+        public=rs.public, where=loc, meta=meta, call=call,
     )
 
 
@@ -717,7 +845,12 @@ def _compile_inject(rs: RuleSpec, loc: Loc, report: Report, uses: list[SecretUse
         t = _template(text, qloc, report, uses)
         if t is not None:
             query.append((qname, t))
-    return Injection(headers=tuple(headers), basic=basic, query=tuple(query))
+    if spec.sign is not None:
+        uses.append(SecretUse(spec.sign, (*iloc, "sign"), part="sign"))
+        if "authorization" in seen or basic is not None:
+            report((*iloc, "sign"), "`sign` and an Authorization header both set Authorization",
+                   "keep one of them")
+    return Injection(headers=tuple(headers), basic=basic, query=tuple(query), sign=spec.sign)
 
 
 def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,

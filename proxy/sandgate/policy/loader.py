@@ -792,7 +792,17 @@ def _check_uses(part: _FilePart, uses: list[SecretUse], secrets: Mapping[str, ob
                 problems: list[PolicyProblem], refs: Mapping[str, SecretRef]) -> None:
     for use in uses:
         ref = refs.get(use.name)
-        if use.part is not None and ref is not None and (
+        if use.part == "sign" and ref is not None and ref.aws is None:
+            problems.append(part.problem(
+                use.loc, f"`sign` needs an `aws:` secret; {use.name!r} is not one",
+                f"add `aws: {{region: ..., service: ...}}` under secrets.{use.name}, or name "
+                "the aws secret"))
+        elif (use.part != "sign" and ref is not None and ref.aws is not None
+              and use.loc[:1] != ("tests",)):  # a fixture naming it as injected is right
+            problems.append(part.problem(
+                use.loc, f"{use.name!r} is an `aws:` secret: it signs, it is never sent",
+                f"write `inject: {{sign: {use.name}}}` instead"))
+        elif use.part not in (None, "sign") and ref is not None and (
                 ref.dynamic is None or ref.dynamic.username_field is None):
             problems.append(part.problem(
                 use.loc, f"`{{{{ secrets.{use.name}.{use.part} }}}}` needs a dynamic secret "

@@ -50,6 +50,51 @@ def path_variable(name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class OAuth2Ref:
+    """`oauth2:` of a secret: the value is an access token from `token_url` (secrets/oauth2.py);
+    the secret's KV v2 location holds client_id, client_secret (and refresh_token)."""
+
+    token_url: str
+    grant: Literal["client_credentials", "refresh_token"]
+    scope: str | None = None
+    client_auth: Literal["basic", "post"] = "basic"
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AwsRef:
+    """`aws:` of a secret: SigV4 signing credentials (stages/s55_sign.py)."""
+
+    region: str
+    service: str = "s3"
+
+
+@dataclass(frozen=True, slots=True)
+class GitHubAppRef:
+    """`github_app:` of a secret: installation tokens minted with the private key stored at the
+    secret's location (secrets/github_app.py)."""
+
+    app_id: int
+    installation_id: int
+    api_url: str = "https://api.github.com"
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class GitHubScope:
+    """`github_app:` of a rule: the repositories and permissions its tokens are minted with
+    (None: the installation's)."""
+
+    repositories: tuple[str, ...] | None = None  # names, sorted
+    permissions: tuple[tuple[str, str], ...] | None = None  # (name, level), sorted
+
+    def describe(self) -> str:
+        parts = [f"repo={r}" for r in self.repositories or ()]
+        parts += [f"{k}={v}" for k, v in self.permissions or ()]
+        return ", ".join(parts) or "the installation's repositories and permissions"
+
+
+@dataclass(frozen=True, slots=True)
 class SecretBudget:
     """`budget:` of a secret: at most `calls` injections per window of `per` seconds."""
 
@@ -80,6 +125,9 @@ class SecretRef:
     # minted per sandbox with a lease instead of read from KV (then mount/path/field are unused)
     dynamic: DynamicRef | None = None
     budget: SecretBudget | None = None  # call budget per window (sandgate.limits)
+    oauth2: OAuth2Ref | None = None  # an OAuth 2.0 access token minted from the KV record
+    github_app: GitHubAppRef | None = None  # a GitHub App installation token
+    aws: AwsRef | None = None  # SigV4 signing credentials (only for `inject: {sign: NAME}`)
 
     @property
     def location(self) -> str:
@@ -137,10 +185,11 @@ class Injection:
     headers: tuple[tuple[str, Template], ...] = ()  # header names lower-cased
     basic: tuple[Template, Template] | None = None  # (user, password) -> Authorization: Basic
     query: tuple[tuple[str, Template], ...] = ()
+    sign: str | None = None  # an `aws:` secret: the request is signed with SigV4
 
     @property
     def secrets(self) -> frozenset[str]:
-        out: set[str] = set()
+        out: set[str] = {self.sign} if self.sign else set()
         for _, t in self.headers:
             out |= t.secrets
         for _, t in self.query:
@@ -286,6 +335,10 @@ class Rule:
     query_optional: QueryConstraint = ()  # may be missing; when given, one of these values
     query_absent: frozenset[str] = frozenset()  # must be missing, in any letter case
     max_request_bytes: int | None = None  # the rule's own request body limit (413 above it)
+    # `substitute_body: true`: `substitute` placeholders are swapped in JSON/form body values too
+    # (sandgate.secrets.body)
+    substitute_body: bool = False
+    github_scope: GitHubScope | None = None  # `github_app:` restrictions of its tokens
     public: bool = False  # `public: true`: hosts is (ANY_PUBLIC_HOST,)
     # where the rule is written inside source.file, e.g. ("identities", "a", "rules", 2) or
     # ("templates", "git", 0): for tools that point at one of its fields (lint)

@@ -74,9 +74,19 @@ def _secret_text(policy: Policy, name: str, r: Rule) -> str:
     ref = policy.secrets.get(name)
     how = "substituted" if name in r.substitute and not (
         r.inject and name in r.inject.secrets) else "injected"
+    if how == "substituted" and r.substitute_body:
+        how = "substituted in headers and body"
     if ref is None:
         return name
-    where = ref.location + (f"#{ref.field}" if ref.dynamic is None else "")
+    where = ref.location + (f"#{ref.field}" if ref.dynamic is None and ref.oauth2 is None
+                            else "")
+    if ref.oauth2 is not None:
+        where = f"oauth2 {ref.oauth2.grant} from {ref.oauth2.token_url}, client record {where}"
+    if ref.github_app is not None:
+        what = r.github_scope.describe() if r.github_scope is not None else "installation's"
+        how = f"gh-app({what}), installation {ref.github_app.installation_id}"
+    if ref.aws is not None:
+        how = f"signs: aws sigv4 {ref.aws.service} {ref.aws.region}"
     only = f", only to {', '.join(p.text for p in ref.hosts)}" if ref.hosts else ""
     return f"{name} ({how}; {where}{only})"
 

@@ -27,6 +27,61 @@ class DynamicSpec(_Strict):
     username_field: str | None = Field(
         default=None, description="The key of the user name it was minted with (e.g. "
         "username), for `{{ secrets.NAME.username }}` in templates.")
+class OAuth2Spec(_Strict):
+    """An OAuth 2.0 access token Sandgate obtains itself (docs/credentials.md). The secret's
+    `vault:` path (KV v2) holds `client_id`, `client_secret` and, for the refresh-token grant,
+    `refresh_token`; a rotated refresh token is written back there (check-and-set)."""
+
+    token_url: str = Field(description="The token endpoint, https only. Sandgate dials it "
+                           "itself, under the same rules and address checks as any request of "
+                           "the calling identity: one of its rules must allow POST to it.")
+    grant: Literal["client_credentials", "refresh_token"] = Field(
+        description="client_credentials, or refresh_token (the refresh token read from Vault).")
+    scope: str | None = Field(default=None, description="The `scope` asked for, if any.")
+    client_auth: Literal["basic", "post"] = Field(
+        default="basic", description="How the client authenticates: HTTP Basic "
+        "(client_secret_basic, the default) or form fields (client_secret_post).")
+    timeout: float = Field(default=10.0, gt=0, le=60, description="Seconds the token request "
+                           "may take in all; past it: 503 secret_unavailable.")
+
+
+class GitHubAppSpec(_Strict):
+    """A GitHub App installation token Sandgate mints itself (docs/credentials.md). The
+    secret's `vault:` path holds the app's private key (PEM) under `field` (default
+    private_key)."""
+
+    app_id: int = Field(description="The GitHub App's id (the JWT's issuer).")
+    installation_id: int = Field(description="The installation the tokens are minted for.")
+    api_url: str = Field(default="https://api.github.com", description="GitHub's API (https), "
+                         "e.g. https://github.example.com/api/v3 for GitHub Enterprise Server. "
+                         "Sandgate POSTs to {api_url}/app/installations/{id}/access_tokens: "
+                         "the calling identity's rules must allow it.")
+    timeout: float = Field(default=10.0, gt=0, le=60,
+                           description="Seconds a mint or revocation may take in all.")
+
+
+class GitHubTokenSpec(_Strict):
+    """`github_app:` of a rule: what the installation token it injects may do (narrower per
+    identity: a bash tool gets contents: read on one repository)."""
+
+    repositories: list[str] | None = Field(
+        default=None, min_length=1, description="The repositories the token is restricted to "
+        "(name, or owner/name within the installation's account). Default: the installation's.")
+    permissions: dict[str, Literal["read", "write", "admin"]] | None = Field(
+        default=None, min_length=1, description="The permissions the token gets, e.g. "
+        "{contents: read, pull_requests: write}. Default: the installation's.")
+
+
+class AwsSpec(_Strict):
+    """AWS credentials for SigV4 signing by Sandgate (a rule's `inject: {sign: NAME}`). The
+    secret's `vault:` path holds access_key_id, secret_access_key and, for temporary
+    credentials, session_token."""
+
+    region: str = Field(description="The region requests are signed for, e.g. eu-west-1.")
+    service: str = Field(default="s3", description="The signing name of the service, e.g. "
+                         "s3, sqs, dynamodb, execute-api.")
+
+
 class BudgetSpec(_Strict):
     """A call budget for an expensive credential, counted per Sandgate process."""
 
@@ -68,6 +123,19 @@ class SecretSpec(_Strict):
         default=None, description="Minted per sandbox with a lease (database/creds/ROLE...), "
         "renewed while the sandbox lives and revoked when it ends.")
     kv_version: Literal[1, 2] = Field(default=2, description="KV engine version (mount form).")
+    aws: AwsSpec | None = Field(
+        default=None, description="AWS credentials (access_key_id, secret_access_key, "
+        "session_token) at the `vault:` path, used only to sign requests (`inject: {sign: "
+        "NAME}`); `field` is not needed.")
+    github_app: GitHubAppSpec | None = Field(
+        default=None, description="The value is a GitHub App installation token Sandgate "
+        "mints with the app's private key read from the `vault:` path (field private_key), "
+        "per sandbox and per rule's `github_app:` restrictions, cached until near expiry and "
+        "revoked when the sandbox ends.")
+    oauth2: OAuth2Spec | None = Field(
+        default=None, description="The value is an OAuth 2.0 access token Sandgate obtains "
+        "from `token_url` with the client credentials read from the `vault:` path (KV v2), "
+        "cached until shortly before it expires. `field` is not needed.")
     placeholder: str | None = Field(
         default=None,
         description="Text a sandbox may hold instead of the value; default "
@@ -96,6 +164,12 @@ class InjectSpec(_Strict):
     headers: dict[str, str] = Field(default_factory=dict)
     basic: BasicSpec | None = None
     query: dict[str, str] = Field(default_factory=dict)
+    sign: str | None = Field(
+        default=None, description="An `aws:` secret: Sandgate signs the request with AWS "
+        "SigV4 (after removing the client's Authorization and X-Amz-Date / "
+        "X-Amz-Content-SHA256 / X-Amz-Security-Token headers); the payload is sent as "
+        "UNSIGNED-PAYLOAD for s3 and hashed for other services; streaming (aws-chunked) "
+        "payloads are refused.")
 
 
 class JsonRpcSpec(_Strict):
@@ -182,6 +256,18 @@ class RuleSpec(_Strict):
         "Default: authorization, x-api-key, api-key (where the official SDKs carry keys). A "
         "placeholder anywhere else is sent as it is, so an upstream that reflects a request "
         "header never sees (or echoes) the value.",
+    )
+    github_app: GitHubTokenSpec | None = Field(
+        default=None, description="Restricts the GitHub App installation tokens this rule "
+        "injects to `repositories` and `permissions`.")
+    substitute_body: bool = Field(
+        default=False,
+        description="Also swap the `substitute` placeholders inside the request body: inside "
+        "string values of a JSON body (application/json, */*+json) and field values of a form "
+        "body (application/x-www-form-urlencoded), the whole value or part of it. The body is "
+        "parsed (at most 1 MiB), not string-replaced. A placeholder anywhere else in the body "
+        "(an object key, a field name, another body type, a compressed or unparsable body) is "
+        "refused (exfiltration), never forwarded unresolved.",
     )
     private_cidrs: list[str] = Field(
         default_factory=list, description="Non-public ranges this rule may dial."

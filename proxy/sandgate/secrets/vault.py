@@ -32,10 +32,13 @@ import requests
 
 from sandgate.errors import SecretError
 from sandgate.identity.base import Caller
-from sandgate.policy.model import SecretRef
+from sandgate.policy.model import GitHubScope, SecretRef
+from sandgate.secrets.github_app import GitHubApps
 from sandgate.secrets.leases import LeaseManager
+from sandgate.secrets.oauth2 import OAuth2Tokens
 from sandgate.secrets.scope import GLOBAL, Scope, scope_of
 from sandgate.secrets.scope import resolve as resolve_path
+from sandgate.secrets.tokenhttp import Dial
 from sandgate.text import breaks_header
 
 log = logging.getLogger("sandgate.vault")
@@ -49,6 +52,9 @@ class SecretValue:
     version: int | None = None
     username: str | None = field(default=None, repr=False)  # a dynamic secret's user name
     lease_id: str | None = None  # a dynamic secret's lease (not a credential)
+    note: str | None = None  # how a minted value was obtained, for the audit (never a value)
+    # further parts of a multi-part credential (an aws secret's session_token)
+    extra: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -235,12 +241,15 @@ class SecretBroker:
         self.observer: BrokerObserver | None = None
         self._health: tuple[float, str | None] | None = None  # (checked at, problem) for check()
         self._health_task: asyncio.Task[str | None] | None = None
+        self.oauth2 = OAuth2Tokens(self._read_record, self._write_record, self._clock)
+        self.github = GitHubApps(self._read_record, self._clock)
 
     @property
     def generation(self) -> int:
         """Bumped whenever a cached value (KV or lease) appears, changes or goes: consumers that
         compile the values (the scrubber's automaton) rebuild only then."""
-        return self._kv_generation + self.leases.generation + self.retired.generation
+        return (self._kv_generation + self.leases.generation + self.retired.generation
+                + self.oauth2.generation + self.github.generation)
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -395,6 +404,7 @@ class SecretBroker:
     def _forget_sandbox(self, sandbox: str) -> None:
         """Its per-sandbox KV values leave the cache (and the scrubbing set): a fleet running
         for months must not keep every sandbox it ever served. Back, it reads them again."""
+        self.github.end_sandbox(sandbox)  # revoked with GitHub, in the background
         gone = [k for k, e in self._cache.items() if e.scope.sandbox == sandbox]
         for k in gone:
             self._retire(self._cache.pop(k))
@@ -486,8 +496,11 @@ class SecretBroker:
         and the retired values (rotated, forgotten, revoked: `sandgate.secrets.retired`). For
         response scrubbing and exfiltration checks."""
         pairs = [(ck[0], e.value.value) for ck, e in self._cache.items()]
+        pairs += [(ck[0], v) for ck, e in self._cache.items() for _, v in e.value.extra]
         pairs += [(name, value) for _, name, value, _ in self.leases.values()]
         pairs += self.retired.pairs()
+        pairs += self.oauth2.values()
+        pairs += self.github.values()
         return pairs
 
     def value_views(self) -> list[dict[str, str]]:
@@ -507,13 +520,31 @@ class SecretBroker:
                           if view_scope.covers(scope)})
         return views
 
-    async def get(self, name: str, caller: Caller | None = None) -> SecretValue:
+    async def get(self, name: str, caller: Caller | None = None,
+                  dial: Dial | None = None, narrow: GitHubScope | None = None) -> SecretValue:
         """The value of secret `name` for `caller` (None: a caller with neither identity nor
         sandbox, enough for shared secrets). Raises SecretError, or SandboxRequired when the
-        secret is per sandbox and the caller has no (usable) sandbox id."""
+        secret is per sandbox and the caller has no (usable) sandbox id. An oauth2 secret needs
+        `dial`: how this caller may reach the token endpoint; a github_app secret is minted
+        with the allowing rule's restrictions, `narrow`."""
         ref = self._refs.get(name)
         if ref is None:
             raise SecretError(name, f"secret '{name}' is not defined in the policy")
+        if ref.oauth2 is not None:
+            if dial is None:
+                raise SecretError(name, f"secret '{name}' unavailable: its token endpoint "
+                                  "cannot be reached from here")
+            tok = await self.oauth2.get(ref, dial)
+            return SecretValue(name=name, value=tok.value, version=tok.version, note=tok.note)
+        if ref.github_app is not None:
+            if dial is None:
+                raise SecretError(name, f"secret '{name}' unavailable: GitHub cannot be "
+                                  "reached from here")
+            sandbox = caller.sandbox if caller is not None else None
+            if sandbox is not None and caller is not None and caller.source == "token":
+                self.leases.note_token(sandbox, caller.expires)  # its tokens end with it
+            m = await self.github.get(ref, sandbox, narrow, dial)
+            return SecretValue(name=name, value=m.value, version=m.version, note=m.note)
         identity = caller.identity if caller is not None else None
         sandbox = caller.sandbox if caller is not None else None
         path = resolve_path(ref, identity, sandbox)
@@ -588,6 +619,11 @@ class SecretBroker:
             raise
         self._observe_fetch(name, "ok")
         sv = SecretValue(name=name, value=value, version=version)
+        if ref.aws is not None:  # the key id signs in the clear; the session token is secret
+            akid, tok = data.get("access_key_id"), data.get("session_token")
+            sv = dataclasses.replace(
+                sv, username=check_value(name, akid) if akid is not None else None,
+                extra=(("session_token", check_value(name, tok)),) if tok is not None else ())
         current = self._refs.get(name)
         if current is not None and _ref_key(current) == _ref_key(ref):
             ck = (name, _ref_key(ref, path))
@@ -608,6 +644,27 @@ class SecretBroker:
                 self.observer.secret_fetch(name, outcome)
             except Exception:
                 log.exception("secret broker observer failed")
+
+    async def _read_record(self, ref: SecretRef) -> tuple[Any, int | None]:
+        """An oauth2 secret's client record (KV v2), errors as SecretError."""
+        try:
+            if not self._logged_in:
+                await self._login()
+            return await self._read(ref)
+        except _VaultFailure as f:
+            self._observe_fetch(ref.name, f.kind)
+            msg = f"secret '{ref.name}' unavailable: {f.detail} (reading {_where(ref)})"
+            log.warning("%s [vault %s]", msg, self.config.addr)
+            raise SecretError(ref.name, msg) from None
+
+    async def _write_record(self, ref: SecretRef, data: dict[str, Any], version: int) -> None:
+        """Write an oauth2 client record back, only over `version` (KV v2 check-and-set)."""
+        client = self._client
+        try:
+            await self._call(lambda: client.secrets.kv.v2.create_or_update_secret(
+                path=ref.path, secret=data, cas=version, mount_point=ref.mount))
+        except _VaultFailure as f:
+            raise SecretError(ref.name, f"writing {_where(ref)} failed: {f.kind}") from None
 
     async def _read(self, ref: SecretRef) -> tuple[Any, int | None]:
         """One read at `ref`'s (resolved) location."""
@@ -639,6 +696,10 @@ class SecretBroker:
             await self.leases.shutdown(revoke_timeout)
         except Exception:
             log.exception("sandgate: revoking leases at shutdown failed")
+        try:
+            await asyncio.wait_for(self.github.aclose(), revoke_timeout)
+        except Exception:
+            log.exception("sandgate: revoking installation tokens at shutdown failed")
         self._closed = True
         tasks = [t for t in (self._renew_task, self._login_task, self._health_task,
                              *self._inflight.values())

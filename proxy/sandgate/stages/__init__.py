@@ -8,6 +8,7 @@
     s35_call.py       judge the call: JSON-RPC / MCP messages against mcp:/jsonrpc: rules
     s40_forward.py    the head the upstream receives is the one judged (before injection)
     s50_inject.py     the rule's credentials, from Vault at request time
+    s55_sign.py       AWS SigV4: Sandgate signs the request (`inject: {sign: NAME}`)
     s60_dial.py       resolve once, pin the checked address; server_connect dials only that
     s70_scrub.py      ask for plain bytes; scrub the response head, body, trailers, WebSocket;
                       MCP session ids bound, list answers filtered (addons/calls.py)

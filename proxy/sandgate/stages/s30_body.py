@@ -15,6 +15,8 @@ from sandgate.addons.state import FlowRecord
 from sandgate.errors import Code, Refused
 from sandgate.inject import Leak, find_leaks
 from sandgate.policy.model import Rule
+from sandgate.secrets.body import BodyPlan, Unresolved
+from sandgate.secrets.body import plan as plan_body
 from sandgate.stages.context import GateState, allowing_rule
 from sandgate.stages.s20_head import body_limit, check_size, check_wire
 
@@ -32,6 +34,21 @@ async def check(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     if leaks:
         rec.exfiltration = leak_names(leaks)
         raise exfiltration(leaks, rule)
+    if rule is not None and rule.substitute_body:
+        rec.body_plan = body_plan(req, body, rule, rec)
+
+
+def body_plan(req: http.Request, body: bytes, rule: Rule, rec: FlowRecord) -> BodyPlan | None:
+    """Where a `substitute_body` rule's placeholders are in the body (before any Vault read);
+    an unresolved one refuses the request (secrets/body.py)."""
+    mine = {p: n for p, n in rec.placeholders.items() if n in rule.substitute}
+    try:
+        return plan_body(body, req.headers.get("content-type"),
+                         req.headers.get("content-encoding", "identity").strip().lower()
+                         not in ("", "identity"), mine)
+    except Unresolved as e:
+        rec.exfiltration = sorted(f"{n}:placeholder:body" for n in e.names)
+        raise
 
 
 def leak_names(leaks: list[Leak]) -> list[str]:

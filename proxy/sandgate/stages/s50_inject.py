@@ -12,10 +12,39 @@ from mitmproxy import ctx, http
 
 from sandgate.addons.flowsecrets import owned
 from sandgate.addons.state import FlowRecord
-from sandgate.decision import require_sandbox
-from sandgate.errors import Code, Refused
+from sandgate.decision import decide, require_sandbox
+from sandgate.errors import Code, Refused, SecretError
 from sandgate.inject import apply
+from sandgate.netguard import choose_address, resolve
+from sandgate.policy.model import Policy
+from sandgate.request import parse_url
+from sandgate.secrets.tokenhttp import Dial
 from sandgate.stages.context import GateState, allowing_rule
+
+
+def token_dial(st: GateState, policy: Policy, identity: str, name: str) -> Dial:
+    """How `identity` may reach a token endpoint (an oauth2 secret): as any of its requests
+    would, judged by its rules (POST to the endpoint must be allowed) and the address checks
+    (the rule's private_cidrs, never the proxy itself). Refused: 503 secret_unavailable."""
+
+    async def dial(url: str) -> tuple[str, int]:
+        try:
+            info = parse_url("POST", url)
+            d = decide(policy, identity, info)
+            if not d.allowed or d.rule is None:
+                raise SecretError(name, f"secret '{name}' unavailable: the rules of identity "
+                                  f"'{identity}' do not allow POST {url} ({d.code})")
+            ips = await resolve(info.host, info.port, st.cfg.resolve_overrides)
+            target = choose_address(info.host, info.port, ips, d.rule.private_cidrs,
+                                    st.cfg.self_addresses, d.rule.public)
+        except SecretError:
+            raise
+        except Refused as e:
+            raise SecretError(name, f"secret '{name}' unavailable: token endpoint refused "
+                              f"({e.code}: {e.reason})") from None
+        return str(target.ip), target.port
+
+    return dial
 
 
 async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
@@ -35,8 +64,12 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     values: dict[str, str] = {}
     versions: list[str] = []
     for name in sorted(rule.secrets):
-        sv = await st.cfg.broker.get(name, caller)
+        sv = await st.cfg.broker.get(name, caller, token_dial(st, policy, caller.identity, name),
+                                     rule.github_scope)
         values[name] = sv.value
+        if sv.note is not None:
+            rec.injected.append(f"{name}@{sv.version}: {sv.note}" if sv.version else
+                                f"{name}: {sv.note}")
         if sv.username is not None:
             values[f"{name}.username"] = sv.username
         versions.append(f"{name}@{sv.version}" if sv.version else name)
@@ -44,4 +77,9 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     st.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
     rec.secrets += versions
     rec.owned = owned(policy, values, rule.secrets)  # always scrubbed from its response
-    apply(rule, flow.request, values, {n: policy.secrets[n].placeholder for n in rule.secrets})
+    plan = rec.body_plan
+    if plan is not None:
+        rec.injected += [f"{v}: {plan.describe()}" for v in versions
+                         if v.partition("@")[0] in plan.secrets]
+    apply(rule, flow.request, values, {n: policy.secrets[n].placeholder for n in rule.secrets},
+          plan)

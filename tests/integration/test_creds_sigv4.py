@@ -1,0 +1,150 @@
+"""AWS SigV4 signed by Sandgate, through a real `sandgate run`, against moto's server with
+authentication enforced (every signature checked against the access key moto's IAM holds), and
+the official SDK (boto3) in the sandbox holding only a placeholder key."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from tests.integration.conftest import Proxy, curl, split_status, start_proxy, stop_proxy
+from tests.support.bao import SeedableVault
+from tests.support.pki import make_pki
+from tests.support.secrets import assert_no_secret
+
+pytestmark = pytest.mark.integration
+
+AWS_IP = "127.0.51.6"  # helper 11's loopback range
+HOST, UNSIGNED_HOST = "s3.creds.test", "s3-nosign.creds.test"
+BADSIG_HOST = "s3-badsig.creds.test"  # signed with the right key id and a wrong secret key
+ROOT = Path(__file__).parents[2]
+
+POLICY = f"""version: v1
+secrets:
+  aws: {{vault: secret/data/creds/aws, aws: {{region: us-east-1, service: s3}}}}
+  aws-wrong: {{vault: secret/data/creds/aws-wrong, aws: {{region: us-east-1, service: s3}}}}
+identities:
+  agent:
+    rules:
+      - name: s3
+        hosts: [{HOST}]
+        private_cidrs: [{AWS_IP}/32]
+        inject: {{sign: aws}}
+      - name: s3-wrong-key
+        hosts: [{BADSIG_HOST}]
+        private_cidrs: [{AWS_IP}/32]
+        inject: {{sign: aws-wrong}}
+      - name: s3-not-signed
+        hosts: [{UNSIGNED_HOST}]
+        private_cidrs: [{AWS_IP}/32]
+"""
+
+
+@dataclass
+class Stack:
+    proxy: Proxy
+    keys: dict[str, str]
+
+    def s3(self, host: str = HOST, key_id: str = "sandgate-placeholder-aws"):
+        """The sandbox's SDK: a placeholder key, nothing else."""
+        url = f"http://agent:{self.proxy.token('agent')}@{self.proxy.host}:{self.proxy.port}"
+        return boto3.client(
+            "s3", endpoint_url=f"https://{host}", region_name="us-east-1",
+            aws_access_key_id=key_id,
+            aws_secret_access_key="sandgate-placeholder-aws-secret",
+            verify=str(self.proxy.ca),
+            config=Config(proxies={"https": url}, s3={"addressing_style": "path"},
+                          request_checksum_calculation="when_required",
+                          retries={"max_attempts": 1}))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("creds-sigv4")
+    pki = make_pki(tmp / "pki", [HOST, UNSIGNED_HOST, BADSIG_HOST])
+    out = tmp / "keys.json"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.moto_s3", AWS_IP, "443", str(pki.cert),
+         str(pki.key), str(out)], cwd=ROOT,
+        env={**os.environ, "MOTO_S3_CUSTOM_ENDPOINTS": ",".join(
+            f"https://{h}" for h in (HOST, UNSIGNED_HOST, BADSIG_HOST))},
+        stdout=(tmp / "moto.log").open("wb"),
+        stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not out.exists() or not out.read_text():
+        if time.monotonic() > deadline or server.poll() is not None:
+            raise RuntimeError((tmp / "moto.log").read_text()[-3000:])
+        time.sleep(0.2)
+    keys = json.loads(out.read_text())
+    vault = SeedableVault()
+    vault.start()
+    vault.put_kv2("creds/aws", keys)
+    vault.put_kv2("creds/aws-wrong", {"access_key_id": keys["access_key_id"],
+                                      "secret_access_key": "test-WRONG-secret-key-0000"})
+    (tmp / "policies").mkdir()
+    (tmp / "policies" / "aws.yaml").write_text(POLICY)
+    proxy = start_proxy(tmp, tmp / "policies", {"VAULT_ADDR": vault.addr,
+                                                "VAULT_TOKEN": vault.root_token}, pki,
+                        *(f"--resolve={h}={AWS_IP}" for h in (HOST, UNSIGNED_HOST, BADSIG_HOST)))
+    time.sleep(1)  # moto's server binds after writing the keys
+    try:
+        yield Stack(proxy, keys)
+    finally:
+        stop_proxy(proxy)
+        server.terminate()
+        server.wait(10)
+        logs = proxy.logs() + (proxy.audit_file.read_text() if proxy.audit_file.exists() else "")
+        vault.stop()
+        assert_no_secret([logs], [keys["secret_access_key"]], "the proxy's logs or audit")
+
+
+def test_sdk_with_a_placeholder_works_because_sandgate_signs(stack):
+    s3 = stack.s3()
+    s3.create_bucket(Bucket="sandgate-test")
+    s3.put_object(Bucket="sandgate-test", Key="hello.txt", Body=b"hello from the sandbox",
+                  Metadata={"owner": "agent"})
+    got = s3.get_object(Bucket="sandgate-test", Key="hello.txt")
+    assert got["Body"].read() == b"hello from the sandbox"
+    assert got["Metadata"] == {"owner": "agent"}  # an X-Amz-Meta header, signed as sent
+    ev = stack.proxy.wait_audit(lambda e: e.get("rule") == "s3" and e.get("injected"))
+    assert ev["injected"] == ["aws@1: aws sigv4 s3 us-east-1"]
+
+
+def test_without_sandgate_signing_moto_refuses_the_placeholder(stack):
+    with pytest.raises(ClientError) as ei:
+        stack.s3(UNSIGNED_HOST, "test-sandbox-has-no-key").list_buckets()
+    assert ei.value.response["Error"]["Code"] == "InvalidAccessKeyId"  # moto's, not ours
+
+
+def test_moto_checks_the_signature_itself(stack):
+    with pytest.raises(ClientError) as ei:
+        stack.s3(BADSIG_HOST, "test-sandbox-has-no-key").list_buckets()
+    assert ei.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+
+
+def test_another_secrets_placeholder_is_exfiltration(stack):
+    with pytest.raises(ClientError) as ei:  # the `aws` placeholder on the aws-wrong rule
+        stack.s3(BADSIG_HOST).list_buckets()
+    assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    ev = stack.proxy.wait_audit(lambda e: e.get("code") == "exfiltration")
+    assert ev["rule"] == "s3-wrong-key" and ev["exfiltration"] == ["aws:placeholder:header"]
+
+
+def test_streaming_signed_payload_refused(stack):
+    r = curl(stack.proxy, "agent", f"https://{HOST}/sandgate-test/x", "-X", "PUT",
+             "-H", "x-amz-content-sha256: STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+             "--data-binary", "abc")
+    body, status = split_status(r.stdout)
+    assert status == 400
+    assert "streaming signed payloads" in json.loads(body)["reason"]
