@@ -11,7 +11,8 @@ from sandgate.decision import judge, shown_outcome
 from sandgate.jsonrpc import Call
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
-from sandgate.secrets.describe import describe
+from sandgate.request import parse_url
+from sandgate.secrets.describe import describe, sign_text
 
 _NO_OVERRIDES: Mapping[str, str] = {}
 
@@ -67,7 +68,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
             would += [f"query {n}: from secret(s) {', '.join(sorted(t.secrets))}"
                       for n, t in inj.query]
         if inj is not None and inj.sign is not None:
-            would.append(f"signature (AWS SigV4): from secret {inj.sign}")
+            would.append(sign_text(policy, inj.sign, parse_url(method, url).host))
         if d.rule.substitute_body:
             would.append("body (JSON string values, form field values): placeholder of "
                          f"secret(s) {', '.join(sorted(d.rule.substitute))}; refused if one "

@@ -28,12 +28,17 @@ pytestmark = pytest.mark.integration
 AWS_IP = "127.0.51.6"  # helper 11's loopback range
 HOST, UNSIGNED_HOST = "s3.creds.test", "s3-nosign.creds.test"
 BADSIG_HOST = "s3-badsig.creds.test"  # signed with the right key id and a wrong secret key
+RULE_SCOPE_HOST = "s3-eu.creds.test"  # the rule names service and region
+AWS_SHAPED_HOST = "s3.eu-west-2.amazonaws.com"  # pinned to moto: the host gives the scope
+NO_SCOPE_HOST = "storage.creds.test"  # same rule as AWS_SHAPED_HOST; gives no scope: 503
+HOSTS = (HOST, UNSIGNED_HOST, BADSIG_HOST, RULE_SCOPE_HOST, AWS_SHAPED_HOST, NO_SCOPE_HOST)
 ROOT = Path(__file__).parents[2]
 
 POLICY = f"""version: v1
 secrets:
   aws: {{vault: secret/data/creds/aws, aws: {{region: us-east-1, service: s3}}}}
   aws-wrong: {{vault: secret/data/creds/aws-wrong, aws: {{region: us-east-1, service: s3}}}}
+  scopeless: {{vault: secret/data/creds/aws, aws: {{}}}}
 identities:
   agent:
     rules:
@@ -48,6 +53,14 @@ identities:
       - name: s3-not-signed
         hosts: [{UNSIGNED_HOST}]
         private_cidrs: [{AWS_IP}/32]
+      - name: s3-rule-scope
+        hosts: [{RULE_SCOPE_HOST}]
+        private_cidrs: [{AWS_IP}/32]
+        inject: {{sign: {{secret: scopeless, service: s3, region: eu-west-1}}}}
+      - name: s3-host-scope
+        hosts: [{AWS_SHAPED_HOST}, {NO_SCOPE_HOST}]
+        private_cidrs: [{AWS_IP}/32]
+        inject: {{sign: scopeless}}
 """
 
 
@@ -72,13 +85,13 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("creds-sigv4")
-    pki = make_pki(tmp / "pki", [HOST, UNSIGNED_HOST, BADSIG_HOST])
+    pki = make_pki(tmp / "pki", list(HOSTS))
     out = tmp / "keys.json"
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.support.moto_s3", AWS_IP, "443", str(pki.cert),
          str(pki.key), str(out)], cwd=ROOT,
         env={**os.environ, "MOTO_S3_CUSTOM_ENDPOINTS": ",".join(
-            f"https://{h}" for h in (HOST, UNSIGNED_HOST, BADSIG_HOST))},
+            f"https://{h}" for h in HOSTS)},
         stdout=(tmp / "moto.log").open("wb"),
         stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -96,7 +109,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     (tmp / "policies" / "aws.yaml").write_text(POLICY)
     proxy = start_proxy(tmp, tmp / "policies", {"VAULT_ADDR": vault.addr,
                                                 "VAULT_TOKEN": vault.root_token}, pki,
-                        *(f"--resolve={h}={AWS_IP}" for h in (HOST, UNSIGNED_HOST, BADSIG_HOST)))
+                        *(f"--resolve={h}={AWS_IP}" for h in HOSTS))
     time.sleep(1)  # moto's server binds after writing the keys
     try:
         yield Stack(proxy, keys)
@@ -148,3 +161,29 @@ def test_streaming_signed_payload_refused(stack):
     body, status = split_status(r.stdout)
     assert status == 400
     assert "streaming signed payloads" in json.loads(body)["reason"]
+
+
+def test_rule_names_service_and_region(stack):
+    """The secret names neither; the rule's `sign: {service, region}` is what is signed for
+    (moto checks the signature over that credential scope)."""
+    assert "Buckets" in stack.s3(RULE_SCOPE_HOST, "sandgate-placeholder-scopeless").list_buckets()
+    ev = stack.proxy.wait_audit(lambda e: e.get("rule") == "s3-rule-scope"
+                                and e.get("injected"))
+    assert ev["injected"] == ["scopeless@1: aws sigv4 s3 eu-west-1"]
+
+
+def test_aws_endpoint_host_gives_service_and_region(stack):
+    assert "Buckets" in stack.s3(AWS_SHAPED_HOST, "sandgate-placeholder-scopeless").list_buckets()
+    ev = stack.proxy.wait_audit(lambda e: e.get("rule") == "s3-host-scope"
+                                and e.get("injected"))
+    assert ev["injected"] == ["scopeless@1: aws sigv4 s3 eu-west-2"]
+
+
+def test_host_without_scope_is_refused_not_forwarded_unsigned(stack):
+    r = curl(stack.proxy, "agent", f"https://{NO_SCOPE_HOST}/")
+    body, status = split_status(r.stdout)
+    assert status == 503
+    assert json.loads(body)["code"] == "secret_unavailable"
+    ev = stack.proxy.wait_audit(lambda e: e.get("rule") == "s3-host-scope"
+                                and e.get("code") == "secret_unavailable")
+    assert not ev.get("injected")

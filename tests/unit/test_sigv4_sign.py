@@ -12,12 +12,11 @@ from botocore.credentials import Credentials
 from mitmproxy.test import tutils
 
 from sandgate.errors import BadRequest
-from sandgate.policy.model import AwsRef
 from sandgate.secrets.sigv4 import sign
 
 pytestmark = pytest.mark.unit
 
-AWS = AwsRef("eu-west-1", "s3")
+AWS = ("s3", "eu-west-1")  # (service, region)
 URL = "https://s3.example.com/bucket/key?x=1"
 
 
@@ -32,7 +31,7 @@ def test_client_signing_headers_replaced_and_signature_is_botocores():
     r = req(authorization="AWS4-HMAC-SHA256 Credential=sandgate-placeholder-aws/x",
             **{"x-amz-date": "20000101T000000Z", "x-amz-security-token": "client-token",
                "x-amz-meta-owner": "agent", "user-agent": "sdk"})
-    sign(r, URL, AWS, "test-key-id", "test-secret-key", None)
+    sign(r, URL, *AWS, "test-key-id", "test-secret-key", None)
     auth = r.headers["authorization"]
     assert auth.startswith("AWS4-HMAC-SHA256 Credential=test-key-id/")
     assert "/eu-west-1/s3/aws4_request" in auth
@@ -53,7 +52,7 @@ def test_client_signing_headers_replaced_and_signature_is_botocores():
 
 def test_session_token_added_and_signed():
     r = req()
-    sign(r, URL, AWS, "test-key-id", "test-secret-key", "test-session-token")
+    sign(r, URL, *AWS, "test-key-id", "test-secret-key", "test-session-token")
     assert r.headers["x-amz-security-token"] == "test-session-token"
     assert "x-amz-security-token" in r.headers["authorization"]
 
@@ -69,4 +68,4 @@ def test_unsignable_refused(headers, path, why):
     if path is not None:
         r.path = path.decode()
     with pytest.raises(BadRequest, match=why):
-        sign(r, URL, AWS, "test-key-id", "test-secret-key", None)
+        sign(r, URL, *AWS, "test-key-id", "test-secret-key", None)

@@ -40,6 +40,7 @@ from sandgate.policy.model import (
     RuleMeta,
     SecretRef,
     SecretSlot,
+    SignRef,
     Source,
     Template,
 )
@@ -94,6 +95,8 @@ class SecretUse:
     name: str
     loc: Loc
     part: str | None = None  # "username": `{{ secrets.NAME.username }}`
+    sign: SignRef | None = None  # part "sign": the rule's scope parts, checked with the secret's
+    hosts: tuple[str, ...] = ()  # part "sign": the rule's host patterns
 
 
 @dataclass
@@ -216,11 +219,8 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
             report(("secrets", name, "aws"), f"a secret cannot be both `aws` and `{kinds[0]}`",
                    "declare one kind per secret")
             ok = False
-        for key in ("region", "service"):
-            if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", getattr(spec.aws, key)):
-                report(("secrets", name, "aws", key), f"{key} {getattr(spec.aws, key)!r} is "
-                       "not a valid AWS name", "e.g. region: eu-west-1, service: s3")
-                ok = False
+        ok = _aws_names(spec.aws.region, spec.aws.service, ("secrets", name, "aws"),
+                        report) and ok
         aws = AwsRef(spec.aws.region, spec.aws.service)
     ok = ok and (spec.github_app is None or github_app is not None)
     budget = None
@@ -235,6 +235,16 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
                      kv_version=kv_version, placeholder=placeholder, source=src,
                      hosts=tuple(hosts) if hosts is not None else None, dynamic=dynamic,
                      budget=budget, oauth2=oauth2, github_app=github_app, aws=aws)
+
+
+def _aws_names(region: str | None, service: str | None, loc: Loc, report: Report) -> bool:
+    ok = True
+    for key, v in (("region", region), ("service", service)):
+        if v is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", v):
+            report((*loc, key), f"{key} {v!r} is not a valid AWS name",
+                   "e.g. region: eu-west-1, service: s3 (lower case)")
+            ok = False
+    return ok
 
 
 def _compile_github_app(name: str, spec: SecretSpec, report: Report) -> GitHubAppRef | None:
@@ -845,12 +855,20 @@ def _compile_inject(rs: RuleSpec, loc: Loc, report: Report, uses: list[SecretUse
         t = _template(text, qloc, report, uses)
         if t is not None:
             query.append((qname, t))
+    sign = None
     if spec.sign is not None:
-        uses.append(SecretUse(spec.sign, (*iloc, "sign"), part="sign"))
+        sign = (SignRef(spec.sign) if isinstance(spec.sign, str) else
+                SignRef(spec.sign.secret, spec.sign.service, spec.sign.region))
+        sloc: Loc = (*iloc, "sign")
+        uses.append(SecretUse(sign.secret, sloc if isinstance(spec.sign, str) else
+                              (*sloc, "secret"), part="sign", sign=sign,
+                              hosts=tuple(rs.hosts or ())))
         if "authorization" in seen or basic is not None:
-            report((*iloc, "sign"), "`sign` and an Authorization header both set Authorization",
+            report(sloc, "`sign` and an Authorization header both set Authorization",
                    "keep one of them")
-    return Injection(headers=tuple(headers), basic=basic, query=tuple(query), sign=spec.sign)
+        if not _aws_names(sign.region, sign.service, sloc, report):
+            sign = None
+    return Injection(headers=tuple(headers), basic=basic, query=tuple(query), sign=sign)
 
 
 def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,

@@ -43,6 +43,7 @@ from sandgate.policy.schema import (
     SecretSpec,
     TestSpec,
 )
+from sandgate.secrets.aws_scope import hosts_may_give, resolve
 
 SCHEMA_FIX = "see `sandgate schema` for the file format"
 
@@ -788,6 +789,24 @@ def _at_secret(parts: list[_FilePart], ref: SecretRef, key: str, msg: str,
     return PolicyProblem(ref.source.file, ref.source.line, f"secrets.{ref.name}.{key}", msg, fix)
 
 
+def _check_sign_scope(part: _FilePart, use: SecretUse, ref: SecretRef,
+                      problems: list[PolicyProblem]) -> None:
+    """A scope part neither the rule nor the secret names must be able to come from a host."""
+    assert use.sign is not None and ref.aws is not None
+    scope = resolve(use.sign, ref.aws, None)
+    missing = [k for k, v in (("service", scope.service), ("region", scope.region)) if v is None]
+    if missing and not hosts_may_give(use.hosts):
+        what = " and ".join(missing)
+        loc = use.loc[:-1] if use.loc[-1] == "secret" else use.loc  # at `sign:` itself
+        problems.append(part.problem(
+            loc, f"the SigV4 {what} of secret {use.name!r} is not named and none of the "
+            f"rule's hosts ({', '.join(use.hosts) or '-'}) is an AWS endpoint to derive it from",
+            f"write `inject: {{sign: {{secret: {use.name}, "
+            + ", ".join(f"{k}: ..." for k in missing)
+            + f"}}}}` (e.g. service: s3, region: eu-west-1), or add {what} under "
+            f"secrets.{use.name}.aws"))
+
+
 def _check_uses(part: _FilePart, uses: list[SecretUse], secrets: Mapping[str, object],
                 problems: list[PolicyProblem], refs: Mapping[str, SecretRef]) -> None:
     for use in uses:
@@ -797,6 +816,8 @@ def _check_uses(part: _FilePart, uses: list[SecretUse], secrets: Mapping[str, ob
                 use.loc, f"`sign` needs an `aws:` secret; {use.name!r} is not one",
                 f"add `aws: {{region: ..., service: ...}}` under secrets.{use.name}, or name "
                 "the aws secret"))
+        elif use.part == "sign" and ref is not None and ref.aws is not None:
+            _check_sign_scope(part, use, ref, problems)
         elif (use.part != "sign" and ref is not None and ref.aws is not None
               and use.loc[:1] != ("tests",)):  # a fixture naming it as injected is right
             problems.append(part.problem(

@@ -63,10 +63,21 @@ class OAuth2Ref:
 
 @dataclass(frozen=True, slots=True)
 class AwsRef:
-    """`aws:` of a secret: SigV4 signing credentials (stages/s55_sign.py)."""
+    """`aws:` of a secret: SigV4 signing credentials (stages/s55_sign.py). A scope part left
+    None comes from the rule or the request's host (secrets/aws_scope.py)."""
 
-    region: str
-    service: str = "s3"
+    region: str | None = None
+    service: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SignRef:
+    """A rule's `inject: {sign: ...}`: the `aws:` secret and the scope parts the rule names
+    (they win over the secret's and the host's)."""
+
+    secret: str
+    service: str | None = None
+    region: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,11 +196,11 @@ class Injection:
     headers: tuple[tuple[str, Template], ...] = ()  # header names lower-cased
     basic: tuple[Template, Template] | None = None  # (user, password) -> Authorization: Basic
     query: tuple[tuple[str, Template], ...] = ()
-    sign: str | None = None  # an `aws:` secret: the request is signed with SigV4
+    sign: SignRef | None = None  # an `aws:` secret: the request is signed with SigV4
 
     @property
     def secrets(self) -> frozenset[str]:
-        out: set[str] = {self.sign} if self.sign else set()
+        out: set[str] = {self.sign.secret} if self.sign else set()
         for _, t in self.headers:
             out |= t.secrets
         for _, t in self.query:

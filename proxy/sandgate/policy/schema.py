@@ -77,9 +77,22 @@ class AwsSpec(_Strict):
     secret's `vault:` path holds access_key_id, secret_access_key and, for temporary
     credentials, session_token."""
 
-    region: str = Field(description="The region requests are signed for, e.g. eu-west-1.")
-    service: str = Field(default="s3", description="The signing name of the service, e.g. "
-                         "s3, sqs, dynamodb, execute-api.")
+    region: str | None = Field(
+        default=None, description="The region requests are signed for, e.g. eu-west-1. "
+        "Default: the rule's `sign.region`, else the request's AWS endpoint host.")
+    service: str | None = Field(
+        default=None, description="The signing name of the service, e.g. s3, sqs, dynamodb, "
+        "execute-api. Default: the rule's `sign.service`, else the request's AWS endpoint "
+        "host.")
+
+
+class SignSpec(_Strict):
+    """`inject: {sign: {secret: NAME, service: S, region: R}}`: the rule's signing scope,
+    which wins over the secret's `aws:` and over the request's host."""
+
+    secret: str = Field(description="The `aws:` secret whose keys sign.")
+    service: str | None = Field(default=None, description="The signing name, e.g. s3, sqs.")
+    region: str | None = Field(default=None, description="The region, e.g. eu-west-1.")
 
 
 class BudgetSpec(_Strict):
@@ -164,10 +177,14 @@ class InjectSpec(_Strict):
     headers: dict[str, str] = Field(default_factory=dict)
     basic: BasicSpec | None = None
     query: dict[str, str] = Field(default_factory=dict)
-    sign: str | None = Field(
-        default=None, description="An `aws:` secret: Sandgate signs the request with AWS "
-        "SigV4 (after removing the client's Authorization and X-Amz-Date / "
-        "X-Amz-Content-SHA256 / X-Amz-Security-Token headers); the payload is sent as "
+    sign: str | SignSpec | None = Field(
+        default=None, description="An `aws:` secret (NAME, or {secret: NAME, service: S, "
+        "region: R}): Sandgate signs the request with AWS SigV4; service and region come "
+        "from here, else the secret's `aws:`, else the request's AWS endpoint host "
+        "(s3.eu-west-1.amazonaws.com, sts.amazonaws.com as us-east-1). The client's "
+        "Authorization and X-Amz-Date / "
+        "X-Amz-Content-SHA256 / X-Amz-Security-Token headers are removed first; the payload "
+        "is sent as "
         "UNSIGNED-PAYLOAD for s3 and hashed for other services; streaming (aws-chunked) "
         "payloads are refused.")
 

@@ -19,7 +19,6 @@ from botocore.credentials import Credentials
 from mitmproxy import http
 
 from sandgate.errors import BadRequest, Code
-from sandgate.policy.model import AwsRef
 
 # What the client may have sent to sign itself: replaced by Sandgate's.
 SIGNING_HEADERS = ("authorization", "x-amz-date", "x-amz-content-sha256",
@@ -42,9 +41,9 @@ def check_signable(req: http.Request) -> None:
                          "parameters)")
 
 
-def sign(req: http.Request, url: str, aws: AwsRef, access_key_id: str, secret_key: str,
-         session_token: str | None) -> None:
-    """Sign `req` (whose judged URL is `url`) in place."""
+def sign(req: http.Request, url: str, service: str, region: str, access_key_id: str,
+         secret_key: str, session_token: str | None) -> None:
+    """Sign `req` (whose judged URL is `url`) in place for `service` in `region`."""
     check_signable(req)
     for h in SIGNING_HEADERS:
         req.headers.pop(h, None)
@@ -52,9 +51,9 @@ def sign(req: http.Request, url: str, aws: AwsRef, access_key_id: str, secret_ke
                if k.lower() in _SIGNED_AS_SENT or k.lower().startswith("x-amz-")}
     areq = AWSRequest(method=req.method, url=url, data=req.raw_content or b"",
                       headers=headers)
-    signer = S3SigV4Auth if aws.service == "s3" else SigV4Auth
-    signer(Credentials(access_key_id, secret_key, session_token), aws.service,
-           aws.region).add_auth(areq)
+    signer = S3SigV4Auth if service == "s3" else SigV4Auth
+    signer(Credentials(access_key_id, secret_key, session_token), service,
+           region).add_auth(areq)
     for h in SIGNING_HEADERS:
         v = areq.headers.get(h)
         if v is not None:

@@ -1,5 +1,6 @@
 """Sign: a rule with `inject: {sign: NAME}` has Sandgate sign the request with AWS SigV4 using
-the `aws:` secret NAME (read from Vault by the inject stage, cached). Last before the dial, so
+the `aws:` secret NAME, for the service and region the rule, the secret or the host gives
+(secrets/aws_scope.py) (read from Vault by the inject stage, cached). Last before the dial, so
 the signature covers the request as it is forwarded (secrets/sigv4.py)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from mitmproxy import http
 from sandgate.addons.state import FlowRecord
 from sandgate.errors import SecretError
 from sandgate.request import default_port
+from sandgate.secrets.aws_scope import resolve
 from sandgate.secrets.sigv4 import sign as sigv4
 from sandgate.stages.context import GateState, allowing_rule
 
@@ -17,16 +19,20 @@ async def sign(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     rule = allowing_rule(rec)
     if rule is None or rule.inject is None or rule.inject.sign is None:
         return
-    name = rule.inject.sign
+    name = rule.inject.sign.secret
     ref = st.flow_policy(rec).secrets.get(name)
     info = rec.info
     assert info is not None and ref is not None and ref.aws is not None
+    scope = resolve(rule.inject.sign, ref.aws, info.host)
+    if scope.service is None or scope.region is None:  # never an unsigned forward
+        raise SecretError(name, f"secret '{name}' unavailable: no SigV4 service/region for "
+                          f"host {info.host} (name them in the rule's `sign:`)")
     sv = await st.cfg.broker.get(name, rec.caller)  # read (and cached) by the inject stage
     if not sv.username:
         raise SecretError(name, f"secret '{name}' unavailable: no access_key_id in its record")
     port = "" if info.port == default_port(info.scheme) else f":{info.port}"
     url = f"{info.scheme}://{info.host}{port}{flow.request.path}"
-    sigv4(flow.request, url, ref.aws, sv.username, sv.value, dict(sv.extra).get("session_token"))
-    rec.injected.append(f"{name}@{sv.version}: aws sigv4 {ref.aws.service} {ref.aws.region}"
-                        if sv.version else f"{name}: aws sigv4 {ref.aws.service} "
-                        f"{ref.aws.region}")
+    sigv4(flow.request, url, scope.service, scope.region, sv.username, sv.value,
+          dict(sv.extra).get("session_token"))
+    at = f"{name}@{sv.version}" if sv.version else name
+    rec.injected.append(f"{at}: aws sigv4 {scope.service} {scope.region}")
