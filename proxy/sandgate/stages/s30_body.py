@@ -58,10 +58,11 @@ def leak_names(leaks: list[Leak]) -> list[str]:
 
 def exfiltration(leaks: list[Leak], rule: Rule | None) -> Refused:
     names = ", ".join(sorted({lk.secret for lk in leaks}))
-    where = f"rule '{rule.name}'" if rule is not None else "no rule"
+    binds = (f"rule '{rule.name}' does not bind" if rule is not None
+             else "no rule allowing this request binds")
     return Refused(
         Code.EXFILTRATION,
-        f"the request carries a credential for secret(s) {names} that {where} does not bind "
+        f"the request carries a credential for secret(s) {names} that {binds} "
         "to this destination",
         hint="placeholders are only honoured on the requests their rule binds",
     )
