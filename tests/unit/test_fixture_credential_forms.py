@@ -111,6 +111,9 @@ def test_explain_and_report_print_the_form_fixtures_compare(tmp_path: Path) -> N
     assert out["credentials"]["gh"].startswith("gh-app(repo=api, contents=read): ")
     out, _ = explain(pol, "a", "GET", "https://s3.eu-west-1.amazonaws.com/b/k")
     assert any(i.startswith("sign: aws(service=s3, region=eu-west-1) ") for i in out["inject"])
+    assert out["credential_forms"] == {"aws-s3": "aws(service=s3, region=eu-west-1)"}
+    out, _ = explain(pol, "a", "GET", "https://kv.example/")
+    assert out["credential_forms"] == {}  # a kv secret is named, it has no form
     assert "gh-app(repo=api, contents=read), installation 2" in format_json(build_report(pol, "t"))
 
 
