@@ -12,7 +12,7 @@ from sandgate.jsonrpc import Call
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
 from sandgate.request import parse_url
-from sandgate.secrets.describe import describe, sign_text
+from sandgate.secrets.describe import credential_forms, describe, sign_text
 
 _NO_OVERRIDES: Mapping[str, str] = {}
 
@@ -77,6 +77,8 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         out["credentials"] = {n: describe(policy.secrets[n], d.rule.github_scope)
                               for n in sorted(d.rule.secrets)
                               if n in policy.secrets}
+        # what a fixture's `inject:` entry may say instead of the secret's name
+        out["credential_forms"] = credential_forms(policy, d.rule, parse_url(method, url).host)
         out["placeholders_honoured"] = sorted(d.rule.secrets)
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]

@@ -48,6 +48,7 @@ from sandgate.policy.paths import PathPattern
 from sandgate.policy.schema import RuleSpec, SecretSpec, TestSpec
 from sandgate.policy.suffixes import overbroad_wildcard
 from sandgate.request import parse_url, split_authority
+from sandgate.secrets.credential_form import is_form, parse_form
 from sandgate.secrets.scope import parse_path
 from sandgate.text import has_control_chars
 
@@ -918,10 +919,21 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
             report((*loc, "inject"), f"{what} injects nothing",
                    "write `inject: none`, or remove `inject`")
             ok = False
+        entries: list[str] = []
         for j, name in enumerate(spec.inject):
+            if is_form(name):  # a credential form, compared with what explain prints
+                try:
+                    entries.append(parse_form(name))
+                except ValueError as e:
+                    report((*loc, "inject", j), str(e), "write a secret name, or the form "
+                           "`sandgate explain` prints, e.g. gh-app(repo=acme/api, "
+                           "contents=read) or aws(service=s3, region=eu-west-1)")
+                    ok = False
+                continue
+            entries.append(name)
             if uses is not None:
                 uses.append(SecretUse(name, (*loc, "inject", j)))
-        inject = frozenset(spec.inject)
+        inject = frozenset(entries)
     if spec.code is not None and spec.expect != "deny":
         report((*loc, "code"), "`code` (why a request is refused) is only for expect: deny",
                "remove `code`, or expect deny")

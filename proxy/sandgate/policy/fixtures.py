@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from sandgate.decision import ADDRESS_UNCHECKED, Decision, judge
 from sandgate.errors import Code
 from sandgate.gateway import gateway_url
-from sandgate.policy.model import Policy, PolicyTest
+from sandgate.policy.model import Policy, PolicyTest, Rule
+from sandgate.request import parse_url
+from sandgate.secrets.credential_form import is_form
+from sandgate.secrets.describe import credential_forms
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,23 @@ def run_policy_tests(policy: Policy,
 def _set(names: Iterable[str]) -> str:
     s = sorted(names)
     return "none" if not s else "[" + ", ".join(s) + "]"
+
+
+def inject_mismatch(policy: Policy, expected: frozenset[str], used: frozenset[str],
+                    rule: Rule | None, host: str | None) -> str | None:
+    """None when `used` (the secrets the proxy would inject or substitute) is what a fixture's
+    `inject:` says, else the message. An entry is a secret name (any form of it matches) or a
+    credential form, which must equal the form of a used secret that no name entry claims."""
+    forms = credential_forms(policy, rule, host) if rule is not None else {}
+    names = {e for e in expected if not is_form(e)}
+    wanted = {e for e in expected if is_form(e)}
+    rest = used - names
+    if names <= used and {forms.get(n) for n in rest} == wanted and all(n in forms for n in rest):
+        return None
+    if not wanted:
+        return f"expected inject {_set(expected)}, got {_set(used)}"
+    got = [f"{n}: {forms[n]}" if n in forms else n for n in used]
+    return f"expected inject {_set(expected)}, got {_set(got)}"
 
 
 def run_policy_test(policy: Policy, test: PolicyTest,
@@ -65,9 +85,11 @@ def run_policy_test(policy: Policy, test: PolicyTest,
         return result(False, f"expected rule {test.rule!r}, got {d.rule_name!r} ({d.reason})")
     if test.code is not None and (d.code is None or str(d.code) != test.code):
         return result(False, f"expected code {test.code}, got {d.code} ({d.reason})")
-    if test.inject is not None and v.secrets != test.inject:
-        return result(False, f"expected inject {_set(test.inject)}, got {_set(v.secrets)} "
-                      f"({d.reason})")
+    if test.inject is not None:
+        host = None if test.connect else parse_url(test.method, url).host
+        wrong = inject_mismatch(policy, test.inject, v.secrets, d.rule, host)
+        if wrong is not None:
+            return result(False, f"{wrong} ({d.reason})")
     if test.passthrough is not None and v.passthrough != test.passthrough:
         return result(False, f"expected passthrough {str(test.passthrough).lower()}, got "
                       f"{str(v.passthrough).lower()} ({d.reason})")

@@ -21,7 +21,7 @@ from sandgate.policy.lint_semantic import decides_while_matching
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.policy.reach import decider, find_request
 from sandgate.policy.reach_diff import _md
-from sandgate.secrets.describe import sign_text
+from sandgate.secrets.describe import gh_app_form, sign_text
 
 
 @dataclass(slots=True)
@@ -84,8 +84,7 @@ def _secret_text(policy: Policy, name: str, r: Rule) -> str:
     if ref.oauth2 is not None:
         where = f"oauth2 {ref.oauth2.grant} from {ref.oauth2.token_url}, client record {where}"
     if ref.github_app is not None:
-        what = r.github_scope.describe() if r.github_scope is not None else "installation's"
-        how = f"gh-app({what}), installation {ref.github_app.installation_id}"
+        how = f"{gh_app_form(r.github_scope)}, installation {ref.github_app.installation_id}"
     if ref.aws is not None and r.inject is not None and r.inject.sign is not None:
         how = sign_text(policy, r.inject.sign, None)
     only = f", only to {', '.join(p.text for p in ref.hosts)}" if ref.hosts else ""

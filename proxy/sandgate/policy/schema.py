@@ -392,7 +392,11 @@ class TestSpec(_Strict):
     inject: list[str] | Literal["none"] | None = Field(
         default=None, description="The secrets the proxy injects or substitutes on this "
         "request (the allowing rule's secrets, compared as a set), or `none`: e.g. "
-        "`inject: none` on a package-index request proves no token goes there.")
+        "`inject: none` on a package-index request proves no token goes there. An entry is a "
+        "secret name, or the form `sandgate explain` prints for a brokered credential, e.g. "
+        "`gh-app(repo=acme/api, contents=read)` or `aws(service=s3, region=eu-west-1)` "
+        "(whitespace and the order of key=value pairs do not matter), which must equal the "
+        "form of what the proxy would inject.")
     code: Literal["no_rule", "denied_by_rule", "internal_address",
                   "sandbox_required"] | None = Field(
         default=None, description="For expect: deny, why: no_rule (nothing allows it), "

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from sandgate.policy.model import AwsRef, SignRef
+from sandgate.secrets.credential_form import aws_form
 
 _REGION = re.compile(r"[a-z]{2}(?:-gov|-iso[a-z]?)?-[a-z]+-[0-9]{1,2}")
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
@@ -86,9 +87,8 @@ class Scope:
 
     def describe(self) -> str:
         """`aws(service=s3, region=eu-west-1)` and where each came from."""
-        s = self.service or "?"
-        r = self.region or "?"
-        return (f"aws(service={s}, region={r}) [service from the {self.service_from}, "
+        form = aws_form(self.service or "?", self.region or "?")
+        return (f"{form} [service from the {self.service_from}, "
                 f"region from the {self.region_from}]")
 
 

@@ -3,17 +3,43 @@ a location, a grant: never a value)."""
 
 from __future__ import annotations
 
-from sandgate.policy.model import GitHubScope, Policy, SecretRef, SignRef
+from sandgate.policy.model import GitHubScope, Policy, Rule, SecretRef, SignRef
 from sandgate.secrets.aws_scope import resolve
+from sandgate.secrets.credential_form import aws_form, form
+
+
+def gh_app_form(scope: GitHubScope | None) -> str:
+    """`gh-app(repo=acme/api, contents=read)`; `gh-app()`: the installation's own grants."""
+    if scope is None:
+        return form("gh-app", ())
+    return form("gh-app", [*(("repo", r) for r in scope.repositories or ()),
+                           *(scope.permissions or ())])
+
+
+def credential_forms(policy: Policy, rule: Rule, host: str | None) -> dict[str, str]:
+    """The canonical form of each brokered credential `rule` gives a request to `host` (None:
+    the rule's, where a scope the host decides is `?`): secret name -> form. Secrets read as
+    they are stored (kv, dynamic, oauth2) have none: their name says it."""
+    out: dict[str, str] = {}
+    for name in sorted(rule.secrets):
+        ref = policy.secrets.get(name)
+        if ref is None:
+            continue
+        if ref.github_app is not None:
+            out[name] = gh_app_form(rule.github_scope)
+        sign = rule.inject.sign if rule.inject is not None else None
+        if ref.aws is not None and sign is not None and sign.secret == name:
+            scope = resolve(sign, ref.aws, host)
+            out[name] = aws_form(scope.service or "?", scope.region or "?")
+    return out
 
 
 def describe(ref: SecretRef, scope: GitHubScope | None = None) -> str:
     """`scope`: the allowing rule's `github_app:` restrictions (for a github_app secret)."""
     if ref.github_app is not None:
         g = ref.github_app
-        what = scope.describe() if scope is not None else (
-            "the installation's repositories and permissions")
-        return (f"gh-app({what}): installation token of app {g.app_id}, installation "
+        what = "" if scope is not None else " (the installation's repositories and permissions)"
+        return (f"{gh_app_form(scope)}{what}: installation token of app {g.app_id}, installation "
                 f"{g.installation_id}, minted per sandbox by Sandgate with the key at "
                 f"{ref.location}#{ref.field}, revoked when the sandbox ends")
     if ref.aws is not None:
