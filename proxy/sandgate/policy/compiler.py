@@ -262,20 +262,30 @@ def _compile_github_app(name: str, spec: SecretSpec, report: Report) -> GitHubAp
             report((*loc, key), f"{key} must be a positive number",
                    "copy it from the app's settings page / the installation's URL")
             ok = False
-    try:
-        url = parse_url("POST", g.api_url)
-    except Refused as e:
-        report((*loc, "api_url"), f"api_url {g.api_url!r} is not a valid URL: {e.reason}",
-               "write https://api.github.com or your server's https://HOST/api/v3")
-        return None
-    if url.scheme != "https" or "?" in g.api_url:
-        report((*loc, "api_url"), "api_url must be an https URL without a query",
-               "write https://api.github.com or your server's https://HOST/api/v3")
+    if not _https_endpoint(g.api_url, (*loc, "api_url"), report,
+                           "write https://api.github.com or your server's https://HOST/api/v3"):
         ok = False
     if not ok:
         return None
     return GitHubAppRef(app_id=g.app_id, installation_id=g.installation_id,
                         api_url=g.api_url.rstrip("/"), timeout=g.timeout)
+
+
+def _https_endpoint(value: str, where: Loc, report: Report, fix: str) -> bool:
+    """A credential endpoint Sandgate itself dials with a key, a client secret or a refresh
+    token: a valid https URL without a query (the secret must never travel in clear, and a
+    query would be sent with every token request). Reports and returns False otherwise."""
+    key = where[-1]
+    try:
+        url = parse_url("POST", value)
+    except Refused as e:
+        report(where, f"{key} {value!r} is not a valid URL: {e.reason}", fix)
+        return False
+    if url.scheme != "https" or "?" in value:
+        report(where, f"{key} must be an https URL without a query: credentials are sent there",
+               fix)
+        return False
+    return True
 
 
 _REPO_RE = re.compile(r"(?:[A-Za-z0-9-]{1,39}/)?[A-Za-z0-9._-]{1,100}")
@@ -322,15 +332,9 @@ def _compile_oauth2(name: str, spec: SecretSpec, kv_version: int, path: str,
         report(("secrets", name, "vault"), "an oauth2 secret's path cannot use {{ identity }} "
                "or {{ sandbox }}", "one client record per secret: declare one secret per client")
         ok = False
-    try:
-        url = parse_url("POST", o.token_url)
-    except Refused as e:
-        report((*loc, "token_url"), f"token_url {o.token_url!r} is not a valid URL: {e.reason}",
-               "write the token endpoint's URL, e.g. https://auth.example.com/oauth/token")
-        return None
-    if url.scheme != "https":
-        report((*loc, "token_url"), "token_url must be https: the client secret and refresh "
-               "token are sent there", "write the endpoint's https:// URL")
+    if not _https_endpoint(o.token_url, (*loc, "token_url"), report,
+                           "write the token endpoint's https:// URL, e.g. "
+                           "https://auth.example.com/oauth/token"):
         ok = False
     if o.scope is not None and (not o.scope.strip() or has_control_chars(o.scope)):
         report((*loc, "scope"), "scope is empty or holds control characters",
