@@ -7,6 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandgate.policy.loader import PolicyError
 
 DEFAULT_CONFDIR = Path(os.environ.get("SANDGATE_CONFDIR", "~/.sandgate")).expanduser()
 
@@ -25,6 +29,12 @@ def resolve_arg(sp: argparse.ArgumentParser) -> None:
 def format_arg(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--format", choices=("text", "json", "github"), default="text",
                     help="text (default), json, or GitHub Actions annotations")
+
+
+def load_error(path: object, e: PolicyError, prefix: str = "") -> None:
+    """A policy that does not load: the count, then every located problem, on stderr."""
+    print(f"sandgate: {prefix}{len(e.problems)} problem(s) in {path}:", file=sys.stderr)
+    print(str(e), file=sys.stderr)
 
 
 def err(msg: str) -> int:

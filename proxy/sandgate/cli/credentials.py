@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandgate.cli.common import confdir_arg
+from sandgate.cli.common import confdir_arg, load_error
 from sandgate.cli.common import err as _err
 
 
@@ -48,8 +48,7 @@ def cmd_token(args: argparse.Namespace) -> int:
         try:
             policy = load_policy_dir(args.policies)
         except PolicyError as e:
-            print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
-            print(str(e), file=sys.stderr)
+            load_error(args.policies, e)
             return 1
         if args.identity not in policy.identities:
             known = ", ".join(sorted(policy.identities)) or "(none)"

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandgate.cli.common import load_error
+
 
 def register(sub: Any) -> None:
     r = sub.add_parser("report", help="per identity, what it can reach and with which secrets "
@@ -28,8 +30,7 @@ def _load(path: Path) -> Any:
     try:
         return load_policy_dir(path)
     except PolicyError as e:
-        print(f"sandgate: {len(e.problems)} problem(s) in {path}:", file=sys.stderr)
-        print(str(e), file=sys.stderr)
+        load_error(path, e)
         return None
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandgate.cli.common import confdir_arg
+from sandgate.cli.common import confdir_arg, load_error
 from sandgate.cli.common import err as _err
 from sandgate.identity.base import AddressIdentitySource
 
@@ -285,9 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         loaded = live.load(args.policies)
     except PolicyError as e:
-        print(f"sandgate: not starting: {len(e.problems)} problem(s) in {args.policies}:",
-              file=sys.stderr)
-        print(str(e), file=sys.stderr)
+        load_error(args.policies, e, "not starting: ")
         return 1
     admin_token = None
     try:
@@ -408,9 +405,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         asyncio.run(serve(cfg))
         return 0
     except PolicyError as e:
-        print(f"sandgate: not starting: {len(e.problems)} problem(s) in {args.policies}:",
-              file=sys.stderr)
-        print(str(e), file=sys.stderr)
+        load_error(args.policies, e, "not starting: ")
         return 1
     except ValueError as e:
         return _err(str(e))

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sandgate.cli.common import err as _err
+from sandgate.cli.common import load_error, resolve_arg
 from sandgate.cli.common import resolve as _resolve
-from sandgate.cli.common import resolve_arg
 
 
 def register(sub: Any) -> None:
@@ -74,8 +74,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         try:
             policies.append(load_policy_dir(d))
         except PolicyError as e:
-            print(f"sandgate: {len(e.problems)} problem(s) in {d}:", file=sys.stderr)
-            print(str(e), file=sys.stderr)
+            load_error(d, e)
             return 2
     try:
         traffic = read_audit(_open(args.traffic), str(args.traffic))
