@@ -279,8 +279,10 @@ class PausedSse:
                       b"Transfer-Encoding: chunked\r\n\r\n")
             s.sendall(_chunk(b"data: first\n\n"))
             self.release.wait(60)
-            s.sendall(_chunk(b"data: second\n\n") + b"0\r\n\r\n")
+            # Set before the last bytes go: the client can read the end of the stream before
+            # this thread is scheduled again (the CI flake of stop 30).
             self.finished.set()
+            s.sendall(_chunk(b"data: second\n\n") + b"0\r\n\r\n")
             time.sleep(0.2)
 
     def close(self) -> None:
