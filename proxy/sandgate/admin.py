@@ -133,7 +133,7 @@ def build_app(state: AdminState) -> web.Application:
             "files": list(cur.files),
             "identities": {
                 name: {"mode": ident.mode,
-                       "rules": [{"name": r.name, "action": r.action,
+                       "rules": [{"name": r.name, "action": r.verb,
                                   "hosts": [h.text for h in r.hosts],
                                   "secrets": sorted(r.secrets),
                                   "passthrough": r.passthrough} for r in ident.rules]}
