@@ -16,7 +16,7 @@ import secrets as _secrets
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from sandgate.policy.model import ApprovalScope, AskPolicy, Rule
+from sandgate.policy.model import ApprovalScope
 
 State = Literal["pending", "approved", "denied", "timeout", "used"]
 Verdict = Literal["approve", "deny"]
@@ -80,7 +80,7 @@ def parse_scope(raw: object, ask: AskPolicyView, has_sandbox: bool) -> Scope:
     if ttl > ask.max_remember_ttl:
         raise VoteError(400, "ttl_too_long", f"ttl {ttl}s is over rule '{ask.rule}''s "
                         f"max_remember_ttl of {ask.max_remember_ttl}s")
-    return Scope(kind, ttl)  # type: ignore[arg-type]
+    return Scope(kind, ttl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +252,3 @@ def grant_for(a: Approval) -> Grant | None:
     assert a.scope.ttl is not None and a.decided_at is not None
     return Grant(a.rule, a.identity, a.sandbox if a.scope.kind == "sandbox" else None,
                  a.decided_at + a.scope.ttl, a.id, a.approved_by)
-
-
-def policy_view(rule: Rule) -> AskPolicy:
-    assert rule.ask is not None
-    return rule.ask

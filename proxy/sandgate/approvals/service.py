@@ -210,7 +210,7 @@ class Approvals:
             remaining = a.expires - self.clock()
             try:
                 got = await asyncio.wait_for(asyncio.shield(fut), max(remaining, 0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 got = await self.store.update(a.id, _expire(self.clock()))
         out = self._outcome(got, a)  # raises unless approved
         await self.used(a.id)

@@ -73,8 +73,8 @@ def compile_ask(rs: RuleSpec, loc: Loc, rep: Report) -> AskPolicy | None:
     ttl = duration(spec.max_remember_ttl, (*aloc, "max_remember_ttl"), rep,
                    "`max_remember_ttl`")
     if ttl is not None and ttl > MAX_REMEMBER_TTL:
-        rep((*aloc, "max_remember_ttl"), f"`max_remember_ttl` of {ttl}s is over {MAX_REMEMBER_TTL}s "
-            "(30d)", "use at most 30d")
+        rep((*aloc, "max_remember_ttl"), f"`max_remember_ttl` of {ttl}s is over "
+            f"{MAX_REMEMBER_TTL}s (30d)", "use at most 30d")
         ok = False
     approvers: tuple[str, ...] | None = None
     if spec.approvers is not None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from sandgate.errors import BadRequest, SandgateError
 from sandgate.gateway import route
+from sandgate.policy.ask import compile_webhook
 from sandgate.policy.compiler import (
     NAME_RE,
     Loc,
@@ -34,7 +35,6 @@ from sandgate.policy.compiler import (
 )
 from sandgate.policy.gateways import check_overlaps, compile_gateway
 from sandgate.policy.limits import compile_limits
-from sandgate.policy.ask import compile_webhook
 from sandgate.policy.model import (
     Gateway,
     Identity,

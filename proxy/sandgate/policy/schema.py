@@ -261,7 +261,8 @@ class ApprovalSpec(_Strict):
         "id at once; once approved, the identical request (same identity, sandbox, method, "
         "URL, body) passes.")
     remember: list[Literal["request", "sandbox", "identity"]] = Field(
-        default_factory=lambda: ["request"], min_length=1, description="The scopes an approver "
+        default_factory=lambda: list[Literal["request", "sandbox", "identity"]](["request"]),
+        min_length=1, description="The scopes an approver "
         "may choose: request (this request only), sandbox (every request this rule matches "
         "from the caller's sandbox, for a ttl), identity (from the caller's identity, for a "
         "ttl).")

@@ -15,9 +15,9 @@ from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate import audit as A
 from sandgate.addons.flowsecrets import ScrubSets
+from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord
 from sandgate.approvals.service import Approvals
 from sandgate.approvals.store import MemoryStore
-from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord
 from sandgate.identity.resolve import Identifier
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.mcpsession import session_key
