@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,11 @@ OPENABLE = frozenset({"/readyz", "/metrics"})
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _HEX = re.compile(r"[0-9a-f]{64}")
 _ROLE_ATTR = "_sandgate_role"
+
+# request["sandgate_user"] / ["sandgate_role"] are plain string keys on purpose: the handlers of
+# other modules (the web console) read them by these names.
+warnings.filterwarnings("ignore", message="It is recommended to use web.RequestKey",
+                        module=__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 H = TypeVar("H", bound=Handler)

@@ -40,8 +40,8 @@ FAMILIES = (
     "demo",
     "traffic",
     "reach",
-    "approvals",
     "sandbox",
+    "approvals",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]
