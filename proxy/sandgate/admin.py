@@ -236,7 +236,7 @@ def build_app(state: AdminState) -> web.Application:
     app.router.add_post("/v1/explain", explain_)
     app.router.add_post("/v1/tokens", tokens)
     app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
-    approvals_api.register(app, state.approvals)  # /v1/approvals
+    approvals_api.register(app, state.approvals, state.trust_forwarded)  # /v1/approvals
     return app
 
 

@@ -488,3 +488,30 @@ def test_decided_on_another_replica(tmp_path_factory, vault, pki, upstream, rece
     finally:
         stop_proxy(a.proxy)
         stop_proxy(b.proxy)
+
+
+def test_workers_hold_and_the_front_decides(tmp_path_factory, vault, pki, upstream, receiver):
+    """--workers 2: requests are held in the workers; the one admin listener lists and decides
+    them, and a decision remembered for a sandbox reaches every worker."""
+    tmp = tmp_path_factory.mktemp("workers")
+    pol, users = write_setup(tmp, vault, receiver)
+    a = start(tmp, pol, users, vault, pki, "--workers", "2")
+    try:
+        c = start_curl(a.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                       "--data", '{"w": 1}', sandbox="sb-workers")
+        ap = pending_for(a, "/v1/messages")
+        assert decide(a, ap["id"], "vic")[0] == 403  # the front holds viewers to their role
+        status, doc = decide(a, ap["id"], "alice", scope={"kind": "sandbox", "ttl": 600})
+        assert status == 200 and doc["state"] == "approved", doc
+        assert finish(c)[1] == 200
+        status, doc = a.get(f"/v1/approvals/{ap['id']}", token=TOKENS["vic"])
+        assert status == 200 and doc["approved_by"] == ["alice"]
+        for i in range(4):  # new connections: spread over both workers, none asks again
+            c = start_curl(a.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                           "--data", f'{{"again": {i}}}', sandbox="sb-workers", max_time=10)
+            assert finish(c)[1] == 200
+        ev = a.proxy.wait_audit(lambda e: e["event"] == "approval"
+                                and e.get("action") == "decided" and e["approval"] == ap["id"])
+        assert ev["approver"] == "alice"
+    finally:
+        stop_proxy(a.proxy)

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from sandgate.admin_auth import USER_KEY, needs
-from sandgate.approvals.model import VoteError
+from sandgate.approvals.model import Approval, VoteError, grant_for
 from sandgate.approvals.service import Approvals
 from sandgate.text import has_control_chars
 
@@ -56,7 +56,9 @@ def parse_vote(doc: object) -> tuple[str, object, str | None]:
     return decision, scope, note
 
 
-def register(app: web.Application, approvals: Approvals | None) -> None:
+def register(app: web.Application, approvals: Approvals | None, internal: bool = False) -> None:
+    """The routes; `internal` (a worker's control socket) adds the grant copy the front sends
+    (sandgate.approvals.front)."""
     async def listing(_: web.Request) -> web.Response:
         items = await approvals.pending() if approvals is not None else []
         return _json(200, {"approvals": [a.as_dict() for a in items]})
@@ -86,6 +88,22 @@ def register(app: web.Application, approvals: Approvals | None) -> None:
             return _error(e.status, e.code, e.reason)
         return _json(200, a.as_dict())
 
+    async def copy_grant(request: web.Request) -> web.Response:
+        """A grant decided in another worker (the front sends the approved approval)."""
+        if approvals is None:
+            return _error(404, "not_found", "no approvals here")
+        try:
+            a = Approval.from_dict(json.loads(await request.content.read(MAX_BODY)))
+        except (ValueError, KeyError, TypeError):
+            return _error(400, "bad_request", "the body must be an approved approval")
+        g = grant_for(a)
+        if g is None or a.id != request.match_info["id"]:
+            return _error(400, "bad_request", "no grant to remember in this approval")
+        await approvals.store.add_grant(g)
+        return _json(200, g.as_dict())
+
+    if internal:
+        app.router.add_post("/v1/approvals/{id}/grant", copy_grant)
     app.router.add_get("/v1/approvals", listing)
     app.router.add_get("/v1/approvals/{id}", show)
     app.router.add_post("/v1/approvals/{id}", decide)
