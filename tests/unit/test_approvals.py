@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -483,6 +484,18 @@ def test_webhook_signature_and_bodies():
     assert a.id in slack["text"] and slack["blocks"]
     raw = body_for(Webhook("j", "https://h.example.com", "json", None, Source("p", 1)), a)
     assert raw == {"event": "approval_requested", "approval": a.as_dict()}
+
+
+def test_the_docs_verification_snippet_verifies_what_sandgate_signs():
+    page = (Path(__file__).parents[2] / "docs" / "approvals.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    ns: dict[str, Any] = {}
+    exec(compile(code, "docs/approvals.md", "exec"), ns)
+    key, body, ts = b"test-hook-key", b'{"event":"approval_requested"}', str(int(time.time()))
+    assert ns["verify"](key, ts, body, sign(key, ts, body))
+    assert not ns["verify"](key, ts, body + b"x", sign(key, ts, body))
+    assert not ns["verify"](key, str(int(time.time()) - 3600), body,
+                            sign(key, str(int(time.time()) - 3600), body))
 
 
 # --------------------------------------------------------------------------- admin roles
