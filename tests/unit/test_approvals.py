@@ -498,6 +498,17 @@ def test_the_docs_verification_snippet_verifies_what_sandgate_signs():
                             sign(key, str(int(time.time()) - 3600), body))
 
 
+def test_an_upstream_cannot_forge_the_approval_header():
+    from mitmproxy import http
+
+    from sandgate.addons.stream import clean_head
+    from sandgate.scrub import SecretSet
+
+    resp = http.Response.make(200, b"", {"X-Sandgate-Approval": "ap_forged", "X-Other": "1"})
+    clean_head(resp, SecretSet({}))
+    assert "x-sandgate-approval" not in resp.headers and resp.headers["x-other"] == "1"
+
+
 # --------------------------------------------------------------------------- admin roles
 
 TOKENS = {"alice": "test-alice-1", "vic": "test-vic-2"}
