@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,20 @@ def proxy(tmp_path_factory, vault, pki, upstream, receiver) -> Iterator[Admin]:
                      "the proxy's logs or audit")
 
 
+_TOKENS: dict[tuple[Path, str | None], str] = {}
+
+
+def token_for(p: Proxy, sandbox: str | None) -> str:
+    """One token per proxy and sandbox (issuing one starts a Python process)."""
+    key = (p.confdir, sandbox)
+    if key not in _TOKENS:
+        _TOKENS[key] = p.token("agent", sandbox=sandbox)
+    return _TOKENS[key]
+
+
 def start_curl(p: Proxy, url: str, *args: str, sandbox: str | None = None,
                max_time: int = 40) -> subprocess.Popen[str]:
-    token = p.token("agent", sandbox=sandbox)
+    token = token_for(p, sandbox)
     cmd = ["curl", "-sS", "--max-time", str(max_time), "--proxy", p.url,
            "--proxy-user", f"agent:{token}", "--cacert", str(p.ca), "-w", "\n%{http_code}",
            "-D", "-", url, *args]
@@ -397,6 +409,22 @@ def test_async_mode_202_then_the_identical_request_passes(proxy, upstream):
     assert code == 202  # one grant, one use
 
 
+def test_a_client_that_leaves_withdraws_its_approval(proxy, upstream):
+    c = start_curl(proxy.proxy, "https://upstream.test/two/gone")
+    ap = pending_for(proxy, "/two/gone")
+    c.kill()
+    c.wait(10)
+
+    def state() -> str:
+        return str(proxy.get(f"/v1/approvals/{ap['id']}", token=TOKENS["vic"])[1]["state"])
+    wait_for(lambda: state() == "withdrawn", 10, "the approval withdrawn")
+    status, doc = decide(proxy, ap["id"], "alice")
+    assert status == 409 and doc["error"] == "already_decided"
+    proxy.proxy.wait_audit(lambda e: e["event"] == "approval" and e.get("action") == "withdrawn"
+                           and e["approval"] == ap["id"])
+    assert seen(upstream, "/two/gone") == 0
+
+
 def test_watch_streams_new_approvals(proxy):
     env = {**os.environ, "SANDGATE_ADMIN_URL": proxy.url, "SANDGATE_ADMIN_TOKEN": TOKENS["vic"]}
     w = subprocess.Popen([*SANDGATE, "approvals", "--json", "watch", "--interval", "0.2"],
@@ -467,10 +495,10 @@ def test_decided_on_another_replica(tmp_path_factory, vault, pki, upstream, rece
     pol, users = write_setup(base, vault, receiver)
     (base / "a").mkdir()
     (base / "b").mkdir()
-    a = start(base / "a", pol, users, vault, pki, "--approvals-redis", redis_server,
-              "--instance", "replica-a")
-    b = start(base / "b", pol, users, vault, pki, "--approvals-redis", redis_server,
-              "--instance", "replica-b")
+    with ThreadPoolExecutor(2) as pool:  # two interpreters start at once
+        fa, fb = (pool.submit(start, base / n, pol, users, vault, pki, "--approvals-redis",
+                              redis_server, "--instance", f"replica-{n}") for n in "ab")
+        a, b = fa.result(), fb.result()
     try:
         c = start_curl(a.proxy, "https://upstream.test/two/replicas")
         ap = pending_for(b, "/two/replicas")  # replica b lists what replica a holds

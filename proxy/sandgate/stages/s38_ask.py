@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 
 from mitmproxy import http
+from mitmproxy.connection import ConnectionState
 
 from sandgate.addons.state import FlowRecord
 from sandgate.approvals.service import Request
@@ -39,7 +40,8 @@ async def hold(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     how = await st.cfg.approvals.ask(policy, rule, Request(
         identity=caller.identity, sandbox=caller.sandbox, method=info.method, url=shown,
         full_url=origin + req.path, host=info.host, tool=_tool(rec),
-        body_sha256=hashlib.sha256(body).hexdigest(), body_size=len(body)), d.reason)
+        body_sha256=hashlib.sha256(body).hexdigest(), body_size=len(body)), d.reason,
+        gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ)
     rec.approval = how
 
 
