@@ -34,6 +34,7 @@ from sandgate.approvals.store import MemoryStore
 from sandgate.approvals.webhook import body_for, sign, verify
 from sandgate.decision import decide, decide_connect
 from sandgate.errors import ApprovalRefused, Code
+from sandgate.jsonrpc import tool_call
 from sandgate.policy.fixtures import run_policy_tests as run_fixtures
 from sandgate.policy.lint import lint_policy
 from sandgate.policy.loader import PolicyError, load_policy_files
@@ -197,6 +198,27 @@ def test_ask_wins_even_when_the_allow_rule_comes_first(tmp_path):
         "      - {name: pay, action: ask, hosts: [x.example.com], paths: [/pay/**]}"))
     assert decide(p, "agent", parse_url("POST", "https://x.example.com/pay/1")).ask
     assert not decide(p, "agent", parse_url("POST", "https://x.example.com/other")).ask
+
+
+def test_ask_on_a_tool_call(tmp_path):
+    """An ask rule with `mcp:` holds only the tool calls it names; the head is held for the
+    body's call to be judged (the proxy decides again with the call: s35_call)."""
+    text = rule(
+        "      - {name: mcp, hosts: [mcp.example.com], mcp: {tools: ['get_*']}}\n"
+        "      - {name: mcp-delete, action: ask, hosts: [mcp.example.com],\n"
+        "         mcp: {tools: [delete_repo]}}") + (
+        "tests:\n"
+        "  - {identity: agent, request: POST https://mcp.example.com/mcp, expect: ask,\n"
+        "     rule: mcp-delete, mcp: {tool: delete_repo}}\n"
+        "  - {identity: agent, request: POST https://mcp.example.com/mcp, expect: allow,\n"
+        "     rule: mcp, mcp: {tool: get_issue}}\n")
+    p = load(tmp_path, text)
+    info = parse_url("POST", "https://mcp.example.com/mcp")
+    d = decide(p, "agent", info, tool_call("delete_repo"))
+    assert d.ask and d.rule_name == "mcp-delete"
+    assert decide(p, "agent", info, tool_call("get_issue")).outcome == "allow"
+    assert decide(p, "agent", info, tool_call("drop_db")).outcome == "deny"
+    assert all(r.passed for r in run_fixtures(p)), [r.message for r in run_fixtures(p)]
 
 
 def test_fixture_expecting_allow_fails_on_an_ask(tmp_path):
