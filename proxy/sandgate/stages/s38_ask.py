@@ -36,7 +36,8 @@ async def hold(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     req = flow.request
     body = req.raw_content or b""
     origin = f"{info.scheme}://{_authority(info.host, info.port, info.scheme)}"
-    shown = origin + redact_path(req.path, kept_query_names(policy))
+    # as the audit shows a path: query values redacted, any known secret value scrubbed
+    shown = st.secrets(rec).scrub_text(origin + redact_path(req.path, kept_query_names(policy)))[0]
     how = await st.cfg.approvals.ask(policy, rule, Request(
         identity=caller.identity, sandbox=caller.sandbox, method=info.method, url=shown,
         full_url=origin + req.path, host=info.host, tool=_tool(rec),
