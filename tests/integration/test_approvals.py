@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -543,3 +543,55 @@ def test_workers_hold_and_the_front_decides(tmp_path_factory, vault, pki, upstre
         assert ev["approver"] == "alice"
     finally:
         stop_proxy(a.proxy)
+
+
+def test_redis_store_against_a_real_redis(redis_server):
+    """The Redis store itself: concurrent votes on two clients both count (WATCH), changes are
+    published, grants and the async fingerprint are found, expired pending ones are not listed."""
+    import asyncio
+
+    import redis.asyncio
+
+    from sandgate.approvals.model import Approval, Scope, grant_for, vote
+    from sandgate.approvals.redis_store import RedisStore
+
+    async def run() -> None:
+        prefix = f"t{time.time_ns()}"
+        s1 = RedisStore(redis.asyncio.Redis.from_url(redis_server), prefix=prefix)
+        s2 = RedisStore(redis.asyncio.Redis.from_url(redis_server), prefix=prefix)
+        now = time.time()
+        a = Approval(id="ap_r1", identity="agent", sandbox="sb", method="POST",
+                     url="https://x/a", host="x", tool=None, rule="r", rule_source="p:1",
+                     body_sha256="0" * 64, body_size=0, created=now, expires=now + 60,
+                     mode="hold", require_approvers=3, approvers=None,
+                     remember=("request", "sandbox"), max_remember_ttl=600, fingerprint="fp1")
+        sub = await s2.subscribe()
+        await s1.create(a)
+        assert (await sub.get()).id == "ap_r1"
+        assert [x.id for x in await s2.pending()] == ["ap_r1"]
+        assert (await s2.find("fp1")) == a
+
+        def v(user: str) -> Callable[[Approval], Approval]:
+            return lambda x: vote(x, user, "approve", Scope("sandbox", 60), None, time.time())
+        await asyncio.gather(s1.update("ap_r1", v("alice")), s2.update("ap_r1", v("bob")),
+                             s1.update("ap_r1", v("carol")))
+        got = await s2.get("ap_r1")
+        assert got is not None and got.state == "approved"
+        assert sorted(got.approved_by) == ["alice", "bob", "carol"]
+        assert await s1.pending() == []
+        g = grant_for(got)
+        assert g is not None
+        await s1.add_grant(g)
+        assert await s2.grant("r", "agent", "sb", time.time()) == g
+        assert await s2.grant("r", "agent", "other", time.time()) is None
+        ttl = await s1.r.pttl(f"{prefix}:grant:{g.key}")
+        assert 0 < ttl <= 60_000
+        expired = Approval.from_dict({**a.as_dict(), "id": "ap_r3", "expires": now - 1,
+                                      "votes": []})
+        await s1.create(expired)
+        assert [x.id for x in await s1.pending()] == []
+        await sub.aclose()
+        await s1.aclose()
+        await s2.aclose()
+
+    asyncio.run(run())
