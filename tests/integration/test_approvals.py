@@ -351,6 +351,8 @@ def test_timed_out(proxy, upstream, receiver):
                     "the json webhook post")
     assert post["verified"] and post["body"]["event"] == "approval_requested"
     assert post["body"]["approval"]["id"] == ap["id"]
+    status, text = proxy.get("/metrics", token=TOKENS["vic"])
+    assert status == 200 and 'sandgate_approval_events_total{action="timed_out"}' in text
 
 
 def test_remembered_for_a_sandbox(proxy, upstream):
