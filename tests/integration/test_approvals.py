@@ -286,6 +286,43 @@ def test_held_until_approved_through_the_api(proxy, upstream, receiver):
     assert ANTHROPIC_KEY not in post["raw"] and "hi ?key" not in post["raw"]
 
 
+SDK_SCRIPT = """
+import anthropic
+client = anthropic.Anthropic(timeout=60, max_retries=0)
+msg = client.messages.create(model="claude-test", max_tokens=8,
+                             messages=[{"role": "user", "content": "deploy?"}])
+print("TEXT:", msg.content[0].text)
+"""
+CLIENT_PY = HERE.parent.parent / ".venv-clients" / "bin" / "python"
+
+
+def test_the_anthropic_sdk_waits_for_the_approval(proxy, upstream):
+    """The official SDK holding a placeholder key: its call waits, held, and returns the
+    upstream's answer once approved (the real key injected only then)."""
+    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
+    env.update({"HTTPS_PROXY": f"http://agent:{token_for(proxy.proxy, None)}@"
+                f"{proxy.proxy.host}:{proxy.proxy.port}", "NO_PROXY": "",
+                "SSL_CERT_FILE": str(proxy.proxy.ca),
+                "ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic"})
+    sdk = subprocess.Popen([str(CLIENT_PY), "-c", SDK_SCRIPT], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    ap = wait_for(lambda: next((a for a in proxy.get("/v1/approvals", token=TOKENS["vic"])[1]
+                                ["approvals"] if a["body_size"] and "deploy?" not in a["url"]
+                                and a["url"].endswith("/v1/messages")), None),
+                  30, "the SDK's request held")
+    before = seen(upstream, "/v1/messages")
+    assert sdk.poll() is None
+    assert decide(proxy, ap["id"], "bob")[0] == 200
+    out, errs = sdk.communicate(timeout=60)
+    assert sdk.returncode == 0, errs[-2000:]
+    assert "TEXT: hello from the test upstream" in out
+    assert seen(upstream, "/v1/messages") == before + 1
+    sent = [s for s in upstream.upstream.seen if s.path == "/v1/messages"][-1]
+    assert sent.headers["x-api-key"] == ANTHROPIC_KEY and b"deploy?" in sent.body
+    assert_no_secret([out, errs], SECRET_VALUES, "the SDK output")
+
+
 def test_approved_through_the_cli(proxy, upstream):
     c = start_curl(proxy.proxy, "https://upstream.test/two/cli")
     ap = pending_for(proxy, "/two/cli")
