@@ -80,8 +80,12 @@ class RedisStore:
                for i in await self.r.zrange(self._pending, 0, -1)]
         out: list[Approval] = []
         stale: list[str] = []
-        for i in ids:
-            a = await self.get(i)
+        async with self.r.pipeline(transaction=False) as pipe:  # one round trip for all
+            for i in ids:
+                pipe.hget(self._a(i), "doc")
+            docs = await pipe.execute()
+        for i, raw in zip(ids, docs, strict=True):
+            a = Approval.from_dict(json.loads(raw)) if raw else None
             if a is None or a.state != "pending":
                 stale.append(i)
             elif a.expires > now:
