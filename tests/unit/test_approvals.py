@@ -419,6 +419,20 @@ async def test_timeout(tmp_path):
     await svc.aclose()
 
 
+async def test_a_client_that_left_withdraws(tmp_path):
+    svc = Approvals(MemoryStore())
+    p, r = ask_rule(tmp_path, "{timeout: 60}")
+    with pytest.raises(ApprovalRefused, match="withdrawn") as e:
+        await svc.ask(p, r, req(), "why", gone=lambda: True)
+    assert e.value.approval is not None
+    a = await svc.get(e.value.approval)
+    assert a is not None and a.state == "withdrawn"
+    with pytest.raises(VoteError) as v:
+        await svc.decide(a.id, "alice", "approve", None, None)
+    assert v.value.status == 409
+    await svc.aclose()
+
+
 async def test_async_mode_one_grant_one_use(tmp_path):
     svc = Approvals(MemoryStore())
     p, r = ask_rule(tmp_path, "{mode: async, timeout: 1h}")
