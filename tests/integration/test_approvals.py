@@ -634,3 +634,17 @@ def test_redis_store_against_a_real_redis(redis_server):
         await s2.aclose()
 
     asyncio.run(run())
+
+
+def test_explain_says_ask(proxy):
+    status, doc = proxy.post("/v1/explain", {"identity": "agent", "method": "GET",
+                                              "url": "https://upstream.test/two/x"},
+                             token=TOKENS["vic"])  # a viewer may explain
+    assert status == 200, doc
+    assert doc["decision"] == "ask" and doc["rule"] == "two-person"
+    assert doc["approval"]["require_approvers"] == 2
+    assert doc["approval"]["approvers"] == ["alice", "bob"]
+    status, doc = proxy.get("/v1/policy", token=TOKENS["vic"])
+    rules = {r["name"]: r["action"] for r in doc["identities"]["agent"]["rules"]}
+    assert rules["two-person"] == "ask" and rules["docs"] == "allow"
+    assert proxy.post("/v1/reload", token=TOKENS["alice"])[0] == 403  # admin only
