@@ -45,6 +45,7 @@ from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
 
 if TYPE_CHECKING:
+    from sandgate.dns.run import DnsConfig
     from sandgate.workers.control import WorkerRole
 
 log = logging.getLogger("sandgate")
@@ -89,6 +90,7 @@ class RunConfig:
     # pattern 1 with the split (--role-listen, --tool-identity): sandgate.identity.roles
     split: Split | None = None
     role_listens: Sequence[tuple[Role, str, int]] = ()
+    dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -222,6 +224,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         selves += self_addresses(*cfg.gateway)
     for _, host, port in cfg.role_listens:
         selves += self_addresses(host, port)
+    if cfg.dns is not None:
+        selves += self_addresses(*cfg.dns.listen)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -364,6 +368,14 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
                 "draining": lifecycle.draining, "policy_version": live.current.version})
         elif cfg.admin is not None:
             admin_runner = await start_admin(state, *cfg.admin)
+    dns_server = None
+    if cfg.dns is not None:  # the sandboxes' resolver, judged by the same policy and identities
+        from sandgate.dns.run import start_dns
+
+        dns_server = await start_dns(
+            cfg.dns, lambda: live.policy, gate.cfg.identifier.caller_at, sink.emit,
+            lambda outcome: metrics.dns_answers.labels(outcome).inc(), cfg.resolve,
+            reuse_port=cfg.worker is not None)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
     if ready is not None:
@@ -376,6 +388,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         if admin_runner is not None:
             await admin_runner.cleanup()
+        if dns_server is not None:
+            await dns_server.close()
         with contextlib.suppress(Exception):
             sink.emit("shutdown", policy_version=live.current.version,
                       drained=drained.get("drained"), unfinished=drained.get("unfinished"),

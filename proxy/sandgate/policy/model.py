@@ -356,6 +356,8 @@ class Rule:
     where: tuple[str | int, ...] = ()
     meta: RuleMeta | None = None  # description, owner, ticket, expires (None: none given)
     call: CallFilter | None = None  # `mcp:` / `jsonrpc:`: the calls in its bodies are judged
+    # `dns: {types: [...]}`: query types beyond A/AAAA the policy DNS answers for its hosts
+    dns_types: frozenset[str] = frozenset()
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -393,7 +395,7 @@ class PolicyTest:
     identity: str
     method: str
     url: str
-    expect: Literal["allow", "deny", "tunnel"]
+    expect: Literal["allow", "deny", "tunnel", "resolve", "refuse"]
     rule: str | None  # when set, the decision must name this rule
     source: Source
     inject: frozenset[str] | None = None  # when set, exactly these secrets are used (or none)
@@ -402,6 +404,13 @@ class PolicyTest:
     sandbox: str | None = None  # the caller's sandbox id (None: the caller has none)
     gateway: bool = False  # url is a gateway path, judged as the gateway listener judges it
     call: Call | None = None  # `mcp:` / `jsonrpc:`: the JSON-RPC call its body carries
+    # a `dns:` fixture (method "DNS", url the name): the query type looked up
+    qtype: str | None = None
+
+    @property
+    def dns(self) -> bool:
+        """A `dns: NAME` fixture, judged by the policy DNS's decision (decide_name)."""
+        return self.qtype is not None
 
     @property
     def connect(self) -> bool:
