@@ -27,6 +27,7 @@ class RecordingResolver:
     zone: Zone
     partial: frozenset[str] = frozenset()  # aliases answered with their CNAME only
     ttl: int = 300
+    default: str | None = None  # an A address for every name not in the zone (else NXDOMAIN)
     seen: list[tuple[str, str]] = field(default_factory=list)  # (name, type) asked
 
     def __post_init__(self) -> None:
@@ -71,6 +72,8 @@ class RecordingResolver:
         current = name
         for _ in range(10):
             records = self.zone.get(current)
+            if records is None and self.default is not None:
+                records = {"A": [self.default]}
             if records is None:
                 if current == name:
                     resp.set_rcode(dns.rcode.NXDOMAIN)

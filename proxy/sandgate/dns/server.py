@@ -17,7 +17,7 @@ import logging
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import dns.exception
 import dns.flags
@@ -225,8 +225,7 @@ class _Udp(asyncio.DatagramProtocol):
         self.pending: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        self.transport = cast(asyncio.DatagramTransport, transport)  # the selector's own class
 
     def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
         if len(self.pending) >= MAX_PENDING_UDP:  # bounded: a flood is dropped, not queued
