@@ -28,6 +28,7 @@ import dns.rdata
 import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
+from dns.rdatatype import RdataType
 
 from sandgate import audit as A
 from sandgate.decision import ADDRESS_TYPES, Decision, decide_name
@@ -184,7 +185,8 @@ class PolicyDns:
                     "nxdomain_upstream" if rcode == dns.rcode.NXDOMAIN else "servfail")
         return resp
 
-    async def _resolve(self, qname: str, rdtype: dns.rdatatype.RdataType, rule: Rule | None) -> Answer:
+    async def _resolve(self, qname: str, rdtype: RdataType,
+                       rule: Rule | None) -> Answer:
         """The records answered for an allowed name: --resolve pins first (what the dialer
         dials), else the upstream; addresses only those the dialer may dial; bounded count."""
         name = qname.lower()

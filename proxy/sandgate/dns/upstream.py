@@ -22,6 +22,7 @@ import dns.rdata
 import dns.rdataclass
 import dns.rdatatype
 import dns.resolver
+from dns.rdatatype import RdataType
 
 from sandgate.dns.cache import ANSWERED, AddressCache
 
@@ -59,9 +60,10 @@ class Upstream:
         self.timeout = timeout
         self.max_chain = max_chain
         self.answered = answered
-        self._cache: OrderedDict[tuple[str, dns.rdatatype.RdataType], tuple[float, Answer]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, RdataType], tuple[float, Answer]] = \
+            OrderedDict()
 
-    async def lookup(self, name: str, rdtype: dns.rdatatype.RdataType) -> Answer:
+    async def lookup(self, name: str, rdtype: RdataType) -> Answer:
         """`name` (normalised, no trailing dot) of type `rdtype`, from the cache while fresh."""
         key = (name, rdtype)
         hit = self._cache.get(key)
@@ -76,15 +78,15 @@ class Upstream:
                 self._cache.popitem(last=False)
         return answer
 
-    def remember(self, name: str, rdtype: dns.rdatatype.RdataType, records: Sequence[dns.rdata.Rdata],
-                 ttl: int) -> None:
+    def remember(self, name: str, rdtype: RdataType,
+                 records: Sequence[dns.rdata.Rdata], ttl: int) -> None:
         """The addresses answered to a sandbox: the dialer pins these while they are fresh."""
         if rdtype not in (dns.rdatatype.A, dns.rdatatype.AAAA) or not records:
             return
         ips = tuple(ipaddress.ip_address(r.to_text()) for r in records)
         self.answered.put(name, dns.rdatatype.to_text(rdtype), ips, max(ttl, 1))
 
-    async def _resolve(self, name: str, rdtype: dns.rdatatype.RdataType) -> Answer:
+    async def _resolve(self, name: str, rdtype: RdataType) -> Answer:
         current = dns.name.from_text(name)
         ttl: int | None = None
         seen = {current}
@@ -116,7 +118,7 @@ class Upstream:
             # The chain ends in a name this answer says nothing about: ask for that (bounded).
         return Answer(dns.rcode.SERVFAIL, (), 0)
 
-    async def _ask(self, name: dns.name.Name, rdtype: dns.rdatatype.RdataType) -> dns.message.Message:
+    async def _ask(self, name: dns.name.Name, rdtype: RdataType) -> dns.message.Message:
         q = dns.message.make_query(name, rdtype, use_edns=0, payload=1232)
         q.flags |= dns.flags.RD
         last: Exception | None = None
