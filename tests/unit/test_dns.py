@@ -344,3 +344,49 @@ def test_the_dialer_pins_what_the_dns_answered() -> None:
     assert cache.addresses("a") is None and cache.addresses("b") is not None
     cache.put("c", "A", (ipaddress.ip_address("5.6.7.9"),), 0)
     assert cache.addresses("c") is None  # expired at once
+
+
+# --- deployment: the compose file and the Kubernetes example point sandboxes at it -------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_kubernetes_example_points_pods_at_the_policy_dns() -> None:
+    import yaml
+
+    from sandgate.cli import build_parser
+
+    docs = [d for d in yaml.safe_load_all(
+        (REPO / "deploy/kubernetes/examples/policy-dns.yaml").read_text()) if d]
+    svc = next(d for d in docs if d["kind"] == "Service")
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    assert pod["spec"]["dnsPolicy"] == "None"
+    assert pod["spec"]["dnsConfig"]["nameservers"] == [svc["spec"]["clusterIP"]]
+    assert {(p["port"], p["targetPort"], p["protocol"]) for p in svc["spec"]["ports"]} == \
+        {(53, 5353, "UDP"), (53, 5353, "TCP")}
+    args = build_parser().parse_args(["run", "--policies", "p", "--dns=0.0.0.0:5353",
+                                      "--identity-cidr=10.244.64.0/20=bash-tool"])
+    assert args.dns == ("0.0.0.0", 5353)
+
+
+def test_compose_sandboxes_use_the_policy_dns() -> None:
+    import yaml
+
+    doc = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    sandgate = doc["services"]["sandgate"]
+    addr = sandgate["networks"]["sandboxes"]["ipv4_address"]
+    assert f"--dns={addr}:53" in sandgate["command"]
+    for name in ("agent", "bash-tool"):
+        assert doc["services"][name]["dns"] == [addr]
+
+
+def test_sandbox_spec_dns_must_be_an_address() -> None:
+    from sandgate.sandbox.errors import SandboxError
+    from sandgate.sandbox.launcher import SandboxSpec
+
+    ca = "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n"
+    SandboxSpec(identity="a", proxy_url="http://172.30.99.1:8080", ca_pem=ca,
+                dns="172.30.99.1").validate()
+    with pytest.raises(SandboxError, match="policy DNS's IP address"):
+        SandboxSpec(identity="a", proxy_url="http://172.30.99.1:8080", ca_pem=ca,
+                    dns="sandgate:53").validate()
