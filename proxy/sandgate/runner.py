@@ -372,8 +372,11 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     if cfg.dns is not None:  # the sandboxes' resolver, judged by the same policy and identities
         from sandgate.dns.run import start_dns
 
+        def dns_audit(event: str, **fields: Any) -> None:  # a name may carry a secret value
+            sink.emit(event, **audit.scrub_fields(fields, gate.secrets()))
+
         dns_server = await start_dns(
-            cfg.dns, lambda: live.policy, gate.cfg.identifier.caller_at, sink.emit,
+            cfg.dns, lambda: live.policy, gate.cfg.identifier.caller_at, dns_audit,
             lambda outcome: metrics.dns_answers.labels(outcome).inc(), cfg.resolve,
             reuse_port=cfg.worker is not None)
     if cfg.watch_interval:

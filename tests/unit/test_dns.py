@@ -390,3 +390,20 @@ def test_sandbox_spec_dns_must_be_an_address() -> None:
     with pytest.raises(SandboxError, match="policy DNS's IP address"):
         SandboxSpec(identity="a", proxy_url="http://172.30.99.1:8080", ca_pem=ca,
                     dns="sandgate:53").validate()
+
+
+def test_report_mode_answers_and_audits_as_report() -> None:
+    from sandgate.explain import explain_name
+
+    p = _policy({"identities": {"agent": {"mode": "report", "rules": RULES[:1]}}})
+    out, resolves = explain_name(p, "agent", "unlisted.example")
+    assert resolves and out["decision"] == "report" and out["code"] == "no_rule"
+    up = ScriptedUpstream({("unlisted.example", "A"): ["unlisted.example 60 A 5.6.7.20"]})
+    events: list[tuple[str, dict]] = []
+    srv = PolicyDns(lambda: p, lambda ip: AGENT, up, DnsLimits(),
+                    lambda ev, **f: events.append((ev, f)))
+    r = _ask(srv, "unlisted.example")
+    assert [x.to_text() for x in r.answer[0]] == ["5.6.7.20"]
+    assert events[0][1]["decision"] == "report" and events[0][1]["code"] == "no_rule"
+    out, resolves = explain_name(POLICY, "agent", "unlisted.example")
+    assert not resolves and out["decision"] == "refuse"

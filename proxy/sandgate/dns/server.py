@@ -31,7 +31,7 @@ import dns.rrset
 from dns.rdatatype import RdataType
 
 from sandgate import audit as A
-from sandgate.decision import ADDRESS_TYPES, Decision, decide_name
+from sandgate.decision import ADDRESS_TYPES, Decision, decide_name, reported
 from sandgate.dns.limits import DnsLimits, SourceRates
 from sandgate.dns.upstream import Answer, Upstream, UpstreamError
 from sandgate.identity.base import Caller
@@ -148,7 +148,8 @@ class PolicyDns:
                          "answered (only IN)")
         else:
             d = decide_name(policy, caller.identity, qname, qtype)
-        if not d.allowed:
+        report = reported(policy, caller.identity, d)  # `mode: report`: answered, audited so
+        if not d.allowed and not report:
             # A name a rule reaches, asked with a type no rule allows: REFUSED, never NXDOMAIN
             # (which would say the name does not exist, and be cached so for its A lookups).
             name_ok = d.code is not None and q.rdclass == dns.rdataclass.IN and \
@@ -170,8 +171,10 @@ class PolicyDns:
             return self._rcode(query, dns.rcode.SERVFAIL)
         rcode = got.rcode
         # Fail closed: an answer goes out only once its audit line is written.
-        self._emit(**{**who, **base, A.DECISION: "allow", A.RULE: d.rule_name,
-                      RCODE: dns.rcode.to_text(rcode), ANSWERS: len(got.records)})
+        self._emit(**{**who, **base, A.DECISION: "report" if report else "allow",
+                      A.RULE: d.rule_name, RCODE: dns.rcode.to_text(rcode),
+                      ANSWERS: len(got.records),
+                      **({A.CODE: str(d.code), A.REASON: d.reason} if report else {})})
         resp = self._rcode(query, rcode)
         if rcode == dns.rcode.NOERROR and got.records:
             rrset = dns.rrset.RRset(q.name, dns.rdataclass.IN, q.rdtype)
