@@ -407,3 +407,18 @@ def test_report_mode_answers_and_audits_as_report() -> None:
     assert events[0][1]["decision"] == "report" and events[0][1]["code"] == "no_rule"
     out, resolves = explain_name(POLICY, "agent", "unlisted.example")
     assert not resolves and out["decision"] == "refuse"
+
+
+def test_answers_are_counted_by_outcome_on_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from sandgate.metrics import Metrics
+
+    m = Metrics(lambda: POLICY)
+    srv, _up, _, _ = _server()
+    srv.count = lambda outcome: m.dns_answers.labels(outcome).inc()  # as runner.serve wires it
+    _ask(srv, "api.example.com")
+    _ask(srv, "data.attacker.example")
+    text = generate_latest(m.registry).decode()
+    assert 'sandgate_dns_answers_total{outcome="answer"} 1.0' in text
+    assert 'sandgate_dns_answers_total{outcome="nxdomain"} 1.0' in text
