@@ -28,6 +28,8 @@ if ((want_test)); then
   command -v git >/dev/null || need_apt+=(git)
   # squid: the bench's CONNECT-tunnel baseline (tests/integration/test_bench.py runs bench/)
   command -v squid >/dev/null || [[ -x /usr/sbin/squid ]] || need_apt+=(squid)
+  # dig: a real DNS client against the policy DNS (tests/integration/test_dns.py)
+  command -v dig >/dev/null || need_apt+=(dnsutils)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then

@@ -47,6 +47,7 @@ from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
 
 if TYPE_CHECKING:
+    from sandgate.dns.run import DnsConfig
     from sandgate.workers.control import WorkerRole
 
 log = logging.getLogger("sandgate")
@@ -95,6 +96,7 @@ class RunConfig:
     # where approvals live: a Redis URL shares them between replicas (sandgate.approvals);
     # None: in this process
     approvals_redis: str | None = field(default=None, repr=False)
+    dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -229,6 +231,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     for _, host, port in cfg.role_listens:
         selves += self_addresses(host, port)
     approvals = make_approvals(cfg, broker, sink.emit)
+    if cfg.dns is not None:
+        selves += self_addresses(*cfg.dns.listen)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -374,6 +378,17 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
                 "draining": lifecycle.draining, "policy_version": live.current.version})
         elif cfg.admin is not None:
             admin_runner = await start_admin(state, *cfg.admin)
+    dns_server = None
+    if cfg.dns is not None:  # the sandboxes' resolver, judged by the same policy and identities
+        from sandgate.dns.run import start_dns
+
+        def dns_audit(event: str, **fields: Any) -> None:  # a name may carry a secret value
+            sink.emit(event, **audit.scrub_fields(fields, gate.secrets()))
+
+        dns_server = await start_dns(
+            cfg.dns, lambda: live.policy, gate.cfg.identifier.caller_at, dns_audit,
+            lambda outcome: metrics.dns_answers.labels(outcome).inc(), cfg.resolve,
+            reuse_port=cfg.worker is not None)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
     if ready is not None:
@@ -386,6 +401,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         if admin_runner is not None:
             await admin_runner.cleanup()
+        if dns_server is not None:
+            await dns_server.close()
         with contextlib.suppress(Exception):
             sink.emit("shutdown", policy_version=live.current.version,
                       drained=drained.get("drained"), unfinished=drained.get("unfinished"),
