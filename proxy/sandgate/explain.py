@@ -83,6 +83,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         # what a fixture's `inject:` entry may say instead of the secret's name
         out["credential_forms"] = credential_forms(policy, d.rule, parse_url(method, url).host)
         out["placeholders_honoured"] = sorted(d.rule.secrets)
+        out["trace_context"] = trace_context(d.rule.forward_trace_context)
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
         if d.allowed and d.rule.max_request_bytes is not None:
@@ -109,3 +110,9 @@ def explain_request(policy: Policy, identity: str, method: str, url: str,
     out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True,
                            call=call)
     return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed
+
+
+def trace_context(forwarded: bool) -> str:
+    """What happens to the sandbox's traceparent/tracestate (sandgate.export.traceparent)."""
+    return ("traceparent/tracestate forwarded to the upstream as sent (forward_trace_context)"
+            if forwarded else "traceparent/tracestate removed before forwarding")

@@ -395,6 +395,9 @@ class Rule:
     # so that every analysis (reach, proofs, secrets' hosts) counts what it reaches once
     # approved; deny > ask > allow when several match: sandgate.decision)
     ask: AskPolicy | None = None
+    # `forward_trace_context: true`: the sandbox's traceparent/tracestate reach the upstream
+    # (otherwise removed before forwarding: sandgate.export.traceparent)
+    forward_trace_context: bool = False
 
     @property
     def verb(self) -> Literal["allow", "deny", "ask"]:
