@@ -140,7 +140,9 @@ class _Batch(BatchSpanProcessor):
 
     def __init__(self, exporter: SpanExporter, counters: ExportCounters,
                  max_queue_size: int | None) -> None:
-        super().__init__(exporter, max_queue_size=max_queue_size)
+        # a batch is at most the queue (the SDK refuses a larger one; 512 is its default)
+        batch = min(max_queue_size, 512) if max_queue_size is not None else None
+        super().__init__(exporter, max_queue_size=max_queue_size, max_export_batch_size=batch)
         self._counters = counters
 
     def on_end(self, span: ReadableSpan) -> None:
