@@ -220,6 +220,8 @@ def test_every_audit_event_reaches_rsyslog_over_tls(proxy, rsyslog_tls):
     parsed = [p for p in rsyslog_tls.lines("parsed") if event["path"].split("-")[1] in p
               or "no_rule" in p]
     assert any(p.startswith("sandgate|request|[sandgate@32473 ") for p in parsed)
+    # the documented template gives the audit event back, one JSON object a line
+    assert any(json.loads(j).get("path") == event["path"] for j in rsyslog_tls.lines("json"))
     allowed = rsyslog_tls.wait_for("m=REDACTED")
     assert allowed.startswith("<110>1 ") and ' decision="allow"' in allowed
 

@@ -20,6 +20,7 @@ class Rsyslog:
         self.host, self.port = host, port
         self.raw = self.dir / "raw.log"  # the message as received (framing removed)
         self.parsed = self.dir / "parsed.log"  # APP-NAME|MSGID|STRUCTURED-DATA, as rsyslog read
+        self.json = self.dir / "json.log"  # the MSG, as docs/audit-export.md's template writes it
         tls = ""
         driver = ""
         if cert is not None:
@@ -40,6 +41,9 @@ class Rsyslog:
             'template(name="raw" type="string" string="%rawmsg%\\n")\n'
             'template(name="parsed" type="string" '
             'string="%app-name%|%msgid%|%structured-data%\\n")\n'
+            # docs/audit-export.md's template: the MSG without its BOM, one JSON object a line
+            'template(name="json" type="string" string="%msg:4:$%\\n")\n'
+            f'*.* action(type="omfile" file="{self.json}" template="json")\n'
             f'*.* action(type="omfile" file="{self.raw}" template="raw")\n'
             f'*.* action(type="omfile" file="{self.parsed}" template="parsed")\n')
         self.proc: subprocess.Popen[bytes] | None = None
@@ -75,7 +79,7 @@ class Rsyslog:
             self.proc = None
 
     def lines(self, which: str = "raw") -> list[str]:
-        path = self.raw if which == "raw" else self.parsed
+        path = {"raw": self.raw, "parsed": self.parsed, "json": self.json}[which]
         return path.read_text(errors="replace").splitlines() if path.exists() else []
 
     def wait_for(self, needle: str, timeout: float = 15) -> str:
