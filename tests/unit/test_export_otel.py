@@ -276,3 +276,19 @@ def test_otlp_is_a_base_url_like_the_standard_variable():
     assert otel.traces_url("http://c:4318") == "http://c:4318/v1/traces"
     assert otel.traces_url("http://c:4318/") == "http://c:4318/v1/traces"
     assert otel.traces_url("http://c:4318/v1/traces") == "http://c:4318/v1/traces"
+
+
+def test_grpc_without_its_extra_says_how_to_get_it(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_grpc(name, *a, **kw):
+        if name.startswith("opentelemetry.exporter.otlp.proto.grpc"):
+            raise ImportError(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_grpc)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(ValueError, match=r"pip install 'sandgate\[otlp-grpc\]'"):
+        otel.exporter("http://127.0.0.1:4317")
