@@ -227,6 +227,21 @@ def test_every_audit_event_reaches_rsyslog_over_tls(proxy, rsyslog_tls):
     assert allowed.startswith("<110>1 ") and ' decision="allow"' in allowed
 
 
+def test_each_worker_sends_its_own_events(tmp_path, vault, upstream, pki, rsyslog_tls,
+                                          syslog_pki):
+    p = start_proxy(tmp_path, POLICIES, env(vault), pki, "--workers", "2",
+                    "--audit-syslog", f"tcp+tls://{SYSLOG_IP}:{SYSLOG_TLS_PORT}",
+                    "--audit-syslog-ca", str(syslog_pki.ca_cert))
+    try:
+        path = f"/workers-{secrets.token_hex(4)}"
+        curl(p, "agent", "https://upstream.test" + path)
+        line = rsyslog_tls.wait_for(path)
+        assert json.loads(line.split("\ufeff", 1)[1])["worker"] in (0, 1)
+        assert ' worker="' in line
+    finally:
+        stop_proxy(p)
+
+
 def test_no_exported_byte_carries_a_secret(proxy, phoenix, rsyslog_tls):
     # after the requests above (this module runs in order): everything the receivers hold
     curl(proxy, "agent", CHAT, "-X", "POST", "-d", "{}")

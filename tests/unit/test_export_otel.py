@@ -122,6 +122,14 @@ async def test_the_trace_headers_stay_here_unless_the_rule_forwards_them(policy)
     assert rec.trace == th(HEADER, ["v=1"])
 
 
+def test_every_spelling_and_copy_of_the_headers_is_removed():
+    headers = http.Headers([(b"traceparent", b"a"), (b"TraceParent", b"b"),
+                            (b"TRACESTATE", b"c"), (b"x", b"1")])
+    found = traceparent.take(headers, forward=False)
+    assert headers.fields == ((b"x", b"1"),)
+    assert found == th(["a", "b"], ["c"]) and traceparent.parse(found) is None
+
+
 def test_explain_says_what_happens_to_the_trace_context(policy):
     out, _ = explain.explain(policy, "agent", "GET", "https://a.example/")
     assert out["trace_context"] == "traceparent/tracestate removed before forwarding"
