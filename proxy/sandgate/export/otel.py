@@ -91,7 +91,7 @@ def exporter(endpoint: str | None) -> SpanExporter:
         except ImportError:
             raise ValueError("OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the otlp-grpc extra: "
                              "pip install 'sandgate[otlp-grpc]'") from None
-        return GrpcExporter(endpoint=endpoint)  # type: ignore[no-any-return]
+        return GrpcExporter(endpoint=endpoint)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter(endpoint=traces_url(endpoint) if endpoint is not None else None)
