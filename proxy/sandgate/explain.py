@@ -83,6 +83,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         # what a fixture's `inject:` entry may say instead of the secret's name
         out["credential_forms"] = credential_forms(policy, d.rule, parse_url(method, url).host)
         out["placeholders_honoured"] = sorted(d.rule.secrets)
+        out["trace_context"] = trace_context(d.rule.forward_trace_context)
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
         if d.allowed and d.rule.max_request_bytes is not None:
@@ -141,3 +142,9 @@ def explain_name(policy: Policy, identity: str, qname: str, qtype: str = "A"
         out["report"] = ("identity in report mode: answered as if allowed and audited as "
                          "`report`")
     return out, d.allowed or report
+
+
+def trace_context(forwarded: bool) -> str:
+    """What happens to the sandbox's traceparent/tracestate (sandgate.export.traceparent)."""
+    return ("traceparent/tracestate forwarded to the upstream as sent (forward_trace_context)"
+            if forwarded else "traceparent/tracestate removed before forwarding")

@@ -34,6 +34,8 @@ from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.admin_auth import AdminUser
 from sandgate.approvals.service import Approvals
+from sandgate.export import setup as export_setup
+from sandgate.export.setup import ExportConfig
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.identity.roles import Role, Split
@@ -97,6 +99,7 @@ class RunConfig:
     # None: in this process
     approvals_redis: str | None = field(default=None, repr=False)
     dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
+    exports: ExportConfig = field(default_factory=ExportConfig)  # --otlp, --audit-syslog
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -252,6 +255,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
     sink.add_listener(metrics.on_audit)
+    exports = export_setup.start(cfg.exports, sink, metrics.registry, cfg.instance)
+    gate.cfg.flow_audited = exports.flow_audited
 
     def swap(new: livepolicy.LoadedPolicy) -> None:
         broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
@@ -410,6 +415,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         with contextlib.suppress(Exception):
             await approvals.aclose()
         await broker.aclose()
+        exports.close()  # after the shutdown event: syslog gets it too
         sink.close()
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandgate.cli.common import confdir_arg, load_error
 from sandgate.cli.common import err as _err
+from sandgate.export import setup as export_setup
 from sandgate.identity.base import AddressIdentitySource
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ def register(sub: Any) -> None:
     run.add_argument("--audit-best-effort", action="store_true",
                      help="keep forwarding while the audit log cannot be written (default: "
                      "refuse with 503 audit_unavailable until a write succeeds)")
+    export_setup.add_arguments(run)
     run.add_argument("--canary", action="store_true",
                      help="refuse and audit any request carrying an identity's decoy credential "
                      "(see `sandgate canary`); scrub it from responses")
@@ -368,6 +370,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
         dns = dns_config(args)
+        exports = export_setup.from_args(args)
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
@@ -448,6 +451,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
             admin_users=admin_users, approvals_redis=args.approvals_redis,
             dns=dns,
+            exports=exports,
         )
         if role is not None:
             cfg.worker = role

@@ -711,6 +711,7 @@ def _compile_rule(
         max_request_bytes=max_bytes, substitute_body=rs.substitute_body,
         github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
         public=rs.public, where=loc, meta=meta, call=call, ask=ask, dns_types=dns_types,
+        forward_trace_context=rs.forward_trace_context,
     )
 
 

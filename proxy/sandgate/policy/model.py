@@ -397,6 +397,9 @@ class Rule:
     ask: AskPolicy | None = None
     # `dns: {types: [...]}`: query types beyond A/AAAA the policy DNS answers for its hosts
     dns_types: frozenset[str] = frozenset()
+    # `forward_trace_context: true`: the sandbox's traceparent/tracestate reach the upstream
+    # (otherwise removed before forwarding: sandgate.export.traceparent)
+    forward_trace_context: bool = False
 
     @property
     def verb(self) -> Literal["allow", "deny", "ask"]:

@@ -353,6 +353,12 @@ class RuleSpec(_Strict):
         default_factory=list, description="Non-public ranges this rule may dial."
     )
     passthrough: bool = Field(default=False, description="Tunnel without interception.")
+    forward_trace_context: bool = Field(
+        default=False,
+        description="Forward the sandbox's W3C trace context (`traceparent`, `tracestate`) to "
+        "the upstream as sent. Default: both headers are removed before forwarding (Sandgate's "
+        "own span continues the sandbox's trace either way, with --otlp).",
+    )
     query: dict[str, list[str] | QuerySpec | Literal["absent"]] | None = Field(
         default=None, min_length=1,
         description="Named query parameters the request must carry, each with one of the "
