@@ -599,8 +599,8 @@ def test_redis_store_against_a_real_redis(redis_server):
 
     async def run() -> None:
         prefix = f"t{time.time_ns()}"
-        s1 = RedisStore(redis.asyncio.Redis.from_url(redis_server), prefix=prefix)
-        s2 = RedisStore(redis.asyncio.Redis.from_url(redis_server), prefix=prefix)
+        s1 = RedisStore(redis.asyncio.Redis.from_url(redis_server), prefix=prefix, owned=True)
+        s2 = RedisStore(redis.asyncio.Redis.from_url(redis_server), prefix=prefix, owned=True)
         now = time.time()
         a = Approval(id="ap_r1", identity="agent", sandbox="sb", method="POST",
                      url="https://x/a", host="x", tool=None, rule="r", rule_source="p:1",

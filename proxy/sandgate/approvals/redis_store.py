@@ -31,11 +31,12 @@ MAX_RETRIES = 50
 
 class RedisStore:
     def __init__(self, redis: Redis, prefix: str = "sandgate",
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, owned: bool = False) -> None:
         import time
 
         self.r = redis
         self.p = prefix
+        self.owned = owned  # close the client with the store (else it is shared: left open)
         self._clock = clock or time.time
 
     def _a(self, approval_id: str) -> str:
@@ -160,4 +161,5 @@ class RedisStore:
         return Subscription(get, close)
 
     async def aclose(self) -> None:
-        await self.r.aclose()
+        if self.owned:
+            await self.r.aclose()
