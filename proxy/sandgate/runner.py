@@ -430,7 +430,8 @@ def make_approvals(cfg: RunConfig, broker: SecretBroker,
         import redis.asyncio
 
         client = redis.asyncio.Redis.from_url(cfg.approvals_redis)
-    return Approvals(approval_store_for(client), audit=audit_emit, instance=cfg.instance,
+    return Approvals(approval_store_for(client, owned=True), audit=audit_emit,
+                     instance=cfg.instance,
                      notify=WebhookSender(broker, audit_emit).notify)
 
 
