@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
-from sandgate.sandbox import split
+from sandgate.sandbox import capture_cli, split
 from sandgate.sandbox.errors import DockerUnavailable, SandboxError, connect
 from sandgate.sandbox.launcher import (
     DEFAULT_IMAGE,
@@ -80,6 +80,7 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     ssub.add_parser("ls", help="list sandboxes the launcher created")
+    capture_cli.add_parser(ssub)  # transparent capture's nftables table
 
 
 def _network(client: Any, args: argparse.Namespace) -> SandboxNetwork:
@@ -95,6 +96,8 @@ def _err(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sandbox_command == "capture":
+        return capture_cli.run(args)
     try:
         if args.sandbox_command == "network":
             client = connect()
