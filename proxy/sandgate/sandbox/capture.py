@@ -117,13 +117,30 @@ def ruleset(tag: str, cap: Capture) -> str:
     name = table_name(tag)
     body = _body(cap)
     digest = hashlib.sha256(body.encode()).hexdigest()[:16]
+    # the ports this host must accept from the sandboxes (the host firewall reads them back)
+    opened = f"tcp:{cap.listener[1]}" + (f" udp:{cap.dns[1]}" if cap.dns else "")
     return (f"table inet {name} {{}}\ndelete table inet {name}\n"
-            f"table inet {name} {{\n\tcomment \"sandgate capture {digest}\"\n{body}}}\n")
+            f"table inet {name} {{\n\tcomment \"sandgate capture {digest} {opened}\"\n"
+            f"{body}}}\n")
 
 
 def digest_of(text: str) -> str | None:
-    m = re.search(r'comment "sandgate capture ([0-9a-f]{16})"', text)
+    m = re.search(r'comment "sandgate capture ([0-9a-f]{16})', text)
     return m.group(1) if m else None
+
+
+def listener_ports(tag: str, netns: str | None = None) -> tuple[list[int], list[int]]:
+    """The (TCP, UDP) ports an installed table sends to this host (the transparent listener,
+    the DNS): the host firewall keeps them open. Nothing installed: ([], [])."""
+    if shutil.which("nft") is None:
+        return [], []
+    res = _run(["list", "table", "inet", table_name(tag)], netns=netns)
+    m = re.search(r'comment "sandgate capture [0-9a-f]{16} tcp:(\d+)(?: udp:(\d+))?"',
+                  res.stdout) if res.returncode == 0 else None
+    if m is None:
+        return [], []
+    dns = [int(m.group(2))] if m.group(2) else []
+    return [int(m.group(1)), *dns], dns
 
 
 def _body(cap: Capture) -> str:

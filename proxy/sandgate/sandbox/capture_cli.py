@@ -41,8 +41,8 @@ def _required_host(spec: str) -> tuple[str, int]:
     return host, port
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The capture options shared by `sandbox capture` and `sandbox network`."""
+def add_arguments(p: argparse.ArgumentParser, status: bool = True) -> None:
+    """The capture options shared by `sandbox capture`, `sandbox network` and `sandbox run`."""
     p.add_argument("--dns", type=_required_host, default=None, metavar="HOST:PORT",
                    help="Sandgate's DNS (`sandgate run --dns`): the only resolver sandboxes "
                    "reach, at HOST port 53; every other DNS packet is dropped and counted")
@@ -50,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="capture this TCP port too (80 and 443 always are; repeatable)")
     p.add_argument("--capture-policies", type=Path, default=None, metavar="DIR",
                    help="capture every port an allow rule of these policies names")
-    p.add_argument("--status", action="store_true",
-                   help="print the capture counters (captured, dropped by kind) and exit")
+    if status:
+        p.add_argument("--status", action="store_true",
+                       help="print the capture counters (captured, dropped by kind) and exit")
 
 
 def add_parser(ssub: Any) -> None:
@@ -71,6 +72,15 @@ def add_parser(ssub: Any) -> None:
                    "(Sandgate's proxy listener, for proxy mode beside capture; repeatable)")
     p.add_argument("--remove", action="store_true", help="remove the table and exit")
     add_arguments(p)
+
+
+def for_network(args: argparse.Namespace) -> capture.Capture | None:
+    """`sandbox network/run --transparent PORT`: the capture for the Docker network's bridge
+    (its interface and proxy port are filled in by sandgate.sandbox.network)."""
+    if args.transparent is None:
+        return None
+    return capture.Capture(listener=(None, args.transparent), ports=ports(args), dns=args.dns,
+                           interface="-")  # "-": the bridge, filled in by install_capture
 
 
 def ports(args: argparse.Namespace) -> tuple[int, ...]:

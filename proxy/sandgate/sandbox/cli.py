@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
-from sandgate.sandbox import capture_cli, split
+from sandgate.sandbox import capture, capture_cli, split
 from sandgate.sandbox.errors import DockerUnavailable, SandboxError, connect
 from sandgate.sandbox.launcher import (
     DEFAULT_IMAGE,
@@ -29,6 +29,7 @@ from sandgate.sandbox.network import (
     NETWORK_NAME,
     SandboxNetwork,
     ensure_network_info,
+    inspect_network,
 )
 
 
@@ -47,6 +48,12 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
                              "listening on the host answers them)")
         # The default since the host firewall allows only the proxy port; kept for old scripts.
         sp.add_argument("--only-proxy-port", action="store_true", help=argparse.SUPPRESS)
+        sp.add_argument("--transparent", type=int, default=None, metavar="PORT",
+                        help="transparent capture: redirect the sandboxes' TCP to 80/443 (and "
+                        "--capture-port) to Sandgate's --transparent listener at this port of "
+                        "the gateway, drop and count everything else (nftables); `run`: no "
+                        "proxy variables in the sandbox")
+        capture_cli.add_arguments(sp, status=sp.prog.endswith(" network"))
 
     net = ssub.add_parser("network", help="create the internal sandbox network; print gateway")
     net_args(net)
@@ -87,7 +94,8 @@ def _network(client: Any, args: argparse.Namespace) -> SandboxNetwork:
     if args.unsafe_allow_host_services and args.only_proxy_port:
         raise SandboxError("--unsafe-allow-host-services and --only-proxy-port contradict")
     return ensure_network_info(client, args.network, args.subnet, proxy_port=args.proxy_port,
-                               allow_host_services=args.unsafe_allow_host_services)
+                               allow_host_services=args.unsafe_allow_host_services,
+                               transparent=capture_cli.for_network(args))
 
 
 def _err(msg: str) -> int:
@@ -101,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.sandbox_command == "network":
             client = connect()
+            if args.status:  # the capture counters of the network's bridge
+                bridge = inspect_network(client, args.network).bridge
+                sys.stdout.write(capture.format_counters(capture.counters(bridge)))
+                return 0
             info = _network(client, args)
             if not info.host_firewall:
                 print("sandgate: warning: no host firewall (not root?): sandboxes can reach "
@@ -159,6 +171,7 @@ def _run(args: argparse.Namespace) -> int:
         ca_pem=ca_pem, token=token, placeholders=placeholders, memory=args.memory,
         cpus=args.cpus, pids_limit=args.pids_limit, network=args.network,
         allow_host_services=args.unsafe_allow_host_services,
+        transparent=args.transparent is not None,
     )
     res = run_once(client, spec, cmd if len(cmd) > 1 else cmd[0], timeout=args.timeout)
     sys.stdout.write(res.stdout)
