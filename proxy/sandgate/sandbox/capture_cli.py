@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,7 @@ def add_parser(ssub: Any) -> None:
     p.add_argument("--transparent", type=lambda s: host_port(s, True), default=None,
                    metavar="[HOST:]PORT",
                    help="Sandgate's transparent listener (--interface: PORT alone redirects "
-                   "to the address the packet came in to)")
+                   "to the address the packet came in to; a HOST name is resolved once, now)")
     p.add_argument("--allow", type=_required_host, action="append", default=[],
                    metavar="HOST:PORT", help="let TCP to this address through unchanged "
                    "(Sandgate's proxy listener, for proxy mode beside capture; repeatable)")
@@ -92,6 +94,33 @@ def ports(args: argparse.Namespace) -> tuple[int, ...]:
     return capture.capture_ports(extra)
 
 
+def address(host: str | None) -> str | None:
+    """An address for the rules: a name (a Kubernetes Service) is resolved once, now, before
+    the rules cut the namespace off from every resolver but Sandgate's."""
+    if host is None:
+        return None
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as e:
+        raise SandboxError(f"cannot resolve {host!r}: {e}") from None
+    return str(infos[0][4][0])
+
+
+def _resolved(spec: tuple[str | None, int]) -> tuple[str | None, int]:
+    return address(spec[0]), spec[1]
+
+
+def _resolved_host(spec: tuple[str, int]) -> tuple[str, int]:
+    host = address(spec[0])
+    assert host is not None
+    return host, spec[1]
+
+
 def run(args: argparse.Namespace) -> int:
     tag = "pod" if args.pod else args.interface
     try:
@@ -103,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.transparent is None:
             raise SandboxError("--transparent [HOST:]PORT is required")
-        cap = capture.Capture(listener=args.transparent, ports=ports(args), dns=args.dns,
-                              allow=tuple(args.allow),
+        cap = capture.Capture(listener=_resolved(args.transparent), ports=ports(args),
+                              dns=_resolved_host(args.dns) if args.dns else None,
+                              allow=tuple(_resolved_host(a) for a in args.allow),
                               placement="pod" if args.pod else "router",
                               interface=args.interface)
         changed = capture.apply(tag, cap)
