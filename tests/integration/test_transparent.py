@@ -1,6 +1,6 @@
 """Transparent capture in network namespaces: clients with no proxy setting at all, in a sandbox
 namespace whose packets the router (this namespace) redirects to `sandgate run --transparent`
-with the table `sandgate sandbox capture` installs (real nft). Allowed hosts are reached with
+with the table `sandgate capture` installs (real nft). Allowed hosts are reached with
 the key injected; denied ones get Sandgate's readable refusal inside TLS; other ports, UDP, QUIC
 and DNS to any resolver go nowhere and are counted.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandgate.sandbox import capture
+from sandgate import capture
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
     HERE,
@@ -68,7 +68,7 @@ def world(tmp_path_factory, tp_pki, vault) -> Iterator[tuple[SandboxNetns, Proxy
                         listen_host="127.0.64.1")
         try:
             # what `sandgate sandbox network --transparent` does for Docker's bridge
-            out = subprocess.run([*SANDGATE, "sandbox", "capture", "--interface", ns.router_if,
+            out = subprocess.run([*SANDGATE, "capture", "--interface", ns.router_if,
                                   "--transparent", str(TRANSPARENT_PORT)],
                                  capture_output=True, text=True, timeout=60)
             assert out.returncode == 0, out.stderr
@@ -292,7 +292,7 @@ def test_other_ports_and_udp_go_nowhere_and_are_counted(world):
 
 def test_status_prints_the_counters(world):
     ns, _ = world
-    r = subprocess.run([*SANDGATE, "sandbox", "capture", "--interface", ns.router_if,
+    r = subprocess.run([*SANDGATE, "capture", "--interface", ns.router_if,
                         "--status"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
     names = [line.split("\t")[0] for line in r.stdout.splitlines()]

@@ -5,6 +5,8 @@ Kubernetes example's init container (tests/integration/test_transparent.py runs 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,15 +15,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sandgate import capture
 from sandgate.addons.pinned import pinned
+from sandgate.capture import Capture, CaptureError
 from sandgate.cli import build_parser
+from sandgate.cli.capture import host_port
 from sandgate.cli.run import cmd_run
 from sandgate.policy.loader import load_policy_dir
 from sandgate.runner import RunConfig, check_listeners
-from sandgate.sandbox import capture
-from sandgate.sandbox.capture import Capture
-from sandgate.sandbox.capture_cli import host_port
-from sandgate.sandbox.errors import SandboxError
 from sandgate.stages.s15_capture import redirected_here, same_ip
 
 pytestmark = pytest.mark.unit
@@ -100,7 +101,7 @@ def test_digest_names_the_rules_and_the_opened_ports() -> None:
     ({"listener": (None, 8443), "interface": "x", "placement": "host"}, "router or pod"),
 ])
 def test_bad_capture_is_refused_clearly(kwargs: dict, message: str) -> None:
-    with pytest.raises(SandboxError, match=message):
+    with pytest.raises(CaptureError, match=message):
         Capture(**kwargs)
 
 
@@ -177,9 +178,19 @@ def test_kubernetes_init_container_alone_holds_net_admin() -> None:
         assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert c["securityContext"]["allowPrivilegeEscalation"] is False
         assert not any("proxy" in e["name"].lower() for e in c.get("env", []))
-    # its command is one `sandgate sandbox capture` accepts
+    # its command is one `sandgate capture` accepts
     argv = init[0]["command"][1:] + init[0]["args"]
     args = build_parser().parse_args(argv)
     assert args.pod and args.transparent == ("sandgate.sandgate.svc.cluster.local", 8443)
     assert args.dns == ("10.96.0.53", 53)
     assert pod["spec"]["dnsConfig"]["nameservers"] == ["10.96.0.53"]
+
+
+def test_capture_cli_needs_no_docker() -> None:
+    # the Kubernetes init container runs the sandgate image, which has no docker extra
+    code = ("import sys; sys.modules['docker'] = None\n"
+            "from sandgate.cli import build_parser\n"
+            "a = build_parser().parse_args(['capture', '--pod', '--transparent', 'x:1'])\n"
+            "print(a.handler.__module__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "sandgate.cli.capture", r.stderr[-2000:]

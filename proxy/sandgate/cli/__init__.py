@@ -40,6 +40,7 @@ FAMILIES = (
     "traffic",
     "reach",
     "sandbox",
+    "capture",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]

@@ -15,8 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sandgate import capture
+from sandgate.capture import CaptureError
+from sandgate.cli import capture as capture_cli
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
-from sandgate.sandbox import capture, capture_cli, split
+from sandgate.sandbox import split
 from sandgate.sandbox.errors import DockerUnavailable, SandboxError, connect
 from sandgate.sandbox.launcher import (
     DEFAULT_IMAGE,
@@ -87,7 +90,6 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     ssub.add_parser("ls", help="list sandboxes the launcher created")
-    capture_cli.add_parser(ssub)  # transparent capture's nftables table
 
 
 def _network(client: Any, args: argparse.Namespace) -> SandboxNetwork:
@@ -104,8 +106,6 @@ def _err(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.sandbox_command == "capture":
-        return capture_cli.run(args)
     try:
         if args.sandbox_command == "network":
             client = connect()
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             return _run(args)
     except DockerUnavailable as e:
         return _err(str(e))
-    except SandboxError as e:
+    except (SandboxError, CaptureError) as e:
         return _err(str(e))
     return _err(f"unknown sandbox command {args.sandbox_command!r}")
 

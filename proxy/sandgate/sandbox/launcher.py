@@ -111,7 +111,7 @@ class SandboxSpec:
     # Pattern 1 with the split (docs/pattern1.md; the image: sandgate-agent:dev): the agent and
     # its bash tool run as two users whose traffic reaches Sandgate's agent / tool listeners.
     split: SplitPorts | None = None
-    # Transparent capture (sandgate.sandbox.capture, `sandgate sandbox network --transparent`):
+    # Transparent capture (sandgate.capture, `sandgate sandbox network --transparent`):
     # no proxy variable at all; the network's nftables rules take the sandbox's traffic to
     # Sandgate, which identifies it by its address (Docker labels). The CA is trusted as ever.
     transparent: bool = False

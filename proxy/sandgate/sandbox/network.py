@@ -27,11 +27,11 @@ import requests
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
-from sandgate.sandbox import capture
+from sandgate import capture
 from sandgate.sandbox.errors import SandboxError, docker_endpoint, unavailable
 
 if TYPE_CHECKING:
-    from sandgate.sandbox.capture import Capture
+    from sandgate.capture import Capture
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def ensure_network_info(
     transparent: Capture | None = None,
 ) -> SandboxNetwork:
     """`transparent`: also install the capture table on the network's bridge (its interface
-    and allowed proxy port filled in here; sandgate.sandbox.capture)."""
+    and allowed proxy port filled in here; sandgate.capture)."""
     info = _ensure(client, name, subnet, isolate)
     if transparent is not None:
         install_capture(info, transparent, allowed_ports or [proxy_port])
@@ -187,7 +187,10 @@ def install_capture(info: SandboxNetwork, cap: Capture, proxy_ports: Sequence[in
     dropped and counted. Whether it changed."""
     cap = replace(cap, placement="router", interface=info.bridge,
                   allow=tuple(cap.allow) + tuple((info.gateway, int(p)) for p in proxy_ports))
-    return capture.apply(info.bridge, cap)
+    try:
+        return capture.apply(info.bridge, cap)
+    except capture.CaptureError as e:
+        raise SandboxError(str(e)) from None
 
 
 # --- host firewall ------------------------------------------------------------------------------
@@ -230,7 +233,7 @@ def _drop_chain(family: int, bridge: str) -> None:
 def _rules(family: int, gateway: str | None, ports: Sequence[int] | None,
            udp_ports: Sequence[int] = ()) -> list[str]:
     """The chain's rules as `iptables -S` prints them, without `-A CHAIN`. ports None: all.
-    udp_ports: Sandgate's DNS (transparent capture, sandgate.sandbox.capture).
+    udp_ports: Sandgate's DNS (transparent capture, sandgate.capture).
 
     No gateway (a network without IPv6, for family 6): no rule, everything is dropped.
     """

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.sandbox import Sandbox, SandboxSpec, capture
-from sandgate.sandbox.capture import Capture
+from sandgate import capture
+from sandgate.capture import Capture
+from sandgate.sandbox import Sandbox, SandboxSpec
 from sandgate.sandbox.network import ensure_network_info
 from tests.integration.conftest import (
     ANTHROPIC_KEY,

@@ -34,7 +34,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sandgate.policy.model import Policy
-from sandgate.sandbox.errors import SandboxError
 
 WEB_PORTS = (80, 443)
 DNS_PORT = 53
@@ -42,6 +41,10 @@ DNS_PORT = 53
 COUNTERS = ("captured", "dns_allowed", "dropped_quic", "dropped_dns", "dropped_tcp",
             "dropped_udp", "dropped_other")
 _TAG = re.compile(r"[^A-Za-z0-9_]")
+
+
+class CaptureError(RuntimeError):
+    """The capture table cannot be built or installed. The message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +68,11 @@ class Capture:
 
     def __post_init__(self) -> None:
         if self.placement not in ("router", "pod"):
-            raise SandboxError(f"capture placement {self.placement!r}: router or pod")
+            raise CaptureError(f"capture placement {self.placement!r}: router or pod")
         if self.placement == "router" and not self.interface:
-            raise SandboxError("capture on a router needs the sandboxes' interface")
+            raise CaptureError("capture on a router needs the sandboxes' interface")
         if self.placement == "pod" and self.listener[0] is None:
-            raise SandboxError("capture in a pod needs Sandgate's address (HOST:PORT)")
+            raise CaptureError("capture in a pod needs Sandgate's address (HOST:PORT)")
         for host, port in (self.listener, *self.allow, *([self.dns] if self.dns else [])):
             _check_port(port)
             if host is not None:
@@ -80,14 +83,14 @@ class Capture:
 
 def _check_port(port: int) -> None:
     if not 0 < int(port) < 65536:
-        raise SandboxError(f"port {port} is out of range")
+        raise CaptureError(f"port {port} is out of range")
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     try:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        raise SandboxError(f"{host!r} is not an IP address (the capture rules need "
+        raise CaptureError(f"{host!r} is not an IP address (the capture rules need "
                            "addresses, not names)") from None
 
 
@@ -216,7 +219,7 @@ def _body(cap: Capture) -> str:
 def nft() -> str:
     exe = shutil.which("nft")
     if exe is None:
-        raise SandboxError("nft (nftables) is not installed: transparent capture needs it")
+        raise CaptureError("nft (nftables) is not installed: transparent capture needs it")
     return exe
 
 
@@ -236,7 +239,7 @@ def apply(tag: str, cap: Capture, netns: str | None = None) -> bool:
         return False
     res = _run(["-f", "-"], script, netns)
     if res.returncode != 0:
-        raise SandboxError(f"nft: {res.stderr.strip()}")
+        raise CaptureError(f"nft: {res.stderr.strip()}")
     return True
 
 

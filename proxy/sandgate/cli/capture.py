@@ -1,13 +1,14 @@
-"""`sandgate sandbox capture`: install, show or remove the transparent-capture nftables table.
+"""`sandgate capture`: install, show or remove the transparent-capture nftables table.
 
-    sandgate sandbox capture --interface IF --transparent [HOST:]PORT [--dns HOST:PORT]
-                             [--allow HOST:PORT] [--port N] [--policies DIR]
+    sandgate capture --interface IF --transparent [HOST:]PORT [--dns HOST:PORT]
+                     [--allow HOST:PORT] [--capture-port N] [--capture-policies DIR]
         on the host the sandboxes' packets come in through (a veth, a bridge)
-    sandgate sandbox capture --pod --transparent HOST:PORT [...]
-        inside the sandbox's own network namespace (Kubernetes init container, compose)
-    sandgate sandbox capture --interface IF --status | --remove
+    sandgate capture --pod --transparent HOST:PORT [...]
+        inside the sandbox's own network namespace (the Kubernetes init container)
+    sandgate capture --interface IF --status | --remove
 
 `sandgate sandbox network --transparent PORT` does the same for the Docker sandbox network.
+No Docker needed here: the init container runs the sandgate image, without the docker extra.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandgate.sandbox import capture
-from sandgate.sandbox.errors import SandboxError
+from sandgate import capture
+from sandgate.capture import CaptureError
 
 
 def host_port(spec: str, host_optional: bool = False) -> tuple[str | None, int]:
@@ -44,7 +45,7 @@ def _required_host(spec: str) -> tuple[str, int]:
 
 
 def add_arguments(p: argparse.ArgumentParser, status: bool = True) -> None:
-    """The capture options shared by `sandbox capture`, `sandbox network` and `sandbox run`."""
+    """The capture options shared by `sandgate capture`, `sandbox network` and `sandbox run`."""
     p.add_argument("--dns", type=_required_host, default=None, metavar="HOST:PORT",
                    help="Sandgate's DNS (`sandgate run --dns`): the only resolver sandboxes "
                    "reach, at HOST port 53; every other DNS packet is dropped and counted")
@@ -57,8 +58,10 @@ def add_arguments(p: argparse.ArgumentParser, status: bool = True) -> None:
                        help="print the capture counters (captured, dropped by kind) and exit")
 
 
-def add_parser(ssub: Any) -> None:
-    p = ssub.add_parser("capture", help="install the transparent-capture nftables rules")
+def register(sub: Any) -> None:
+    p = sub.add_parser("capture", help="transparent capture: install the nftables rules that "
+                       "send sandboxes' traffic to Sandgate or nowhere")
+    p.set_defaults(handler=run)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--interface", metavar="IF",
                        help="the interface sandboxes' packets come in on (this host routes "
@@ -107,7 +110,7 @@ def address(host: str | None) -> str | None:
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
     except OSError as e:
-        raise SandboxError(f"cannot resolve {host!r}: {e}") from None
+        raise CaptureError(f"cannot resolve {host!r}: {e}") from None
     return str(infos[0][4][0])
 
 
@@ -131,14 +134,14 @@ def run(args: argparse.Namespace) -> int:
             capture.remove(tag)
             return 0
         if args.transparent is None:
-            raise SandboxError("--transparent [HOST:]PORT is required")
+            raise CaptureError("--transparent [HOST:]PORT is required")
         cap = capture.Capture(listener=_resolved(args.transparent), ports=ports(args),
                               dns=_resolved_host(args.dns) if args.dns else None,
                               allow=tuple(_resolved_host(a) for a in args.allow),
                               placement="pod" if args.pod else "router",
                               interface=args.interface)
         changed = capture.apply(tag, cap)
-    except SandboxError as e:
+    except CaptureError as e:
         print(f"sandgate: {e}", file=sys.stderr)
         return 2
     print(f"sandgate: capture {'installed' if changed else 'already in place'}: table inet "
