@@ -160,6 +160,10 @@ def test_go_default_transport(world, tmp_path_factory):
     assert status == 403 and "no_rule" in body, r.stdout + r.stderr
 
 
+def get(host: str) -> str:
+    return f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+
+
 def s_client(ns: SandboxNetns, p: Proxy, connect: str, *args: str, request: str) -> str:
     r = subprocess.run(["ip", "netns", "exec", ns.name, "openssl", "s_client", "-quiet",
                         "-verify_return_error", "-CAfile", str(p.ca), "-connect", connect,
@@ -171,8 +175,7 @@ def s_client(ns: SandboxNetns, p: Proxy, connect: str, *args: str, request: str)
 def test_openssl_s_client(world):
     ns, p = world
     before = len(ns.upstream.seen)
-    out = s_client(ns, p, f"{API}:443", "-servername", API, request=(
-        f"GET /v1/models HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n"))
+    out = s_client(ns, p, f"{API}:443", "-servername", API, request=get(API))
     assert "HTTP/1.1 200" in out, out
     injected(ns, before)
 
@@ -182,8 +185,7 @@ def test_sni_naming_another_address_is_refused_readably(world):
     # judged, a client could reach any address by lying in it.
     ns, p = world
     before = len(ns.upstream.seen)
-    out = s_client(ns, p, f"{ELSEWHERE}:443", "-servername", API, request=(
-        f"GET /v1/models HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n"))
+    out = s_client(ns, p, f"{ELSEWHERE}:443", "-servername", API, request=get(API))
     assert "HTTP/1.1 400" in out and "does not resolve to" in out, out
     assert len(ns.upstream.seen) == before
 
@@ -191,16 +193,14 @@ def test_sni_naming_another_address_is_refused_readably(world):
 def test_host_header_must_agree_with_sni(world):
     ns, p = world
     before = len(ns.upstream.seen)
-    out = s_client(ns, p, f"{API}:443", "-servername", API, request=(
-        f"GET /v1/models HTTP/1.1\r\nHost: {PASS}\r\nConnection: close\r\n\r\n"))
+    out = s_client(ns, p, f"{API}:443", "-servername", API, request=get(PASS))
     assert "HTTP/1.1 400" in out, out
     assert len(ns.upstream.seen) == before
 
 
 def test_no_sni_is_refused_readably(world):
     ns, p = world
-    out = s_client(ns, p, f"{UPSTREAM}:443", "-noservername", request=(
-        f"GET /v1/models HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n"))
+    out = s_client(ns, p, f"{UPSTREAM}:443", "-noservername", request=get(API))
     assert "HTTP/1.1 400" in out and "no SNI" in out, out
 
 
