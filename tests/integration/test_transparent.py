@@ -297,3 +297,13 @@ def test_status_prints_the_counters(world):
     assert r.returncode == 0
     names = [line.split("\t")[0] for line in r.stdout.splitlines()]
     assert names == list(capture.COUNTERS)
+
+
+def test_absolute_form_target_cannot_name_another_host(world):
+    # judged = forwarded: the request line's authority may not differ from the Host header
+    ns, _ = world
+    before = len(ns.plain.seen)
+    r = ns.run("curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}", "--request-target",
+               f"http://{DENIED}/page", f"http://{PLAIN}/page")
+    assert r.stdout.endswith("\n400"), r.stdout + r.stderr
+    assert len(ns.plain.seen) == before
