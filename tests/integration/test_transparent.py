@@ -307,3 +307,14 @@ def test_absolute_form_target_cannot_name_another_host(world):
                f"http://{DENIED}/page", f"http://{PLAIN}/page")
     assert r.stdout.endswith("\n400"), r.stdout + r.stderr
     assert len(ns.plain.seen) == before
+
+
+def test_http2_inside_captured_tls(world):
+    ns, p = world
+    before = len(ns.upstream.seen)
+    r = ns.run("curl", "-sS", "--http2", "--max-time", "10", "-w", "\n%{http_version} %{http_code}",
+               "-X", "POST", "-d", "{}", f"https://{API}/v1/messages", f"https://{API}/v1/models",
+               env=ca_env(p))
+    assert r.stdout.count("\n2 200") == 2, r.stdout + r.stderr
+    injected(ns, before)
+    assert len(ns.upstream.seen) == before + 2
