@@ -79,6 +79,10 @@ class Capture:
                 _ip(host)
         for port in self.ports:
             _check_port(port)
+        if self.placement == "pod" and not set(self.ports) <= set(WEB_PORTS):
+            raise CaptureError("a pod's table captures only ports 80 and 443: Sandgate cannot "
+                               "learn the original port of a connection DNATed in another "
+                               "namespace, so it judges TLS as port 443 and plain HTTP as 80")
 
 
 def _check_port(port: int) -> None:

@@ -20,7 +20,7 @@
 # Optional (docs/transparent.md, docs/dns.md):
 #   SANDGATE_DNS_ADDR           the policy DNS (`sandgate run --dns`): UDP/TCP 53 to it pass
 #   SANDGATE_TRANSPARENT_PORT   transparent capture: the sandboxes' TCP to SANDGATE_CAPTURE_PORTS
-#                               (default 80,443) leaving the subnet is DNATed to
+#                               (80,443, the default, or one of them) leaving the subnet is DNATed to
 #                               SANDGATE_PROXY_ADDR:this port (`sandgate run --transparent`);
 #                               every other packet leaving the subnet is dropped and counted, one
 #                               rule per kind (quic, dns, tcp, udp, other: `iptables -t mangle
@@ -47,7 +47,9 @@ die() { echo "sandbox-firewall: error: $*" >&2; exit 1; }
 # One rule per port (the proxy, and pattern 1's role listeners: docs/pattern1.md).
 PORT_RULES=()
 [[ -z $TPORT || $TPORT =~ ^[0-9]+$ ]] || die "SANDGATE_TRANSPARENT_PORT is not a port: $TPORT"
-[[ $CAPTURE_PORTS =~ ^[0-9]+(,[0-9]+)*$ ]] || die "SANDGATE_CAPTURE_PORTS is not a list of ports: $CAPTURE_PORTS"
+# only 80 and 443: the DNAT to Sandgate's container hides the original port from it, so it
+# judges TLS as port 443 and plain HTTP as 80 (docs/transparent.md)
+[[ $CAPTURE_PORTS =~ ^(80|443)(,(80|443))?$ ]] || die "SANDGATE_CAPTURE_PORTS: 80 and/or 443 only, got: $CAPTURE_PORTS"
 [[ -z $DNS_ADDR || $DNS_ADDR =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "SANDGATE_DNS_ADDR is not an IPv4 address: $DNS_ADDR"
 for port in ${PROXY_PORT//,/ } $TPORT; do
   PORT_RULES+=("-s $SUBNET -d $PROXY_ADDR/32 -o $BRIDGE -p tcp -m tcp --dport $port -m conntrack --ctstate NEW -j RETURN")

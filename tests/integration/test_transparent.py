@@ -57,14 +57,16 @@ def tp_pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tp_pki, vault) -> Iterator[tuple[SandboxNetns, Proxy]]:
-    with local_addresses([UPSTREAM]), sandbox_netns(HOSTS) as ns:
+    with local_addresses([UPSTREAM]), sandbox_netns(HOSTS) as ns, \
+            sandbox_netns(HOSTS, net=1) as pod:
         tls_up = UpstreamServer(UPSTREAM, 443, str(tp_pki.cert), str(tp_pki.key)).start()
         plain_up = UpstreamServer(UPSTREAM, 80, None, None).start()
         resolve = [f"--resolve={h}={ip}" for h, ip in HOSTS.items()]
         p = start_proxy(tmp_path_factory.mktemp("tp"), HERE / "policies_transparent",
                         {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}, tp_pki,
                         "--transparent", f"{ROUTER_IP}:{TRANSPARENT_PORT}",
-                        "--identity-cidr", "10.64.0.2/32=coding-agent/tp-sandbox-1", *resolve,
+                        "--identity-cidr", "10.64.0.2/32=coding-agent/tp-sandbox-1",
+                        "--identity-cidr", f"{pod.ip}/32=coding-agent/tp-pod-1", *resolve,
                         listen_host="127.0.64.1")
         try:
             # what `sandgate sandbox network --transparent` does for Docker's bridge
@@ -72,8 +74,17 @@ def world(tmp_path_factory, tp_pki, vault) -> Iterator[tuple[SandboxNetns, Proxy
                                   "--transparent", str(TRANSPARENT_PORT)],
                                  capture_output=True, text=True, timeout=60)
             assert out.returncode == 0, out.stderr
-            ns.upstream = tls_up  # type: ignore[attr-defined]
-            ns.plain = plain_up  # type: ignore[attr-defined]
+            # a pod: the init container's table inside the sandbox's own namespace (no router
+            # table on its link): DNAT to Sandgate's listener, which then sees no original
+            # destination and judges the name alone
+            out = pod.run(*SANDGATE, "capture", "--pod", "--transparent",
+                          f"{ROUTER_IP}:{TRANSPARENT_PORT}", "--allow", f"{p.host}:{p.port}",
+                          timeout=60)
+            assert out.returncode == 0, out.stderr
+            for n in (ns, pod):
+                n.upstream = tls_up  # type: ignore[attr-defined]
+                n.plain = plain_up  # type: ignore[attr-defined]
+            ns.pod = pod  # type: ignore[attr-defined]
             yield ns, p
         finally:
             stop_proxy(p)
@@ -318,3 +329,26 @@ def test_http2_inside_captured_tls(world):
     assert r.stdout.count("\n2 200") == 2, r.stdout + r.stderr
     injected(ns, before)
     assert len(ns.upstream.seen) == before + 2
+
+
+def test_pod_placement_captures_inside_the_sandbox_namespace(world):
+    ns, p = world
+    pod = ns.pod
+    before = len(pod.upstream.seen)
+    r = pod.run("curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}", "-X", "POST",
+                "-d", "{}", f"https://{API}/v1/messages", env=ca_env(p))
+    assert r.stdout.endswith("\n200"), r.stdout + r.stderr
+    injected(pod, before)
+    ev = p.wait_audit(lambda e: e.get("event") == "request" and e.get("sandbox") == "tp-pod-1")
+    assert ev["identity"] == "coding-agent"
+    r = pod.run("curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}",
+                f"https://{DENIED}/x", env=ca_env(p))
+    assert r.stdout.endswith("\n403") and "no_rule" in r.stdout, r.stdout + r.stderr
+    # what is not captured goes nowhere, counted in the pod's own table
+    r = pod.run("python3", "-c", "import socket; s = socket.socket(); s.settimeout(2)\n"
+                f"try:\n    s.connect(('{UPSTREAM}', {RAW_PORT})); print('connected')\n"
+                "except OSError:\n    print('dropped')")
+    assert r.stdout.strip() == "dropped", r.stdout + r.stderr
+    st = pod.run(*SANDGATE, "capture", "--pod", "--status")
+    counted = dict(line.split("\t")[:2] for line in st.stdout.splitlines())
+    assert counted["captured"] != "0 packets" and counted["dropped_tcp"] != "0 packets", st.stdout

@@ -40,6 +40,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 class SandboxNetns:
     name: str
     router_if: str  # the router's end of the veth: the capture table's --interface
+    router_ip: str = ROUTER_IP
+    ip: str = SANDBOX_IP
 
     def run(self, *cmd: str, timeout: float = 30, check: bool = False,
             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -48,9 +50,12 @@ class SandboxNetns:
 
 
 @contextmanager
-def sandbox_netns(hosts: Mapping[str, str]) -> Iterator[SandboxNetns]:
+def sandbox_netns(hosts: Mapping[str, str], net: int = 0) -> Iterator[SandboxNetns]:
     """A sandbox namespace at SANDBOX_IP (and STRANGER_IP, a source no identity names) whose
-    only route is the router at ROUTER_IP; `hosts` name -> address is its /etc/hosts."""
+    only route is the router at ROUTER_IP; `hosts` name -> address is its /etc/hosts. `net`
+    N > 0: another one, on 10.64.N.0/29 (same host numbers)."""
+    router_ip, sandbox_ip, stranger_ip = (a.replace("10.64.0.", f"10.64.{net}.")
+                                          for a in (ROUTER_IP, SANDBOX_IP, STRANGER_IP))
     name = f"sgtp-{uuid.uuid4().hex[:6]}"
     veth = f"tp{name[-6:]}"
     etc = Path("/etc/netns") / name
@@ -61,14 +66,14 @@ def sandbox_netns(hosts: Mapping[str, str]) -> Iterator[SandboxNetns]:
             f"{ip} {host}\n" for host, ip in hosts.items()))
         sh("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}s")
         sh("ip", "link", "set", f"{veth}s", "netns", name)
-        sh("ip", "addr", "add", f"{ROUTER_IP}/29", "dev", veth)
+        sh("ip", "addr", "add", f"{router_ip}/29", "dev", veth)
         sh("ip", "link", "set", veth, "up")
-        for ip in (SANDBOX_IP, STRANGER_IP):
+        for ip in (sandbox_ip, stranger_ip):
             sh("ip", "-n", name, "addr", "add", f"{ip}/29", "dev", f"{veth}s")
         sh("ip", "-n", name, "link", "set", f"{veth}s", "up")
         sh("ip", "-n", name, "link", "set", "lo", "up")
-        sh("ip", "-n", name, "route", "add", "default", "via", ROUTER_IP)
-        yield SandboxNetns(name, veth)
+        sh("ip", "-n", name, "route", "add", "default", "via", router_ip)
+        yield SandboxNetns(name, veth, router_ip, sandbox_ip)
     finally:
         sh("ip", "link", "del", veth, check=False)
         sh("ip", "netns", "del", name, check=False)

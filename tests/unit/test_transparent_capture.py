@@ -194,3 +194,18 @@ def test_capture_cli_needs_no_docker() -> None:
             "print(a.handler.__module__)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "sandgate.cli.capture", r.stderr[-2000:]
+
+
+def test_a_pod_table_captures_only_the_ports_whose_scheme_it_can_tell() -> None:
+    with pytest.raises(CaptureError, match="only ports 80 and 443"):
+        Capture(listener=("10.0.0.5", 8443), ports=(80, 443, 8443), placement="pod")
+    assert Capture(listener=("10.0.0.5", 8443), ports=(443,), placement="pod").ports == (443,)
+
+
+def test_port_judged_is_the_original_or_the_schemes() -> None:
+    from sandgate.addons.state import Captured
+    from sandgate.stages.s15_capture import port_of
+
+    assert port_of(Captured(("198.51.100.64", 8443)), tls=True) == 8443
+    unknown = Captured(("10.0.0.5", 8443), known=False)
+    assert (port_of(unknown, tls=True), port_of(unknown, tls=False)) == (443, 80)

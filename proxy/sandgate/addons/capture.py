@@ -14,7 +14,13 @@ from sandgate.errors import BadRequest, Code, Refused
 from sandgate.policy.hosts import normalise_host
 from sandgate.stages import s20_head, s60_dial, s80_refuse, s90_audit
 from sandgate.stages.context import GateState, record
-from sandgate.stages.s15_capture import captured, check_destination, check_source, is_captured
+from sandgate.stages.s15_capture import (
+    captured,
+    check_destination,
+    check_source,
+    is_captured,
+    port_of,
+)
 
 log = logging.getLogger("sandgate")
 
@@ -43,7 +49,7 @@ async def hello(st: GateState, data: tls.ClientHelloData) -> None:
     if cap.hello_seen:
         return  # TLS inside the TLS: the tunnel's own rules apply
     cap.hello_seen = True
-    orig_ip, port = cap.original
+    orig_ip, port = cap.original[0], port_of(cap, tls=True)
     sni = data.client_hello.sni
     server = data.context.server
     flow = stand_in(client, server, sni or orig_ip, port)
@@ -57,7 +63,7 @@ async def hello(st: GateState, data: tls.ClientHelloData) -> None:
             host = normalise_host(sni)
         except ValueError as e:
             raise BadRequest(Code.BAD_REQUEST, f"bad TLS SNI: {e}") from None
-        await check_destination(st, client, cap, host, "TLS SNI")
+        await check_destination(st, cap, host, "TLS SNI")
         # From here on the connection is a CONNECT tunnel to host:port: the inner requests'
         # host, the dial and a passthrough's relay all follow the judged name.
         server.address = (host, port)

@@ -47,6 +47,9 @@ class Captured:
     """A connection that arrived on the transparent listener (nftables redirected it)."""
 
     original: tuple[str, int]  # where the sandbox connected to (SO_ORIGINAL_DST)
+    # redirected on this host, so `original` is trustworthy (else DNATed in the sandbox's own
+    # namespace: it is the listener itself, and only the name and the scheme's port are judged)
+    known: bool = True
     hello_seen: bool = False  # its TLS ClientHello was judged (at most once: the outer TLS)
     # a refusal of the stand-in CONNECT: answered to every request inside the TLS
     refusal: Refused | None = None

@@ -16,6 +16,11 @@ where it was going (SO_ORIGINAL_DST). No token travels: the caller is the source
 - Plain HTTP: the Host header names the host (the same destination check), the original port
   is the port; the request is then judged as a proxied `http://` request.
 
+A connection DNATed in the sandbox's own namespace (a Kubernetes pod, compose) arrives
+addressed to the listener itself: its original destination is unknown here, so only the name is
+judged, with the scheme's port (443 for TLS, 80 for plain HTTP; a pod's table captures only
+those two), and Sandgate still dials only its own resolution of the name.
+
 A refusal at the ClientHello (unknown source, no SNI, a name that does not resolve to the
 destination, any CONNECT refusal) cannot be answered there: the TLS handshake completes with a
 certificate from Sandgate's CA and every request inside gets the refusal (`head`), so the
@@ -49,8 +54,18 @@ def captured(st: GateState, client: connection.Client) -> Captured:
     conn = st.conn(client)
     if conn.captured is None:
         host, port = client.sockname[:2]
-        conn.captured = Captured(original=(str(host), int(port)))
+        original = (str(host), int(port))
+        conn.captured = Captured(original=original, known=redirected_here(client, original))
     return conn.captured
+
+
+def port_of(cap: Captured, tls: bool) -> int:
+    """The port judged: where the sandbox connected to, or, when that is unknown here (DNATed
+    in the pod's own namespace), the scheme's: 443 for TLS, 80 for plain HTTP (which is why a
+    pod's table captures only those two ports, sandgate.capture)."""
+    if cap.known:
+        return cap.original[1]
+    return 443 if tls else 80
 
 
 def check_source(st: GateState, client: connection.Client) -> None:
@@ -87,11 +102,10 @@ def same_ip(a: str, b: str) -> bool:
     return x == y
 
 
-async def check_destination(st: GateState, client: connection.Client, cap: Captured,
-                            host: str, what: str) -> None:
+async def check_destination(st: GateState, cap: Captured, host: str, what: str) -> None:
     """The name judged must resolve, as Sandgate resolves it, to the address the sandbox
     connected to: otherwise a name could be judged while the client meant another address."""
-    if not redirected_here(client, cap.original):
+    if not cap.known:
         return
     addrs = await resolve(host, cap.original[1], st.cfg.resolve_overrides)
     if not any(same_ip(str(a), cap.original[0]) for a in addrs):
@@ -125,6 +139,6 @@ async def head(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         host = normalise_host(url.parse_authority(header, check=True)[0])
     except ValueError:
         raise BadRequest(Code.BAD_REQUEST, f"bad Host header {header[:100]!r}") from None
-    await check_destination(st, client, cap, host, "Host header")
+    await check_destination(st, cap, host, "Host header")
     req.data.host = host  # judged as http://HOST:PORT (the port: where it was going)
-    req.data.port = cap.original[1]
+    req.data.port = port_of(cap, tls=False)
