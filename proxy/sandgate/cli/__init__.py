@@ -9,6 +9,7 @@
     traffic.py      diff, suggest, explain --batch (recorded traffic; diff without traffic
                     is the reach diff of reach.py)
     reach.py        report (what each identity reaches), the reach diff
+    approvals.py    approvals list|show|approve|deny|watch (the admin API's approvals)
     sandbox.py      sandbox (sandgate.sandbox.cli; needs the docker extra)
 
 Adding a family: a module with `register(sub)` that adds its subparsers, each with
@@ -41,6 +42,7 @@ FAMILIES = (
     "reach",
     "sandbox",
     "capture",
+    "approvals",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]

@@ -44,11 +44,14 @@ def _required_host(spec: str) -> tuple[str, int]:
     return host, port
 
 
-def add_arguments(p: argparse.ArgumentParser, status: bool = True) -> None:
-    """The capture options shared by `sandgate capture`, `sandbox network` and `sandbox run`."""
-    p.add_argument("--dns", type=_required_host, default=None, metavar="HOST:PORT",
-                   help="Sandgate's DNS (`sandgate run --dns`): the only resolver sandboxes "
-                   "reach, at HOST port 53; every other DNS packet is dropped and counted")
+def add_arguments(p: argparse.ArgumentParser, status: bool = True, dns: bool = True) -> None:
+    """The capture options shared by `sandgate capture`, `sandbox network` and `sandbox run`
+    (those have their own `--dns ADDRESS`, the policy DNS at port 53)."""
+    if dns:
+        p.add_argument("--dns", type=_required_host, default=None, metavar="HOST:PORT",
+                       help="Sandgate's DNS (`sandgate run --dns`): the only resolver "
+                       "sandboxes reach, at HOST port 53; every other DNS packet is dropped "
+                       "and counted")
     p.add_argument("--capture-port", type=int, action="append", default=[], metavar="PORT",
                    help="capture this TCP port too (80 and 443 always are; repeatable)")
     p.add_argument("--capture-policies", type=Path, default=None, metavar="DIR",
@@ -84,7 +87,8 @@ def for_network(args: argparse.Namespace) -> capture.Capture | None:
     (its interface and proxy port are filled in by sandgate.sandbox.network)."""
     if args.transparent is None:
         return None
-    return capture.Capture(listener=(None, args.transparent), ports=ports(args), dns=args.dns,
+    dns = (args.dns, capture.DNS_PORT) if args.dns else None
+    return capture.Capture(listener=(None, args.transparent), ports=ports(args), dns=dns,
                            interface="-")  # "-": the bridge, filled in by install_capture
 
 

@@ -56,7 +56,11 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
                         "--capture-port) to Sandgate's --transparent listener at this port of "
                         "the gateway, drop and count everything else (nftables); `run`: no "
                         "proxy variables in the sandbox")
-        capture_cli.add_arguments(sp, status=sp.prog.endswith(" network"))
+        sp.add_argument("--dns", default=None, metavar="ADDRESS",
+                        help="the policy DNS's address (sandgate run --dns ADDRESS:53): the "
+                        "sandbox's only resolver (docs/dns.md); with --transparent every other "
+                        "DNS packet is dropped and counted")
+        capture_cli.add_arguments(sp, status=sp.prog.endswith(" network"), dns=False)
 
     net = ssub.add_parser("network", help="create the internal sandbox network; print gateway")
     net_args(net)
@@ -170,7 +174,7 @@ def _run(args: argparse.Namespace) -> int:
         proxy_url=args.proxy_url or f"http://{info.gateway}:{args.proxy_port}",
         ca_pem=ca_pem, token=token, placeholders=placeholders, memory=args.memory,
         cpus=args.cpus, pids_limit=args.pids_limit, network=args.network,
-        allow_host_services=args.unsafe_allow_host_services,
+        allow_host_services=args.unsafe_allow_host_services, dns=args.dns,
         transparent=args.transparent is not None,
     )
     res = run_once(client, spec, cmd if len(cmd) > 1 else cmd[0], timeout=args.timeout)

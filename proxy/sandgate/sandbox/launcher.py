@@ -116,6 +116,9 @@ class SandboxSpec:
     # Sandgate, which identifies it by its address (Docker labels). The CA is trusted as ever.
     transparent: bool = False
     extra_hosts: Mapping[str, str] = field(default_factory=dict)  # /etc/hosts: name -> address
+    # The policy DNS's address (`sandgate run --dns ADDR:53`, docs/dns.md): the container's
+    # resolver (Docker's own forwards to it). None: Docker's default resolvers.
+    dns: str | None = None
 
     def validate(self) -> None:
         if not _NAME.match(self.identity):
@@ -137,6 +140,12 @@ class SandboxSpec:
         for key in self.labels:
             if key.startswith("sandgate."):
                 raise SandboxError(f"label {key!r}: the sandgate.* labels are set by the launcher")
+        if self.dns is not None:
+            try:
+                ipaddress.ip_address(self.dns)
+            except ValueError:
+                raise SandboxError(f"dns must be the policy DNS's IP address (Docker asks it "
+                                   f"on port 53), got {self.dns!r}") from None
         if self.cpus <= 0 or self.pids_limit <= 0:
             raise SandboxError("cpus and pids_limit must be positive")
         if self.split is not None:
@@ -317,6 +326,7 @@ class Sandbox:
                 environment=sandbox_environment(spec, sandbox_id),
                 network=spec.network,  # this network only: no default bridge
                 extra_hosts=dict(spec.extra_hosts) or None,
+                dns=[spec.dns] if spec.dns is not None else None,  # the policy DNS only
                 working_dir=spec.workdir,
                 init=True,  # reap what exec'd commands leave behind
                 cap_drop=["ALL"],
