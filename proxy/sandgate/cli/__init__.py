@@ -41,8 +41,8 @@ FAMILIES = (
     "traffic",
     "reach",
     "sandbox",
-    "capture",
     "approvals",
+    "capture",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]
