@@ -354,7 +354,7 @@ class Supervisor:
         reserved = [listen.reserve(self.cfg.listen_host, self.cfg.listen_port)]
         roles = [(f"--role-listen {r}", (h, p)) for r, h, p in self.cfg.role_listens]
         for flag, addr in (("--socks5", self.cfg.socks5), ("--gateway", self.cfg.gateway),
-                           *roles):
+                           ("--transparent", self.cfg.transparent), *roles):
             if addr is None:
                 continue
             try:
