@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import os
 import shutil
 import statistics
@@ -59,6 +60,25 @@ def top(collapsed: Path, n: int = 25) -> str:
     return "\n".join(out)
 
 
+def rsa_variant(b: run.Bench, extra: list[str]) -> run.Variant:
+    """Sandgate with an RSA-2048 confdir CA (what confdirs made before ECDSA have)."""
+    from mitmproxy.certs import CertStore
+
+    conf = b.work / "sandgate-rsa-conf"
+    conf.mkdir(mode=0o700)
+    shutil.copy2(b.confdir / "sandgate-token.key", conf / "sandgate-token.key")
+    CertStore.create_store(conf, "mitmproxy", 2048)
+    saved = b.confdir
+    b.confdir = conf
+    try:
+        v = b.sandgate("sandgate-rsa", *extra)
+    finally:
+        b.confdir = saved
+    assert v.target is not None
+    v.target = dataclasses.replace(v.target, cafile=str(conf / "mitmproxy-ca-cert.pem"))
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--phase", choices=sorted(PHASES), default="download")
@@ -85,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             "sandgate-passthrough": lambda: b.sandgate("sandgate-passthrough", *extra,
                                                        passthrough=True),
         }
+        makers["sandgate-rsa"] = lambda: rsa_variant(b, extra)
         variants = [makers[n]() for n in names]
         runs: dict[str, list[float]] = {n: [] for n in names}
         cpu: dict[str, list[float]] = {n: [] for n in names}
