@@ -106,9 +106,10 @@ def ensure_ca(confdir: Path) -> Path:
     """Create mitmproxy's CA in `confdir` if missing; return the path of the public certificate.
 
     A new CA has an ECDSA P-256 key (`sandgate.cakey`, mitmproxy's file layout; an existing RSA
-    CA is used as it is) and is generated in a private temporary directory and published by hard-linking `mitmproxy-ca.pem` (the file mitmproxy looks for),
-    so two processes racing never mix one's key with the other's certificate. The returned
-    file holds the certificate only, never the private key.
+    CA is used as it is) and is generated in a private temporary directory and published by
+    hard-linking `mitmproxy-ca.pem` (the file mitmproxy looks for), so two processes racing
+    never mix one's key with the other's certificate. The returned file holds the certificate
+    only, never the private key.
     """
     from mitmproxy.certs import CertStore
 
