@@ -60,22 +60,29 @@ def top(collapsed: Path, n: int = 25) -> str:
     return "\n".join(out)
 
 
-def rsa_variant(b: run.Bench, extra: list[str]) -> run.Variant:
-    """Sandgate with an RSA-2048 confdir CA (what confdirs made before ECDSA have)."""
+def rsa_variant(b: run.Bench, extra: list[str], checkout: Path | None = None,
+                passthrough: bool = False) -> run.Variant:
+    """Sandgate with an RSA-2048 confdir CA (what confdirs made before ECDSA have); with
+    `checkout`, the code of that other checkout (its proxy/ first on PYTHONPATH): the "before"
+    of a before/after comparison in one run."""
     from mitmproxy.certs import CertStore
 
-    conf = b.work / "sandgate-rsa-conf"
+    name = ("baseline" + ("-passthrough" if passthrough else "")) if checkout else "sandgate-rsa"
+    conf = b.work / f"{name}-conf"
     conf.mkdir(mode=0o700)
     shutil.copy2(b.confdir / "sandgate-token.key", conf / "sandgate-token.key")
     CertStore.create_store(conf, "mitmproxy", 2048)
-    saved = b.confdir
+    saved, saved_env = b.confdir, b.env
     b.confdir = conf
+    if checkout is not None:
+        b.env = {**saved_env, "PYTHONPATH": str(checkout / "proxy")}
     try:
-        v = b.sandgate("sandgate-rsa", *extra)
+        v = b.sandgate(name, *extra, passthrough=passthrough)
     finally:
-        b.confdir = saved
+        b.confdir, b.env = saved, saved_env
     assert v.target is not None
-    v.target = dataclasses.replace(v.target, cafile=str(conf / "mitmproxy-ca-cert.pem"))
+    if not passthrough:
+        v.target = dataclasses.replace(v.target, cafile=str(conf / "mitmproxy-ca-cert.pem"))
     return v
 
 
@@ -86,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-n", type=int, default=300, help="requests (new_conn, keepalive)")
     ap.add_argument("--profile", type=Path, default=None)
+    ap.add_argument("--baseline", type=Path, default=Path("/work/main"),
+                    help="the checkout the variants baseline[-passthrough] run")
     ap.add_argument("--extra", default="", help="extra `sandgate run` options (space-separated)")
     args = ap.parse_args(argv)
     names = args.only.split(",")
@@ -106,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        passthrough=True),
         }
         makers["sandgate-rsa"] = lambda: rsa_variant(b, extra)
+        makers["baseline"] = lambda: rsa_variant(b, extra, args.baseline)
+        makers["baseline-passthrough"] = lambda: rsa_variant(b, extra, args.baseline, True)
         variants = [makers[n]() for n in names]
         runs: dict[str, list[float]] = {n: [] for n in names}
         cpu: dict[str, list[float]] = {n: [] for n in names}
