@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
@@ -36,7 +37,12 @@ PHASES = {
     "new_conn": lambda t, n: client.new_connections(t, n, 8),
     "new_conn_c1": lambda t, n: client.new_connections(t, n, 1),
     "keepalive": lambda t, n: client.keepalive(t, n, 16),
+    "c1_keepalive_p50_ms": lambda t, n: _first(client.latency_keepalive(t, n)),
 }
+
+
+async def _first(coro: Any) -> float:
+    return float((await coro)[0])
 
 
 def top(collapsed: Path, n: int = 25) -> str:
