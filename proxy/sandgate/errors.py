@@ -14,8 +14,9 @@ and a reason and hint that are safe to show the sandbox::
     │   ├── SecretError                  secret_unavailable               (secrets/vault.py)
     │   ├── SandboxRequired              sandbox_required                 (secrets/scope.py)
     │   ├── UnsafeValue                  unsafe_injection                 (inject.py)
-    │   └── LimitExceeded                headers_too_large, rate_limited, budget_exhausted,
-    │                                    too_many_connections (+ retry_after) (limits.py)
+    │   ├── LimitExceeded                headers_too_large, rate_limited, budget_exhausted,
+    │   │                                too_many_connections (+ retry_after) (limits.py)
+    │   └── StateUnavailable             state_unavailable                (state/)
     └── PolicyError                      policy files are broken          (policy/loader.py)
 
 Policy refusals (`unknown_identity`, `no_rule`, `denied_by_rule`) are not exceptions: `decide()`
@@ -62,6 +63,8 @@ class Code(StrEnum):
     # --identify-timeout (sandgate/addons/admission.py)
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     SESSION_MISMATCH = "session_mismatch"  # an MCP session id not issued to this identity
+    # the fleet's shared state (--state redis://) cannot be reached in time (sandgate/state/)
+    STATE_UNAVAILABLE = "state_unavailable"
 
 
 STATUS: dict[Code, int] = {
@@ -93,6 +96,7 @@ STATUS: dict[Code, int] = {
     Code.IDLE_TIMEOUT: 408,  # audited only: an idle connection is closed without an answer
     Code.HANDSHAKE_TIMEOUT: 408,  # audited only: closed without an answer
     Code.SESSION_MISMATCH: 403,
+    Code.STATE_UNAVAILABLE: 503,
 }
 
 
@@ -191,3 +195,15 @@ class LimitExceeded(Refused):
                  retry_after: int | None = None) -> None:
         super().__init__(code, reason, hint)
         self.retry_after = retry_after
+
+
+class StateUnavailable(Refused):
+    """The fleet's shared state (`--state redis://`) did not answer within `--state-timeout`:
+    a request whose counting needs it (a secret budget; rates and connections with
+    `--state-fail closed`) is not forwarded."""
+
+    codes = frozenset({Code.STATE_UNAVAILABLE})
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(Code.STATE_UNAVAILABLE, reason,
+                         hint="nothing was sent upstream; retry later")

@@ -45,6 +45,7 @@ from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
 
 if TYPE_CHECKING:
+    from sandgate.state import StateConfig
     from sandgate.workers.control import WorkerRole
 
 log = logging.getLogger("sandgate")
@@ -89,6 +90,7 @@ class RunConfig:
     # pattern 1 with the split (--role-listen, --tool-identity): sandgate.identity.roles
     split: Split | None = None
     role_listens: Sequence[tuple[Role, str, int]] = ()
+    state: StateConfig | None = None  # --state redis://: the fleet's shared state
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -196,10 +198,20 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
     loop = asyncio.get_running_loop()
 
+    limiter = Limiter(cfg.limits)
+    shared = None
+    if cfg.state is not None:  # rates, connections, budgets, ended sandboxes for the fleet
+        from sandgate.state.shared import connect
+
+        shared = connect(cfg.state, limiter, cfg.instance, cfg.admin_max_token_ttl,
+                         audit=sink.emit)
+
     def sandbox_gone(caller: Caller, why: str) -> None:  # a Docker thread: hop to the loop
         assert caller.sandbox is not None
         sandbox = caller.sandbox
         loop.call_soon_threadsafe(lambda: spawn(broker.end_sandbox(sandbox, why)))
+        if shared is not None:
+            loop.call_soon_threadsafe(lambda: spawn(shared.fleet.end_sandbox(sandbox, why)))
 
     for src in cfg.address_sources:
         if hasattr(src, "on_sandbox_end"):  # Docker labels: container death ends a sandbox
@@ -234,11 +246,19 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         canaries=canaries(policy),
         socks5_allow=tuple(cfg.socks5_allow),
         gateway_tls=cfg.gateway_tls_name is not None,
-        limiter=Limiter(cfg.limits),
+        limiter=limiter,
+        counts=shared.counts if shared is not None else None,
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
+    if shared is not None:
+        from sandgate.state.shared import add_metrics
+
+        add_metrics(shared, metrics.registry)
+        shared.fleet.version = lambda: live.current.version
+        shared.fleet.on_end = broker.end_sandbox
+        shared.fleet.on_reload = lambda: live.reload("fleet")
     sink.add_listener(metrics.on_audit)
 
     def swap(new: livepolicy.LoadedPolicy) -> None:
@@ -354,6 +374,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
             audit=sink.emit, resolve=dict(cfg.resolve),
             open_paths=frozenset(cfg.admin_open) if cfg.worker is None else frozenset(),
+            fleet=shared.fleet if shared is not None else None,
         )
         if cfg.worker is not None:
             from sandgate.workers.control import start_control
@@ -366,6 +387,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             admin_runner = await start_admin(state, *cfg.admin)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
+    if shared is not None:
+        shared.fleet.start()
     if ready is not None:
         loop.call_soon(ready.set)
     try:
@@ -376,6 +399,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         if admin_runner is not None:
             await admin_runner.cleanup()
+        if shared is not None:
+            await shared.fleet.close()
         with contextlib.suppress(Exception):
             sink.emit("shutdown", policy_version=live.current.version,
                       drained=drained.get("drained"), unfinished=drained.get("unfinished"),

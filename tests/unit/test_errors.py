@@ -17,6 +17,7 @@ from sandgate.errors import (
     SandboxRequired,
     SandgateError,
     SecretError,
+    StateUnavailable,
     UnsafeValue,
 )
 from sandgate.policy.loader import PolicyError, PolicyProblem
@@ -52,6 +53,7 @@ CASES = [
     (Refused(Code.IDLE_TIMEOUT, "r"), 408),
     (Refused(Code.HANDSHAKE_TIMEOUT, "r"), 408),
     (Refused(Code.SESSION_MISMATCH, "r"), 403),
+    (StateUnavailable("r"), 503),
 ]
 
 

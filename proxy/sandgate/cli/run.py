@@ -15,6 +15,7 @@ from sandgate.identity.base import AddressIdentitySource
 
 if TYPE_CHECKING:
     from sandgate.limits import LimitsConfig
+    from sandgate.state import StateConfig
 
 
 def _listen(spec: str) -> tuple[str, int]:
@@ -108,6 +109,24 @@ def register(sub: Any) -> None:
                      help="504 upstream_timeout when the upstream sends nothing for this long "
                      "after the last byte either way: to the response head, between chunks "
                      "(default %(default)s)")
+    st = run.add_argument_group(
+        "shared state", "one state for every worker and replica (docs/fleet-state.md)")
+    st.add_argument("--state", default=None, metavar="URL",
+                    help="count rates, connections per identity and secret budgets for the "
+                    "whole fleet, and end sandboxes everywhere, on this Redis: "
+                    "redis://HOST[:PORT][/DB] or rediss:// (TLS); default: per process")
+    st.add_argument("--state-prefix", default="sandgate:", metavar="PREFIX",
+                    help="prefix of every key and channel (default %(default)s)")
+    st.add_argument("--state-timeout", type=float, default=0.25, metavar="SECONDS",
+                    help="the longest a request waits for the state (default %(default)s)")
+    st.add_argument("--state-fail", choices=("open", "closed"), default="open",
+                    help="while the state is down, rates and connections are counted per "
+                    "process (open) or refused (closed); budgets are always refused "
+                    "(default %(default)s)")
+    st.add_argument("--state-password-file", type=Path, default=None, metavar="FILE",
+                    help="the Redis AUTH password (instead of one in the URL)")
+    st.add_argument("--state-ca", type=Path, default=None, metavar="FILE",
+                    help="rediss://: trust this CA for the server's certificate")
     run.add_argument("--audit-best-effort", action="store_true",
                      help="keep forwarding while the audit log cannot be written (default: "
                      "refuse with 503 audit_unavailable until a write succeeds)")
@@ -255,6 +274,20 @@ def limits_config(args: argparse.Namespace) -> LimitsConfig:
     )
 
 
+def state_config(args: argparse.Namespace) -> StateConfig | None:
+    """--state and its options (ValueError says which is wrong; never shows a password)."""
+    from sandgate.state import StateConfig
+
+    if args.state is None:
+        for flag in ("state_password_file", "state_ca"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} needs --state URL")
+        return None
+    return StateConfig.from_url(args.state, prefix=args.state_prefix,
+                                timeout=args.state_timeout, fail=args.state_fail,
+                                password_file=args.state_password_file, ca_file=args.state_ca)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
@@ -307,6 +340,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
+        state = state_config(args)
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
@@ -385,6 +419,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
             limits=limits, split=split, role_listens=role_listens,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
+            state=state,
         )
         if role is not None:
             cfg.worker = role

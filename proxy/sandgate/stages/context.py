@@ -23,6 +23,8 @@ from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy.model import Policy, Rule
 from sandgate.scrub import SecretSet
 from sandgate.secrets.vault import SecretBroker
+from sandgate.state.counts import Counts
+from sandgate.state.local import LocalCounts
 
 
 @dataclass
@@ -44,6 +46,9 @@ class GateConfig:
     socks5_allow: tuple[IPNetwork, ...] = ()
     # the gateway listener takes TLS only (`--gateway-tls-name`)
     gateway_tls: bool = False
+    # who counts rates, connections per identity and budgets: None is this process (the
+    # limiter); `--state redis://` the fleet (sandgate.state)
+    counts: Counts | None = None
 
 
 class GateState:
@@ -56,6 +61,12 @@ class GateState:
         self._scrub_sets = ScrubSets()
         # MCP session ids are bound by a MAC under this key (the same in every worker/replica)
         self.session_key = session_key(config.identifier.token_key)
+        self._local_counts = LocalCounts(lambda: self.cfg.limiter)
+
+    @property
+    def counts(self) -> Counts:
+        """What the stages ask to count (sandgate.state.counts)."""
+        return self.cfg.counts if self.cfg.counts is not None else self._local_counts
 
     @property
     def policy(self) -> Policy:
