@@ -12,8 +12,9 @@ The limits are part of the rate and budget keys, so a reload that changes a limi
 fresh count, as a single process does, and two replicas briefly serving different policies
 never reset each other's counts.
 
-Bounded waits: each call waits at most `--state-timeout`; a failure marks the state down
-(sandgate.state.health) and later requests do not wait on it until the heartbeat sees it back.
+Bounded waits: each call waits at most `--state-timeout` (a slow answer fails that request
+only); a failed connection marks the state down (sandgate.state.health), and later requests do
+not wait on it until the heartbeat sees it back.
 A budget call that timed out may still have been counted by the server: it errs on the side of
 fewer calls forwarded, never more.
 """
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from sandgate.errors import StateUnavailable
 from sandgate.limits import Limiter, budget_exhausted, rate_limited, too_many_connections
@@ -77,8 +79,11 @@ class RedisCounts:
         try:
             return await asyncio.wait_for(script(keys=list(keys), args=list(args)),
                                           self.cfg.timeout)
-        except (TimeoutError, RedisError, OSError) as e:
-            self.health.down(e)
+        except TimeoutError:  # slow: this request is not served; the heartbeat judges health
+            raise StateDown() from None
+        except (RedisError, OSError) as e:
+            if not isinstance(e, RedisTimeout):
+                self.health.down(e)
             raise StateDown() from None
 
     def _closed(self) -> StateUnavailable:
