@@ -16,6 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from sandgate.errors import Code, LimitExceeded, StateUnavailable
 from sandgate.limits import Limiter, LimitsConfig
@@ -241,7 +243,8 @@ async def test_redis_counts_connections_for_the_fleet(r: aioredis.Redis) -> None
 
 async def test_state_down_budget_fails_closed_rate_falls_back(tmp_path: Path) -> None:
     dead = aioredis.Redis(unix_socket_path=str(tmp_path / "none.sock"), decode_responses=True,
-                          socket_connect_timeout=0.2, socket_timeout=0.2)
+                          socket_connect_timeout=0.2, socket_timeout=0.2,
+                          retry=Retry(NoBackoff(), 0))  # as open_state() makes them
     c = counts(dead)
     with pytest.raises(StateUnavailable) as e:
         await c.spend([("k", SecretBudget(calls=5, per=60))])

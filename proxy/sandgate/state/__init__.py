@@ -97,6 +97,8 @@ def open_state(cfg: StateConfig, *, blocking: bool = False) -> aioredis.Redis:
     """A client for the fleet's Redis (lazy: nothing is dialled until the first command).
     Every command waits at most `cfg.timeout`; `blocking=True` (pub/sub) lets reads wait."""
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 
     u = cfg.url
     tls: dict[str, object] = {}
@@ -106,4 +108,7 @@ def open_state(cfg: StateConfig, *, blocking: bool = False) -> aioredis.Redis:
     return aioredis.Redis(
         host=u.host, port=u.port, db=u.db, username=u.username, password=u.password,
         socket_timeout=None if blocking else cfg.timeout, socket_connect_timeout=cfg.timeout,
-        decode_responses=True, retry_on_timeout=False, **tls)  # type: ignore[arg-type]
+        decode_responses=True, retry_on_timeout=False,
+        # no retries inside the client: the wait stays bounded by cfg.timeout, and a failure
+        # is seen at once (the heartbeat reconnects)
+        retry=Retry(NoBackoff(), 0), **tls)  # type: ignore[arg-type]
