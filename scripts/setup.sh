@@ -28,6 +28,9 @@ if ((want_test)); then
   command -v git >/dev/null || need_apt+=(git)
   # squid: the bench's CONNECT-tunnel baseline (tests/integration/test_bench.py runs bench/)
   command -v squid >/dev/null || [[ -x /usr/sbin/squid ]] || need_apt+=(squid)
+  # redis-server: the fleet's shared state (tests/integration/test_fleet_state.py,
+  # test_state_scripts.py; bench/state.py)
+  command -v redis-server >/dev/null || [[ -x /usr/bin/redis-server ]] || need_apt+=(redis-server)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then
