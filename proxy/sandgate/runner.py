@@ -259,6 +259,12 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         shared.fleet.version = lambda: live.current.version
         shared.fleet.on_end = broker.end_sandbox
         shared.fleet.on_reload = lambda: live.reload("fleet")
+        if shared.config.lease_kv is not None:  # one dynamic lease per sandbox for the fleet
+            from sandgate.state.leases import BrokerKV, SharedLeases, lease_kv
+
+            mount, prefix = lease_kv(shared.config.lease_kv)
+            broker.leases.shared = SharedLeases(shared.counts.r, shared.config,
+                                                BrokerKV(broker, mount), prefix)
     sink.add_listener(metrics.on_audit)
 
     def swap(new: livepolicy.LoadedPolicy) -> None:

@@ -127,6 +127,9 @@ def register(sub: Any) -> None:
                     help="the Redis AUTH password (instead of one in the URL)")
     st.add_argument("--state-ca", type=Path, default=None, metavar="FILE",
                     help="rediss://: trust this CA for the server's certificate")
+    st.add_argument("--state-lease-kv", default=None, metavar="MOUNT/PREFIX",
+                    help="one dynamic-secret lease per sandbox for the fleet, its value relayed "
+                    "through this Vault KV v2 path (default: each process mints its own)")
     run.add_argument("--audit-best-effort", action="store_true",
                      help="keep forwarding while the audit log cannot be written (default: "
                      "refuse with 503 audit_unavailable until a write succeeds)")
@@ -279,13 +282,14 @@ def state_config(args: argparse.Namespace) -> StateConfig | None:
     from sandgate.state import StateConfig
 
     if args.state is None:
-        for flag in ("state_password_file", "state_ca"):
+        for flag in ("state_password_file", "state_ca", "state_lease_kv"):
             if getattr(args, flag) is not None:
                 raise ValueError(f"--{flag.replace('_', '-')} needs --state URL")
         return None
     return StateConfig.from_url(args.state, prefix=args.state_prefix,
                                 timeout=args.state_timeout, fail=args.state_fail,
-                                password_file=args.state_password_file, ca_file=args.state_ca)
+                                password_file=args.state_password_file, ca_file=args.state_ca,
+                                lease_kv=args.state_lease_kv)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -55,11 +55,15 @@ class StateConfig:
     # rates and connection counts while the state is down: per-process ("open") or refused
     fail: FailMode = "open"
     ca_file: Path | None = None  # rediss://: trust this CA (default: the system roots)
+    # one dynamic lease per sandbox for the fleet, relayed through this KV v2 MOUNT/PREFIX
+    # (sandgate.state.leases); None: each process mints its own
+    lease_kv: str | None = None
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = DEFAULT_PREFIX,
                  timeout: float = DEFAULT_TIMEOUT, fail: FailMode = "open",
-                 password_file: Path | None = None, ca_file: Path | None = None) -> StateConfig:
+                 password_file: Path | None = None, ca_file: Path | None = None,
+                 lease_kv: str | None = None) -> StateConfig:
         """Checked: ValueError says which option is wrong (never showing a password)."""
         parsed = parse_state_url(url)
         if not prefix or any(c.isspace() for c in prefix) or len(prefix) > 64:
@@ -86,7 +90,11 @@ class StateConfig:
                 raise ValueError("--state-ca is for TLS: use a rediss:// URL")
             if not ca_file.is_file():
                 raise ValueError(f"--state-ca {ca_file}: no such file")
-        return cls(parsed, prefix, timeout, fail, ca_file)
+        if lease_kv is not None:
+            from sandgate.state.leases import lease_kv as parse_lease_kv
+
+            parse_lease_kv(lease_kv)
+        return cls(parsed, prefix, timeout, fail, ca_file, lease_kv)
 
     def key(self, *parts: str) -> str:
         """A key of this fleet: the prefix, then the parts joined by ':'."""
