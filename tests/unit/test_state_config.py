@@ -119,6 +119,27 @@ def test_cli_state_options_are_checked(extra: list[str], says: str) -> None:
     assert says in str(e.value) and PASSWORD not in str(e.value)
 
 
+@pytest.mark.parametrize("spec,expected", [
+    ("secret/sandgate-leases", ("secret", "sandgate-leases")),
+    ("/kv/fleet/leases/", ("kv", "fleet/leases")),
+])
+def test_lease_kv_paths(spec: str, expected: tuple[str, str]) -> None:
+    from sandgate.state.leases import lease_kv
+
+    assert lease_kv(spec) == expected
+    cfg = state_config(_args("--state", "redis://r", "--state-lease-kv", spec))
+    assert cfg is not None and cfg.lease_kv == spec
+
+
+@pytest.mark.parametrize("spec", ["secret", "secret/", "/", "a/../b", "se cret/x"])
+def test_bad_lease_kv_paths(spec: str) -> None:
+    with pytest.raises(ValueError) as e:
+        state_config(_args("--state", "redis://r", "--state-lease-kv", spec))
+    assert "--state-lease-kv" in str(e.value)
+    with pytest.raises(ValueError, match="needs --state"):
+        state_config(_args("--state-lease-kv", "secret/x"))
+
+
 def test_prefix_joins_keys() -> None:
     cfg = StateConfig.from_url("redis://r")
     assert cfg.key("ended", "sb-1") == "sandgate:ended:sb-1"
