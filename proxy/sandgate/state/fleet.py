@@ -82,8 +82,11 @@ class Fleet:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # gone now, not at the lease's expiry: its
+            # version leaves the list and its connections stop counting
             await asyncio.wait_for(self.r.hdel(self.cfg.key("policy"), self.process),
+                                   self.cfg.timeout)
+            await asyncio.wait_for(self.r.delete(self.cfg.key("proc", self.process)),
                                    self.cfg.timeout)
         with contextlib.suppress(Exception):
             await self.r.aclose()
