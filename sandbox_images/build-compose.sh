@@ -145,7 +145,7 @@ if ((replicas)); then
     haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 lsb-base
   # the fleet's shared state (sandgate run --state): sandbox_images/redis
   fetch_debs "$HERE/redis/debs" 'command -v redis-server' \
-    redis-server redis-tools libjemalloc2 liblzf1
+    redis-server redis-tools libjemalloc2 liblzf1 libatomic1
 fi
 
 # --- 4. compose build ---------------------------------------------------------------------------------
