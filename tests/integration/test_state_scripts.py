@@ -284,3 +284,43 @@ async def test_fleet_ended_sandbox_is_seen_by_another_process(server: RedisServe
     await two.received("not json")
     assert ended == [("sb-2", "fleet: admin_api")] and await two.sandbox_ended("sb-2")
     await other_client.aclose()
+
+
+# ------------------------------------------------------------------------------ TLS and AUTH
+
+TLS_IP = "127.0.61.4"  # a TCP listener: run inside `unshare -n` like every integration test
+
+
+async def test_rediss_with_auth_from_a_password_file(tmp_path: Path) -> None:
+    """`rediss://` verifies the server against --state-ca (and its name), AUTH comes from
+    --state-password-file; a wrong CA or password is refused."""
+    from sandgate.state import open_state
+    from tests.support.pki import make_pki
+
+    pki = make_pki(tmp_path / "pki", ["redis.test"], [TLS_IP])
+    other = make_pki(tmp_path / "other", ["redis.test"], [TLS_IP])
+    password = "test-redis-pw-not-real"
+    s = RedisServer(tmp_path / "r", TLS_IP, 6390, password=password,
+                    tls=(pki.cert, pki.key, pki.ca_cert)).start()
+    pw = tmp_path / "pw"
+    pw.write_text(password + "\n")
+    try:
+        url = f"rediss://{TLS_IP}:6390/0"
+        good = open_state(StateConfig.from_url(url, password_file=pw, ca_file=pki.ca_cert,
+                                               timeout=2))
+        assert await good.ping() is True
+        await good.aclose()
+        bad_ca = open_state(StateConfig.from_url(url, password_file=pw,
+                                                 ca_file=other.ca_cert, timeout=2))
+        with pytest.raises(Exception, match=r"(?i)certificate"):
+            await bad_ca.ping()
+        await bad_ca.aclose()
+        wrong = tmp_path / "wrong"
+        wrong.write_text("not-the-password")
+        bad_pw = open_state(StateConfig.from_url(url, password_file=wrong,
+                                                 ca_file=pki.ca_cert, timeout=2))
+        with pytest.raises(Exception, match=r"(?i)password|auth"):
+            await bad_pw.ping()
+        await bad_pw.aclose()
+    finally:
+        s.stop()

@@ -16,11 +16,13 @@ from pathlib import Path
 
 class RedisServer:
     def __init__(self, directory: Path, host: str | None = None, port: int = 6379,
-                 password: str | None = None) -> None:
+                 password: str | None = None,
+                 tls: tuple[Path, Path, Path] | None = None) -> None:
         self.dir = directory
         self.host = host
         self.port = port
         self.password = password
+        self.tls = tls  # (cert, key, CA): TLS only on `port`
         self.socket = directory / "redis.sock"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -28,7 +30,7 @@ class RedisServer:
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
         assert self.host is not None, "a unix-socket server has no redis:// URL"
-        return f"redis://{auth}{self.host}:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{auth}{self.host}:{self.port}/0"
 
     def start(self) -> RedisServer:
         exe = shutil.which("redis-server")
@@ -39,6 +41,11 @@ class RedisServer:
                 "--daemonize", "no", "--logfile", str(self.dir / "redis.log")]
         if self.host is None:
             conf += ["--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700"]
+        elif self.tls is not None:
+            cert, key, ca = self.tls
+            conf += ["--bind", self.host, "--port", "0", "--tls-port", str(self.port),
+                     "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                     "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
         else:
             conf += ["--bind", self.host, "--port", str(self.port)]
         if self.password:
@@ -57,15 +64,14 @@ class RedisServer:
     def _answers(self) -> bool:
         try:
             if self.host is None:
-                s = socket.socket(socket.AF_UNIX)
-                s.settimeout(0.5)
-                s.connect(str(self.socket))
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.settimeout(0.5)
+                    s.connect(str(self.socket))
             else:
-                s = socket.create_connection((self.host, self.port), timeout=0.5)
+                socket.create_connection((self.host, self.port), timeout=0.5).close()
         except OSError:
             return False
-        with s:
-            return True
+        return True
 
     def log(self) -> str:
         p = self.dir / "redis.log"

@@ -116,7 +116,7 @@ def open_state(cfg: StateConfig, *, blocking: bool = False) -> aioredis.Redis:
     return aioredis.Redis(
         host=u.host, port=u.port, db=u.db, username=u.username, password=u.password,
         socket_timeout=None if blocking else cfg.timeout, socket_connect_timeout=cfg.timeout,
-        decode_responses=True, retry_on_timeout=False,
+        decode_responses=True,
         # no retries inside the client: the wait stays bounded by cfg.timeout, and a failure
         # is seen at once (the heartbeat reconnects)
         retry=Retry(NoBackoff(), 0), **tls)  # type: ignore[arg-type]
