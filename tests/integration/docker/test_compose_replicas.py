@@ -155,7 +155,9 @@ def test_the_replicas_share_one_state(stack: Stack) -> None:
     while len({p.split("/")[0] for p in live()}) < REPLICAS and time.monotonic() < deadline:
         time.sleep(1)
     procs = live()
-    assert len({p.split("/")[0] for p in procs}) == REPLICAS, procs
+    why = [e for e in _audit(stack) if e.get("event") == "state"][-5:]
+    logs = [line for line in stack.logs("sandgate").splitlines() if "state" in line][-10:]
+    assert len({p.split("/")[0] for p in procs}) == REPLICAS, (procs, why, logs)
     assert len({v.rpartition("|")[0] for v in procs.values()}) == 1, procs  # they agree
     budgets = stack.exec("redis", "redis-cli", "--raw", "keys", "sandgate:*")
     assert "sandgate:proc:" in budgets.stdout
