@@ -13,7 +13,7 @@
 #   sandbox_images/build-compose.sh [--ci] [--replicas] [--no-download]
 #
 # --replicas builds docker-compose.replicas.yml instead (Sandgate replicas behind HAProxy; step 3
-# then also fetches haproxy's .debs for sandbox_images/haproxy/debs).
+# then also fetches haproxy's and redis-server's .debs for sandbox_images/{haproxy,redis}/debs).
 #
 # The compose command is `docker compose` (v2 plugin) if it works, else `docker-compose` (v1;
 # Debian bookworm's package, installed with apt-get when missing and running as root).
@@ -148,6 +148,9 @@ fetch_debs "$HERE/sandgate/debs" 'command -v nft' \
 if ((replicas)); then
   fetch_debs "$HERE/haproxy/debs" 'command -v haproxy' \
     haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 lsb-base
+  # the fleet's shared state (sandgate run --state): sandbox_images/redis
+  fetch_debs "$HERE/redis/debs" 'command -v redis-server' \
+    redis-server redis-tools libjemalloc2 liblzf1 libatomic1
 fi
 
 # --- 4. compose build ---------------------------------------------------------------------------------

@@ -28,8 +28,10 @@ if ((want_test)); then
   command -v git >/dev/null || need_apt+=(git)
   # squid: the bench's CONNECT-tunnel baseline (tests/integration/test_bench.py runs bench/)
   command -v squid >/dev/null || [[ -x /usr/sbin/squid ]] || need_apt+=(squid)
-  # redis-server: approvals shared by two proxies (tests/integration/test_approvals.py)
-  command -v redis-server >/dev/null || need_apt+=(redis-server)
+  # redis-server: the fleet's shared state (tests/integration/test_fleet_state.py,
+  # test_state_scripts.py; bench/state.py) and approvals shared by two proxies
+  # (tests/integration/test_approvals.py)
+  command -v redis-server >/dev/null || [[ -x /usr/bin/redis-server ]] || need_apt+=(redis-server)
   # dig: a real DNS client against the policy DNS (tests/integration/test_dns.py)
   command -v dig >/dev/null || need_apt+=(dnsutils)
   # nft, go, openssl: transparent capture's nftables table and its clients with no proxy

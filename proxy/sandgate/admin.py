@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -30,6 +30,9 @@ from sandgate.policy.live import LivePolicy
 from sandgate.secrets.scope import SAFE_ID
 from sandgate.secrets.vault import SecretBroker
 from sandgate.tokens import issue_token, parse_ttl
+
+if TYPE_CHECKING:
+    from sandgate.state.fleet import Fleet
 
 log = logging.getLogger("sandgate.admin")
 
@@ -63,6 +66,8 @@ class AdminState:
     trust_forwarded: bool = False
     # `action: ask`: the approvals this process holds or decides (sandgate.approvals)
     approvals: Approvals | None = None
+    # --state: sandbox ends and reloads reach every replica; /readyz shows the fleet's state
+    fleet: Fleet | None = None
 
 
 OPENABLE = admin_auth.OPENABLE
@@ -109,6 +114,11 @@ def build_app(state: AdminState) -> web.Application:
                 reasons.append(f"vault: {problem}")
         body: dict[str, Any] = {"ready": not reasons, "reasons": reasons,
                                 "policy_version": state.live.current.version}
+        if state.fleet is not None:
+            fleet = body["fleet"] = state.fleet.agreement()
+            if not fleet["available"] and state.fleet.cfg.fail == "closed":
+                reasons.append("shared state unavailable (--state-fail closed)")
+                body["ready"] = False
         if state.live.problems:
             # the last reload failed: the previous policy keeps serving, so still ready
             body["policy_reload_problems"] = list(state.live.problems)
@@ -140,6 +150,8 @@ def build_app(state: AdminState) -> web.Application:
 
     async def reload(_: web.Request) -> web.Response:
         out = await state.live.reload("api")
+        if state.fleet is not None and out.outcome != "error":  # every replica reloads too
+            await state.fleet.announce_reload(out.version)
         return _json(200 if out.outcome != "error" else 422, out.as_dict())
 
     async def _body(request: web.Request) -> dict[str, Any]:
@@ -233,11 +245,16 @@ def build_app(state: AdminState) -> web.Application:
         if not SAFE_ID.fullmatch(sandbox):
             return _error(400, "bad_request", "the sandbox id must be letters, digits, '.', "
                           "'_', '@' and '-'")
+        shared = None
+        if state.fleet is not None:  # ended for the fleet first: others revoke meanwhile
+            shared = await state.fleet.end_sandbox(sandbox, "admin_api")
         counts = await state.broker.end_sandbox(sandbox, "admin_api")
         log.info("sandbox %s ended via the admin API: %d lease(s) revoked, %d pending",
                  sandbox, counts["revoked"], counts["pending"])
         # 202 while a revocation is still being retried (Vault down): it is not done yet
-        return _json(200 if not counts["pending"] else 202, {"sandbox": sandbox, **counts})
+        extra = {} if shared is None else {"fleet": shared}
+        return _json(200 if not counts["pending"] else 202,
+                     {"sandbox": sandbox, **counts, **extra})
 
     app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
     app.router.add_get("/healthz", healthz)

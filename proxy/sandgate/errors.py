@@ -16,8 +16,9 @@ and a reason and hint that are safe to show the sandbox::
     │   ├── UnsafeValue                  unsafe_injection                 (inject.py)
     │   ├── ApprovalRefused              approval_pending, approval_denied, approval_timeout,
     │   │                                too_many_pending, approvals_full (approvals/)
-    │   └── LimitExceeded                headers_too_large, rate_limited, budget_exhausted,
-    │                                    too_many_connections (+ retry_after) (limits.py)
+    │   ├── LimitExceeded                headers_too_large, rate_limited, budget_exhausted,
+    │   │                                too_many_connections (+ retry_after) (limits.py)
+    │   └── StateUnavailable             state_unavailable                (state/)
     └── PolicyError                      policy files are broken          (policy/loader.py)
 
 Policy refusals (`unknown_identity`, `no_rule`, `denied_by_rule`) are not exceptions: `decide()`
@@ -70,6 +71,8 @@ class Code(StrEnum):
     APPROVAL_TIMEOUT = "approval_timeout"  # nobody decided within the rule's timeout
     TOO_MANY_PENDING = "too_many_pending"  # the identity has too many requests awaiting approval
     APPROVALS_FULL = "approvals_full"  # the proxy holds as many approvals as it may
+    # the fleet's shared state (--state redis://) cannot be reached in time (sandgate/state/)
+    STATE_UNAVAILABLE = "state_unavailable"
 
 
 STATUS: dict[Code, int] = {
@@ -106,6 +109,7 @@ STATUS: dict[Code, int] = {
     Code.APPROVAL_TIMEOUT: 403,
     Code.TOO_MANY_PENDING: 429,
     Code.APPROVALS_FULL: 503,
+    Code.STATE_UNAVAILABLE: 503,
 }
 
 
@@ -220,3 +224,13 @@ class ApprovalRefused(Refused):
         super().__init__(code, reason, hint)
         self.approval = approval
         self.retry_after = retry_after
+class StateUnavailable(Refused):
+    """The fleet's shared state (`--state redis://`) did not answer within `--state-timeout`:
+    a request whose counting needs it (a secret budget; rates and connections with
+    `--state-fail closed`) is not forwarded."""
+
+    codes = frozenset({Code.STATE_UNAVAILABLE})
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(Code.STATE_UNAVAILABLE, reason,
+                         hint="nothing was sent upstream; retry later")

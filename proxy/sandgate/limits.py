@@ -68,6 +68,29 @@ def default_burst(rps: float) -> int:
     return max(1, math.ceil(rps))
 
 
+# The refusals of these limits, the same whether counted here or for the fleet (sandgate.state)
+
+def rate_limited(identity: str, rate: tuple[float, int], wait: float) -> LimitExceeded:
+    return LimitExceeded(
+        Code.RATE_LIMITED, f"identity '{identity}' is over its request rate ({rate[0]:g}/s, "
+        f"burst {rate[1]})", hint="slow down and retry after the Retry-After seconds",
+        retry_after=retry_after(wait))
+
+
+def budget_exhausted(name: str, budget: SecretBudget, wait: float) -> LimitExceeded:
+    return LimitExceeded(
+        Code.BUDGET_EXHAUSTED, f"secret '{name}' has used its budget of {budget.calls} calls "
+        f"per {budget.per:g}s", hint="nothing was sent upstream; retry after the Retry-After "
+        "seconds", retry_after=retry_after(wait))
+
+
+def too_many_connections(identity: str, limit: int | None) -> LimitExceeded:
+    return LimitExceeded(
+        Code.TOO_MANY_CONNECTIONS, f"identity '{identity}' already has {limit} open "
+        "connections to Sandgate", hint="reuse connections (keep-alive) or close idle ones",
+        retry_after=1)
+
+
 class TokenBucket:
     def __init__(self, rate: float, burst: int, now: float) -> None:
         if rate <= 0 or burst < 1:
@@ -200,15 +223,16 @@ class Limiter:
     def disconnected(self, client_id: str) -> None:
         self.connections.disconnected(client_id)
 
-    def identified(self, client_id: str, identity: str, limits: IdentityLimits | None) -> None:
-        limit = self.config.max_connections_per_identity
+    def connection_limit(self, limits: IdentityLimits | None) -> int | None:
+        """The identity's open connections limit: its policy `limits:`, else the flag."""
         if limits is not None and limits.max_connections is not None:
-            limit = limits.max_connections
+            return limits.max_connections
+        return self.config.max_connections_per_identity
+
+    def identified(self, client_id: str, identity: str, limits: IdentityLimits | None) -> None:
+        limit = self.connection_limit(limits)
         if not self.connections.identify(client_id, identity, limit):
-            raise LimitExceeded(
-                Code.TOO_MANY_CONNECTIONS,
-                f"identity '{identity}' already has {limit} open connections to Sandgate",
-                hint="reuse connections (keep-alive) or close idle ones", retry_after=1)
+            raise too_many_connections(identity, limit)
 
     # ------------------------------------------------------------------ request rate
 
@@ -235,11 +259,7 @@ class Limiter:
             held = self._buckets[identity] = (rate, TokenBucket(rate[0], rate[1], now))
         wait = held[1].take(now)
         if wait > 0:
-            raise LimitExceeded(
-                Code.RATE_LIMITED,
-                f"identity '{identity}' is over its request rate ({rate[0]:g}/s, burst "
-                f"{rate[1]})", hint="slow down and retry after the Retry-After seconds",
-                retry_after=retry_after(wait))
+            raise rate_limited(identity, rate, wait)
 
     # ------------------------------------------------------------------ secret budgets
 
@@ -257,11 +277,7 @@ class Limiter:
                 cur = self._budgets[name] = (budget, WindowBudget(budget.calls, budget.per))
             wait = cur[1].wait(now)
             if wait > 0:
-                raise LimitExceeded(
-                    Code.BUDGET_EXHAUSTED,
-                    f"secret '{name}' has used its budget of {budget.calls} calls per "
-                    f"{budget.per:g}s", hint="nothing was sent upstream; retry after the "
-                    "Retry-After seconds", retry_after=retry_after(wait))
+                raise budget_exhausted(name, budget, wait)
             held.append(cur[1])
         for b in held:
             b.spend(now)

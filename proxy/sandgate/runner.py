@@ -51,6 +51,7 @@ from sandgate.tokens import canary
 
 if TYPE_CHECKING:
     from sandgate.dns.run import DnsConfig
+    from sandgate.state import StateConfig
     from sandgate.workers.control import WorkerRole
 
 log = logging.getLogger("sandgate")
@@ -97,11 +98,9 @@ class RunConfig:
     role_listens: Sequence[tuple[Role, str, int]] = ()
     transparent: tuple[str, int] | None = None  # --transparent HOST:PORT (nftables redirects)
     admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin_auth)
-    # where approvals live: a Redis URL shares them between replicas (sandgate.approvals);
-    # None: in this process
-    approvals_redis: str | None = field(default=None, repr=False)
     dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
     exports: ExportConfig = field(default_factory=ExportConfig)  # --otlp, --audit-syslog
+    state: StateConfig | None = None  # --state redis://: the fleet's shared state
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -211,10 +210,20 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
     loop = asyncio.get_running_loop()
 
+    limiter = Limiter(cfg.limits)
+    shared = None
+    if cfg.state is not None:  # rates, connections, budgets, ended sandboxes for the fleet
+        from sandgate.state.shared import connect
+
+        shared = connect(cfg.state, limiter, cfg.instance, cfg.admin_max_token_ttl,
+                         audit=sink.emit)
+
     def sandbox_gone(caller: Caller, why: str) -> None:  # a Docker thread: hop to the loop
         assert caller.sandbox is not None
         sandbox = caller.sandbox
         loop.call_soon_threadsafe(lambda: spawn(broker.end_sandbox(sandbox, why)))
+        if shared is not None:
+            loop.call_soon_threadsafe(lambda: spawn(shared.fleet.end_sandbox(sandbox, why)))
 
     for src in cfg.address_sources:
         if hasattr(src, "on_sandbox_end"):  # Docker labels: container death ends a sandbox
@@ -254,12 +263,26 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         canaries=canaries(policy),
         socks5_allow=tuple(cfg.socks5_allow),
         gateway_tls=cfg.gateway_tls_name is not None,
-        limiter=Limiter(cfg.limits),
+        limiter=limiter,
+        counts=shared.counts if shared is not None else None,
         approvals=approvals,
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
+    if shared is not None:
+        from sandgate.state.shared import add_metrics
+
+        add_metrics(shared, metrics.registry)
+        shared.fleet.version = lambda: live.current.version
+        shared.fleet.on_end = broker.end_sandbox
+        shared.fleet.on_reload = lambda: live.reload("fleet")
+        if shared.config.lease_kv is not None:  # one dynamic lease per sandbox for the fleet
+            from sandgate.state.leases import BrokerKV, SharedLeases, lease_kv
+
+            mount, prefix = lease_kv(shared.config.lease_kv)
+            broker.leases.shared = SharedLeases(shared.counts.r, shared.config,
+                                                BrokerKV(broker, mount), prefix)
     sink.add_listener(metrics.on_audit)
     exports = export_setup.start(cfg.exports, sink, metrics.registry, cfg.instance)
     gate.cfg.flow_audited = exports.flow_audited
@@ -381,6 +404,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             open_paths=frozenset(cfg.admin_open) if cfg.worker is None else frozenset(),
             users=cfg.admin_users, trust_forwarded=cfg.worker is not None,
             approvals=approvals,
+            fleet=shared.fleet if shared is not None else None,
         )
         if cfg.worker is not None:
             from sandgate.workers.control import start_control
@@ -404,6 +428,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             reuse_port=cfg.worker is not None)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
+    if shared is not None:
+        shared.fleet.start()
     if ready is not None:
         loop.call_soon(ready.set)
     try:
@@ -416,6 +442,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             await admin_runner.cleanup()
         if dns_server is not None:
             await dns_server.close()
+        if shared is not None:
+            await shared.fleet.close()
         with contextlib.suppress(Exception):
             sink.emit("shutdown", policy_version=live.current.version,
                       drained=drained.get("drained"), unfinished=drained.get("unfinished"),
@@ -433,12 +461,14 @@ def make_approvals(cfg: RunConfig, broker: SecretBroker,
     from sandgate.approvals import approval_store_for
     from sandgate.approvals.webhook import WebhookSender
 
-    client = None
-    if cfg.approvals_redis is not None:
-        import redis.asyncio
+    store = approval_store_for(None)
+    if cfg.state is not None:  # --state: any replica can decide what another one holds
+        from sandgate.state import open_state
 
-        client = redis.asyncio.Redis.from_url(cfg.approvals_redis)
-    return Approvals(approval_store_for(client, owned=True), audit=audit_emit,
+        # blocking: a held request waits on the decisions channel (its own timeout bounds it)
+        store = approval_store_for(open_state(cfg.state, blocking=True),
+                                   prefix=cfg.state.prefix.rstrip(":"), owned=True)
+    return Approvals(store, audit=audit_emit,
                      instance=cfg.instance,
                      notify=WebhookSender(broker, audit_emit).notify)
 

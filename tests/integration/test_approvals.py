@@ -538,7 +538,7 @@ def test_decided_on_another_replica(tmp_path_factory, vault, pki, upstream, rece
     (base / "a").mkdir()
     (base / "b").mkdir()
     with ThreadPoolExecutor(2) as pool:  # two interpreters start at once
-        fa, fb = (pool.submit(start, base / n, pol, users, vault, pki, "--approvals-redis",
+        fa, fb = (pool.submit(start, base / n, pol, users, vault, pki, "--state",
                               redis_server, "--instance", f"replica-{n}") for n in "ab")
         a, b = fa.result(), fb.result()
     try:

@@ -98,6 +98,7 @@ class Fleet:
     vault: SeedableVault
     relay: Relay
     upstream: LoginUpstream
+    pki: Any = None  # the upstream's PKI (a second replica trusts it too)
 
     def token(self, sandbox: str | None, ttl: str = "1h") -> str:
         return self.proxy.token("agent", ttl=ttl, sandbox=sandbox)
@@ -158,7 +159,7 @@ def fleet_up(tmp: Path, *proxy_args: str, listen_host: str = "127.0.0.1",
             *proxy_args, listen_host=listen_host, start_timeout=120)
         admin = Admin(proxy, f"http://{admin_ip}:{aport}", policies)
         wait_for(lambda: admin.get("/healthz", token=None)[0] == 200, 15, "the admin listener")
-        yield Fleet(proxy, admin, pg, vault, relay, upstream)
+        yield Fleet(proxy, admin, pg, vault, relay, upstream, pki)
     finally:
         if proxy is not None:
             stop_proxy(proxy)

@@ -18,6 +18,7 @@ from sandgate.errors import (
     SandboxRequired,
     SandgateError,
     SecretError,
+    StateUnavailable,
     UnsafeValue,
 )
 from sandgate.policy.loader import PolicyError, PolicyProblem
@@ -58,6 +59,7 @@ CASES = [
     (ApprovalRefused(Code.APPROVAL_TIMEOUT, "r", approval="ap_x"), 403),
     (ApprovalRefused(Code.TOO_MANY_PENDING, "r", retry_after=30), 429),
     (ApprovalRefused(Code.APPROVALS_FULL, "r", retry_after=30), 503),
+    (StateUnavailable("r"), 503),
 ]
 
 

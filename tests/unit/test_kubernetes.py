@@ -31,6 +31,7 @@ Labels = dict[str, str]
 SANDBOX = ("sandboxes", {"sandgate.dev/sandbox": "true"})
 SANDGATE = ("sandgate", {"app.kubernetes.io/name": "sandgate"})
 VAULT = ("vault", {"app.kubernetes.io/name": "vault"})
+REDIS = ("sandgate", {"app.kubernetes.io/name": "sandgate-redis"})
 KUBE_DNS = ("kube-system", {"k8s-app": "kube-dns"})
 OUTSIDE = ("<internet>", {})  # a public address: matched only by ipBlock peers
 
@@ -173,10 +174,9 @@ def test_services_select_the_pods_and_split_proxy_from_admin() -> None:
             assert p["targetPort"] in ports
     assert [p["targetPort"] for p in proxy["spec"]["ports"]] == ["proxy"]
     assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
-    # per-replica state (leases, reload) is reached replica by replica through a headless one
-    headless = _one("Service", "sandgate-admin-replicas")
-    assert headless["spec"]["clusterIP"] == "None"
-    assert headless["spec"]["selector"].items() <= labels.items()
+    # the fleet shares one state (redis.yaml): no Service for calling every replica
+    assert not [d for d in _all() if d["kind"] == "Service"
+                and d["metadata"]["name"] == "sandgate-admin-replicas"]
     pdb = _one("PodDisruptionBudget", "sandgate")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
@@ -288,6 +288,27 @@ def test_sandbox_pods_reach_only_sandgate_and_dns() -> None:
 
 def test_only_sandgate_reaches_vault() -> None:
     assert _vault_reachers(_all()) == {"sandgate"}
+
+
+def test_only_sandgate_reaches_the_fleet_state() -> None:
+    sources = {"sandgate": SANDGATE, "sandbox": SANDBOX, "other": OTHER_POD,
+               "outside": OUTSIDE, "vault": VAULT}
+    assert {n for n, p in sources.items() if _allowed(_all(), p, REDIS, 6379)} == {"sandgate"}
+    assert not _allowed(_all(), REDIS, OUTSIDE, 443)
+
+
+def test_sandgate_runs_with_the_shared_state_and_its_password_from_a_file() -> None:
+    args = build_parser().parse_args(_run_args())
+    assert args.state.startswith("redis://sandgate-redis.sandgate.svc:")
+    assert "@" not in args.state  # the password is not on the command line
+    mounts = {m["mountPath"]: m["name"] for m in _container()["volumeMounts"]}
+    assert str(args.state_password_file).startswith(next(p for p, n in mounts.items()
+                                                         if n == "redis-password"))
+    redis = _one("StatefulSet", "sandgate-redis")["spec"]["template"]
+    assert redis["metadata"]["labels"].items() >= REDIS[1].items()
+    (c,) = redis["spec"]["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "--requirepass" in c["args"]
 
 
 def test_sandgate_admin_port_is_not_open_to_sandboxes() -> None:

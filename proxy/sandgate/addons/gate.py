@@ -104,7 +104,7 @@ class Gate(GateState):
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.conns.pop(client.id, None)
-        self.cfg.limiter.disconnected(client.id)
+        self.counts.disconnected(client.id)
         relay.forget(client)
 
     # ---------------------------------------------------------------- CONNECT and SOCKS5

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from sandgate.admin_auth import AdminUser
     from sandgate.dns.run import DnsConfig
     from sandgate.limits import LimitsConfig
+    from sandgate.state import StateConfig
 
 
 def _listen(spec: str) -> tuple[str, int]:
@@ -111,6 +112,27 @@ def register(sub: Any) -> None:
                      help="504 upstream_timeout when the upstream sends nothing for this long "
                      "after the last byte either way: to the response head, between chunks "
                      "(default %(default)s)")
+    st = run.add_argument_group(
+        "shared state", "one state for every worker and replica (docs/fleet-state.md)")
+    st.add_argument("--state", default=None, metavar="URL",
+                    help="count rates, connections per identity and secret budgets for the "
+                    "whole fleet, and end sandboxes everywhere, on this Redis: "
+                    "redis://HOST[:PORT][/DB] or rediss:// (TLS); default: per process")
+    st.add_argument("--state-prefix", default="sandgate:", metavar="PREFIX",
+                    help="prefix of every key and channel (default %(default)s)")
+    st.add_argument("--state-timeout", type=float, default=0.25, metavar="SECONDS",
+                    help="the longest a request waits for the state (default %(default)s)")
+    st.add_argument("--state-fail", choices=("open", "closed"), default="open",
+                    help="while the state is down, rates and connections are counted per "
+                    "process (open) or refused (closed); budgets are always refused "
+                    "(default %(default)s)")
+    st.add_argument("--state-password-file", type=Path, default=None, metavar="FILE",
+                    help="the Redis AUTH password (instead of one in the URL)")
+    st.add_argument("--state-ca", type=Path, default=None, metavar="FILE",
+                    help="rediss://: trust this CA for the server's certificate")
+    st.add_argument("--state-lease-kv", default=None, metavar="MOUNT/PREFIX",
+                    help="one dynamic-secret lease per sandbox for the fleet, its value relayed "
+                    "through this Vault KV v2 path (default: each process mints its own)")
     run.add_argument("--audit-best-effort", action="store_true",
                      help="keep forwarding while the audit log cannot be written (default: "
                      "refuse with 503 audit_unavailable until a write succeeds)")
@@ -173,7 +195,6 @@ def register(sub: Any) -> None:
                      "stays the user `admin`")
     # Interim, until `--state redis://` (the fleet state) carries approvals: a Redis URL the
     # approvals are shared through (sandgate.approvals.approval_store_for).
-    run.add_argument("--approvals-redis", default=None, help=argparse.SUPPRESS)
     run.add_argument("--admin-open", action="append", default=[], choices=ADMIN_OPENABLE,
                      metavar="PATH",
                      help="serve this admin path without the bearer token, for probes and "
@@ -320,6 +341,21 @@ def limits_config(args: argparse.Namespace) -> LimitsConfig:
     )
 
 
+def state_config(args: argparse.Namespace) -> StateConfig | None:
+    """--state and its options (ValueError says which is wrong; never shows a password)."""
+    from sandgate.state import StateConfig
+
+    if args.state is None:
+        for flag in ("state_password_file", "state_ca", "state_lease_kv"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} needs --state URL")
+        return None
+    return StateConfig.from_url(args.state, prefix=args.state_prefix,
+                                timeout=args.state_timeout, fail=args.state_fail,
+                                password_file=args.state_password_file, ca_file=args.state_ca,
+                                lease_kv=args.state_lease_kv)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
@@ -379,6 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         limits = limits_config(args)
         dns = dns_config(args)
         exports = export_setup.from_args(args)
+        state = state_config(args)
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
@@ -457,9 +494,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
             limits=limits, split=split, role_listens=role_listens, transparent=args.transparent,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
-            admin_users=admin_users, approvals_redis=args.approvals_redis,
+            admin_users=admin_users,
             dns=dns,
             exports=exports,
+            state=state,
         )
         if role is not None:
             cfg.worker = role

@@ -113,6 +113,9 @@ class LeaseManager:
         self._ended: dict[str, int] = {}
         # called with a sandbox id when it ends (the broker drops its per-sandbox KV values)
         self.on_sandbox_end: Callable[[str], None] | None = None
+        # --state-lease-kv: one lease per (secret, identity, sandbox) for the fleet
+        # (sandgate.state.leases.SharedLeases); None: this process's own leases
+        self.shared: Any = None
 
     # ------------------------------------------------------------------------- audit
 
@@ -180,7 +183,8 @@ class LeaseManager:
         assert ref.dynamic is not None and scope.sandbox is not None
         name, sandbox = ref.name, scope.sandbox
         try:
-            resp = await self.backend.mint(path)
+            resp = await (self.backend.mint(path) if self.shared is None else
+                          self.shared.mint(name, path, scope, self.backend.mint))
         except Exception as e:
             detail = _detail(e)
             self._emit("mint", "failed", secret=name, identity=scope.identity,
@@ -205,7 +209,9 @@ class LeaseManager:
         old = self.leases.get(key)
         self.leases[key] = lease
         self.generation += 1
-        self._emit("mint", "ok", lease, ttl=int(lease.ttl), renewable=lease.renewable)
+        fleet = resp.get("fleet") if self.shared is not None else None  # minted or shared
+        self._emit("mint", "ok", lease, ttl=int(lease.ttl), renewable=lease.renewable,
+                   **({"fleet": fleet} if isinstance(fleet, str) else {}))
         if old is not None:  # run out or about to: revoke it rather than leave it valid
             self.leases_retire(old)
             await self._revoke(old, "replaced by a fresh lease")
@@ -289,6 +295,13 @@ class LeaseManager:
             return
         lease.expires = self.clock() + granted
         lease.capped = granted < increment  # max_ttl: renewing again gains nothing
+        if self.shared is not None:
+            try:
+                await self.shared.renewed(lease.name, lease.path, lease.scope, lease.lease_id,
+                                          granted)
+            except Exception as e:  # the others see the old expiry: they mint afresh later
+                log.warning("sandgate: recording a lease renewal for the fleet failed: %s",
+                            _detail(e))
         self._emit("renew", "ok", lease, ttl=int(granted), capped=lease.capped)
 
     # ------------------------------------------------------------------------- revocation
@@ -322,8 +335,13 @@ class LeaseManager:
     async def _revoke(self, lease: Lease, why: str, item: _Revocation | None = None) -> bool:
         """One attempt; on failure the lease is (re)queued for a retry. True when revoked."""
         attempt = (item.attempts if item is not None else 0) + 1
+        here = True
         try:
-            await self.backend.revoke(lease.lease_id)
+            if self.shared is None:
+                await self.backend.revoke(lease.lease_id)
+            else:  # once for the fleet: another holder may have revoked it already
+                here = await self.shared.revoke(lease.name, lease.path, lease.scope,
+                                                lease.lease_id, self.backend.revoke)
         except Exception as e:
             if item is None:
                 item = _Revocation(lease, why)
@@ -339,7 +357,8 @@ class LeaseManager:
             return False
         if item is not None and item in self.pending:
             self.pending.remove(item)
-        self._emit("revoke", "ok", lease, reason=why, attempt=attempt)
+        self._emit("revoke", "ok", lease, reason=why, attempt=attempt,
+                   **({} if self.shared is None else {"fleet": "here" if here else "elsewhere"}))
         return True
 
     async def _retry(self) -> None:
@@ -357,6 +376,10 @@ class LeaseManager:
         """Revoke everything held or pending, once each, within `timeout`. Returns (and logs,
         and audits) the leases that could not be revoked: they run out on their own."""
         todo = [(x, "shutdown") for x in self.leases.values()]
+        if self.shared is not None:  # the fleet's leases outlive this process (docs)
+            for x, _ in todo:
+                self._emit("revoke", "left_to_fleet", x, reason="shutdown")
+            todo = []
         todo += [(item.lease, item.why) for item in self.pending]
         self.leases.clear()
         self.pending.clear()

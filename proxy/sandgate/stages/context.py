@@ -27,6 +27,8 @@ from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy.model import Policy, Rule
 from sandgate.scrub import SecretSet
 from sandgate.secrets.vault import SecretBroker
+from sandgate.state.counts import Counts
+from sandgate.state.local import LocalCounts
 
 # (event, flow, its record, the event's fields as written, the flow's secret set)
 FlowAudited = Callable[[str, http.HTTPFlow, FlowRecord, dict[str, Any], SecretSet], None]
@@ -55,6 +57,9 @@ class GateConfig:
     approvals: Approvals = field(default_factory=lambda: Approvals(MemoryStore()))
     # called with each flow's audit event once it is written: its span (sandgate.export)
     flow_audited: FlowAudited | None = None
+    # who counts rates, connections per identity and budgets: None is this process (the
+    # limiter); `--state redis://` the fleet (sandgate.state)
+    counts: Counts | None = None
 
 
 class GateState:
@@ -67,6 +72,12 @@ class GateState:
         self._scrub_sets = ScrubSets()
         # MCP session ids are bound by a MAC under this key (the same in every worker/replica)
         self.session_key = session_key(config.identifier.token_key)
+        self._local_counts = LocalCounts(lambda: self.cfg.limiter)
+
+    @property
+    def counts(self) -> Counts:
+        """What the stages ask to count (sandgate.state.counts)."""
+        return self.cfg.counts if self.cfg.counts is not None else self._local_counts
 
     @property
     def policy(self) -> Policy:

@@ -104,9 +104,14 @@ def identify_proxied(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Tun
     return tunnel
 
 
-def count_connection(st: GateState, flow: http.HTTPFlow, caller: Caller, policy: Policy) -> None:
-    """The connection counts for its identity from its first CONNECT or request on."""
+async def count_connection(st: GateState, flow: http.HTTPFlow, caller: Caller,
+                           policy: Policy) -> None:
+    """The connection counts for its identity from its first CONNECT or request on; a
+    sandbox the fleet has ended is refused (its tokens end with it: sandgate.state.fleet)."""
+    if caller.sandbox is not None and await st.counts.sandbox_ended(caller.sandbox):
+        raise IdentityError(Code.AUTH_INVALID, f"sandbox '{caller.sandbox}' has ended: its "
+                            "proxy tokens are no longer accepted")
     ident = policy.identities.get(caller.identity)
-    st.cfg.limiter.identified(flow.client_conn.id, caller.identity,
-                              ident.limits if ident is not None else None)
+    await st.counts.identified(flow.client_conn.id, caller.identity,
+                               ident.limits if ident is not None else None)
     admission.identified(flow.client_conn)  # no admission deadline from here on

@@ -51,10 +51,10 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         info = rec.info = parse(flow, rec, tunnel)
     caller = rec.caller
     assert caller is not None
-    count_connection(st, flow, caller, policy)  # once per connection
+    await count_connection(st, flow, caller, policy)  # once per connection
     ident = policy.identities.get(caller.identity)
     if ident is not None:  # an unknown identity is refused by decide()
-        st.cfg.limiter.admit(caller.identity, ident.limits)
+        await st.counts.admit(caller.identity, ident.limits)
     d = rec.decision = decide(policy, caller.identity, info)
     if not d.allowed:
         if not reported(policy, caller.identity, d):
@@ -137,7 +137,7 @@ async def judge_connect(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> 
     req = flow.request
     check_head_size(st.cfg.limiter.config, req)
     caller = rec.caller = identify(st, flow, req.headers.get("proxy-authorization"))
-    count_connection(st, flow, caller, st.flow_policy(rec))
+    await count_connection(st, flow, caller, st.flow_policy(rec))
     try:
         host = normalise_host(req.host)
     except ValueError as e:

@@ -77,7 +77,7 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         versions.append(f"{name}@{sv.version}" if sv.version else name)
     mark(rec, VAULT_END)
     # counted only now that the secrets are there to inject (or 429, nothing spent)
-    st.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
+    await st.counts.spend([(n, policy.secrets[n].budget) for n in sorted(rule.secrets)])
     rec.secrets += versions
     rec.owned = owned(policy, values, rule.secrets)  # always scrubbed from its response
     plan = rec.body_plan

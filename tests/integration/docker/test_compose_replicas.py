@@ -2,10 +2,11 @@
 
 Three Sandgate replicas share one confdir volume (one CA, one token key) and one policy; Debian's
 HAProxy, built from the local base image, balances TCP over them. The agent sandbox identifies
-with a proxy token (HAProxy hides its address). Shown: every replica serves the agent's calls
-and injects the seeded key; stopping one replica mid-run loses at most the one request a
-sequential client has in flight; no secret in any log. Bounds: 3 replicas, 30 + 60 requests,
-about 2 minutes with the image builds cached.
+with a proxy token (HAProxy hides its address); all of them count in one Redis (`--state`). Shown:
+every replica serves the agent's calls and injects the seeded key; every replica heartbeats into
+the shared state and they agree on the policy; stopping one replica mid-run loses at most the
+one request a sequential client has in flight; no secret in any log. Bounds: 3 replicas,
+30 + 60 requests, about 2 minutes with the image builds cached.
 """
 
 from __future__ import annotations
@@ -139,6 +140,27 @@ def test_every_replica_serves_the_agent_with_the_seeded_key(stack: Stack) -> Non
     fake = stack.logs("fake-anthropic")
     assert fake.count(f"x-api-key-sha256={_sha(stack.anthropic_key)}") >= 30
     assert _sha(PLACEHOLDER) not in fake, "the placeholder reached the upstream"
+
+
+def test_the_replicas_share_one_state(stack: Stack) -> None:
+    """--state redis://redis:6379/0: every replica (each of its workers) heartbeats into the one
+    Redis with the policy version it serves (docs/fleet-state.md)."""
+    def live() -> dict[str, str]:
+        r = stack.exec("redis", "redis-cli", "--raw", "hgetall", "sandgate:policy")
+        assert r.returncode == 0, stack.scrub(r.stderr)
+        words = r.stdout.split()
+        return dict(zip(words[::2], words[1::2], strict=True))
+
+    deadline = time.monotonic() + 30
+    while len({p.split("/")[0] for p in live()}) < REPLICAS and time.monotonic() < deadline:
+        time.sleep(1)
+    procs = live()
+    why = [e for e in _audit(stack) if e.get("event") == "state"][-5:]
+    logs = [line for line in stack.logs("sandgate").splitlines() if "state" in line][-10:]
+    assert len({p.split("/")[0] for p in procs}) == REPLICAS, (procs, why, logs)
+    assert len({v.rpartition("|")[0] for v in procs.values()}) == 1, procs  # they agree
+    budgets = stack.exec("redis", "redis-cli", "--raw", "keys", "sandgate:*")
+    assert "sandgate:proc:" in budgets.stdout
 
 
 def test_stopping_a_replica_loses_at_most_what_it_was_serving(stack: Stack) -> None:

@@ -1,0 +1,33 @@
+"""What the stages ask of the counting, whoever does it (this process, or the fleet's Redis).
+
+`GateState.counts` is one of these: `LocalCounts` (sandgate.state.local, the default) or
+`RedisCounts` (sandgate.state.redis_store, `--state`). Admission of raw connections (the total
+and per-source limits, before identity is known) stays with each process's `Limiter`: those
+protect the process itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from sandgate.policy.model import IdentityLimits, SecretBudget
+
+
+class Counts(Protocol):
+    async def admit(self, identity: str, limits: IdentityLimits | None) -> None:
+        """One request of `identity`: raises LimitExceeded(rate_limited) when over its rate."""
+
+    async def identified(self, client_id: str, identity: str,
+                         limits: IdentityLimits | None) -> None:
+        """The connection counts for `identity` (once): LimitExceeded(too_many_connections)."""
+
+    def disconnected(self, client_id: str) -> None:
+        """The connection closed: whatever it held is given back."""
+
+    async def spend(self, budgets: Sequence[tuple[str, SecretBudget | None]]) -> None:
+        """One injection of each secret, all or none: LimitExceeded(budget_exhausted), or
+        StateUnavailable when it cannot be counted."""
+
+    async def sandbox_ended(self, sandbox: str) -> bool:
+        """Has the fleet ended this sandbox (its tokens are refused)?"""
