@@ -10,6 +10,7 @@
                     is the reach diff of reach.py)
     reach.py        report (what each identity reaches), the reach diff
     sandbox.py      sandbox (sandgate.sandbox.cli; needs the docker extra)
+    audit.py        audit verify (the hash chain of audit files), audit public-key
 
 Adding a family: a module with `register(sub)` that adds its subparsers, each with
 `set_defaults(handler=...)` (a function of the parsed arguments returning the exit code), and
@@ -40,6 +41,7 @@ FAMILIES = (
     "traffic",
     "reach",
     "sandbox",
+    "audit",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]
