@@ -264,36 +264,45 @@ class AuditLog:
             self._put(record)
             return
         with self._file.locked():
-            if self._file.rotation.on and \
-                    self._file.due(len(render(self._render(record))) + 200):
-                rotated = self._file.rotate()
-                self._put(self.record("rotate", {"file": self._file.path.name,
-                                                 "previous_file": rotated.previous,
-                                                 "previous_last": rotated.previous_last}))
-                for name, last in rotated.dropped:
-                    self._put(self.record("retention", {"dropped_file": name,
-                                                        "dropped_last": last}))
             self._put(record)
 
+    def _rotate(self) -> None:
+        """Rotate the file (under its lock): the new file's first lines say what happened."""
+        assert self._file is not None
+        rotated = self._file.rotate()
+        self._put(self.record("rotate", {"file": self._file.path.name,
+                                         "previous_file": rotated.previous,
+                                         "previous_last": rotated.previous_last}), rotating=True)
+        for name, last in rotated.dropped:
+            self._put(self.record("retention", {"dropped_file": name, "dropped_last": last}),
+                      rotating=True)
+
     def _put(self, record: dict[str, Any], checkpoint: bool = False,
-             final: bool = False) -> None:
-        """One line: rendered, sealed into the chain, written in one write() with its newline.
-        The chain advances only once the line is written."""
+             final: bool = False, rotating: bool = False) -> None:
+        """One line: rendered, sealed into the chain, written in one write() with its newline
+        (after a rotation when it would take the file past --audit-max-bytes or the file is
+        older than --audit-max-age). The chain advances only once the line is written."""
         obj = self._render(record)
-        chain = self._chain
-        if chain is None:
-            line = render(obj)
-        elif checkpoint:
-            line = chain.sign(obj, final=final)
-        else:
-            line = chain.seal(obj)
+        line = self._seal(obj, checkpoint, final)
+        if not rotating and self._file is not None and self._file.rotation.on and \
+                self._file.due(len(line) + 1):
+            self._rotate()
+            line = self._seal(obj, checkpoint, final)  # it now follows the rotation's lines
         self._stream.write(line + "\n")
         if self._owned is None:
             self._stream.flush()  # a pipe: surface a closed reader now, not later
+        chain = self._chain
         if chain is not None:
             chain.commit(line, checkpoint)
             if not checkpoint and chain.checkpoint_due():
                 self._put(self.record(CHECKPOINT, {}), checkpoint=True)
+
+    def _seal(self, obj: dict[str, Any], checkpoint: bool, final: bool) -> str:
+        if self._chain is None:
+            return render(obj)
+        if checkpoint:
+            return self._chain.sign(obj, final=final)
+        return self._chain.seal(obj)
 
     def _checkpoints(self) -> None:
         """Sign a quiet tail within checkpoint_seconds (a busy chain is signed every N lines)."""

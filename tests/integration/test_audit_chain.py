@@ -1,0 +1,189 @@
+"""The audit stream of a real proxy: OCSF events, the signed hash chain, verify, rotation.
+
+A proxy runs with `--audit-format ocsf` and its checkpoint key from OpenBao, real traffic goes
+through it (a credential injected from OpenBao into TLS requests, refusals, a failed proxy
+token, a passthrough tunnel); every line is a valid OCSF event, `sandgate audit verify` passes,
+then edits, deletions and reorderings of the file make it fail at the right line. With
+`--workers 2` and a small `--audit-max-bytes` the files rotate under load and still verify.
+No secret value appears in any audit byte, in any encoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from sandgate.audit_chain import public_hex
+from sandgate.audit_file import rotated_files
+from tests.integration.conftest import (
+    HERE,
+    SANDGATE,
+    SECRET_VALUES,
+    curl,
+    split_status,
+    start_proxy,
+    stop_proxy,
+)
+from tests.support.ocsf_schema import check
+from tests.support.secrets import assert_no_secret
+
+pytestmark = pytest.mark.integration
+
+LISTEN = "127.0.66.1"  # this suite's proxies (helper 6's loopback range)
+SIGNING_SEED = bytes(range(32))  # an obvious fake signing key, stored in OpenBao
+
+
+def _encodings(value: str) -> list[str]:
+    raw = value.encode()
+    return [value, base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode(),
+            base64.b64encode(raw).decode().rstrip("="), urllib.parse.quote(value, safe=""),
+            urllib.parse.quote_plus(value), raw.hex(), raw.hex().upper()]
+
+
+def _no_secret_anywhere(data: bytes, extra: tuple[str, ...] = ()) -> None:
+    text = data.decode("utf-8", "replace")
+    values = [e for v in (*SECRET_VALUES, *extra) for e in _encodings(v)]
+    assert_no_secret([text, text.lower()], values, "the audit files")
+
+
+def _verify(*files: Path, public: Path | None = None,
+            live: bool = False) -> subprocess.CompletedProcess[str]:
+    cmd = [*SANDGATE, "audit", "verify", *map(str, files)]
+    if public is not None:
+        cmd += ["--public-key", str(public)]
+    if live:
+        cmd.append("--live")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def ocsf_run(tmp_path_factory, vault, upstream, plain_upstream, pki):
+    """One proxy run, stopped: its audit file, and the public key of its signing key."""
+    tmp = tmp_path_factory.mktemp("audit-ocsf")
+    key = Ed25519PrivateKey.from_private_bytes(SIGNING_SEED)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    vault.put_kv2("sandgate/audit", {"signing_key": pem})
+    public = tmp / "audit.pub"
+    public.write_text(public_hex(key.public_key()) + "\n")
+    p = start_proxy(tmp, HERE / "policies",
+                    {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}, pki,
+                    "--audit-format", "ocsf", "--audit-checkpoint-lines", "3",
+                    "--audit-signing-key", "vault:secret/sandgate/audit#signing_key",
+                    listen_host=LISTEN)
+    try:
+        r = curl(p, "coding-agent", "https://api.anthropic.com/v1/messages", "-X", "POST",
+                 "-d", "{}")  # the key from OpenBao injected upstream
+        assert split_status(r.stdout)[1] == 200, r.stdout + r.stderr
+        r = curl(p, "bash-tool", "https://upstream.test/docs/a?token=FAKE-query-value")
+        assert split_status(r.stdout)[1] == 200, r.stdout + r.stderr
+        r = curl(p, "bash-tool", "https://api.openai.com/v1/chat/completions")
+        assert split_status(r.stdout)[1] == 403, r.stdout  # no rule
+        r = curl(p, "coding-agent", "http://plain.test/x", token="not-a-token")
+        assert split_status(r.stdout)[1] == 407, r.stdout  # proxy token refused
+        r = curl(p, None, "http://plain.test/")
+        assert split_status(r.stdout)[1] == 407, r.stdout  # no credentials at all
+        tunnel = subprocess.run(
+            ["curl", "-sS", "--max-time", "15", "--proxy", p.url, "--proxy-user",
+             f"coding-agent:{p.token('coding-agent')}", "--cacert", str(pki.ca_cert),
+             "-o", "/dev/null", "-w", "%{http_code}", "https://tunnel.test/docs/t"],
+            capture_output=True, text=True, timeout=30)
+        assert tunnel.stdout == "200", tunnel.stdout + tunnel.stderr  # passthrough: not opened
+    finally:
+        stop_proxy(p)
+    assert p.proc.returncode == 0, p.logs()[-2000:]
+    return p.audit_file, public, p
+
+
+def test_every_event_is_ocsf_and_the_chain_verifies(ocsf_run):
+    audit, public, p = ocsf_run
+    events = [json.loads(x) for x in audit.read_text().splitlines()]
+    kinds = {(e["class_uid"], e["unmapped"]["event"]) for e in events}
+    for e in events:
+        check(e)
+    assert {(4002, "request"), (3002, "request"), (4001, "connect"), (6002, "policy"),
+            (6002, "shutdown"), (1008, "checkpoint")} <= kinds, kinds
+    llm = next(e for e in events
+               if e["unmapped"].get("rule") == "llm" and e["unmapped"]["event"] == "request")
+    assert llm["http_request"]["http_method"] == "POST" and llm["http_response"]["code"] == 200
+    assert llm["unmapped"]["secrets"][0].startswith("anthropic@")
+    assert events[-1]["unmapped"]["final"] is True
+    r = _verify(audit, public=public)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith(f"OK: 1 file(s), {len(events)} lines, 1 chain(s)")
+    _no_secret_anywhere(audit.read_bytes(), extra=(SIGNING_SEED.hex(),))
+    assert_no_secret([p.logs()], SECRET_VALUES, "the proxy's log")
+
+
+@pytest.mark.parametrize("tamper", ["edit", "delete", "reorder"])
+def test_verify_names_the_tampered_line(ocsf_run, tmp_path, tamper):
+    audit, public, _ = ocsf_run
+    lines = audit.read_bytes().splitlines(keepends=True)
+    target = next(i for i, x in enumerate(lines)
+                  if b'"rule": "llm"' in x and b'"event_code": "request"' in x)
+    if tamper == "edit":  # the decision quietly turned around
+        lines[target] = lines[target].replace(b'"upstream_status": 200', b'"upstream_status": 403')
+    elif tamper == "delete":
+        del lines[target]
+    else:
+        lines[target], lines[target + 1] = lines[target + 1], lines[target]
+    copy = tmp_path / "audit.jsonl"
+    copy.write_bytes(b"".join(lines))
+    r = _verify(copy, public=public)
+    assert r.returncode == 1, r.stdout
+    want = {"edit": (target + 1, "edited"), "delete": (target + 1, "lines missing"),
+            "reorder": (target + 1, "lines missing")}[tamper]
+    assert r.stdout.startswith(f"FAILED: {copy}:{want[0]}: {want[1]}"), r.stdout
+
+
+def test_rotation_under_load_with_two_workers(tmp_path, vault, upstream, plain_upstream, pki):
+    """Bounds: 2 workers, 40 requests from 8 threads; files of at most 6 KB, 3 kept."""
+    p = start_proxy(tmp_path, HERE / "policies",
+                    {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}, pki,
+                    "--workers", "2", "--audit-max-bytes", "6k", "--audit-keep", "3",
+                    "--audit-checkpoint-lines", "7", listen_host=LISTEN)
+    token = p.token("coding-agent")
+    try:
+        def one(i: int) -> int:
+            r = curl(p, "coding-agent", f"https://api.anthropic.com/v1/messages?n={i}",
+                     "-X", "POST", "-d", "{}", token=token)
+            return split_status(r.stdout)[1]
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(one, range(40)))
+        assert statuses == [200] * 40
+        live = [*rotated_files(p.audit_file), p.audit_file]
+        r = _verify(*live, live=True)  # while it runs: the open tails are reported
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        stop_proxy(p)
+    assert p.proc.returncode == 0, p.logs()[-2000:]
+    files = [*rotated_files(p.audit_file), p.audit_file]
+    assert len(files) == 4  # 3 kept + the current one
+    r = _verify(*files, public=_confdir_public(p.confdir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "chain(s)" in r.stdout and "deleted by retention" in r.stdout, r.stdout
+    data = b"".join(f.read_bytes() for f in files)
+    workers = {json.loads(x).get("worker") for x in data.splitlines()}
+    assert workers == {0, 1}
+    assert all(f.stat().st_size <= 6 * 1024 for f in files)
+    _no_secret_anywhere(data)
+    swapped = [files[1], files[0], *files[2:]]
+    r = _verify(*swapped)
+    assert r.returncode == 1 and f"FAILED: {files[0]}:1:" in r.stdout, r.stdout
+
+
+def _confdir_public(confdir: Path) -> Path:
+    out = subprocess.run([*SANDGATE, "audit", "public-key", "--confdir", str(confdir)],
+                         capture_output=True, text=True, check=True)
+    path = confdir.parent / "confdir.pub"
+    path.write_text(out.stdout)
+    return path
