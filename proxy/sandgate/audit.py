@@ -195,7 +195,7 @@ class AuditLog:
             stream = sink  # type: ignore[assignment]
         elif isinstance(sink, str | Path):
             path = Path(sink)
-            if rotation is not None and rotation.on or chain is not None:
+            if (rotation is not None and rotation.on) or chain is not None:
                 self._file = self._owned = AuditFile(path, rotation)
                 stream = self._file  # type: ignore[assignment]
             else:

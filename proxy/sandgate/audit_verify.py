@@ -95,8 +95,7 @@ def _event(obj: dict[str, Any]) -> Any:
 def _read_lines(path: Path) -> Iterable[tuple[int, bytes]]:
     data = path.read_bytes()
     lines = data.split(b"\n")
-    for i, raw in enumerate(lines[:-1], start=1):
-        yield i, raw
+    yield from enumerate(lines[:-1], start=1)
     if lines[-1]:
         yield len(lines), lines[-1] + b"\x00"  # marks an unterminated last line
 
@@ -182,8 +181,8 @@ def verify(files: list[Path], public_key: str | None = None, live: bool = False)
                                  f"the one the next line of its chain ({name}:{n}) records "
                                  "(or that line's `prev` was edited)")
             if event == CHECKPOINT:
-                key, sig = place.get(KEY), place.get(SIG)
-                if not _lower_hex(key) or not _lower_hex(sig):
+                key, sig = str(place.get(KEY)), str(place.get(SIG))
+                if not _lower_hex(place.get(KEY)) or not _lower_hex(place.get(SIG)):
                     raise Broken(name, n, "a checkpoint without a well-formed key and "
                                  "signature")
                 if public_key is not None and key != public_key:

@@ -31,8 +31,8 @@ from sandgate.addons import (
     writes,
 )
 from sandgate.addons.gate import Gate, GateConfig
-from sandgate.audit_setup import AuditSettings
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
+from sandgate.audit_setup import AuditSettings
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.identity.roles import Role, Split

@@ -68,7 +68,7 @@ def test_each_line_links_to_the_previous_one_and_checkpoints_sign(tmp_path, fmt)
     docs = [json.loads(x) for x in raw]
     slots = [d["unmapped"] if fmt == "ocsf" else d for d in docs]
     assert slots[0]["prev"] == GENESIS and slots[0]["seq"] == 0
-    for before, after, s in zip(raw, raw[1:], slots[1:], strict=False):
+    for before, s in zip(raw, slots[1:], strict=False):
         assert s["prev"] == line_hash(before.rstrip(b"\n")) and s["chain"] == slots[0]["chain"]
     assert [s["seq"] for s in slots] == list(range(len(raw)))
     events = [s["event"] for s in slots]
