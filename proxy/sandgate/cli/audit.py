@@ -25,11 +25,16 @@ def register(sub: Any) -> None:
     v.add_argument("--live", action="store_true",
                    help="the last file is still being written: lines after its chains' last "
                    "checkpoints are reported, not a failure")
-    v.set_defaults(handler=cmd_verify)
     k = asub.add_parser("public-key", help="print the public half of the confdir's audit "
                         "signing key (hex), for `audit verify --public-key`")
     confdir_arg(k)
-    k.set_defaults(handler=cmd_public_key)
+    p.set_defaults(handler=cmd_audit)
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    if args.audit_command == "verify":
+        return cmd_verify(args)
+    return cmd_public_key(args)
 
 
 def read_public_key(path: Path) -> str:
