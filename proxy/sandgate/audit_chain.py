@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 import tempfile
 import time
 from collections.abc import Callable, MutableMapping
@@ -217,12 +218,14 @@ def last_line_hash(path: Path) -> str:
     """The hash of the last complete line of `path` (GENESIS when it has none): where a new
     writer's chain starts, so that a run deleted whole from the middle of a file is noticed."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return GENESIS  # /dev/full, a FIFO: nothing to link to (and nothing to read)
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             start = max(0, size - (1 << 20))
             f.seek(start)
-            tail = f.read()
+            tail = f.read(size - start)
     except FileNotFoundError:
         return GENESIS
     if not tail.endswith(b"\n"):

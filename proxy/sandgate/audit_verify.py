@@ -15,7 +15,8 @@ number. What is checked, line by line:
   hash of that file's last line (a swapped, missing or truncated file is caught there);
 - at the end, every chain ends with its closing checkpoint (`final`): anything after a chain's
   last checkpoint is unsigned, so a file cut at a line boundary is caught. `live=True` accepts
-  an open tail in the last file (the proxy still writing it).
+  open chains (the proxy still writing them); a rotated file cut short is still caught by the
+  `rotate` line of the file after it.
 
 A first file that begins with a `rotate` line begins after a file not given: the report says
 which, and whether a `retention` line records that file's deletion with the same last hash.
@@ -211,11 +212,10 @@ def verify(files: list[Path], public_key: str | None = None, live: bool = False)
             report.begins = f"begins after {pf} (deleted by retention; last line sha256 {pl})"
         else:
             report.begins = f"begins after {pf} (not given; its last line sha256 {pl})"
-    last_file = str(files[-1]) if files else ""
     for cid, ch in chains.items():
         if ch.closed:
             continue
-        if live and ch.where[0] == last_file:
+        if live:  # its next line goes to the current file (rotation links cover the older)
             report.open_tails.append(f"chain {cid} open ({ch.unsigned} line(s) after its last "
                                      "checkpoint)")
             continue

@@ -430,3 +430,15 @@ def test_rotated_names_sort_in_time_order(tmp_path):
     (tmp_path / "a.log.other").write_text("")
     assert [p.name for p in rotated_files(tmp_path / "a.log")] == names
     assert os.path.exists(tmp_path / "a.log.other")
+
+
+def test_a_chained_log_on_a_full_disk_fails_closed():
+    """--audit /dev/full: nothing to link to (reading it would never end), every write fails."""
+    from sandgate.audit_chain import last_line_hash
+
+    assert last_line_hash(Path("/dev/full")) == GENESIS
+    log = AuditLog(Path("/dev/full"), chain=Chain(KEY, 10, 3600))
+    with pytest.raises(OSError):
+        log.emit("request", identity="a")
+    assert not log.healthy
+    log.close()
