@@ -118,6 +118,9 @@ def test_the_validator_is_strict():
     assert problems({**e, "metadata": {"product": {"name": "x"}}})
 
 
-def test_the_docs_table_is_the_mapping():
-    assert audit_ocsf.mapping_table() in DOCS.read_text(), \
+def test_the_docs_tables_are_the_mapping():
+    text = DOCS.read_text()
+    assert audit_ocsf.mapping_table() in text, \
         "docs/audit.md: paste sandgate.audit_ocsf.mapping_table()"
+    assert audit_ocsf.class_table() in text, \
+        "docs/audit.md: paste sandgate.audit_ocsf.class_table()"
