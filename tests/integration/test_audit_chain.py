@@ -190,3 +190,45 @@ def _confdir_public(confdir: Path) -> Path:
     path = confdir.parent / "confdir.pub"
     path.write_text(out.stdout)
     return path
+
+
+def test_workers_writing_to_stdout_chain_each_their_lines(tmp_path, vault, upstream, pki):
+    """Bounds: 2 workers, no --audit (the supervisor relays their lines to stdout); 3 requests.
+    """
+    import os
+    import signal
+    import socket
+    import time
+
+    from tests.integration.conftest import UPSTREAM_IP, Proxy, free_port
+
+    port = free_port()
+    out, log = tmp_path / "stdout.jsonl", tmp_path / "proxy.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VAULT_")}
+    env.update(VAULT_ADDR=vault.addr, VAULT_TOKEN=vault.root_token)
+    proc = subprocess.Popen(
+        [*SANDGATE, "run", "--policies", str(HERE / "policies"), "--listen", f"{LISTEN}:{port}",
+         "--confdir", str(tmp_path / "conf"), "--upstream-ca", str(pki.ca_cert),
+         f"--resolve=upstream.test={UPSTREAM_IP}", "--workers", "2"],
+        stdout=out.open("wb"), stderr=log.open("wb"), env=env)
+    p = Proxy(LISTEN, port, tmp_path / "conf", out, log, proc)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, p.logs()[-2000:]
+            try:
+                socket.create_connection((LISTEN, port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        token = p.token("bash-tool")
+        for i in range(3):
+            r = curl(p, "bash-tool", f"https://upstream.test/docs/{i}", token=token)
+            assert split_status(r.stdout)[1] == 200, r.stdout + r.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0, p.logs()[-2000:]
+    r = _verify(out, public=_confdir_public(tmp_path / "conf"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 chain(s)" in r.stdout, r.stdout
