@@ -209,6 +209,8 @@ def _network(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
         if dialed is not None:
             dst["ip"] = dialed["ip"]
         out["dst_endpoint"] = dst
+    if "src_endpoint" not in out and "dst_endpoint" not in out:  # OCSF needs one of them
+        out["src_endpoint"] = {"name": "unknown"}
     traffic = {k: v for k, v in (("bytes_out", rec.get("bytes_in")),
                                  ("bytes_in", rec.get("bytes_out")))
                if isinstance(v, int)}
