@@ -232,7 +232,8 @@ class AuditLog:
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event on one line: time, event, then `fields` as given.
 
-        The one point every audit event passes: `_write` renders it (JSON or OCSF), chains,
+        The one point every audit event passes: `record` is the event as the JSON format
+        writes it (without the chain fields); `_write` renders it (JSON or OCSF), chains,
         rotates and writes it; then the listeners (metrics, exporters) see it."""
         record = self.record(event, fields)
         with self._lock:
@@ -257,7 +258,7 @@ class AuditLog:
             from sandgate.audit_ocsf import to_ocsf
 
             return to_ocsf(record)
-        return record
+        return dict(record)  # the chain's fields go on the line, `record` stays the event
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:
