@@ -32,7 +32,11 @@ from sandgate.addons import (
 )
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
+from sandgate.admin_auth import AdminUser
+from sandgate.approvals.service import Approvals
 from sandgate.audit_setup import AuditSettings
+from sandgate.export import setup as export_setup
+from sandgate.export.setup import ExportConfig
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.identity.roles import Role, Split
@@ -46,6 +50,7 @@ from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
 
 if TYPE_CHECKING:
+    from sandgate.dns.run import DnsConfig
     from sandgate.workers.control import WorkerRole
 
 log = logging.getLogger("sandgate")
@@ -91,6 +96,12 @@ class RunConfig:
     split: Split | None = None
     role_listens: Sequence[tuple[Role, str, int]] = ()
     audit: AuditSettings = field(default_factory=AuditSettings)  # format, chain, rotation
+    admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin_auth)
+    # where approvals live: a Redis URL shares them between replicas (sandgate.approvals);
+    # None: in this process
+    approvals_redis: str | None = field(default=None, repr=False)
+    dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
+    exports: ExportConfig = field(default_factory=ExportConfig)  # --otlp, --audit-syslog
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -221,6 +232,9 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         selves += self_addresses(*cfg.gateway)
     for _, host, port in cfg.role_listens:
         selves += self_addresses(host, port)
+    approvals = make_approvals(cfg, broker, sink.emit)
+    if cfg.dns is not None:
+        selves += self_addresses(*cfg.dns.listen)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -234,11 +248,14 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         socks5_allow=tuple(cfg.socks5_allow),
         gateway_tls=cfg.gateway_tls_name is not None,
         limiter=Limiter(cfg.limits),
+        approvals=approvals,
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
     sink.add_listener(metrics.on_audit)
+    exports = export_setup.start(cfg.exports, sink, metrics.registry, cfg.instance)
+    gate.cfg.flow_audited = exports.flow_audited
 
     def swap(new: livepolicy.LoadedPolicy) -> None:
         broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
@@ -353,6 +370,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
             audit=sink.emit, resolve=dict(cfg.resolve),
             open_paths=frozenset(cfg.admin_open) if cfg.worker is None else frozenset(),
+            users=cfg.admin_users, trust_forwarded=cfg.worker is not None,
+            approvals=approvals,
         )
         if cfg.worker is not None:
             from sandgate.workers.control import start_control
@@ -363,6 +382,17 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
                 "draining": lifecycle.draining, "policy_version": live.current.version})
         elif cfg.admin is not None:
             admin_runner = await start_admin(state, *cfg.admin)
+    dns_server = None
+    if cfg.dns is not None:  # the sandboxes' resolver, judged by the same policy and identities
+        from sandgate.dns.run import start_dns
+
+        def dns_audit(event: str, **fields: Any) -> None:  # a name may carry a secret value
+            sink.emit(event, **audit.scrub_fields(fields, gate.secrets()))
+
+        dns_server = await start_dns(
+            cfg.dns, lambda: live.policy, gate.cfg.identifier.caller_at, dns_audit,
+            lambda outcome: metrics.dns_answers.labels(outcome).inc(), cfg.resolve,
+            reuse_port=cfg.worker is not None)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
     if ready is not None:
@@ -375,12 +405,32 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         if admin_runner is not None:
             await admin_runner.cleanup()
+        if dns_server is not None:
+            await dns_server.close()
         with contextlib.suppress(Exception):
             sink.emit("shutdown", policy_version=live.current.version,
                       drained=drained.get("drained"), unfinished=drained.get("unfinished"),
                       drain_seconds=drained.get("seconds"))
+        with contextlib.suppress(Exception):
+            await approvals.aclose()
         await broker.aclose()
+        exports.close()  # after the shutdown event: syslog gets it too
         sink.close()
+
+
+def make_approvals(cfg: RunConfig, broker: SecretBroker,
+                   audit_emit: Callable[..., None]) -> Approvals:
+    """The approvals of `action: ask` rules: shared through Redis when configured."""
+    from sandgate.approvals import approval_store_for
+    from sandgate.approvals.webhook import WebhookSender
+
+    client = None
+    if cfg.approvals_redis is not None:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(cfg.approvals_redis)
+    return Approvals(approval_store_for(client), audit=audit_emit, instance=cfg.instance,
+                     notify=WebhookSender(broker, audit_emit).notify)
 
 
 def _audit_policy(sink: audit.AuditLog, o: livepolicy.ReloadOutcome,

@@ -9,6 +9,7 @@
     traffic.py      diff, suggest, explain --batch (recorded traffic; diff without traffic
                     is the reach diff of reach.py)
     reach.py        report (what each identity reaches), the reach diff
+    approvals.py    approvals list|show|approve|deny|watch (the admin API's approvals)
     sandbox.py      sandbox (sandgate.sandbox.cli; needs the docker extra)
     audit.py        audit verify (the hash chain of audit files), audit public-key
 
@@ -41,6 +42,7 @@ FAMILIES = (
     "traffic",
     "reach",
     "sandbox",
+    "approvals",
     "audit",
 )
 

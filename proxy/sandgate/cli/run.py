@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any
 from sandgate import audit_setup
 from sandgate.cli.common import confdir_arg, load_error
 from sandgate.cli.common import err as _err
+from sandgate.export import setup as export_setup
 from sandgate.identity.base import AddressIdentitySource
 
 if TYPE_CHECKING:
+    from sandgate.admin_auth import AdminUser
+    from sandgate.dns.run import DnsConfig
     from sandgate.limits import LimitsConfig
 
 
@@ -113,6 +116,7 @@ def register(sub: Any) -> None:
     run.add_argument("--audit-best-effort", action="store_true",
                      help="keep forwarding while the audit log cannot be written (default: "
                      "refuse with 503 audit_unavailable until a write succeeds)")
+    export_setup.add_arguments(run)
     run.add_argument("--canary", action="store_true",
                      help="refuse and audit any request carrying an identity's decoy credential "
                      "(see `sandgate canary`); scrub it from responses")
@@ -133,6 +137,24 @@ def register(sub: Any) -> None:
     run.add_argument("--gateway-tls-name", default=None, metavar="NAME",
                      help="the gateway takes TLS only, with a certificate for NAME from the "
                      "confdir CA (sandboxes trust `sandgate ca`)")
+    run.add_argument("--dns", type=_listen, default=None, metavar="HOST:PORT",
+                     help="serve the policy DNS here (UDP and TCP): the sandboxes' resolver, "
+                     "answering only names a rule of the caller's identity could reach "
+                     "(identity from the source address); docs/dns.md")
+    run.add_argument("--dns-upstream", type=_listen, action="append", default=[],
+                     metavar="HOST:PORT", help="the recursive resolver the policy DNS asks "
+                     "for allowed names (repeatable; default: this host's resolv.conf)")
+    run.add_argument("--dns-refuse", choices=("nxdomain", "refused"), default="nxdomain",
+                     help="the answer to a name no rule reaches (default %(default)s)")
+    run.add_argument("--dns-rps", type=float, default=50.0, metavar="N",
+                     help="policy DNS queries a second per source address; past it REFUSED "
+                     "(default %(default)s)")
+    run.add_argument("--dns-burst", type=int, default=100, metavar="N",
+                     help="policy DNS queries a source may send at once (default %(default)s)")
+    run.add_argument("--dns-max-ttl", type=int, default=60, metavar="SECONDS",
+                     help="the longest TTL the policy DNS answers (default %(default)s)")
+    run.add_argument("--dns-max-answers", type=int, default=8, metavar="N",
+                     help="records in one policy DNS answer at most (default %(default)s)")
     run.add_argument("--role-listen", action="append", default=[], metavar="ROLE=HOST:PORT",
                      help="pattern 1 split: the listener a split sandbox's tool (or other) "
                      "users are sent to (tool=HOST:PORT, other=HOST:PORT); docs/pattern1.md")
@@ -143,6 +165,13 @@ def register(sub: Any) -> None:
                      "here; off unless given")
     run.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
                      help="the admin API's bearer token (default: env SANDGATE_ADMIN_TOKEN)")
+    run.add_argument("--admin-users", type=Path, default=None, metavar="FILE",
+                     help="named admin API users with roles (viewer, approver, admin) and "
+                     "the sha256 of each one's token (docs/approvals.md); the admin token "
+                     "stays the user `admin`")
+    # Interim, until `--state redis://` (the fleet state) carries approvals: a Redis URL the
+    # approvals are shared through (sandgate.approvals.approval_store_for).
+    run.add_argument("--approvals-redis", default=None, help=argparse.SUPPRESS)
     run.add_argument("--admin-open", action="append", default=[], choices=ADMIN_OPENABLE,
                      metavar="PATH",
                      help="serve this admin path without the bearer token, for probes and "
@@ -169,6 +198,17 @@ def register(sub: Any) -> None:
     run.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--worker-dir", type=Path, default=None, help=argparse.SUPPRESS)
     run.set_defaults(handler=cmd_run)
+
+
+def _admin_users(args: argparse.Namespace) -> tuple[AdminUser, ...]:
+    """--admin-users FILE (only with --admin)."""
+    if args.admin_users is None:
+        return ()
+    if args.admin is None:
+        raise ValueError("--admin-users needs --admin (the users sign in to the admin API)")
+    from sandgate.admin_auth import load_admin_users
+
+    return load_admin_users(args.admin_users)
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
@@ -210,6 +250,27 @@ def _instance(given: str | None) -> str:
 
     name = given or os.environ.get("SANDGATE_INSTANCE") or socket.gethostname()
     return name.strip() or "sandgate"
+
+
+def dns_config(args: argparse.Namespace) -> DnsConfig | None:
+    """--dns and its bounds (sandgate.dns); None without --dns."""
+    from sandgate.dns.limits import DnsLimits
+    from sandgate.dns.run import DnsConfig, upstream_servers
+
+    given = [f for f, v in (("--dns-upstream", args.dns_upstream),) if v]
+    if args.dns is None:
+        if given:
+            raise ValueError(f"{given[0]} needs --dns HOST:PORT")
+        return None
+    if not args.dns_rps > 0 or args.dns_burst < 1:
+        raise ValueError("--dns-rps must be above 0 and --dns-burst at least 1")
+    if not 0 <= args.dns_max_ttl <= 86400 or not 1 <= args.dns_max_answers <= 64:
+        raise ValueError("--dns-max-ttl must be 0..86400 seconds and --dns-max-answers 1..64")
+    cfg = DnsConfig(listen=args.dns, upstream=tuple(args.dns_upstream), limits=DnsLimits(
+        rps=args.dns_rps, burst=args.dns_burst, max_ttl=args.dns_max_ttl,
+        max_answers=args.dns_max_answers, refuse=args.dns_refuse))
+    upstream_servers(cfg)  # a loop or no server at all: refused before start
+    return cfg
 
 
 def limits_config(args: argparse.Namespace) -> LimitsConfig:
@@ -300,6 +361,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  "listener's address; give the admin listener its own port")
         _check_gateway(args, loaded.policy.gateways, same_address)
         max_ttl = parse_ttl(args.admin_max_token_ttl)
+        admin_users = _admin_users(args)
         socks5_allow = parse_allow(args.socks5_allow)
         split, role_listens = split_from(args.role_listen, args.tool_identity)
         check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
@@ -310,6 +372,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
         audit_settings = audit_setup.from_args(args)
+        dns = dns_config(args)
+        exports = export_setup.from_args(args)
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
@@ -389,6 +453,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             limits=limits, split=split, role_listens=role_listens,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
             audit=audit_settings,
+            admin_users=admin_users, approvals_redis=args.approvals_redis,
+            dns=dns,
+            exports=exports,
         )
         if role is not None:
             cfg.worker = role

@@ -22,7 +22,9 @@ from sandgate.errors import Refused
 from sandgate.policy import hosts as H
 from sandgate.policy import overlap
 from sandgate.policy import paths as P
+from sandgate.policy.ask import compile_ask
 from sandgate.policy.calls import compile_call, compile_test_call
+from sandgate.policy.dnstypes import compile_dns, compile_dns_test
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
@@ -631,6 +633,7 @@ def _compile_rule(
                 "write a number of bytes or a size such as 512k, 1m or 1g (lower case)")
 
     call = compile_call(rs, loc, rep, parse_size)
+    dns_types = compile_dns(rs, loc, rep)
     if call is not None:  # the body is judged whole: bounded by the smaller limit
         max_bytes = min(max_bytes or call.max_body, call.max_body)
 
@@ -693,11 +696,13 @@ def _compile_rule(
             "set `schemes: [https]` on this rule (or drop the credentials)")
 
     meta = _compile_meta(rs, loc, rep)
+    ask = compile_ask(rs, loc, rep)  # `action: ask`: an allow rule held for approval
 
     if n_before.count:
         return None
     return Rule(
-        name=rs.name, identity=identity, action=rs.action, schemes=schemes,
+        name=rs.name, identity=identity, action="deny" if rs.action == "deny" else "allow",
+        schemes=schemes,
         hosts=tuple(host_patterns), ports=ports, methods=methods, paths=paths, inject=inject,
         substitute=frozenset(rs.substitute), substitute_headers=sub_headers,
         private_cidrs=tuple(cidrs),
@@ -705,7 +710,8 @@ def _compile_rule(
         query_absent=query_absent,
         max_request_bytes=max_bytes, substitute_body=rs.substitute_body,
         github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
-        public=rs.public, where=loc, meta=meta, call=call,
+        public=rs.public, where=loc, meta=meta, call=call, ask=ask, dns_types=dns_types,
+        forward_trace_context=rs.forward_trace_context,
     )
 
 
@@ -878,6 +884,18 @@ def _compile_inject(rs: RuleSpec, loc: Loc, report: Report, uses: list[SecretUse
 
 def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
                  uses: list[SecretUse] | None = None) -> PolicyTest | None:
+    if spec.dns is not None:
+        return compile_dns_test(spec, loc, src, report)
+    if spec.request is None:
+        report((*loc, "request"), "a fixture needs `request` (or `dns`)",
+               "write e.g. `request: GET https://pypi.org/simple/`, or `dns: NAME` with "
+               "expect: resolve or refuse")
+        return None
+    if spec.expect in ("resolve", "refuse") or spec.type is not None:
+        report((*loc, "expect" if spec.type is None else "type"),
+               "resolve, refuse and `type` are for `dns` fixtures",
+               "expect allow, deny or tunnel for a request")
+        return None
     parts = spec.request.split()
     if len(parts) != 2:
         report((*loc, "request"), f"request {spec.request!r} is not 'METHOD URL'",
