@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 # The classes sandgate.audit_ocsf maps events to.
-CLASSES = ("http_activity", "network_activity", "authentication", "api_activity",
-           "event_log_actvity", "application_lifecycle")
+CLASSES = ("http_activity", "network_activity", "dns_activity", "authentication",
+           "api_activity", "event_log_actvity", "application_lifecycle")
 
 _BASE = {"string_t": "string", "integer_t": "integer", "long_t": "integer",
          "float_t": "number", "boolean_t": "boolean", "timestamp_t": "integer"}

@@ -14,8 +14,9 @@ Which class:
   Authentication (3002), Logon failed;
 - a `request` carrying MCP / JSON-RPC messages (`rpc`): API Activity (6003), `api.operation`
   the (first) method, `api.service.name` the tool;
-- `lease` (dynamic secrets at Vault) and `token` (the admin API minting a proxy token):
-  API Activity (6003), Create / Update / Delete;
+- `dns` (a query to the policy DNS): DNS Activity (4003), Query;
+- `lease` (dynamic secrets at Vault), `token` (the admin API minting a proxy token) and
+  `approval` (an `action: ask` request held for approval): API Activity (6003);
 - `policy` and `shutdown`: Application Lifecycle (6002), Start / Update / Stop;
 - the audit log's own `checkpoint`, `rotate` and `retention` lines: Event Log Activity (1008),
   Other / Rotate / Delete.
@@ -40,6 +41,7 @@ CLASSES: dict[int, tuple[str, int, str]] = {
     3002: ("Authentication", 3, "Identity & Access Management"),
     4001: ("Network Activity", 4, "Network Activity"),
     4002: ("HTTP Activity", 4, "Network Activity"),
+    4003: ("DNS Activity", 4, "Network Activity"),
     6002: ("Application Lifecycle", 6, "Application Activity"),
     6003: ("API Activity", 6, "Application Activity"),
 }
@@ -61,6 +63,12 @@ FIXED: dict[str, tuple[int, tuple[int, str]]] = {
     "policy:start": (6002, (3, "Start")),
     "policy": (6002, (8, "Update")),
     "shutdown": (6002, (4, "Stop")),
+    "dns": (4003, (1, "Query")),
+    "approval:requested": (6003, (1, "Create")),
+    "approval:voted": (6003, (3, "Update")),
+    "approval:decided": (6003, (3, "Update")),
+    "approval:used": (6003, (2, "Read")),
+    "approval:timed_out": (6003, (4, "Delete")),
     "checkpoint": (1008, OTHER),
     "rotate": (1008, (5, "Rotate")),
     "retention": (1008, (2, "Delete")),
@@ -88,8 +96,8 @@ def classify(rec: Mapping[str, Any]) -> tuple[int, tuple[int, str]]:
         return 4002, HTTP_ACTIVITY.get(method, OTHER)
     if event == "connect":
         return 4001, (1, "Open") if rec.get("decision") != "deny" else (5, "Refuse")
-    if event == "lease":
-        return FIXED.get(f"lease:{rec.get('action')}", (6003, OTHER))
+    if event in ("lease", "approval"):
+        return FIXED.get(f"{event}:{rec.get('action')}", (6003, OTHER))
     if event == "policy" and rec.get("trigger") == "start":
         return FIXED["policy:start"]
     return FIXED.get(event, (6002, OTHER))
@@ -167,6 +175,10 @@ FIELDS: tuple[Field, ...] = (
           "MCP / JSON-RPC (API Activity)"),
     Field("action, secret, lease_id (lease)", "api.operation, api.service.name=vault, "
           "resources[0].name/.uid", "dynamic secret leases"),
+    Field("host, qtype, rcode (dns)", "query.hostname, query.type, rcode_id/rcode",
+          "the policy DNS"),
+    Field("action, approval, approver (approval)", "api.operation, resources[0].uid, "
+          "src_endpoint.name", "approvals"),
     Field("previous_file (rotate), dropped_file (retention)", "file.name, log_name",
           "the audit log's own events"),
     Field("chain, seq, prev, key, sig", "unmapped.*, metadata.sequence",
@@ -241,6 +253,12 @@ def _api(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
                 res["uid"] = str(rec["lease_id"])
             out["resources"] = [res]
         out["src_endpoint"] = {"name": "sandgate"}
+    elif event == "approval":
+        out["api"] = {"operation": f"approval/{rec.get('action')}",
+                      "service": {"name": "sandgate-approvals"}}
+        if rec.get("approval"):
+            out["resources"] = [{"uid": str(rec["approval"]), "type": "approval"}]
+        out["src_endpoint"] = {"name": str(rec.get("approver") or "sandgate")}
     elif event == "token":
         out["api"] = {"operation": "token/issue", "service": {"name": "sandgate-admin"}}
         out["src_endpoint"] = {"name": str(rec.get("issued_by") or "admin_api")}
@@ -254,6 +272,28 @@ def _api(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
             api["service"] = {"name": str(first.get("tool") or first.get("name"))}
         out["api"] = api
         out.setdefault("src_endpoint", {"name": "unknown"})
+
+
+# DNS response codes by name (dnspython's spelling) -> OCSF rcode_id
+RCODES = {"NOERROR": (0, "NoError"), "FORMERR": (1, "FormError"), "SERVFAIL": (2, "ServError"),
+          "NXDOMAIN": (3, "NXDomain"), "NOTIMP": (4, "NotImp"), "REFUSED": (5, "Refused")}
+
+
+def _dns(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
+    src = _endpoint(rec.get("client"))
+    if src is None and isinstance(rec.get("client"), str):
+        src = {"uid": rec["client"], "ip": rec["client"]}
+    out["src_endpoint"] = src or {"name": "unknown"}
+    if isinstance(rec.get("host"), str):
+        query: dict[str, Any] = {"hostname": rec["host"]}
+        if isinstance(rec.get("qtype"), str):
+            query["type"] = rec["qtype"]
+        out["query"] = query
+    rcode = RCODES.get(str(rec.get("rcode")))
+    if rcode is not None:
+        out["rcode_id"], out["rcode"] = rcode
+    elif rec.get("rcode") is not None:
+        out["rcode_id"], out["rcode"] = 99, str(rec["rcode"])
 
 
 def _auth(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
@@ -278,8 +318,8 @@ def _eventlog(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
         out["file"] = {"name": name, "type_id": 1}
 
 
-FILLERS: dict[int, _Filler] = {4002: _http, 4001: _network, 3002: _auth, 6003: _api,
-                               6002: _lifecycle, 1008: _eventlog}
+FILLERS: dict[int, _Filler] = {4002: _http, 4001: _network, 4003: _dns, 3002: _auth,
+                               6003: _api, 6002: _lifecycle, 1008: _eventlog}
 
 
 def to_ocsf(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -335,9 +375,13 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("connect", "a CONNECT tunnel or passthrough", "Network Activity 4001, Open 1 "
      "(allowed) or Refuse 5"),
     ("limit", "a connection refused before any request", "Network Activity 4001, Refuse 5"),
+    ("dns", "a query to the policy DNS (--dns)", "DNS Activity 4003, Query 1 (`query`, "
+     "`rcode_id`)"),
     ("lease", "dynamic secret at Vault", "API Activity 6003: mint Create 1, renew Update 3, "
      "revoke / expire / sandbox_end Delete 4"),
     ("token", "the admin API issued a proxy token", "API Activity 6003, Create 1"),
+    ("approval", "an `action: ask` request held for approval", "API Activity 6003: requested "
+     "Create 1, voted / decided Update 3, used Read 2, timed_out Delete 4"),
     ("policy", "start / reload", "Application Lifecycle 6002, Start 3 / Update 8"),
     ("shutdown", "", "Application Lifecycle 6002, Stop 4"),
     ("checkpoint, rotate, retention", "the audit log's own lines",

@@ -69,6 +69,18 @@ KINDS: list[tuple[str, dict[str, Any], int, int]] = [
                 "previous_last": "ab" * 32}, 1008, 5),
     ("retention", {"dropped_file": "audit.jsonl.20260101T000000.000000Z",
                    "dropped_last": "ab" * 32}, 1008, 2),
+    ("dns", {"identity": "agent", "sandbox": None, "identity_source": "address",
+             "client": "10.0.0.2:5353", "host": "api.example", "qtype": "AAAA",
+             "decision": "allow", "rule": "api", "rcode": "NOERROR", "answers": 1}, 4003, 1),
+    ("dns", {"identity": None, "client": "10.0.0.9", "host": "x.example", "qtype": "A",
+             "decision": "deny", "code": "auth_invalid", "rcode": "REFUSED",
+             "reason": "no sandbox is known at address 10.0.0.9"}, 4003, 1),
+    ("approval", {"action": "requested", "approval": "ap-1", "identity": "agent",
+                  "sandbox": "sb1", "method": "POST", "url": "https://api.example/x",
+                  "rule": "ask-me", "tool": None, "body_sha256": "ab" * 32,
+                  "body_size": 2}, 6003, 1),
+    ("approval", {"action": "decided", "approval": "ap-1", "approver": "alice",
+                  "decision": "allow"}, 6003, 3),
     ("something_new", {"detail": 1}, 6002, 99),
 ]
 
