@@ -12,13 +12,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
-import structlog
-
+from sandgate.audit_chain import CHECKPOINT, Chain, last_line_hash, render
+from sandgate.audit_file import AuditFile, Rotation
 from sandgate.policy.query_audit import kept_query_names
 
 if TYPE_CHECKING:
@@ -169,63 +169,78 @@ def _timestamp() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _canonical(
-    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
-    """TIME first, EVENT second, then the fields in the order given."""
-    event = event_dict.pop(EVENT, None)
-    event_dict.pop(TIME, None)
-    return {TIME: _timestamp(), EVENT: event, **event_dict}
+FORMATS = ("json", "ocsf")
 
 
 class AuditLog:
     """Writes audit events as JSON lines to stdout, an open text stream, or a file (appended).
 
-    Uses a dedicated structlog logger; the global structlog configuration is left untouched.
+    `format` "ocsf" writes each event as an OCSF event (sandgate.audit_ocsf); `chain` adds the
+    hash chain and signed checkpoints (sandgate.audit_chain); `rotation` rotates a file sink
+    (sandgate.audit_file).
     """
 
     def __init__(self, sink: TextIO | str | Path | None = None, *,
-                 instance: str | None = None) -> None:
-        self._owned: IO[str] | None = None
+                 instance: str | None = None, format: str = "json",
+                 chain: Chain | None = None, rotation: Rotation | None = None) -> None:
+        if format not in FORMATS:
+            raise ValueError(f"audit format {format!r}: expected one of {', '.join(FORMATS)}")
+        self._owned: IO[str] | AuditFile | None = None
+        self._file: AuditFile | None = None
         stream: TextIO
         if sink is None:
             stream = sys.stdout
+        elif isinstance(sink, AuditFile):
+            self._file = self._owned = sink
+            stream = sink  # type: ignore[assignment]
         elif isinstance(sink, str | Path):
             path = Path(sink)
-            self._owned = open(  # closed by close()
-                path, "a", buffering=1, encoding="utf-8",
-                opener=lambda p, flags: os.open(p, flags, 0o600),
-            )
-            stream = self._owned
+            if (rotation is not None and rotation.on) or chain is not None:
+                self._file = self._owned = AuditFile(path, rotation)
+                stream = self._file  # type: ignore[assignment]
+            else:
+                self._owned = open(  # closed by close()
+                    path, "a", buffering=1, encoding="utf-8",
+                    opener=lambda p, flags: os.open(p, flags, 0o600),
+                )
+                stream = self._owned
         else:
             stream = sink
         self._stream = stream
+        self._format = format
+        self._chain = chain
+        if chain is not None and self._file is not None and chain.seq == 0:
+            chain.prev = last_line_hash(self._file.path)  # runs of one file link up
         self._lock = threading.Lock()
         self._closed = False
         # False once a write failed (disk full, closed pipe), True again after one succeeds: the
         # gate refuses requests meanwhile (fail closed) unless run with --audit-best-effort.
         self.healthy = True
         self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
-        self._log = structlog.wrap_logger(
-            structlog.WriteLogger(stream),
-            processors=[_canonical, structlog.processors.JSONRenderer(default=str)],
-            wrapper_class=structlog.BoundLogger,
-            context_class=dict,
-            cache_logger_on_first_use=False,
-        )
-        if instance is not None:
-            # every line names the replica that wrote it (--instance), right after the event
-            self._log = self._log.bind(**{INSTANCE: instance})
+        # fields of every event, right after `event`: the replica (--instance), the worker
+        self._context: dict[str, Any] = {INSTANCE: instance} if instance is not None else {}
+        self._stop = threading.Event()
+        if chain is not None and chain.key is not None and chain.checkpoint_seconds > 0:
+            threading.Thread(target=self._checkpoints, name="sandgate-audit-checkpoints",
+                             daemon=True).start()
+
+    def record(self, event: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """The event as the JSON format writes it: time, event, instance (worker), fields."""
+        rest = {k: v for k, v in fields.items() if k not in (TIME, EVENT)}
+        return {TIME: _timestamp(), EVENT: event, **self._context, **rest}
 
     def emit(self, event: str, **fields: Any) -> None:
-        """Write one JSON object on one line: time, event, then `fields` as given."""
+        """Write one event on one line: time, event, then `fields` as given.
+
+        The one point every audit event passes: `record` is the event as the JSON format
+        writes it (without the chain fields); `_write` renders it (JSON or OCSF), chains,
+        rotates and writes it; then the listeners (metrics, exporters) see it."""
+        record = self.record(event, fields)
         with self._lock:
             if self._closed:
                 raise ValueError("audit log is closed")
             try:
-                self._log.msg(event, **fields)
-                if self._owned is None:
-                    self._stream.flush()  # a pipe: surface a closed reader now, not later
+                self._write(record)
             except (OSError, ValueError):
                 self.healthy = False
                 raise
@@ -235,6 +250,80 @@ class AuditLog:
                 listener(event, fields)
             except Exception:  # a metric must never cost a request or an audit line
                 _logger.exception("sandgate: audit listener failed")
+
+    # ------------------------------------------------------------------ writing (under _lock)
+
+    def _render(self, record: dict[str, Any]) -> dict[str, Any]:
+        if self._format == "ocsf":
+            from sandgate.audit_ocsf import to_ocsf
+
+            return to_ocsf(record)
+        return dict(record)  # the chain's fields go on the line, `record` stays the event
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            self._put(record)
+            return
+        with self._file.locked():
+            self._put(record)
+
+    def _rotate(self) -> None:
+        """Rotate the file (under its lock): the new file's first lines say what happened."""
+        assert self._file is not None
+        rotated = self._file.rotate()
+        self._put(self.record("rotate", {"file": self._file.path.name,
+                                         "previous_file": rotated.previous,
+                                         "previous_last": rotated.previous_last}), rotating=True)
+        for name, last in rotated.dropped:
+            self._put(self.record("retention", {"dropped_file": name, "dropped_last": last}),
+                      rotating=True)
+
+    def _put(self, record: dict[str, Any], checkpoint: bool = False,
+             final: bool = False, rotating: bool = False) -> None:
+        """One line: rendered, sealed into the chain, written in one write() with its newline
+        (after a rotation when it would take the file past --audit-max-bytes or the file is
+        older than --audit-max-age). The chain advances only once the line is written."""
+        obj = self._render(record)
+        line = self._seal(obj, checkpoint, final)
+        if not rotating and self._file is not None and self._file.rotation.on and \
+                self._file.due(len(line) + 1):
+            self._rotate()
+            line = self._seal(obj, checkpoint, final)  # it now follows the rotation's lines
+        self._stream.write(line + "\n")
+        if self._owned is None:
+            self._stream.flush()  # a pipe: surface a closed reader now, not later
+        chain = self._chain
+        if chain is not None:
+            chain.commit(line, checkpoint)
+            if not checkpoint and chain.checkpoint_due():
+                self._put(self.record(CHECKPOINT, {}), checkpoint=True)
+
+    def _seal(self, obj: dict[str, Any], checkpoint: bool, final: bool) -> str:
+        if self._chain is None:
+            return render(obj)
+        if checkpoint:
+            return self._chain.sign(obj, final=final)
+        return self._chain.seal(obj)
+
+    def _checkpoints(self) -> None:
+        """Sign a quiet tail within checkpoint_seconds (a busy chain is signed every N lines)."""
+        assert self._chain is not None
+        while not self._stop.wait(min(self._chain.checkpoint_seconds, 5.0)):
+            with self._lock:
+                if self._closed or not self._chain.checkpoint_due():
+                    continue
+                try:
+                    self._checkpoint_locked()
+                except (OSError, ValueError):
+                    self.healthy = False
+                    _logger.exception("sandgate: audit checkpoint failed")
+
+    def _checkpoint_locked(self, final: bool = False) -> None:
+        if self._file is None:
+            self._put(self.record(CHECKPOINT, {}), checkpoint=True, final=final)
+            return
+        with self._file.locked():
+            self._put(self.record(CHECKPOINT, {}), checkpoint=True, final=final)
 
     def add_listener(self, fn: Callable[[str, dict[str, Any]], None]) -> None:
         """Call fn(event, fields) after each event is written: the one point that sees every
@@ -246,6 +335,10 @@ class AuditLog:
         with self._lock:
             if self._closed:
                 return
+            self._stop.set()
+            if self._chain is not None and self._chain.key is not None:
+                with contextlib.suppress(OSError, ValueError):  # the chain ends signed
+                    self._checkpoint_locked(final=True)
             self._closed = True
             if self._owned is not None:
                 self._owned.close()

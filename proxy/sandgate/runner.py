@@ -18,7 +18,7 @@ from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
-from sandgate import audit, confdir
+from sandgate import audit, audit_setup, confdir
 from sandgate.addons import (
     dialguard,
     dispatch,
@@ -35,6 +35,7 @@ from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.admin_auth import AdminUser
 from sandgate.approvals.service import Approvals
+from sandgate.audit_setup import AuditSettings
 from sandgate.export import setup as export_setup
 from sandgate.export.setup import ExportConfig
 from sandgate.identity.base import AddressIdentitySource, Caller
@@ -97,6 +98,7 @@ class RunConfig:
     split: Split | None = None
     role_listens: Sequence[tuple[Role, str, int]] = ()
     transparent: tuple[str, int] | None = None  # --transparent HOST:PORT (nftables redirects)
+    audit: AuditSettings = field(default_factory=AuditSettings)  # format, chain, rotation
     admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin_auth)
     dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
     exports: ExportConfig = field(default_factory=ExportConfig)  # --otlp, --audit-syslog
@@ -201,12 +203,9 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     except Exception as e:  # keep serving: each request needing a secret fails closed
         log.warning("sandgate: Vault not ready at start (%s); requests needing secrets get 503",
                     type(e).__name__)
-    if cfg.worker is None:
-        sink = audit.AuditLog(cfg.audit_file, instance=cfg.instance)
-    else:
-        from sandgate.workers.auditlog import WorkerAuditLog
-
-        sink = WorkerAuditLog(cfg.audit_file, cfg.worker.id, instance=cfg.instance)
+    sink = await asyncio.to_thread(  # a key from Vault is read here: off the loop
+        audit_setup.open_log, cfg.audit, cfg.audit_file, conf, cfg.vault, cfg.instance,
+        cfg.worker.id if cfg.worker is not None else None)
     broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
     loop = asyncio.get_running_loop()
 

@@ -100,9 +100,11 @@ class Proxy:
         return f"http://{identity}:{self.token(identity)}@{self.host}:{self.port}"
 
     def audit(self) -> list[dict]:
+        """The events, without the audit log's own signed checkpoints (docs/audit.md)."""
         if not self.audit_file.exists():
             return []
-        return [json.loads(line) for line in self.audit_file.read_text().splitlines() if line]
+        events = (json.loads(line) for line in self.audit_file.read_text().splitlines() if line)
+        return [e for e in events if e.get("event") != "checkpoint"]
 
     def wait_audit(self, pred, timeout: float = 5.0) -> dict:
         deadline = time.monotonic() + timeout

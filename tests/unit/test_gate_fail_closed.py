@@ -211,3 +211,30 @@ async def test_dns_over_a_tunnel_is_refused_or_killed(gate, monkeypatch):
         monkeypatch.setattr(f.request, "fail", boom)
         gate.dns_request(f)
         assert f.error is not None  # killed: mitmproxy never resolves it
+
+
+async def test_a_failed_rotation_refuses_what_follows(gate, monkeypatch, tmp_path):
+    """The rename of a full audit file fails (read-only directory): the flow's audit write
+    fails, and the next request is refused until a write succeeds (docs/audit.md)."""
+    from sandgate import audit_file
+    from sandgate.audit_chain import Chain
+
+    gate.cfg.audit = audit.AuditLog(tmp_path / "rot.jsonl", chain=Chain(None),
+                                    rotation=audit_file.Rotation(max_bytes=1024))
+    gate.cfg.audit.emit("pad", pad="x" * 900)
+
+    def refuse(*a):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(audit_file.os, "rename", refuse)
+    with taddons.context(gate):
+        f = plain_flow()
+        await gate.requestheaders(f)
+        await gate.request(f)
+        gate.response(f)  # its audit event: the rotation fails, the write with it
+        assert not gate.cfg.audit.healthy
+        f = plain_flow()
+        await gate.requestheaders(f)
+        await gate.request(f)
+        assert f.response is not None and f.response.status_code == 503
+        assert f.response.headers["x-sandgate-reason"] == "audit_unavailable"

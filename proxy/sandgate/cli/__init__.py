@@ -11,6 +11,7 @@
     reach.py        report (what each identity reaches), the reach diff
     approvals.py    approvals list|show|approve|deny|watch (the admin API's approvals)
     sandbox.py      sandbox (sandgate.sandbox.cli; needs the docker extra)
+    audit.py        audit verify (the hash chain of audit files), audit public-key
 
 Adding a family: a module with `register(sub)` that adds its subparsers, each with
 `set_defaults(handler=...)` (a function of the parsed arguments returning the exit code), and
@@ -43,6 +44,7 @@ FAMILIES = (
     "sandbox",
     "approvals",
     "capture",
+    "audit",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]

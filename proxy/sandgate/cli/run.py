@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandgate import audit_setup
 from sandgate.cli.common import confdir_arg, load_error
 from sandgate.cli.common import err as _err
 from sandgate.export import setup as export_setup
@@ -62,6 +63,7 @@ def register(sub: Any) -> None:
                      help="trust this CA for upstreams, in addition to the system roots")
     run.add_argument("--audit", type=Path, default=None, metavar="FILE",
                      help="append audit events here (default: stdout)")
+    audit_setup.add_arguments(run)
     run.add_argument("--secret-ttl", type=float, default=300.0, metavar="SECONDS")
     run.add_argument("--max-request-body", type=_size, default="32m", metavar="SIZE",
                      help="refuse request bodies larger than this with 413 (default %(default)s; "
@@ -413,6 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
+        audit_settings = audit_setup.from_args(args)
         dns = dns_config(args)
         exports = export_setup.from_args(args)
         state = state_config(args)
@@ -494,6 +497,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
             limits=limits, split=split, role_listens=role_listens, transparent=args.transparent,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
+            audit=audit_settings,
             admin_users=admin_users,
             dns=dns,
             exports=exports,

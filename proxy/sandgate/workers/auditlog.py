@@ -11,59 +11,37 @@ own stdout (supervisor.py), since a pipe keeps writes whole only up to PIPE_BUF 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 from sandgate.audit import AuditLog
+from sandgate.audit_chain import Chain
+from sandgate.audit_file import AuditFile, Rotation
 
 WORKER = "worker"
 
 
-class AppendLines:
-    """A write-only text sink that passes each write() to the kernel in one os.write call.
-
-    AuditLog's structlog logger writes one event as one string ending in a newline, so one
-    event is one append."""
-
-    def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-
-    def write(self, text: str) -> int:
-        data = text.encode("utf-8")
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        return len(text)
-
-    def flush(self) -> None:
-        """Nothing is buffered."""
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+# One write() per line on an O_APPEND descriptor (rotation under an flock: audit_file.py).
+AppendLines = AuditFile
 
 
 class WorkerAuditLog(AuditLog):
     """AuditLog whose every event names the worker that wrote it (right after `event`)."""
 
     def __init__(self, audit_file: Path | None, worker: int, *,
-                 instance: str | None = None) -> None:
-        self._file = AppendLines(audit_file) if audit_file is not None else None
-        stream: TextIO = self._file if self._file is not None else sys.stdout  # type: ignore[assignment]
-        super().__init__(stream, instance=instance)
+                 instance: str | None = None, format: str = "json",
+                 chain: Chain | None = None, rotation: Rotation | None = None) -> None:
+        self._append = AuditFile(audit_file, rotation) if audit_file is not None else None
+        stream: TextIO = self._append if self._append is not None else sys.stdout  # type: ignore[assignment]
+        super().__init__(stream, instance=instance, format=format, chain=chain)
         self.worker = worker
+        self._context[WORKER] = worker  # the audit log's own lines (checkpoints) too
 
     def emit(self, event: str, **fields: Any) -> None:
         super().emit(event, **{WORKER: self.worker}, **fields)
 
     def close(self) -> None:
         super().close()
-        if self._file is not None:
-            self._file.close()
+        if self._append is not None:
+            self._append.close()

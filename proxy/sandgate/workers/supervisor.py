@@ -100,6 +100,7 @@ class Supervisor:
         self.failed = False
         self.tracker = aggregate.VersionTracker(cfg.loaded.version if cfg.loaded else "")
         self._out_lock = threading.Lock()
+        self._relays: list[threading.Thread] = []  # joined at exit: no audit line lost
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop_began: float | None = None
         r = self.registry = CollectorRegistry()
@@ -124,9 +125,15 @@ class Supervisor:
         w.respawn_at = None
         if relay:
             assert w.proc.stdout is not None
-            threading.Thread(target=self._relay, args=(w.id, w.proc.stdout),
-                             name=f"sandgate-audit-relay-{w.id}", daemon=True).start()
+            t = threading.Thread(target=self._relay, args=(w.id, w.proc.stdout),
+                                 name=f"sandgate-audit-relay-{w.id}", daemon=True)
+            t.start()
+            self._relays.append(t)
         log.info("sandgate: worker %d started (pid %d)", w.id, w.proc.pid)
+
+    def _join_relays(self) -> None:
+        for t in self._relays:
+            t.join(10)
 
     def _relay(self, wid: int, stream: IO[bytes]) -> None:
         """Copy a worker's audit lines to our stdout whole: one line, one write, under a lock."""
@@ -395,6 +402,9 @@ class Supervisor:
             if not self.stopping:  # an exception here must not orphan workers
                 self.begin_stop(signal.SIGTERM)
             await self._reap(force_after=0 if self.failed else None)
+            # the workers' last audit lines (shutdown, the closing checkpoint) reach stdout
+            # before we exit: their relays end at the EOF of an exited worker's stdout
+            await asyncio.to_thread(self._join_relays)
             for t in list(self._tasks):
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
