@@ -21,6 +21,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from sandgate.call_cli import call_from_values
+from sandgate.console.app import is_console_path
+from sandgate.console.ring import EventRing
 from sandgate.explain import explain_request
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
@@ -54,6 +56,8 @@ class AdminState:
     # --admin-open: paths served without the token (kubelet probes and Prometheus carry none);
     # only these two can be opened, and neither answers with anything secret
     open_paths: frozenset[str] = frozenset()
+    # the recent decisions the web console shows (fed by the audit stream: runner.py)
+    recent: EventRing | None = None
 
 
 OPENABLE = frozenset({"/readyz", "/metrics"})
@@ -85,8 +89,8 @@ def auth_middleware(admin_token: str, open_paths: frozenset[str]) -> Middleware:
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in unauthenticated:
-            return await handler(request)
+        if request.path in unauthenticated or is_console_path(request.path):
+            return await handler(request)  # the console has its own login (sessions)
         given = request.headers.get("Authorization", "").encode("utf-8", "replace")
         if not hmac.compare_digest(given, expected):
             return _error(401, "unauthorized", "send Authorization: Bearer <admin token> "
@@ -94,6 +98,28 @@ def auth_middleware(admin_token: str, open_paths: frozenset[str]) -> Middleware:
         return await handler(request)
 
     return auth
+
+
+def policy_doc(state: AdminState) -> dict[str, Any]:
+    """The `/v1/policy` answer (also the web console's overview)."""
+    cur = state.live.current
+    p = cur.policy
+    return {
+        "version": cur.version,
+        "loaded_at": cur.loaded_at,
+        "loaded_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur.loaded_at)),
+        "directory": str(state.live.directory),
+        "files": list(cur.files),
+        "identities": {
+            name: {"mode": ident.mode,
+                   "rules": [{"name": r.name, "action": r.action,
+                              "hosts": [h.text for h in r.hosts],
+                              "secrets": sorted(r.secrets),
+                              "passthrough": r.passthrough} for r in ident.rules]}
+            for name, ident in sorted(p.identities.items())},
+        "secrets": sorted(p.secrets),
+        "last_reload": state.live.last.as_dict() if state.live.last else None,
+    }
 
 
 def build_app(state: AdminState) -> web.Application:
@@ -123,25 +149,7 @@ def build_app(state: AdminState) -> web.Application:
         return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def policy(_: web.Request) -> web.Response:
-        cur = state.live.current
-        p = cur.policy
-        body = {
-            "version": cur.version,
-            "loaded_at": cur.loaded_at,
-            "loaded_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur.loaded_at)),
-            "directory": str(state.live.directory),
-            "files": list(cur.files),
-            "identities": {
-                name: {"mode": ident.mode,
-                       "rules": [{"name": r.name, "action": r.action,
-                                  "hosts": [h.text for h in r.hosts],
-                                  "secrets": sorted(r.secrets),
-                                  "passthrough": r.passthrough} for r in ident.rules]}
-                for name, ident in sorted(p.identities.items())},
-            "secrets": sorted(p.secrets),
-            "last_reload": state.live.last.as_dict() if state.live.last else None,
-        }
-        return _json(200, body)
+        return _json(200, policy_doc(state))
 
     async def reload(_: web.Request) -> web.Response:
         out = await state.live.reload("api")
@@ -244,7 +252,12 @@ def build_app(state: AdminState) -> web.Application:
 
 
 async def start_admin(state: AdminState, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
+    from sandgate.console.app import mount
+    from sandgate.console.source import LocalSource
+
+    app = build_app(state)
+    mount(app, LocalSource(state, state.recent), state.admin_token)  # the web console
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -32,6 +32,7 @@ from sandgate.addons import (
 )
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
+from sandgate.console import ring as console_ring
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.identity.roles import Role, Split
@@ -240,6 +241,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
     sink.add_listener(metrics.on_audit)
+    recent = None if cfg.admin is None and cfg.worker is None else console_ring.attach(
+        sink, cfg.worker.id if cfg.worker else None, lambda: live.current.version)  # console
 
     def swap(new: livepolicy.LoadedPolicy) -> None:
         broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
@@ -354,6 +357,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
             audit=sink.emit, resolve=dict(cfg.resolve),
             open_paths=frozenset(cfg.admin_open) if cfg.worker is None else frozenset(),
+            recent=recent,
         )
         if cfg.worker is not None:
             from sandgate.workers.control import start_control

@@ -84,4 +84,8 @@ def build_front(sup: Supervisor, admin_token: str,
     app.router.add_post("/v1/tokens", forward)
     # leases live in every worker: the end of a sandbox reaches all of them
     app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
+    from sandgate.console.app import mount
+    from sandgate.console.source import WorkersSource
+
+    mount(app, WorkersSource(sup), admin_token)  # the web console, over every worker
     return app

@@ -293,6 +293,19 @@ class Supervisor:
                     continue
         return None
 
+    async def ask_each(self, method: str, path: str) -> list[tuple[int, int, bytes]]:
+        """(worker id, status, body) from every running worker that answered."""
+        async def one(w: _Worker) -> tuple[int, int, bytes] | None:
+            if not (w.running and w.started):
+                return None
+            try:
+                status, body, _ = await self._call(w, method, path)
+            except (TimeoutError, OSError, aiohttp.ClientError):
+                return None
+            return w.id, status, body
+
+        return [a for a in await asyncio.gather(*(one(w) for w in self.workers)) if a]
+
     # ---------------------------------------------------------------------------- main
 
     def _spawn_task(self, coro: Any) -> None:

@@ -1,0 +1,155 @@
+"""Who is looking at the console: login with a token, a session cookie, CSRF tokens, roles.
+
+A browser cannot send `Authorization: Bearer`, so the login form takes the admin token (or,
+with users, a user's token) once and the console answers with a session cookie:
+
+- the cookie holds a random session id and its MAC (HMAC-SHA256 under a random key of this
+  process), HttpOnly, SameSite=Strict, Path=/console/, Secure when the request came over TLS;
+- sessions live in this process (the one admin listener, also with --workers N), expire
+  after SESSION_TTL, at most MAX_SESSIONS at once (the oldest go first); logout forgets one;
+- every state-changing form carries the session's CSRF token (checked in constant time), and a
+  POST whose Origin (or Sec-Fetch-Site) says another site is refused before that;
+- the login form itself carries a MAC of a pre-session nonce cookie (no login CSRF).
+
+Roles: viewer reads everything, approver also decides approvals, admin is both. `who()` is the
+one place that says which user and role a request has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+COOKIE = "sandgate_console"
+LOGIN_COOKIE = "sandgate_console_login"
+COOKIE_PATH = "/console/"
+SESSION_TTL = 8 * 3600
+LOGIN_TTL = 600
+MAX_SESSIONS = 256
+USER_KEY = "sandgate_user"  # the keys the admin listener's user middleware sets
+ROLE_KEY = "sandgate_role"
+ROLES = ("viewer", "approver", "admin")
+DECIDERS = frozenset({"approver", "admin"})
+
+
+def who(request: web.Request) -> tuple[str, str]:
+    """(user, role) of an authenticated request. A request that passed the admin token check
+    without naming a user is the admin (one token, one role, as before users existed)."""
+    return str(request.get(USER_KEY) or "admin"), str(request.get(ROLE_KEY) or "admin")
+
+
+def can_decide(role: str) -> bool:
+    return role in DECIDERS
+
+
+def identify(token: str, admin_token: str) -> tuple[str, str] | None:
+    """The (user, role) a login token stands for, or None. Constant time."""
+    if token and hmac.compare_digest(token.encode("utf-8", "replace"),
+                                     admin_token.encode("utf-8", "replace")):
+        return "admin", "admin"
+    return None
+
+
+@dataclass(slots=True)
+class Session:
+    user: str
+    role: str
+    csrf: str
+    expires: float
+
+
+@dataclass
+class Sessions:
+    """The console's sessions, in this process. `clock` for tests."""
+
+    ttl: float = SESSION_TTL
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    clock: Callable[[], float] = time.monotonic
+    _live: OrderedDict[str, Session] = field(default_factory=OrderedDict, repr=False)
+
+    def _now(self) -> float:
+        return self.clock()
+
+    def mac(self, value: str, purpose: str) -> str:
+        return hmac.new(self.key, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
+
+    def create(self, user: str, role: str) -> tuple[str, Session]:
+        """A new session and its cookie value."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        self._expire()
+        while len(self._live) >= MAX_SESSIONS:
+            self._live.popitem(last=False)
+        sid = secrets.token_urlsafe(32)
+        s = Session(user, role, secrets.token_urlsafe(32), self._now() + self.ttl)
+        self._live[sid] = s
+        return f"{sid}.{self.mac(sid, 'session')}", s
+
+    def find(self, cookie: str | None) -> Session | None:
+        if not cookie:
+            return None
+        sid, _, tag = cookie.partition(".")
+        if not sid or not hmac.compare_digest(tag.encode(), self.mac(sid, "session").encode()):
+            return None
+        s = self._live.get(sid)
+        if s is None or s.expires <= self._now():
+            self._live.pop(sid, None)
+            return None
+        return s
+
+    def drop(self, cookie: str | None) -> None:
+        if cookie:
+            self._live.pop(cookie.partition(".")[0], None)
+
+    def _expire(self) -> None:
+        now = self._now()
+        for sid in [sid for sid, s in self._live.items() if s.expires <= now]:
+            del self._live[sid]
+
+    # the login form: a nonce in a short-lived cookie, its MAC in the form
+    def login_nonce(self) -> tuple[str, str]:
+        nonce = f"{int(self._now()) + LOGIN_TTL}.{secrets.token_urlsafe(16)}"
+        return nonce, self.mac(nonce, "login")
+
+    def login_ok(self, nonce: str | None, form_token: str) -> bool:
+        if not nonce:
+            return False
+        good = hmac.compare_digest(form_token.encode("utf-8", "replace"),
+                                   self.mac(nonce, "login").encode())
+        deadline = nonce.partition(".")[0]
+        return good and deadline.isdigit() and int(deadline) > self._now()
+
+
+def csrf_ok(session: Session, form_token: str) -> bool:
+    return hmac.compare_digest(form_token.encode("utf-8", "replace"), session.csrf.encode())
+
+
+def same_origin(request: web.Request) -> bool:
+    """False when the browser says the request comes from another site. A browser sends Origin
+    with every POST (and Sec-Fetch-Site); a client that sends neither is judged by the CSRF
+    token alone."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    return origin == f"{request.scheme}://{request.host}"
+
+
+def set_cookie(response: web.StreamResponse, request: web.Request, name: str, value: str,
+               max_age: int) -> None:
+    response.set_cookie(name, value, max_age=max_age, path=COOKIE_PATH, httponly=True,
+                        samesite="Strict", secure=request.secure)
+
+
+def clear_cookie(response: web.StreamResponse, request: web.Request, name: str) -> None:
+    response.del_cookie(name, path=COOKIE_PATH, httponly=True, samesite="Strict",
+                        secure=request.secure)
