@@ -132,8 +132,10 @@ def csrf_ok(session: Session, form_token: str) -> bool:
 
 
 def same_origin(request: web.Request) -> bool:
-    """False when the browser says the request comes from another site. A browser sends Origin
-    with every POST (and Sec-Fetch-Site); a client that sends neither is judged by the CSRF
+    """False when the browser says the request comes from another site. Browsers send
+    Sec-Fetch-Site with every request and Origin with every POST, but under the console's
+    `Referrer-Policy: no-referrer` a same-origin form POST carries `Origin: null`: then only
+    Sec-Fetch-Site can vouch for it. A client that sends neither header is judged by the CSRF
     token alone."""
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None and site not in ("same-origin", "none"):
@@ -141,6 +143,8 @@ def same_origin(request: web.Request) -> bool:
     origin = request.headers.get("Origin")
     if origin is None:
         return True
+    if origin == "null":
+        return site == "same-origin"
     return origin == f"{request.scheme}://{request.host}"
 
 

@@ -40,10 +40,13 @@ def _plain(value: Any) -> Any:
 
 
 def is_refusal(event: str, fields: Mapping[str, Any]) -> bool:
-    """A request, connection or frame the proxy refused (report mode forwards: not one)."""
+    """A request, frame or connection (a limit) the proxy refused, counted once: a refused
+    CONNECT answers the requests inside the tunnel with its refusal, and those are counted
+    (as `sandgate_requests_total` counts them). Report mode forwards: not a refusal."""
     if not fields.get(A.CODE):
         return False
-    return event == "limit" or fields.get(A.DECISION) == "deny"
+    return event == "limit" or (event in ("request", "websocket")
+                                and fields.get(A.DECISION) == "deny")
 
 
 def tools(ev: Mapping[str, Any]) -> list[str]:

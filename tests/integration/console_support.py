@@ -1,0 +1,137 @@
+"""Helpers for the web console tests: a real `sandgate run --admin`, a real headless Chromium
+(Debian's, driven by Selenium through the system chromedriver: nothing is downloaded), a
+logged-in `requests` session, and every encoded form a secret could take on a page."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urljoin, urlsplit
+
+import requests
+
+from tests.integration.conftest import HERE, UPSTREAM_IP, Proxy, free_port, start_proxy
+
+ROOT = HERE.parent.parent
+ADMIN_TOKEN = "test-console-admin-token-63a1"
+CONSOLE_IP = "127.0.63.1"  # the proxy and its admin listener
+UP_IP = "127.0.63.2"  # the TLS upstream of these tests
+NAMES = ("api.anthropic.com", "api.openai.com", "upstream.test", "a.upstream.test",
+         "tunnel.test")
+ARTIFACTS = ROOT / "test-artifacts" / "console"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def policies(tmp: Path) -> Path:
+    d = tmp / "policies"
+    d.mkdir()
+    text = (HERE / "policies" / "test.yaml").read_text().replace(UPSTREAM_IP, UP_IP)
+    (d / "test.yaml").write_text(text)
+    return d
+
+
+def start(tmp: Path, vault: Any, pki: Any, *extra: str) -> tuple[Proxy, str]:
+    """The proxy on CONSOLE_IP with its admin listener (and so the console) beside it."""
+    aport = free_port()
+    env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token,
+           "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    resolve = [f"--resolve={n}={UP_IP}" for n in NAMES]
+    p = start_proxy(tmp, policies(tmp), env, pki, *resolve, "--admin",
+                    f"{CONSOLE_IP}:{aport}", *extra, listen_host=CONSOLE_IP)
+    base = f"http://{CONSOLE_IP}:{aport}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{base}/readyz", timeout=2,
+                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).ok:
+                return p, base
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"the admin listener did not get ready:\n{p.logs()[-3000:]}")
+
+
+def login(base: str, token: str = ADMIN_TOKEN) -> requests.Session:
+    """A `requests` session logged in through the login form, as a browser does it."""
+    s = requests.Session()
+    r = s.get(f"{base}/console/login", timeout=10)
+    mac = re.search(r'name="login" value="([^"]+)"', r.text)
+    assert mac, r.text
+    r = s.post(f"{base}/console/login", data={"login": mac.group(1), "token": token},
+               headers={"Origin": base}, allow_redirects=False, timeout=10)
+    assert r.status_code == 303, (r.status_code, r.text[:500])
+    return s
+
+
+def csrf(page: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert m, page[:500]
+    return m.group(1)
+
+
+def crawl(s: requests.Session, base: str, limit: int = 300) -> dict[str, requests.Response]:
+    """Every console page and asset reachable from the overview (links, scripts, styles,
+    htmx polling targets), each fetched once."""
+    seen: dict[str, requests.Response] = {}
+    todo = ["/console/", "/console/login"]
+    while todo and len(seen) < limit:
+        path = todo.pop()
+        if path in seen:
+            continue
+        r = s.get(base + path, timeout=30, allow_redirects=False)
+        seen[path] = r
+        if "text/html" not in r.headers.get("Content-Type", ""):
+            continue
+        for ref in re.findall(r'(?:href|src|hx-get)="([^"#]+)"', r.text):
+            url = urlsplit(urljoin(base + path, ref.replace("&amp;", "&")))
+            target = url.path + (f"?{url.query}" if url.query else "")
+            if url.netloc == urlsplit(base).netloc and url.path.startswith("/console") \
+                    and target not in seen:
+                todo.append(target)
+    return seen
+
+
+def encodings(secret: str) -> list[str]:
+    """The forms of a secret a client could undo: raw, base64 (standard and URL-safe, with and
+    without padding), URL-encoded, hex (both cases)."""
+    raw = secret.encode()
+    b64 = base64.b64encode(raw).decode()
+    b64u = base64.urlsafe_b64encode(raw).decode()
+    forms = {secret, b64, b64.rstrip("="), b64u, b64u.rstrip("="), quote(secret, safe=""),
+             quote(secret), raw.hex(), raw.hex().upper()}
+    return sorted(forms)
+
+
+def artifact(name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS / name
+
+
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, headless, through the system chromedriver."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    opts.add_argument("--headless=new")
+    opts.add_argument("--window-size=1400,1000")
+    opts.add_argument("--disable-gpu")
+    opts.add_argument("--disable-dev-shm-usage")
+    if os.geteuid() == 0:
+        # Chromium will not start its sandbox as root (CI runs the suite as root): the pages
+        # it loads are the console's own, from loopback
+        opts.add_argument("--no-sandbox")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
