@@ -113,7 +113,7 @@ def _login(driver: Any, base: str, token: str) -> None:
 
 
 def test_login_sets_a_strict_session_cookie(console, driver):
-    p, base = console
+    _p, base = console
     driver.get(f"{base}/console/decisions")
     _wait(driver, lambda d: d.current_url.endswith("/console/login"), "the login page")
     _shot(driver, "01-login.png")
@@ -232,7 +232,7 @@ def test_reach_report(console, driver):
 
 
 def test_no_csp_violation_in_the_browser(console, driver):
-    p, base = console
+    _p, base = console
     driver.get_log("browser")  # what came before
     for path in ("/console/", "/console/decisions", "/console/refusals", "/console/reach"):
         driver.get(base + path)
@@ -245,7 +245,7 @@ def test_no_csp_violation_in_the_browser(console, driver):
 
 
 def test_security_headers_on_every_answer(console):
-    p, base = console
+    _p, base = console
     s = login(base)
     pages = crawl(s, base)
     assert len(pages) >= 8, sorted(pages)
@@ -267,7 +267,7 @@ def test_security_headers_on_every_answer(console):
 
 
 def test_state_changes_need_the_csrf_token_and_the_origin(console):
-    p, base = console
+    _p, base = console
     s = login(base)
     page = s.get(f"{base}/console/", timeout=10).text
     token = csrf(page)
@@ -295,7 +295,7 @@ def test_state_changes_need_the_csrf_token_and_the_origin(console):
 
 
 def test_the_bearer_token_alone_does_not_open_the_console(console):
-    p, base = console
+    _p, base = console
     r = requests.get(f"{base}/console/", allow_redirects=False, timeout=10,
                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert r.status_code == 303  # the console's own session, whatever else comes along
@@ -328,3 +328,39 @@ def test_no_secret_on_any_page_or_asset(console, upstream63):
     forms = [f for secret in SECRET_VALUES for f in encodings(secret)] + encodings(ADMIN_TOKEN)
     assert_no_secret(texts, forms, "a console page or asset")
     assert "REDACTED" in "".join(texts)  # the query value the proxy added is shown redacted
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory, vault, upstream63, pki) -> Iterator[tuple[Proxy, str]]:
+    tmp = tmp_path_factory.mktemp("console-workers")
+    p, base = start(tmp, vault, pki, "--workers", "2")
+    yield p, base
+    stop_proxy(p)
+
+
+def test_workers_one_console_for_every_worker(group):
+    """With --workers N the supervisor serves the console: every worker's decisions, merged
+    newest first, each explained; refusals added up; the reach report from a worker."""
+    p, base = group
+    for i in range(12):  # one connection each: SO_REUSEPORT spreads them over the workers
+        url = f"https://upstream.test/{'admin' if i % 3 == 0 else 'docs'}/w-{i}"
+        assert split_status(curl(p, "coding-agent", url).stdout)[1] in (200, 403)
+    audited = [e for e in p.audit() if e["event"] == "request"]
+    assert len(audited) == 12
+    s = login(base)
+    page = s.get(f"{base}/console/decisions", timeout=10).text
+    ids = re.findall(r'<tr class="\w+" data-id="(w\d+-\d+)">', page)
+    shown = {i.split("-")[0] for i in ids}
+    assert shown == {f"w{e['worker']}" for e in audited}  # from every worker that served
+    assert sum(f"/w-{i}<" in page for i in range(12)) == 12
+    times = re.findall(r'<td class="t">([\d:]+)</td>', page)
+    assert times == sorted(times, reverse=True)  # merged newest first
+    for event_id in ids[:2]:
+        detail = s.get(f"{base}/console/decisions/{event_id}", timeout=10)
+        assert detail.status_code == 200 and 'id="explanation"' in detail.text
+    chart = s.get(f"{base}/console/refusals", timeout=10).text
+    assert re.search(r'data-code="denied_by_rule">.*?<span class="n">4</span>', chart, re.S)
+    reach = s.get(f"{base}/console/reach", timeout=10)
+    assert reach.status_code == 200 and 'id="reach-coding-agent"' in reach.text
+    overview = s.get(f"{base}/console/", timeout=10).text
+    assert re.search(r"Workers</div><div class=\"v\">2 / 2", overview)

@@ -100,7 +100,7 @@ class Console:
 
     def page(self, request: web.Request, name: str, status: int = 200,
              **context: Any) -> web.Response:
-        session: auth.Session | None = request.get("console_session")
+        session: auth.Session | None = request.get(auth.SESSION_KEY)
         user, role = auth.who(request) if session is not None else ("", "")
         text = self.env.get_template(name).render(
             user=user, role=role, csrf=session.csrf if session else "",
@@ -143,9 +143,7 @@ class Console:
                     headers["HX-Redirect"] = to  # a poll after expiry: htmx goes to the login
                 return web.Response(status=303, headers=headers)
             return self.error(request, 401, "Not logged in", "log in first")
-        request["console_session"] = session
-        request[auth.USER_KEY] = session.user
-        request[auth.ROLE_KEY] = session.role
+        request[auth.SESSION_KEY] = session
         if request.method not in ("GET", "HEAD"):
             if not auth.same_origin(request):
                 return self.error(request, 403, "Refused", "the request comes from another "

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -40,8 +41,12 @@ DECIDERS = frozenset({"approver", "admin"})
 
 
 def who(request: web.Request) -> tuple[str, str]:
-    """(user, role) of an authenticated request. A request that passed the admin token check
-    without naming a user is the admin (one token, one role, as before users existed)."""
+    """(user, role) of an authenticated request: a console session's, else what the admin
+    listener's user check set. A request that passed the admin token check without naming a
+    user is the admin (one token, one role, as before users existed)."""
+    session = request.get(SESSION_KEY)
+    if isinstance(session, Session):
+        return session.user, session.role
     return str(request.get(USER_KEY) or "admin"), str(request.get(ROLE_KEY) or "admin")
 
 
@@ -63,6 +68,12 @@ class Session:
     role: str
     csrf: str
     expires: float
+
+
+try:
+    SESSION_KEY: Any = web.RequestKey("sandgate_console_session", Session)
+except AttributeError:  # an aiohttp before typed request keys
+    SESSION_KEY = "sandgate_console_session"
 
 
 @dataclass
