@@ -28,6 +28,10 @@ if ((want_test)); then
   command -v git >/dev/null || need_apt+=(git)
   # squid: the bench's CONNECT-tunnel baseline (tests/integration/test_bench.py runs bench/)
   command -v squid >/dev/null || [[ -x /usr/sbin/squid ]] || need_apt+=(squid)
+  # chromium + chromium-driver: the web console's browser tests (tests/integration/test_console.py,
+  # Selenium with Debian's Chromium and its chromedriver: no browser download)
+  command -v chromium >/dev/null || need_apt+=(chromium)
+  command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then

@@ -174,6 +174,7 @@ def test_filter_and_refusals_chart(console, driver):
     assert split_status(curl(p, "web-fetch", "https://upstream.test/docs/ok").stdout)[1] == 200
     driver.get(f"{base}/console/decisions")
     _wait(driver, lambda d: len(_css(d, "tbody#rows tr[data-id]")) >= 5, "the decisions")
+    _shot(driver, "05-decisions.png")  # docs/img/console.png is a copy of this one
     Select(driver.find_element(By.ID, "f-identity")).select_by_visible_text("coding-agent")
     Select(driver.find_element(By.ID, "f-code")).select_by_visible_text("denied_by_rule")
     driver.find_element(By.ID, "apply").click()
@@ -184,7 +185,7 @@ def test_filter_and_refusals_chart(console, driver):
     # the live refresh keeps the filter
     poll = driver.find_element(By.ID, "rows").get_attribute("hx-get")
     assert "identity=coding-agent" in poll and "code=denied_by_rule" in poll
-    _shot(driver, "05-decisions-filtered.png")
+    _shot(driver, "06-decisions-filtered.png")
     host = driver.find_element(By.ID, "f-host")
     host.clear()
     host.send_keys("upstream.test")
@@ -204,7 +205,7 @@ def test_filter_and_refusals_chart(console, driver):
     legend = {li.get_attribute("data-code"): li.text for li in _css(driver, "#legend li")}
     assert legend["denied_by_rule"].split()[-1] == "2"
     assert legend["no_rule"].split()[-1] == "1"
-    _shot(driver, "06-refusals.png")
+    _shot(driver, "07-refusals.png")
 
 
 def test_reach_report(console, driver):
@@ -224,7 +225,7 @@ def test_reach_report(console, driver):
     rows = section.find_elements(By.CSS_SELECTOR, "tbody tr")
     assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == \
         [r["rule"] for r in ours["rules"]]
-    _shot(driver, "07-reach.png")
+    _shot(driver, "08-reach.png")
     driver.get(f"{base}/console/reach?q=github")
     _wait(driver, lambda d: "github" in d.current_url, "the filtered report")
     assert [s.get_attribute("id") for s in _css(driver, "section.identity")] == \
@@ -342,17 +343,21 @@ def test_workers_one_console_for_every_worker(group):
     """With --workers N the supervisor serves the console: every worker's decisions, merged
     newest first, each explained; refusals added up; the reach report from a worker."""
     p, base = group
-    for i in range(12):  # one connection each: SO_REUSEPORT spreads them over the workers
-        url = f"https://upstream.test/{'admin' if i % 3 == 0 else 'docs'}/w-{i}"
+    n = 8
+    for i in range(n):  # one connection each: SO_REUSEPORT spreads them over the workers
+        url = f"https://upstream.test/{'admin' if i % 2 == 0 else 'docs'}/w-{i}"
         assert split_status(curl(p, "coding-agent", url).stdout)[1] in (200, 403)
-    audited = [e for e in p.audit() if e["event"] == "request"]
-    assert len(audited) == 12
+    deadline = time.monotonic() + 10  # the last audit line may follow the answer
+    while len(audited := [e for e in p.audit() if e["event"] == "request"]) < n \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(audited) == n
     s = login(base)
     page = s.get(f"{base}/console/decisions", timeout=10).text
     ids = re.findall(r'<tr class="\w+" data-id="(w\d+-\d+)">', page)
     shown = {i.split("-")[0] for i in ids}
     assert shown == {f"w{e['worker']}" for e in audited}  # from every worker that served
-    assert sum(f"/w-{i}<" in page for i in range(12)) == 12
+    assert sum(f"/w-{i}<" in page for i in range(n)) == n
     times = re.findall(r'<td class="t">([\d:]+)</td>', page)
     assert times == sorted(times, reverse=True)  # merged newest first
     for event_id in ids[:2]:
