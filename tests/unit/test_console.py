@@ -363,3 +363,18 @@ async def test_pages_headers_and_roles(tmp_path):
         assert (await c.get("/v1/policy")).status == 401
     finally:
         await c.close()
+
+
+def test_every_template_and_asset_is_package_data():
+    """The wheel carries what the console serves: pyproject's package-data globs cover every
+    file of templates/ and static/."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["sandgate.console"]
+    pkg = root / "proxy" / "sandgate" / "console"
+    files = [p.relative_to(pkg).as_posix() for d in ("templates", "static")
+             for p in (pkg / d).iterdir() if p.is_file()]
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), files
