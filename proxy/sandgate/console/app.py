@@ -275,6 +275,10 @@ class Console:
                                       or any(ql in str(v).lower() for v in r.values())]}
                       for i in idents]
             idents = [i for i in idents if i["rules"]]
+        base = str(doc.get("title") or "").rstrip("/") + "/"  # the policy directory
+        idents = [{**i, "source": i.get("source", "").removeprefix(base),
+                   "rules": [{**r, "source": str(r.get("source", "")).removeprefix(base)}
+                             for r in i.get("rules") or []]} for i in idents]
         return self.page(request, "reach.html", nav="reach", doc=doc, identities=idents, q=q,
                          columns=("kind", "rule", "reach", "methods", "paths", "query",
                                   "secrets", "notes", "source"))
