@@ -13,7 +13,6 @@ every worker and merges (sandgate.console.source), as it merges their metrics.
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
 from collections import Counter, deque
@@ -34,9 +33,19 @@ MAX_LIMIT = 500  # most events one answer carries
 FILTERS = ("identity", "sandbox", "code", "host", "tool", "decision")
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
-    """A JSON-safe deep copy (the audit fields may hold lists the caller keeps)."""
-    return json.loads(json.dumps(value, default=str))
+    """A JSON-safe deep copy (the audit fields may hold lists the caller keeps), cheap enough
+    for the proxy's loop (every event passes here; most values are scalars)."""
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): v if type(v) in _SCALARS else _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    return str(value)
 
 
 def is_refusal(event: str, fields: Mapping[str, Any]) -> bool:
@@ -119,7 +128,7 @@ class EventRing:
         ev = {"id": f"{self._prefix}{next(self._seq)}",
               A.TIME: datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
               .replace("+00:00", "Z"),
-              "ts": now, A.EVENT: event, **_plain(dict(fields))}
+              "ts": now, A.EVENT: event, **_plain(fields)}
         if self._version is not None:
             ev["policy_version"] = self._version()
         with self._lock:
