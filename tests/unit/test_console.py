@@ -89,6 +89,18 @@ def test_ring_copies_what_it_keeps():
     ring.on_audit("request", _ev(secrets=secrets))
     secrets.append("changed-later@2")
     assert ring.events()[0]["secrets"] == ["anthropic@1"]
+    import ipaddress
+
+    from sandgate.errors import Code
+
+    rpc = [{"method": "tools/call", "tool": "t"}]
+    ring.on_audit("request", _ev(code=Code.NO_RULE, dialed=ipaddress.ip_address("10.0.0.1"),
+                                 rpc=rpc, redactions=("a", "b")))
+    rpc[0]["tool"] = "changed"
+    ev = ring.events()[0]
+    assert type(ev["code"]) is str and ev["code"] == "no_rule"
+    assert ev["dialed"] == "10.0.0.1" and ev["redactions"] == ["a", "b"]
+    assert ev["rpc"] == [{"method": "tools/call", "tool": "t"}]
 
 
 def test_filters():
