@@ -9,7 +9,6 @@ policy and only with a capped TTL.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -20,8 +19,11 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sandgate import admin_auth
+from sandgate.admin_auth import AdminUser, needs
+from sandgate.approvals import api as approvals_api
+from sandgate.approvals.service import Approvals
 from sandgate.call_cli import call_from_values
-from sandgate.console.app import is_console_path
 from sandgate.console.ring import EventRing
 from sandgate.explain import explain_request
 from sandgate.metrics import CONTENT_TYPE, Metrics
@@ -56,11 +58,17 @@ class AdminState:
     # --admin-open: paths served without the token (kubelet probes and Prometheus carry none);
     # only these two can be opened, and neither answers with anything secret
     open_paths: frozenset[str] = frozenset()
+    # --admin-users: named users with roles (the admin token is the user `admin`)
+    users: tuple[AdminUser, ...] = ()
+    # a worker's control socket: the front's forwarded user (sandgate.admin_auth) is trusted
+    trust_forwarded: bool = False
+    # `action: ask`: the approvals this process holds or decides (sandgate.approvals)
+    approvals: Approvals | None = None
     # the recent decisions the web console shows (fed by the audit stream: runner.py)
     recent: EventRing | None = None
 
 
-OPENABLE = frozenset({"/readyz", "/metrics"})
+OPENABLE = admin_auth.OPENABLE
 
 
 def _json(status: int, body: Any) -> web.Response:
@@ -77,27 +85,12 @@ def needs_vault(state: AdminState) -> bool:
                for r in ident.rules)
 
 
-def auth_middleware(admin_token: str, open_paths: frozenset[str]) -> Middleware:
-    """The admin token check of every admin listener (this one and the workers' front):
-    constant-time, `/healthz` always open, and `--admin-open` paths from OPENABLE only."""
-    unexpected = open_paths - OPENABLE
-    if unexpected:
-        raise ValueError(f"admin paths that cannot be served without a token: "
-                         f"{sorted(unexpected)} (only {sorted(OPENABLE)} can)")
-    expected = f"Bearer {admin_token}".encode()
-    unauthenticated = open_paths | {"/healthz"}
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in unauthenticated or is_console_path(request.path):
-            return await handler(request)  # the console has its own login (sessions)
-        given = request.headers.get("Authorization", "").encode("utf-8", "replace")
-        if not hmac.compare_digest(given, expected):
-            return _error(401, "unauthorized", "send Authorization: Bearer <admin token> "
-                          "(SANDGATE_ADMIN_TOKEN or --admin-token-file)")
-        return await handler(request)
-
-    return auth
+def auth_middleware(admin_token: str, open_paths: frozenset[str],
+                    users: tuple[AdminUser, ...] = (), trust_forwarded: bool = False
+                    ) -> Middleware:
+    """The admin check of every admin listener (this one and the workers' front): users and
+    roles, sandgate.admin_auth."""
+    return admin_auth.auth_middleware(admin_token, open_paths, users, trust_forwarded)
 
 
 def policy_doc(state: AdminState) -> dict[str, Any]:
@@ -112,7 +105,7 @@ def policy_doc(state: AdminState) -> dict[str, Any]:
         "files": list(cur.files),
         "identities": {
             name: {"mode": ident.mode,
-                   "rules": [{"name": r.name, "action": r.action,
+                   "rules": [{"name": r.name, "action": r.verb,
                               "hosts": [h.text for h in r.hosts],
                               "secrets": sorted(r.secrets),
                               "passthrough": r.passthrough} for r in ident.rules]}
@@ -123,7 +116,8 @@ def policy_doc(state: AdminState) -> dict[str, Any]:
 
 
 def build_app(state: AdminState) -> web.Application:
-    auth = auth_middleware(state.admin_token, state.open_paths)
+    auth = auth_middleware(state.admin_token, state.open_paths, state.users,
+                           state.trust_forwarded)
 
     async def healthz(_: web.Request) -> web.Response:
         return _json(200, {"status": "ok"})
@@ -175,6 +169,7 @@ def build_app(state: AdminState) -> web.Application:
             raise ValueError(f"`{key}` must be a non-empty string")
         return v
 
+    @needs("viewer")  # read-only: a viewer may ask what the policy says
     async def explain_(request: web.Request) -> web.Response:
         try:
             doc = await _body(request)
@@ -248,6 +243,7 @@ def build_app(state: AdminState) -> web.Application:
     app.router.add_post("/v1/explain", explain_)
     app.router.add_post("/v1/tokens", tokens)
     app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
+    approvals_api.register(app, state.approvals, state.trust_forwarded)  # /v1/approvals
     return app
 
 

@@ -24,7 +24,7 @@ from sandgate.policy.paths import normalise_path
 from sandgate.request import RequestInfo, default_port, parse_url, split_authority
 from sandgate.secrets.scope import resolve as resolve_secret_path
 
-Outcome = Literal["allow", "deny", "tunnel"]
+Outcome = Literal["allow", "deny", "tunnel", "ask"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +43,15 @@ class Decision:
     # calls must be judged (decide again with `call=`) before it goes on; this many bytes of
     # body at most. None: no call to judge (or it was judged).
     call_limit: int | None = None
+    # allowed by an `action: ask` rule (`rule`): the proxy holds the request until approved
+    # (sandgate.approvals), the fourth outcome
+    ask: bool = False
 
     @property
     def outcome(self) -> Outcome:
-        return "tunnel" if self.tunnel else "allow" if self.allowed else "deny"
+        if self.tunnel:
+            return "tunnel"
+        return ("ask" if self.ask else "allow") if self.allowed else "deny"
 
     @property
     def rule_name(self) -> str | None:
@@ -126,6 +131,7 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
     target = f"{method} {scheme}://{host}:{req.port}{path}"
 
     allow: Rule | None = None
+    ask: Rule | None = None  # the first matching ask rule: it wins over every allow rule
     limits: list[int] = []
     missed: tuple[Rule, Message, str] | None = None  # the first rule a call did not fit
     for rule in ident.rules:
@@ -151,8 +157,14 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
                         return _call_denied(identity, rule, msg, why)
                     missed = missed or (rule, msg, why)
                     continue
-        if allow is None:
+        if rule.ask is not None:
+            ask = ask or rule
+        elif allow is None:
             allow = rule
+    if ask is not None:
+        return Decision(True, None, f"held for approval by ask rule '{ask.name}' of identity "
+                        f"'{identity}' ({ask.source}): forwarded only once approved",
+                        rule=ask, call_limit=min(limits) if limits else None, ask=True)
     if allow is not None:
         return Decision(True, None, f"allowed by rule '{allow.name}' of identity '{identity}' "
                         f"({allow.source})", rule=allow,

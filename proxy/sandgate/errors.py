@@ -14,6 +14,8 @@ and a reason and hint that are safe to show the sandbox::
     │   ├── SecretError                  secret_unavailable               (secrets/vault.py)
     │   ├── SandboxRequired              sandbox_required                 (secrets/scope.py)
     │   ├── UnsafeValue                  unsafe_injection                 (inject.py)
+    │   ├── ApprovalRefused              approval_pending, approval_denied, approval_timeout,
+    │   │                                too_many_pending, approvals_full (approvals/)
     │   └── LimitExceeded                headers_too_large, rate_limited, budget_exhausted,
     │                                    too_many_connections (+ retry_after) (limits.py)
     └── PolicyError                      policy files are broken          (policy/loader.py)
@@ -62,6 +64,12 @@ class Code(StrEnum):
     # --identify-timeout (sandgate/addons/admission.py)
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     SESSION_MISMATCH = "session_mismatch"  # an MCP session id not issued to this identity
+    # `action: ask` rules (sandgate/approvals/)
+    APPROVAL_PENDING = "approval_pending"  # mode async: asked; retry the identical request
+    APPROVAL_DENIED = "approval_denied"  # an approver denied it
+    APPROVAL_TIMEOUT = "approval_timeout"  # nobody decided within the rule's timeout
+    TOO_MANY_PENDING = "too_many_pending"  # the identity has too many requests awaiting approval
+    APPROVALS_FULL = "approvals_full"  # the proxy holds as many approvals as it may
 
 
 STATUS: dict[Code, int] = {
@@ -93,6 +101,11 @@ STATUS: dict[Code, int] = {
     Code.IDLE_TIMEOUT: 408,  # audited only: an idle connection is closed without an answer
     Code.HANDSHAKE_TIMEOUT: 408,  # audited only: closed without an answer
     Code.SESSION_MISMATCH: 403,
+    Code.APPROVAL_PENDING: 202,
+    Code.APPROVAL_DENIED: 403,
+    Code.APPROVAL_TIMEOUT: 403,
+    Code.TOO_MANY_PENDING: 429,
+    Code.APPROVALS_FULL: 503,
 }
 
 
@@ -190,4 +203,20 @@ class LimitExceeded(Refused):
     def __init__(self, code: Code, reason: str, hint: str | None = None,
                  retry_after: int | None = None) -> None:
         super().__init__(code, reason, hint)
+        self.retry_after = retry_after
+
+
+class ApprovalRefused(Refused):
+    """An `action: ask` rule's request was not approved (yet): 202 pending (mode async), denied,
+    timed out, or too many waiting. `approval` is the approval request's id (the body says it, so
+    a client can show it to the people who decide); `retry_after` a 202's or 429's
+    Retry-After."""
+
+    codes = frozenset({Code.APPROVAL_PENDING, Code.APPROVAL_DENIED, Code.APPROVAL_TIMEOUT,
+                       Code.TOO_MANY_PENDING, Code.APPROVALS_FULL})
+
+    def __init__(self, code: Code, reason: str, hint: str | None = None,
+                 approval: str | None = None, retry_after: int | None = None) -> None:
+        super().__init__(code, reason, hint)
+        self.approval = approval
         self.retry_after = retry_after

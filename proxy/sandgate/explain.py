@@ -9,6 +9,7 @@ from typing import Any
 
 from sandgate.decision import judge, shown_outcome
 from sandgate.jsonrpc import Call
+from sandgate.policy.ask import ask_fields
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
 from sandgate.request import parse_url
@@ -51,6 +52,8 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         out["tunnel"] = ("forwarded uninspected: the proxy never sees this request (any method, "
                          "path or query), injects nothing and scrubs nothing")
     out.update(call_fields(d, call))
+    if d.ask and d.rule is not None and d.rule.ask is not None:
+        out["approval"] = ask_fields(d.rule.ask)
     if ident is not None and ident.mode != "enforce":
         out["mode"] = ident.mode
     if report:

@@ -10,6 +10,8 @@ from sandgate.errors import STATUS, Code, Refused
 # Response header naming the reason code. Sandgate strips it from upstream responses, so a
 # sandbox can trust that only Sandgate set it.
 REASON_HEADER = "X-Sandgate-Reason"
+# The approval request a held or pending request belongs to (`action: ask`, approvals/).
+APPROVAL_HEADER = "X-Sandgate-Approval"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,13 +27,15 @@ class Refusal:
     # Answered on the gateway listener: the caller is no proxy client, so an authentication
     # failure is a 401 with WWW-Authenticate rather than a 407.
     gateway: bool = False
+    approval: str | None = None  # the approval request's id (approval_* codes)
 
     @classmethod
     def from_error(cls, error: Refused, identity: str | None = None,
                    target: str | None = None, gateway: bool = False) -> Refusal:
         """The one mapping from a raised refusal to the answer the sandbox sees."""
         return cls(error.code, error.reason, identity=identity, target=target, hint=error.hint,
-                   retry_after=error.retry_after, gateway=gateway)
+                   retry_after=error.retry_after, gateway=gateway,
+                   approval=getattr(error, "approval", None))
 
     @property
     def status(self) -> int:
@@ -44,7 +48,7 @@ class Refusal:
 
     def doc(self) -> dict[str, object]:
         """The refusal as JSON (the HTTP body; `error.data.sandgate` of a JSON-RPC error)."""
-        return {
+        doc: dict[str, object] = {
             "error": "sandgate_refused",
             "code": str(self.code),
             "status": self.status,
@@ -53,6 +57,9 @@ class Refusal:
             "reason": self.reason,
             "hint": self.hint,
         }
+        if self.approval is not None:
+            doc["approval"] = self.approval
+        return doc
 
     def headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json", REASON_HEADER: str(self.code)}
@@ -62,6 +69,8 @@ class Refusal:
             h["WWW-Authenticate"] = 'Bearer realm="sandgate"'
         if self.retry_after is not None:
             h["Retry-After"] = str(self.retry_after)
+        if self.approval is not None:
+            h[APPROVAL_HEADER] = self.approval
         return h
 
 

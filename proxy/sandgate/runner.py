@@ -32,6 +32,8 @@ from sandgate.addons import (
 )
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
+from sandgate.admin_auth import AdminUser
+from sandgate.approvals.service import Approvals
 from sandgate.console import ring as console_ring
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
@@ -90,6 +92,10 @@ class RunConfig:
     # pattern 1 with the split (--role-listen, --tool-identity): sandgate.identity.roles
     split: Split | None = None
     role_listens: Sequence[tuple[Role, str, int]] = ()
+    admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin_auth)
+    # where approvals live: a Redis URL shares them between replicas (sandgate.approvals);
+    # None: in this process
+    approvals_redis: str | None = field(default=None, repr=False)
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -223,6 +229,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         selves += self_addresses(*cfg.gateway)
     for _, host, port in cfg.role_listens:
         selves += self_addresses(host, port)
+    approvals = make_approvals(cfg, broker, sink.emit)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -236,6 +243,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         socks5_allow=tuple(cfg.socks5_allow),
         gateway_tls=cfg.gateway_tls_name is not None,
         limiter=Limiter(cfg.limits),
+        approvals=approvals,
     ))
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
@@ -357,6 +365,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
             audit=sink.emit, resolve=dict(cfg.resolve),
             open_paths=frozenset(cfg.admin_open) if cfg.worker is None else frozenset(),
+            users=cfg.admin_users, trust_forwarded=cfg.worker is not None,
+            approvals=approvals,
             recent=recent,
         )
         if cfg.worker is not None:
@@ -384,8 +394,25 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             sink.emit("shutdown", policy_version=live.current.version,
                       drained=drained.get("drained"), unfinished=drained.get("unfinished"),
                       drain_seconds=drained.get("seconds"))
+        with contextlib.suppress(Exception):
+            await approvals.aclose()
         await broker.aclose()
         sink.close()
+
+
+def make_approvals(cfg: RunConfig, broker: SecretBroker,
+                   audit_emit: Callable[..., None]) -> Approvals:
+    """The approvals of `action: ask` rules: shared through Redis when configured."""
+    from sandgate.approvals import approval_store_for
+    from sandgate.approvals.webhook import WebhookSender
+
+    client = None
+    if cfg.approvals_redis is not None:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(cfg.approvals_redis)
+    return Approvals(approval_store_for(client), audit=audit_emit, instance=cfg.instance,
+                     notify=WebhookSender(broker, audit_emit).notify)
 
 
 def _audit_policy(sink: audit.AuditLog, o: livepolicy.ReloadOutcome,

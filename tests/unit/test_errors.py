@@ -9,6 +9,7 @@ import pytest
 from sandgate.errors import (
     STATUS,
     AddressRefused,
+    ApprovalRefused,
     BadRequest,
     Code,
     IdentityError,
@@ -52,6 +53,11 @@ CASES = [
     (Refused(Code.IDLE_TIMEOUT, "r"), 408),
     (Refused(Code.HANDSHAKE_TIMEOUT, "r"), 408),
     (Refused(Code.SESSION_MISMATCH, "r"), 403),
+    (ApprovalRefused(Code.APPROVAL_PENDING, "r", approval="ap_x", retry_after=30), 202),
+    (ApprovalRefused(Code.APPROVAL_DENIED, "r", approval="ap_x"), 403),
+    (ApprovalRefused(Code.APPROVAL_TIMEOUT, "r", approval="ap_x"), 403),
+    (ApprovalRefused(Code.TOO_MANY_PENDING, "r", retry_after=30), 429),
+    (ApprovalRefused(Code.APPROVALS_FULL, "r", retry_after=30), 503),
 ]
 
 
@@ -73,10 +79,11 @@ def test_error_maps_to_one_status_in_one_place(error, status):
     assert body["code"] == str(error.code) and body["status"] == status
     assert r.headers()[REASON_HEADER] == str(error.code)
     assert ("Proxy-Authenticate" in r.headers()) == (status == 407)
-    # a 429 says when to come back (whole seconds); nothing else does
+    # a 429 says when to come back (whole seconds); so do an approval's 202 and 503
     assert r.headers().get("Retry-After") == (
         str(error.retry_after) if error.retry_after is not None else None)
-    assert (error.retry_after is not None) == (status == 429)
+    waits = status == 429 or (isinstance(error, ApprovalRefused) and status in (202, 503))
+    assert (error.retry_after is not None) == waits
 
 
 @pytest.mark.parametrize("cls,code", [

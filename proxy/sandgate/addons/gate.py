@@ -30,6 +30,7 @@ from sandgate.stages import (
     s20_head,
     s30_body,
     s35_call,
+    s38_ask,
     s40_forward,
     s50_inject,
     s55_sign,
@@ -56,6 +57,7 @@ HEAD_PATH: tuple[Stage, ...] = (
 REQUEST_PATH: tuple[Stage, ...] = (
     s30_body.check,
     s35_call.judge,
+    s38_ask.hold,  # `action: ask`: waits for approval; nothing prepared, injected or dialled
     s40_forward.prepare_head,
     s50_inject.inject,
     s55_sign.sign,

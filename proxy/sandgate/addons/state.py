@@ -98,6 +98,9 @@ class FlowRecord:
     injected: list[str] = field(default_factory=list)
     # a rule with mcp:/jsonrpc: matched: the call judged and its list answers (addons/calls.py)
     call: CallState | None = None
+    # an `action: ask` rule's request went on: how ("approved (ap_...) by alice", a remembered
+    # grant); the approval events of the audit say the rest (sandgate.approvals)
+    approval: str | None = None
 
     @property
     def refused(self) -> bool:

@@ -9,6 +9,7 @@
     traffic.py      diff, suggest, explain --batch (recorded traffic; diff without traffic
                     is the reach diff of reach.py)
     reach.py        report (what each identity reaches), the reach diff
+    approvals.py    approvals list|show|approve|deny|watch (the admin API's approvals)
     sandbox.py      sandbox (sandgate.sandbox.cli; needs the docker extra)
 
 Adding a family: a module with `register(sub)` that adds its subparsers, each with
@@ -40,6 +41,7 @@ FAMILIES = (
     "traffic",
     "reach",
     "sandbox",
+    "approvals",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]

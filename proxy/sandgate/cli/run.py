@@ -14,6 +14,7 @@ from sandgate.cli.common import err as _err
 from sandgate.identity.base import AddressIdentitySource
 
 if TYPE_CHECKING:
+    from sandgate.admin_auth import AdminUser
     from sandgate.limits import LimitsConfig
 
 
@@ -141,6 +142,13 @@ def register(sub: Any) -> None:
                      "here; off unless given")
     run.add_argument("--admin-token-file", type=Path, default=None, metavar="FILE",
                      help="the admin API's bearer token (default: env SANDGATE_ADMIN_TOKEN)")
+    run.add_argument("--admin-users", type=Path, default=None, metavar="FILE",
+                     help="named admin API users with roles (viewer, approver, admin) and "
+                     "the sha256 of each one's token (docs/approvals.md); the admin token "
+                     "stays the user `admin`")
+    # Interim, until `--state redis://` (the fleet state) carries approvals: a Redis URL the
+    # approvals are shared through (sandgate.approvals.approval_store_for).
+    run.add_argument("--approvals-redis", default=None, help=argparse.SUPPRESS)
     run.add_argument("--admin-open", action="append", default=[], choices=ADMIN_OPENABLE,
                      metavar="PATH",
                      help="serve this admin path without the bearer token, for probes and "
@@ -167,6 +175,17 @@ def register(sub: Any) -> None:
     run.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--worker-dir", type=Path, default=None, help=argparse.SUPPRESS)
     run.set_defaults(handler=cmd_run)
+
+
+def _admin_users(args: argparse.Namespace) -> tuple[AdminUser, ...]:
+    """--admin-users FILE (only with --admin)."""
+    if args.admin_users is None:
+        return ()
+    if args.admin is None:
+        raise ValueError("--admin-users needs --admin (the users sign in to the admin API)")
+    from sandgate.admin_auth import load_admin_users
+
+    return load_admin_users(args.admin_users)
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
@@ -298,6 +317,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  "listener's address; give the admin listener its own port")
         _check_gateway(args, loaded.policy.gateways, same_address)
         max_ttl = parse_ttl(args.admin_max_token_ttl)
+        admin_users = _admin_users(args)
         socks5_allow = parse_allow(args.socks5_allow)
         split, role_listens = split_from(args.role_listen, args.tool_identity)
         check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
@@ -385,6 +405,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
             limits=limits, split=split, role_listens=role_listens,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
+            admin_users=admin_users, approvals_redis=args.approvals_redis,
         )
         if role is not None:
             cfg.worker = role

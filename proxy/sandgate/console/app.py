@@ -26,14 +26,13 @@ from urllib.parse import urlencode
 import jinja2
 from aiohttp import web
 
-from sandgate.console import auth, chart
+from sandgate.console import PREFIX, auth, chart
 from sandgate.console.ring import MAX_LIMIT, Filter, tools
 from sandgate.console.source import Source, SourceError, explain_args
 from sandgate.errors import Code
 
 log = logging.getLogger("sandgate.console")
 
-PREFIX = "/console"
 ROWS = 200  # decisions shown (the ring keeps more; the filter narrows them)
 MAX_FORM = 16 * 1024
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -52,11 +51,6 @@ _TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=ut
 _PUBLIC = ("/login", "/static/")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def is_console_path(path: str) -> bool:
-    """Served by the console, which authenticates by its own session (admin.auth_middleware)."""
-    return path == PREFIX or path.startswith(PREFIX + "/")
 
 
 def static_files() -> dict[str, tuple[bytes, str]]:

@@ -176,7 +176,7 @@ class WorkersSource:
 
     async def _every(self, path: str) -> list[dict[str, Any]]:
         out = []
-        for _wid, status, data in await self.sup.ask_each("GET", path):
+        for status, data, _ in await self.sup.ask_all("GET", path):
             if status == 200:
                 try:
                     doc = json.loads(data)

@@ -22,6 +22,7 @@ from sandgate.errors import Refused
 from sandgate.policy import hosts as H
 from sandgate.policy import overlap
 from sandgate.policy import paths as P
+from sandgate.policy.ask import compile_ask
 from sandgate.policy.calls import compile_call, compile_test_call
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
@@ -693,11 +694,13 @@ def _compile_rule(
             "set `schemes: [https]` on this rule (or drop the credentials)")
 
     meta = _compile_meta(rs, loc, rep)
+    ask = compile_ask(rs, loc, rep)  # `action: ask`: an allow rule held for approval
 
     if n_before.count:
         return None
     return Rule(
-        name=rs.name, identity=identity, action=rs.action, schemes=schemes,
+        name=rs.name, identity=identity, action="deny" if rs.action == "deny" else "allow",
+        schemes=schemes,
         hosts=tuple(host_patterns), ports=ports, methods=methods, paths=paths, inject=inject,
         substitute=frozenset(rs.substitute), substitute_headers=sub_headers,
         private_cidrs=tuple(cidrs),
@@ -705,7 +708,7 @@ def _compile_rule(
         query_absent=query_absent,
         max_request_bytes=max_bytes, substitute_body=rs.substitute_body,
         github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
-        public=rs.public, where=loc, meta=meta, call=call,
+        public=rs.public, where=loc, meta=meta, call=call, ask=ask,
     )
 
 

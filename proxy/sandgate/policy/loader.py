@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from sandgate.errors import BadRequest, SandgateError
 from sandgate.gateway import route
+from sandgate.policy.ask import compile_webhook
 from sandgate.policy.compiler import (
     NAME_RE,
     Loc,
@@ -34,7 +35,16 @@ from sandgate.policy.compiler import (
 )
 from sandgate.policy.gateways import check_overlaps, compile_gateway
 from sandgate.policy.limits import compile_limits
-from sandgate.policy.model import Gateway, Identity, Policy, PolicyTest, Rule, SecretRef, Source
+from sandgate.policy.model import (
+    Gateway,
+    Identity,
+    Policy,
+    PolicyTest,
+    Rule,
+    SecretRef,
+    Source,
+    Webhook,
+)
 from sandgate.policy.schema import (
     GatewaySpec,
     IdentitySpec,
@@ -42,6 +52,7 @@ from sandgate.policy.schema import (
     RuleSpec,
     SecretSpec,
     TestSpec,
+    WebhookSpec,
 )
 from sandgate.secrets.aws_scope import hosts_may_give, resolve
 
@@ -165,6 +176,7 @@ class _FilePart:
     templates: dict[str, list[Rule]] = field(default_factory=dict)  # identity "" until used
     uses: list[SecretUse] = field(default_factory=list)
     gateways: list[tuple[Gateway, Loc]] = field(default_factory=list)
+    webhooks: dict[str, tuple[Webhook, Loc]] = field(default_factory=dict)
 
     def line(self, loc: Loc) -> int:
         return line_of(self.root, loc)
@@ -321,7 +333,23 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         gw = compile_gateway(gspec, gloc, Source(file, part.line(gloc)), report)
         if gw is not None:
             part.gateways.append((gw, gloc))
+    load_webhooks(part, _section(data, "webhooks", dict, report), report)
     return part
+
+
+def load_webhooks(part: _FilePart, raw: dict[str, Any], report: Callable[..., None]) -> None:
+    """A file's `webhooks:` (sandgate.policy.ask); the HMAC key's secret is a secret use."""
+    for name, wraw in raw.items():
+        wloc: Loc = ("webhooks", name)
+        wspec = _validate(WebhookSpec, wraw, wloc, report)
+        if wspec is None:
+            continue
+        hook = compile_webhook(str(name), wspec, wloc, Source(part.file, part.line(wloc)),
+                               report)
+        if hook is not None:
+            part.webhooks[hook.name] = (hook, wloc)
+            if hook.secret is not None:
+                part.uses.append(SecretUse(hook.secret, (*wloc, "secret")))
 
 
 def _reporter(part: _FilePart, problems: list[PolicyProblem]) -> Callable[[Loc, str, str], None]:
@@ -654,7 +682,32 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
 
     return Policy(identities=dict(identities), secrets=dict(secrets), tests=tuple(tests),
                   files=tuple(p.file for p in parts), templates=dict(template_first),
-                  gateways=tuple(gw for gw, _ in gateways))
+                  gateways=tuple(gw for gw, _ in gateways),
+                  webhooks=_merge_webhooks(parts, identities, problems))
+
+
+def _merge_webhooks(parts: list[_FilePart], identities: Mapping[str, Identity],
+                    problems: list[PolicyProblem]) -> dict[str, Webhook]:
+    """`webhooks:` of every file (names unique), and every ask rule's webhook named there."""
+    hooks: dict[str, Webhook] = {}
+    for part in parts:
+        for name, (hook, wloc) in part.webhooks.items():
+            first = hooks.get(name)
+            if first is not None:
+                problems.append(part.problem(wloc, f"webhook {name!r} is also defined at "
+                                             f"{first.source}", "give each webhook one name"))
+                continue
+            hooks[name] = hook
+    for ident in identities.values():
+        for r in ident.rules:
+            if r.ask is None or r.ask.webhook is None or r.ask.webhook in hooks:
+                continue
+            problems.append(PolicyProblem(
+                r.source.file, r.source.line, field_path((*r.where, "approval", "webhook")),
+                f"rule '{r.name}' names webhook {r.ask.webhook!r}, which is not defined",
+                f"define it under `webhooks:` (in any policy file); defined: "
+                f"{', '.join(sorted(hooks)) or '(none)'}"))
+    return hooks
 
 
 def _gateway_problem(part: _FilePart, loc: Loc,

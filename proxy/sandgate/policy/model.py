@@ -326,6 +326,41 @@ class RuleMeta:
     expires: date | None = None  # `sandgate check` fails from this day on
 
 
+# Where a remembered approval applies (sandgate.approvals): this request only, the caller's
+# sandbox for a TTL, or the caller's identity for a TTL.
+ApprovalScope = Literal["request", "sandbox", "identity"]
+DEFAULT_ASK_TIMEOUT = 120  # seconds a held request waits (SDK timeouts are 60 s to 10 min)
+MAX_HOLD_TIMEOUT = 900  # a held connection is kept open at most this long (mode: hold)
+MAX_ASYNC_TIMEOUT = 7 * 24 * 3600  # an async approval stays pending at most this long
+DEFAULT_REMEMBER_TTL = 3600  # a remembered grant without a ttl
+MAX_REMEMBER_TTL = 30 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class AskPolicy:
+    """`action: ask` and its `approval:` settings: a matching request is held (or answered 202,
+    mode async) until people decide (sandgate.approvals)."""
+
+    timeout: int = DEFAULT_ASK_TIMEOUT  # seconds until 403 approval_timeout
+    require_approvers: int = 1  # distinct approvers whose approval it takes (two-person rule)
+    approvers: tuple[str, ...] | None = None  # the admin users who may decide; None: any approver
+    mode: Literal["hold", "async"] = "hold"
+    remember: tuple[ApprovalScope, ...] = ("request",)  # scopes an approver may choose
+    max_remember_ttl: int = DEFAULT_REMEMBER_TTL * 24  # cap on a remembered grant's ttl
+    webhook: str | None = None  # a `webhooks:` name, notified of each new approval request
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """A policy's `webhooks:` entry: where new approval requests are announced."""
+
+    name: str
+    url: str
+    format: Literal["slack", "json"]
+    secret: str | None  # the `secrets:` name whose value is the HMAC key (None: unsigned)
+    source: Source
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     name: str
@@ -356,6 +391,15 @@ class Rule:
     where: tuple[str | int, ...] = ()
     meta: RuleMeta | None = None  # description, owner, ticket, expires (None: none given)
     call: CallFilter | None = None  # `mcp:` / `jsonrpc:`: the calls in its bodies are judged
+    # `action: ask`: an allow rule whose requests wait for approval (compiled as action "allow"
+    # so that every analysis (reach, proofs, secrets' hosts) counts what it reaches once
+    # approved; deny > ask > allow when several match: sandgate.decision)
+    ask: AskPolicy | None = None
+
+    @property
+    def verb(self) -> Literal["allow", "deny", "ask"]:
+        """The action as written: allow, deny or ask."""
+        return "ask" if self.ask is not None else self.action
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -393,7 +437,7 @@ class PolicyTest:
     identity: str
     method: str
     url: str
-    expect: Literal["allow", "deny", "tunnel"]
+    expect: Literal["allow", "deny", "tunnel", "ask"]
     rule: str | None  # when set, the decision must name this rule
     source: Source
     inject: frozenset[str] | None = None  # when set, exactly these secrets are used (or none)
@@ -434,6 +478,7 @@ class Policy:
     files: tuple[str, ...] = field(default=())
     templates: Mapping[str, Source] = field(default_factory=dict)  # name -> where defined
     gateways: tuple[Gateway, ...] = ()  # `gateways:` of every file, prefixes unique
+    webhooks: Mapping[str, Webhook] = field(default_factory=dict)  # approval announcements
 
     @property
     def placeholders(self) -> Mapping[str, str]:

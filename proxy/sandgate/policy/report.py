@@ -34,7 +34,7 @@ class Entry:
     @property
     def kind(self) -> str:
         r = self.rule
-        return ("deny" if r.action == "deny" else "tunnel" if r.passthrough else "allow")
+        return ("deny" if r.action == "deny" else "tunnel" if r.passthrough else r.verb)
 
     def cells(self) -> dict[str, str]:
         r = self.rule

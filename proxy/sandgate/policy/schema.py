@@ -241,9 +241,62 @@ class QuerySpec(_Strict):
                         "are meant (the API spells it so, and clients send '+' as %2B).")
 
 
+class ApprovalSpec(_Strict):
+    """`approval:` of an `action: ask` rule: who decides, how long the request waits, what a
+    decision may be remembered for (docs/approvals.md)."""
+
+    timeout: int | str = Field(
+        default=120, description="How long the request waits for a decision: seconds, or 30s, "
+        "2m, 1h. Default 120 s; at most 15m in mode hold (the client's connection stays open "
+        "meanwhile), 7d in mode async. Past it: 403 approval_timeout.")
+    require_approvers: int = Field(
+        default=1, ge=1, le=10, description="How many distinct approvers must approve (a "
+        "two-person rule: 2). One deny refuses.")
+    approvers: list[str] | None = Field(
+        default=None, min_length=1, description="The admin users (--admin-users names) who "
+        "may decide. Default: any user with role approver or admin.")
+    mode: Literal["hold", "async"] = Field(
+        default="hold", description="hold: the request waits, its connection open, until a "
+        "decision or the timeout. async: it is answered 202 with Retry-After and an approval "
+        "id at once; once approved, the identical request (same identity, sandbox, method, "
+        "URL, body) passes.")
+    remember: list[Literal["request", "sandbox", "identity"]] = Field(
+        default_factory=lambda: list[Literal["request", "sandbox", "identity"]](["request"]),
+        min_length=1, description="The scopes an approver "
+        "may choose: request (this request only), sandbox (every request this rule matches "
+        "from the caller's sandbox, for a ttl), identity (from the caller's identity, for a "
+        "ttl).")
+    max_remember_ttl: int | str = Field(
+        default=86400, description="The longest ttl a remembered decision may have (seconds, "
+        "or 15m, 8h, 7d; default 1d).")
+    webhook: str | None = Field(
+        default=None, description="A `webhooks:` name: each new approval request is posted "
+        "there.")
+
+
+class WebhookSpec(_Strict):
+    """Where new approval requests are announced (`webhooks:`, docs/approvals.md)."""
+
+    url: str = Field(description="The receiver: https (or http to a loopback address), e.g. a "
+                     "Slack incoming webhook URL.")
+    format: Literal["slack", "json"] = Field(
+        default="json", description="slack: a Slack-compatible incoming-webhook message "
+        "(`text` and `blocks`); json: Sandgate's own JSON body.")
+    secret: str | None = Field(
+        default=None, description="A `secrets:` name whose value is the HMAC key: each post "
+        "carries X-Sandgate-Timestamp and X-Sandgate-Signature: sha256=HEX of "
+        "'TIMESTAMP.BODY'.")
+
+
 class RuleSpec(_Strict):
     name: str
-    action: Literal["allow", "deny"] = "allow"
+    action: Literal["allow", "deny", "ask"] = Field(
+        default="allow", description="allow, deny, or ask: like allow, but each request waits "
+        "for approval (`approval:`). When several rules match, deny wins over ask, and ask "
+        "over allow.")
+    approval: ApprovalSpec | None = Field(
+        default=None, description="For `action: ask`: timeout, approvers, mode, remember, "
+        "webhook.")
     hosts: list[str] | None = Field(
         default=None, min_length=1,
         description="Exact hosts or '*.domain' wildcards. Required unless `public: true`.")
@@ -379,8 +432,9 @@ class TestSpec(_Strict):
         description="'METHOD URL', e.g. 'GET https://pypi.org/simple/', judged as the proxy "
         "judges a request; or 'CONNECT host:port', judged as the proxy judges a tunnel "
         "(passthrough or intercepted) before any request inside it.")
-    expect: Literal["allow", "deny", "tunnel"] = Field(
-        description="What the proxy does: allow (inspected and forwarded), deny (refused), or "
+    expect: Literal["allow", "deny", "tunnel", "ask"] = Field(
+        description="What the proxy does: allow (inspected and forwarded), deny (refused), "
+        "ask (an `action: ask` rule holds it for approval), or "
         "tunnel (an https request to a host:port a `passthrough` rule tunnels: forwarded "
         "uninspected, whatever its method, path or query; a `CONNECT` fixture may say allow "
         "with `passthrough: true` instead). A request to an IP literal, or to a name given to "
@@ -475,3 +529,7 @@ class PolicyFile(_Strict):
         default_factory=list,
         description="Base-URL gateway entries for clients that cannot use a proxy or trust a "
         "CA (`sandgate run --gateway HOST:PORT`). Prefixes are unique across files.")
+    webhooks: dict[str, WebhookSpec] | None = Field(
+        default_factory=dict, description="Named receivers of approval requests (an `action: "
+        "ask` rule's `approval.webhook`), sent by Sandgate itself. Names are unique across "
+        "files.")

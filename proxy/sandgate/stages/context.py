@@ -16,6 +16,8 @@ from mitmproxy.proxy.mode_specs import ReverseMode
 from sandgate import audit as A
 from sandgate.addons.flowsecrets import ScrubSets
 from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord
+from sandgate.approvals.service import Approvals
+from sandgate.approvals.store import MemoryStore
 from sandgate.identity.resolve import Identifier
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.mcpsession import session_key
@@ -44,6 +46,8 @@ class GateConfig:
     socks5_allow: tuple[IPNetwork, ...] = ()
     # the gateway listener takes TLS only (`--gateway-tls-name`)
     gateway_tls: bool = False
+    # `action: ask` rules: where approvals are asked, waited for and remembered
+    approvals: Approvals = field(default_factory=lambda: Approvals(MemoryStore()))
 
 
 class GateState:

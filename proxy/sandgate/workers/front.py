@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sandgate.admin_auth import AdminUser, needs
+from sandgate.approvals.front import register_front
 from sandgate.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -40,10 +42,11 @@ def _json(status: int, body: Any) -> web.Response:
 
 
 def build_front(sup: Supervisor, admin_token: str,
-                open_paths: frozenset[str] = frozenset()) -> web.Application:
+                open_paths: frozenset[str] = frozenset(),
+                users: tuple[AdminUser, ...] = ()) -> web.Application:
     from sandgate.admin import auth_middleware
 
-    auth = auth_middleware(admin_token, open_paths)  # the same check as the single process
+    auth = auth_middleware(admin_token, open_paths, users)  # as the single process checks
 
     async def healthz(_: web.Request) -> web.Response:
         return _json(200, {"status": "ok"})
@@ -70,6 +73,9 @@ def build_front(sup: Supervisor, admin_token: str,
         status, body, ctype = answer
         return web.Response(status=status, body=body, headers={"Content-Type": ctype})
 
+    async def forward_read(request: web.Request) -> web.Response:
+        return await forward(request)  # a read-only POST (explain): viewers may
+
     async def end_sandbox(request: web.Request) -> web.Response:
         status, body = await sup.end_sandbox_all(request.match_info["sandbox"])
         return _json(status, body)
@@ -80,10 +86,11 @@ def build_front(sup: Supervisor, admin_token: str,
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/reload", reload)
     app.router.add_get("/v1/policy", forward)
-    app.router.add_post("/v1/explain", forward)
+    app.router.add_post("/v1/explain", needs("viewer")(forward_read))
     app.router.add_post("/v1/tokens", forward)
     # leases live in every worker: the end of a sandbox reaches all of them
     app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
+    register_front(app, sup)  # approvals: held in the workers
     from sandgate.console.app import mount
     from sandgate.console.source import WorkersSource
 

@@ -191,8 +191,9 @@ class Supervisor:
 
     async def _call(self, w: _Worker, method: str, path: str, body: bytes | None = None,
                     content_type: str | None = None,
-                    timeout: float = CONTROL_TIMEOUT) -> tuple[int, bytes, str]:
-        headers = {"Authorization": f"Bearer {self.token}"}
+                    timeout: float = CONTROL_TIMEOUT,
+                    extra: Mapping[str, str] | None = None) -> tuple[int, bytes, str]:
+        headers = {**(extra or {}), "Authorization": f"Bearer {self.token}"}
         if content_type:
             headers["Content-Type"] = content_type
         async with aiohttp.ClientSession(
@@ -293,18 +294,20 @@ class Supervisor:
                     continue
         return None
 
-    async def ask_each(self, method: str, path: str) -> list[tuple[int, int, bytes]]:
-        """(worker id, status, body) from every running worker that answered."""
-        async def one(w: _Worker) -> tuple[int, int, bytes] | None:
-            if not (w.running and w.started):
-                return None
+    async def ask_all(self, method: str, path: str, body: bytes | None = None,
+                      extra: Mapping[str, str] | None = None
+                      ) -> list[tuple[int, bytes, str]]:
+        """The same request to every running worker, in worker order; those that do not
+        answer are left out (approvals: held requests live in the workers)."""
+        async def one(w: _Worker) -> tuple[int, bytes, str] | None:
             try:
-                status, body, _ = await self._call(w, method, path)
+                return await self._call(w, method, path, body, "application/json",
+                                        extra=extra)
             except (TimeoutError, OSError, aiohttp.ClientError):
                 return None
-            return w.id, status, body
-
-        return [a for a in await asyncio.gather(*(one(w) for w in self.workers)) if a]
+        answers = await asyncio.gather(*(one(w) for w in self.workers
+                                         if w.running and w.started))
+        return [a for a in answers if a is not None]
 
     # ---------------------------------------------------------------------------- main
 
@@ -356,7 +359,8 @@ class Supervisor:
 
                 assert self.cfg.admin_token is not None
                 front = web_runner = web.AppRunner(
-                    build_front(self, self.cfg.admin_token, frozenset(self.cfg.admin_open)),
+                    build_front(self, self.cfg.admin_token, frozenset(self.cfg.admin_open),
+                                self.cfg.admin_users),
                     access_log=None,
                     handle_signals=False)
                 await web_runner.setup()

@@ -1,0 +1,83 @@
+"""The approvals API of `sandgate run --workers N`'s one admin listener (workers/front.py).
+
+Held requests live in the workers, each with its own store unless they share Redis. The front
+authenticates the user (sandgate.admin_auth) and asks the workers over their control sockets,
+passing the user's name and role along (only a holder of the worker token may):
+
+- `GET /v1/approvals`: every worker's pending approvals, merged (by id) and oldest first;
+- `GET /v1/approvals/{id}`: the worker that knows it;
+- `POST /v1/approvals/{id}`: every worker is asked; the one holding it decides (the others
+  answer 404). A decision remembered for a sandbox or identity is then copied to every other
+  worker (`POST /v1/approvals/{id}/grant` on the control sockets), so their requests pass too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from sandgate.admin_auth import forwarded_headers, needs
+
+if TYPE_CHECKING:
+    from sandgate.workers.supervisor import Supervisor
+
+MAX_BODY = 16 * 1024
+
+
+def _json(status: int, body: Any) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, indent=2) + "\n",
+                        content_type="application/json")
+
+
+def _docs(answers: list[tuple[int, bytes, str]]) -> list[tuple[int, Any]]:
+    out: list[tuple[int, Any]] = []
+    for status, raw, _ in answers:
+        try:
+            out.append((status, json.loads(raw)))
+        except ValueError:
+            continue
+    return out
+
+
+def register_front(app: web.Application, sup: Supervisor) -> None:
+    async def listing(request: web.Request) -> web.Response:
+        merged: dict[str, Any] = {}
+        for status, doc in _docs(await sup.ask_all("GET", "/v1/approvals",
+                                                   extra=forwarded_headers(request))):
+            if status == 200:
+                for a in doc.get("approvals", []):
+                    merged.setdefault(a["id"], a)
+        items = sorted(merged.values(), key=lambda a: a["created"])
+        return _json(200, {"approvals": items})
+
+    async def show(request: web.Request) -> web.Response:
+        path = f"/v1/approvals/{request.match_info['id']}"
+        docs = _docs(await sup.ask_all("GET", path, extra=forwarded_headers(request)))
+        found = next(((s, d) for s, d in docs if s == 200), None)
+        if found is None:
+            return _json(404, {"error": "not_found",
+                               "reason": f"no approval {request.match_info['id']}"})
+        return _json(*found)
+
+    @needs("approver")
+    async def decide(request: web.Request) -> web.Response:
+        aid = request.match_info["id"]
+        raw = await request.content.read(MAX_BODY + 1)
+        if len(raw) > MAX_BODY:
+            return _json(413, {"error": "too_large", "reason": f"body over {MAX_BODY} bytes"})
+        docs = _docs(await sup.ask_all("POST", f"/v1/approvals/{aid}", raw,
+                                       extra=forwarded_headers(request)))
+        answer = next(((s, d) for s, d in docs if s != 404), None)
+        if answer is None:
+            return _json(404, {"error": "not_found", "reason": f"no approval {aid}"})
+        status, doc = answer
+        scope = doc.get("scope") if status == 200 and isinstance(doc, dict) else None
+        if doc.get("state") == "approved" and scope and scope.get("kind") != "request":
+            await sup.ask_all("POST", f"/v1/approvals/{aid}/grant", json.dumps(doc).encode())
+        return _json(status, doc)
+
+    app.router.add_get("/v1/approvals", listing)
+    app.router.add_get("/v1/approvals/{id}", show)
+    app.router.add_post("/v1/approvals/{id}", decide)

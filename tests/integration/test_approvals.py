@@ -1,0 +1,517 @@
+"""`action: ask` end to end: a real `sandgate run` (OpenBao for the injected key and the webhook's
+HMAC key, a TLS upstream on loopback), curl through the proxy, approvers through the admin API
+and `sandgate approvals`, a webhook receiver that verifies the signature, and two proxies
+sharing a real redis-server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandgate.approvals.webhook import verify
+from tests.integration.admin_support import Admin, wait_for
+from tests.integration.conftest import (
+    ANTHROPIC_KEY,
+    HERE,
+    SANDGATE,
+    SECRET_VALUES,
+    Proxy,
+    free_port,
+    split_status,
+    start_proxy,
+    stop_proxy,
+)
+from tests.support.secrets import assert_no_secret
+from tests.support.upstream import UpstreamServer
+
+pytestmark = pytest.mark.integration
+
+OWN_IP = "127.0.62.2"  # the TLS upstream of these tests
+HOOK_IP = "127.0.62.3"  # the webhook receiver
+REDIS_IP = "127.0.62.4"  # the shared redis-server
+NAMES = ("api.anthropic.com", "upstream.test")
+ADMIN_TOKEN = "test-admin-token-approvals-1"
+TOKENS = {"alice": "test-alice-token-1", "bob": "test-bob-token-2",
+          "vic": "test-viewer-token-3"}
+HOOK_KEY = "test-hook-hmac-key-4b1e"
+
+POLICY = f"""
+version: v1
+secrets:
+  anthropic: {{vault: secret/data/llm/anthropic, field: api_key}}
+  hook-key: {{vault: secret/data/approvals/hook, field: key}}
+webhooks:
+  ops: {{url: "http://{HOOK_IP}:HOOK_PORT/hook", format: slack, secret: hook-key}}
+  raw: {{url: "http://{HOOK_IP}:HOOK_PORT/json", format: json, secret: hook-key}}
+identities:
+  agent:
+    rules:
+      - name: messages
+        action: ask
+        description: model calls need a human
+        hosts: [api.anthropic.com]
+        methods: [POST]
+        paths: [/v1/messages]
+        inject: {{headers: {{x-api-key: "{{{{ secrets.anthropic }}}}"}}}}
+        private_cidrs: [{OWN_IP}/32]
+        approval: {{timeout: 30, remember: [request, sandbox, identity], webhook: ops}}
+      - name: short
+        action: ask
+        hosts: [upstream.test]
+        paths: [/short/**]
+        private_cidrs: [{OWN_IP}/32]
+        approval: {{timeout: 2, webhook: raw}}
+      - name: two-person
+        action: ask
+        hosts: [upstream.test]
+        paths: [/two/**]
+        private_cidrs: [{OWN_IP}/32]
+        approval: {{require_approvers: 2, approvers: [alice, bob], timeout: 30}}
+      - name: later
+        action: ask
+        hosts: [upstream.test]
+        paths: [/async/**]
+        private_cidrs: [{OWN_IP}/32]
+        approval: {{mode: async, timeout: 60}}
+      - name: docs
+        hosts: [upstream.test]
+        private_cidrs: [{OWN_IP}/32]
+tests:
+  - {{identity: agent, request: POST https://api.anthropic.com/v1/messages, expect: ask,
+     rule: messages}}
+  - {{identity: agent, request: GET https://upstream.test/two/x, expect: ask, rule: two-person}}
+  - {{identity: agent, request: GET https://upstream.test/docs, expect: allow, rule: docs}}
+"""
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver: records each post and whether its signature verified."""
+
+    port: int
+    posts: list[dict[str, Any]] = field(default_factory=list)
+    server: http.server.ThreadingHTTPServer | None = None
+
+    def start(self) -> Receiver:
+        posts = self.posts
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                ok = verify(HOOK_KEY.encode(), self.headers.get("X-Sandgate-Timestamp", ""),
+                            body, self.headers.get("X-Sandgate-Signature", ""))
+                posts.append({"path": self.path, "verified": ok, "body": json.loads(body),
+                              "raw": body.decode()})
+                self.send_response(200 if ok else 401)
+                self.end_headers()
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((HOOK_IP, self.port), H)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+
+@pytest.fixture(scope="module")
+def upstream(pki) -> Iterator[UpstreamServer]:
+    s = UpstreamServer(OWN_IP, 443, str(pki.cert), str(pki.key)).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    r = Receiver(free_port()).start()
+    yield r
+    assert r.server is not None
+    r.server.shutdown()
+
+
+def write_setup(tmp: Path, vault, receiver: Receiver) -> tuple[Path, Path]:
+    vault.put_kv2("approvals/hook", {"key": HOOK_KEY})
+    pol = tmp / "policies"
+    pol.mkdir()
+    (pol / "approvals.yaml").write_text(POLICY.replace("HOOK_PORT", str(receiver.port)))
+    users = tmp / "users.yaml"
+    users.write_text("users:\n" + "".join(
+        f"  {n}: {{role: {'viewer' if n == 'vic' else 'approver'}, token_sha256: "
+        f"{hashlib.sha256(t.encode()).hexdigest()}}}\n" for n, t in TOKENS.items()))
+    return pol, users
+
+
+def start(tmp: Path, pol: Path, users: Path, vault, pki, *extra: str) -> Admin:
+    aport = free_port()
+    env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token,
+           "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    resolve = [f"--resolve={n}={OWN_IP}" for n in NAMES]
+    p = start_proxy(tmp, pol, env, pki, *resolve, "--admin", f"127.0.0.1:{aport}",
+                    "--admin-users", str(users), *extra)
+    admin = Admin(p, f"http://127.0.0.1:{aport}", pol)
+    wait_for(lambda: _up(admin), 15, "the admin listener")
+    return admin
+
+
+def _up(admin: Admin) -> bool:
+    try:
+        return admin.get("/healthz", token=None, timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory, vault, pki, upstream, receiver) -> Iterator[Admin]:
+    tmp = tmp_path_factory.mktemp("approvals")
+    pol, users = write_setup(tmp, vault, receiver)
+    a = start(tmp, pol, users, vault, pki)
+    yield a
+    stop_proxy(a.proxy)
+    logs = a.proxy.logs() + a.proxy.audit_file.read_text()
+    assert_no_secret([logs], [*SECRET_VALUES, ADMIN_TOKEN, HOOK_KEY, *TOKENS.values()],
+                     "the proxy's logs or audit")
+
+
+def start_curl(p: Proxy, url: str, *args: str, sandbox: str | None = None,
+               max_time: int = 40) -> subprocess.Popen[str]:
+    token = p.token("agent", sandbox=sandbox)
+    cmd = ["curl", "-sS", "--max-time", str(max_time), "--proxy", p.url,
+           "--proxy-user", f"agent:{token}", "--cacert", str(p.ca), "-w", "\n%{http_code}",
+           "-D", "-", url, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(c: subprocess.Popen[str]) -> tuple[str, int]:
+    out, errs = c.communicate(timeout=60)
+    assert c.returncode == 0, errs
+    return split_status(out)
+
+
+def pending_for(a: Admin, path: str) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        status, doc = a.get("/v1/approvals", token=TOKENS["vic"])
+        assert status == 200, doc
+        return next((x for x in doc["approvals"] if x["url"].endswith(path)), None)
+    got = wait_for(find, 15, f"a pending approval for {path}")
+    assert isinstance(got, dict)
+    return got
+
+
+def seen(upstream: UpstreamServer, path: str) -> int:
+    return sum(1 for s in upstream.upstream.seen if s.path == path)
+
+
+def decide(a: Admin, approval: str, user: str, decision: str = "approve",
+           scope: dict[str, Any] | None = None) -> tuple[int, Any]:
+    body: dict[str, Any] = {"decision": decision}
+    if scope is not None:
+        body["scope"] = scope
+    return a.post(f"/v1/approvals/{approval}", body, token=TOKENS[user])
+
+
+def cli(a: Admin, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SANDGATE_ADMIN_URL": a.url, "SANDGATE_ADMIN_TOKEN": TOKENS[user]}
+    return subprocess.run([*SANDGATE, "approvals", *args], capture_output=True, text=True,
+                          env=env, timeout=60, cwd=str(HERE.parent.parent), check=False)
+
+
+# --------------------------------------------------------------------------- held, approved
+
+def test_held_until_approved_through_the_api(proxy, upstream, receiver):
+    path = "/v1/messages"
+    before = seen(upstream, path)
+    body = '{"model": "m", "messages": [{"role": "user", "content": "hi ?key=x"}]}'
+    c = start_curl(proxy.proxy, f"https://api.anthropic.com{path}?beta=true", "-X", "POST",
+                   "-H", "content-type: application/json", "--data", body)
+    ap = pending_for(proxy, path + "?beta=REDACTED")
+    # who, what, why; never the body or a secret
+    assert ap["identity"] == "agent" and ap["method"] == "POST" and ap["rule"] == "messages"
+    assert ap["url"] == "https://api.anthropic.com/v1/messages?beta=REDACTED"
+    assert ap["body_sha256"] == hashlib.sha256(body.encode()).hexdigest()
+    assert ap["body_size"] == len(body) and ap["reason"] == "model calls need a human"
+    assert "hi ?key" not in json.dumps(ap)
+    assert seen(upstream, path) == before  # nothing went upstream while held
+    # a viewer may look but not decide
+    status, doc = decide(proxy, ap["id"], "vic")
+    assert status == 403 and doc["error"] == "forbidden"
+    status, doc = decide(proxy, ap["id"], "alice")
+    assert status == 200 and doc["state"] == "approved", doc
+    assert doc["approved_by"] == ["alice"]
+    text, code = finish(c)
+    assert code == 200, text
+    assert seen(upstream, path) == before + 1
+    sent = [s for s in upstream.upstream.seen if s.path == path][-1]
+    assert sent.headers["x-api-key"] == ANTHROPIC_KEY  # injected after approval, from OpenBao
+    assert sent.body == body.encode()
+    # deciding again: already decided (used)
+    assert decide(proxy, ap["id"], "bob")[0] == 409
+    ev = proxy.proxy.wait_audit(lambda e: e["event"] == "approval"
+                                and e.get("action") == "decided" and e["approval"] == ap["id"])
+    assert ev["approver"] == "alice" and ev["decision"] == "approve"
+    assert ev["scope"] == {"kind": "request", "ttl": None}
+    proxy.proxy.wait_audit(lambda e: e["event"] == "approval" and e.get("action") == "used"
+                           and e["approval"] == ap["id"])
+    flow = proxy.proxy.wait_audit(lambda e: e.get("path", "").startswith(path)
+                                  and e["event"] != "approval")
+    assert flow["decision"] == "allow" and flow["rule"] == "messages"
+    # the webhook got it, signed (Slack format)
+    post = wait_for(lambda: next((p for p in receiver.posts if ap["id"] in p["raw"]), None), 10,
+                    "the webhook post")
+    assert post["verified"] and post["path"] == "/hook"
+    assert ap["id"] in post["body"]["text"] and post["body"]["blocks"]
+    assert ANTHROPIC_KEY not in post["raw"] and "hi ?key" not in post["raw"]
+
+
+def test_approved_through_the_cli(proxy, upstream):
+    c = start_curl(proxy.proxy, "https://upstream.test/two/cli")
+    ap = pending_for(proxy, "/two/cli")
+    r = cli(proxy, "alice", "list")
+    assert r.returncode == 0 and ap["id"] in r.stdout and "/two/cli" in r.stdout, r.stderr
+    r = cli(proxy, "alice", "approve", ap["id"], "--note", "ok by me")
+    assert r.returncode == 0 and "needs 1 more" in r.stdout, r.stderr
+    # the same approver again counts once
+    assert cli(proxy, "alice", "approve", ap["id"]).returncode == 0
+    time.sleep(0.3)
+    assert c.poll() is None and seen(upstream, "/two/cli") == 0  # one approver is not enough
+    r = cli(proxy, "bob", "approve", ap["id"])
+    assert r.returncode == 0 and "approved" in r.stdout, r.stderr
+    text, code = finish(c)
+    assert code == 200, text
+    assert seen(upstream, "/two/cli") == 1
+    shown = json.loads(cli(proxy, "vic", "show", ap["id"]).stdout)
+    assert shown["state"] == "used" and shown["approved_by"] == ["alice", "bob"]
+    assert [v["note"] for v in shown["votes"]][:1] == ["ok by me"]
+
+
+def test_two_person_rule_names_its_approvers(proxy):
+    c = start_curl(proxy.proxy, "https://upstream.test/two/admin")
+    ap = pending_for(proxy, "/two/admin")
+    status, doc = proxy.post(f"/v1/approvals/{ap['id']}", {"decision": "approve"},
+                             token=ADMIN_TOKEN)
+    assert status == 403 and doc["error"] == "not_an_approver"  # admin is not alice or bob
+    assert decide(proxy, ap["id"], "bob", "deny")[0] == 200
+    text, code = finish(c)
+    assert code == 403 and '"approval_denied"' in text
+
+
+def test_denied(proxy, upstream):
+    c = start_curl(proxy.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                   "--data", "{}")
+    ap = pending_for(proxy, "/v1/messages")
+    before = seen(upstream, "/v1/messages")
+    r = cli(proxy, "bob", "deny", ap["id"], "--note", "not now")
+    assert r.returncode == 0 and "denied" in r.stdout, r.stderr
+    text, code = finish(c)
+    assert code == 403
+    doc = json.loads(text.rpartition("\n\n")[2])
+    assert doc["code"] == "approval_denied" and doc["approval"] == ap["id"]
+    assert "bob" in doc["reason"]
+    assert seen(upstream, "/v1/messages") == before
+    ev = proxy.proxy.wait_audit(lambda e: e["event"] == "approval"
+                                and e.get("action") == "decided" and e["approval"] == ap["id"])
+    assert ev["approver"] == "bob" and ev["decision"] == "deny" and ev["note"] == "not now"
+
+
+def test_timed_out(proxy, upstream, receiver):
+    c = start_curl(proxy.proxy, "https://upstream.test/short/x")
+    ap = pending_for(proxy, "/short/x")
+    text, code = finish(c)
+    assert code == 403
+    doc = json.loads(text.rpartition("\n\n")[2])
+    assert doc["code"] == "approval_timeout" and doc["approval"] == ap["id"]
+    assert seen(upstream, "/short/x") == 0
+    proxy.proxy.wait_audit(lambda e: e["event"] == "approval" and e.get("action") == "timed_out"
+                           and e["approval"] == ap["id"])
+    assert decide(proxy, ap["id"], "alice")[0] == 409
+    post = wait_for(lambda: next((p for p in receiver.posts if p["path"] == "/json"), None), 10,
+                    "the json webhook post")
+    assert post["verified"] and post["body"]["event"] == "approval_requested"
+    assert post["body"]["approval"]["id"] == ap["id"]
+
+
+def test_remembered_for_a_sandbox(proxy, upstream):
+    c = start_curl(proxy.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                   "--data", '{"n": 1}', sandbox="sb-remember")
+    ap = pending_for(proxy, "/v1/messages")
+    assert ap["sandbox"] == "sb-remember"
+    status, doc = decide(proxy, ap["id"], "alice", scope={"kind": "sandbox", "ttl": 600})
+    assert status == 200 and doc["scope"] == {"kind": "sandbox", "ttl": 600}, doc
+    assert finish(c)[1] == 200
+    before = seen(upstream, "/v1/messages")
+    # the same sandbox, another body: passes without asking
+    c = start_curl(proxy.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                   "--data", '{"n": 2}', sandbox="sb-remember", max_time=10)
+    assert finish(c)[1] == 200
+    assert seen(upstream, "/v1/messages") == before + 1
+    ev = proxy.proxy.wait_audit(lambda e: e["event"] == "approval" and e.get("action") == "used"
+                                and e.get("grant") == "sandbox")
+    assert ev["approval"] == ap["id"] and ev["approvers"] == ["alice"]
+    # another sandbox is asked again
+    c = start_curl(proxy.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                   "--data", '{"n": 3}', sandbox="sb-other")
+    other = pending_for(proxy, "/v1/messages")
+    assert other["sandbox"] == "sb-other"
+    decide(proxy, other["id"], "alice", "deny")
+    assert finish(c)[1] == 403
+
+
+def test_async_mode_202_then_the_identical_request_passes(proxy, upstream):
+    url = "https://upstream.test/async/deploy?env=prod"
+    text, code = finish(start_curl(proxy.proxy, url, "-X", "POST", "--data", "v1",
+                                   max_time=10))
+    assert code == 202, text
+    head, _, body = text.rpartition("\n\n")
+    assert "retry-after: 30" in head.lower()
+    doc = json.loads(body)
+    assert doc["code"] == "approval_pending"
+    aid = doc["approval"]
+    assert f"x-sandgate-approval: {aid.lower()}" in head.lower()
+    # asked again before a decision: the same approval, still 202
+    text, code = finish(start_curl(proxy.proxy, url, "-X", "POST", "--data", "v1", max_time=10))
+    assert code == 202 and json.loads(text.rpartition("\n\n")[2])["approval"] == aid
+    assert seen(upstream, "/async/deploy") == 0
+    assert decide(proxy, aid, "bob")[0] == 200
+    # a different body is another request: not approved
+    text, code = finish(start_curl(proxy.proxy, url, "-X", "POST", "--data", "v2",
+                                   max_time=10))
+    assert code == 202 and json.loads(text.rpartition("\n\n")[2])["approval"] != aid
+    # the identical request passes, once
+    text, code = finish(start_curl(proxy.proxy, url, "-X", "POST", "--data", "v1",
+                                   max_time=10))
+    assert code == 200, text
+    assert seen(upstream, "/async/deploy") == 1
+    text, code = finish(start_curl(proxy.proxy, url, "-X", "POST", "--data", "v1",
+                                   max_time=10))
+    assert code == 202  # one grant, one use
+
+
+def test_watch_streams_new_approvals(proxy):
+    env = {**os.environ, "SANDGATE_ADMIN_URL": proxy.url, "SANDGATE_ADMIN_TOKEN": TOKENS["vic"]}
+    w = subprocess.Popen([*SANDGATE, "approvals", "--json", "watch", "--interval", "0.2"],
+                         stdout=subprocess.PIPE, text=True, env=env,
+                         cwd=str(HERE.parent.parent))
+    c = start_curl(proxy.proxy, "https://upstream.test/two/watched")
+    try:
+        assert w.stdout is not None
+        while True:  # those pending already, then each new one as it comes
+            ap = json.loads(w.stdout.readline())
+            if ap["url"].endswith("/two/watched"):
+                break
+    finally:
+        w.kill()
+        w.wait(10)
+    assert ap["state"] == "pending" and ap["rule"] == "two-person"
+    decide(proxy, ap["id"], "alice", "deny")
+    assert finish(c)[1] == 403
+
+
+def test_bad_votes(proxy):
+    c = start_curl(proxy.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                   "--data", "{}")
+    ap = pending_for(proxy, "/v1/messages")
+    bad = [({"decision": "maybe"}, "bad_request"),
+           ({"decision": "approve", "approver": "mallory"}, "bad_request"),
+           ({"decision": "approve", "scope": {"kind": "forever"}}, "bad_request"),
+           ({"decision": "approve", "scope": {"kind": "sandbox"}}, "scope_not_allowed"),
+           ({"decision": "approve", "scope": {"kind": "identity", "ttl": 10 ** 9}},
+            "ttl_too_long")]
+    for body, code in bad:
+        status, doc = proxy.post(f"/v1/approvals/{ap['id']}", body, token=TOKENS["alice"])
+        assert status == 400 and doc["error"] == code, (body, doc)
+    assert proxy.get("/v1/approvals/ap_nope", token=TOKENS["vic"])[0] == 404
+    assert proxy.get("/v1/approvals", token="wrong")[0] == 401
+    decide(proxy, ap["id"], "alice", "deny")
+    assert finish(c)[1] == 403
+
+
+# --------------------------------------------------------------------------- shared Redis
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory) -> Iterator[str]:
+    exe = shutil.which("redis-server")
+    assert exe is not None, "redis-server is needed (scripts/setup.sh --test installs it)"
+    tmp = tmp_path_factory.mktemp("redis")
+    port = 6379
+    proc = subprocess.Popen([exe, "--bind", REDIS_IP, "--port", str(port), "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import socket
+
+    def up() -> bool:
+        try:
+            with socket.create_connection((REDIS_IP, port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+    wait_for(up, 10, "redis-server")
+    yield f"redis://{REDIS_IP}:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_decided_on_another_replica(tmp_path_factory, vault, pki, upstream, receiver,
+                                    redis_server):
+    base = tmp_path_factory.mktemp("replicas")
+    pol, users = write_setup(base, vault, receiver)
+    (base / "a").mkdir()
+    (base / "b").mkdir()
+    a = start(base / "a", pol, users, vault, pki, "--approvals-redis", redis_server,
+              "--instance", "replica-a")
+    b = start(base / "b", pol, users, vault, pki, "--approvals-redis", redis_server,
+              "--instance", "replica-b")
+    try:
+        c = start_curl(a.proxy, "https://upstream.test/two/replicas")
+        ap = pending_for(b, "/two/replicas")  # replica b lists what replica a holds
+        assert ap["replica"] == "replica-a"
+        assert decide(b, ap["id"], "alice")[1]["state"] == "pending"
+        assert decide(a, ap["id"], "alice")[1]["approved_by"] == ["alice"]  # counted once
+        assert decide(b, ap["id"], "bob")[1]["state"] == "approved"
+        text, code = finish(c)
+        assert code == 200, text
+        assert seen(upstream, "/two/replicas") == 1
+        b.proxy.wait_audit(lambda e: e["event"] == "approval" and e.get("action") == "decided"
+                           and e["approver"] == "bob")
+        a.proxy.wait_audit(lambda e: e["event"] == "approval" and e.get("action") == "used"
+                           and e["approval"] == ap["id"])
+    finally:
+        stop_proxy(a.proxy)
+        stop_proxy(b.proxy)
+
+
+def test_workers_hold_and_the_front_decides(tmp_path_factory, vault, pki, upstream, receiver):
+    """--workers 2: requests are held in the workers; the one admin listener lists and decides
+    them, and a decision remembered for a sandbox reaches every worker."""
+    tmp = tmp_path_factory.mktemp("workers")
+    pol, users = write_setup(tmp, vault, receiver)
+    a = start(tmp, pol, users, vault, pki, "--workers", "2")
+    try:
+        c = start_curl(a.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                       "--data", '{"w": 1}', sandbox="sb-workers")
+        ap = pending_for(a, "/v1/messages")
+        assert decide(a, ap["id"], "vic")[0] == 403  # the front holds viewers to their role
+        status, doc = decide(a, ap["id"], "alice", scope={"kind": "sandbox", "ttl": 600})
+        assert status == 200 and doc["state"] == "approved", doc
+        assert finish(c)[1] == 200
+        status, doc = a.get(f"/v1/approvals/{ap['id']}", token=TOKENS["vic"])
+        assert status == 200 and doc["approved_by"] == ["alice"]
+        for i in range(4):  # new connections: spread over both workers, none asks again
+            c = start_curl(a.proxy, "https://api.anthropic.com/v1/messages", "-X", "POST",
+                           "--data", f'{{"again": {i}}}', sandbox="sb-workers", max_time=10)
+            assert finish(c)[1] == 200
+        ev = a.proxy.wait_audit(lambda e: e["event"] == "approval"
+                                and e.get("action") == "decided" and e["approval"] == ap["id"])
+        assert ev["approver"] == "alice"
+    finally:
+        stop_proxy(a.proxy)
