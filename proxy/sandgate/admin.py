@@ -252,7 +252,7 @@ async def start_admin(state: AdminState, host: str, port: int) -> web.AppRunner:
     from sandgate.console.source import LocalSource
 
     app = build_app(state)
-    mount(app, LocalSource(state, state.recent), state.admin_token)  # the web console
+    mount(app, LocalSource(state, state.recent), state.admin_token, state.users)  # web console
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

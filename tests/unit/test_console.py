@@ -14,9 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandgate.admin import AdminState, build_app
+from sandgate.admin_auth import AdminUser, Authenticator, token_digest
+from sandgate.approvals.model import VoteError
 from sandgate.audit import AuditLog
 from sandgate.console import auth, chart
 from sandgate.console.app import CSP, mount
+from sandgate.console.approvals import vote_from_form
 from sandgate.console.ring import (
     BUCKET_SECONDS,
     EventRing,
@@ -223,8 +226,10 @@ def test_who_and_roles():
     assert auth.who(req) == ("ana", "viewer")
     assert not auth.can_decide("viewer") and auth.can_decide("approver") \
         and auth.can_decide("admin")
-    assert auth.identify("tok", "tok") == ("admin", "admin")
-    assert auth.identify("tok2", "tok") is None and auth.identify("", "tok") is None
+    check = Authenticator("tok", (AdminUser("ana", "viewer", token_digest("ana-tok")),))
+    assert auth.identify("tok", check) == ("admin", "admin")
+    assert auth.identify("ana-tok", check) == ("ana", "viewer")
+    assert auth.identify("tok2", check) is None and auth.identify("", check) is None
 
 
 # ------------------------------------------------------------------ the chart
@@ -282,6 +287,41 @@ def test_explain_args_of_events():
 # ------------------------------------------------------------------ the app
 
 
+class FakeApproval:
+    def __init__(self, **kw: Any) -> None:
+        self.d = {"id": "ap_1", "identity": "agent", "sandbox": "sb-1", "method": "POST",
+                  "url": "https://docs.example.com/x", "host": "docs.example.com",
+                  "tool": None, "rule": "r", "rule_source": "p.yaml:3", "body_sha256": "ab" * 32,
+                  "body_size": 2, "created": 0.0, "expires": 9e9, "mode": "hold",
+                  "require_approvers": 1, "approvers": None,
+                  "remember": ["request", "sandbox"], "max_remember_ttl": 3600,
+                  "reason": "<b>why</b>", "state": "pending", "votes": [], "scope": None,
+                  "approved_by": [], **kw}
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.d)
+
+
+class FakeApprovals:
+    """What the console asks of sandgate.approvals.service.Approvals."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def pending(self) -> list[FakeApproval]:
+        return [FakeApproval()]
+
+    async def get(self, approval_id: str) -> FakeApproval | None:
+        return FakeApproval(state="approved") if approval_id == "ap_1" else None
+
+    async def decide(self, approval_id: str, user: str, verdict: str, scope: object,
+                     note: str | None) -> FakeApproval:
+        self.calls.append((approval_id, user, verdict, scope, note))
+        if approval_id != "ap_1":
+            raise VoteError(404, "not_found", f"no approval {approval_id}")
+        return FakeApproval(state="approved")
+
+
 async def _console(tmp_path: Path) -> tuple[TestClient[Any, Any], EventRing, AdminState]:
     d = tmp_path / "policies"
     d.mkdir()
@@ -291,19 +331,21 @@ async def _console(tmp_path: Path) -> tuple[TestClient[Any, Any], EventRing, Adm
     state = AdminState(live=lp, broker=None,  # type: ignore[arg-type]
                        metrics=Metrics(lambda: lp.policy), token_key=b"k" * 32,
                        admin_token="tok", listener_up=lambda: True, draining=lambda: False,
-                       recent=ring)
+                       recent=ring, approvals=FakeApprovals())  # type: ignore[arg-type]
     app = build_app(state)
-    mount(app, LocalSource(state, ring), "tok")
+    mount(app, LocalSource(state, ring), "tok",
+          (AdminUser("vic", "viewer", token_digest("vic-tok")),
+           AdminUser("alice", "approver", token_digest("alice-tok"))))
     client = TestClient(TestServer(app))
     await client.start_server()
     return client, ring, state
 
 
-async def _login(c: TestClient[Any, Any]) -> str:
+async def _login(c: TestClient[Any, Any], token: str = "tok") -> str:
     page = await (await c.get("/console/login")).text()
     mac = re.search(r'name="login" value="([^"]+)"', page)
     assert mac
-    r = await c.post("/console/login", data={"login": mac.group(1), "token": "tok"},
+    r = await c.post("/console/login", data={"login": mac.group(1), "token": token},
                      allow_redirects=False)
     assert r.status == 303 and r.headers["Location"] == "/console/"
     page = await (await c.get("/console/")).text()
@@ -390,3 +432,53 @@ def test_every_template_and_asset_is_package_data():
     files = [p.relative_to(pkg).as_posix() for d in ("templates", "static")
              for p in (pkg / d).iterdir() if p.is_file()]
     assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), files
+
+
+def test_vote_from_form():
+    assert vote_from_form({"decision": "deny", "scope": "identity", "ttl": "5"}) == \
+        {"decision": "deny"}  # a deny takes no scope
+    assert vote_from_form({"decision": "approve"}) == \
+        {"decision": "approve", "scope": {"kind": "request"}}
+    assert vote_from_form({"decision": "approve", "scope": "sandbox", "ttl": "600",
+                           "note": " ok "}) == \
+        {"decision": "approve", "scope": {"kind": "sandbox", "ttl": 600}, "note": "ok"}
+    for bad in ({}, {"decision": "maybe"}, {"decision": "approve", "scope": "forever"},
+                {"decision": "approve", "scope": "identity", "ttl": "-1"},
+                {"decision": "approve", "scope": "identity"}):
+        with pytest.raises(ValueError):
+            vote_from_form(bad)
+
+
+async def test_approvals_viewer_reads_approver_decides_as_herself(tmp_path):
+    c, _, state = await _console(tmp_path)
+    svc = state.approvals
+    try:
+        csrf = await _login(c, "vic-tok")
+        page = await (await c.get("/console/approvals")).text()
+        assert 'id="ap-ap_1"' in page and "&lt;b&gt;why&lt;/b&gt;" in page
+        assert "button" not in page.split('id="ap-ap_1"')[1]  # no form for a viewer
+        r = await c.post("/console/approvals/ap_1", data={"csrf": csrf, "decision": "approve"})
+        assert r.status == 403 and "cannot decide" in await r.text()
+        assert svc.calls == []  # type: ignore[union-attr]
+        c.session.cookie_jar.clear()
+        csrf = await _login(c, "alice-tok")
+        page = await (await c.get("/console/approvals")).text()
+        assert 'value="sandbox"' in page and 'value="identity"' not in page  # the rule's
+        r = await c.post("/console/approvals/ap_1", allow_redirects=False,
+                         data={"csrf": csrf, "decision": "approve", "scope": "sandbox",
+                               "ttl": "600", "user": "mallory"})
+        assert r.status == 303 and r.headers["Location"] == "/console/approvals/ap_1"
+        assert svc.calls == [  # type: ignore[union-attr]
+            ("ap_1", "alice", "approve", {"kind": "sandbox", "ttl": 600}, None)]
+        r = await c.post("/console/approvals/ap_9", data={"csrf": csrf, "decision": "deny"})
+        assert r.status == 404 and "no approval ap_9" in await r.text()
+        r = await c.post("/console/approvals/ap_1", data={"decision": "deny"})
+        assert r.status == 403  # no CSRF token
+        assert len(svc.calls) == 2  # type: ignore[union-attr]
+        detail = await (await c.get("/console/approvals/ap_1")).text()
+        assert 'id="state">approved<' in detail
+        assert (await c.get("/console/approvals/nope")).status == 404
+        overview = await (await c.get("/console/")).text()
+        assert 'id="pending">1<' in overview
+    finally:
+        await c.close()

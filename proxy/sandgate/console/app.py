@@ -26,6 +26,7 @@ from urllib.parse import urlencode
 import jinja2
 from aiohttp import web
 
+from sandgate.admin_auth import AdminUser, Authenticator
 from sandgate.console import PREFIX, auth, chart
 from sandgate.console.ring import MAX_LIMIT, Filter, tools
 from sandgate.console.source import Source, SourceError, explain_args
@@ -71,7 +72,21 @@ def templates() -> jinja2.Environment:
     env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=False, default=str)
     env.filters["tools"] = lambda ev: ", ".join(tools(ev))
     env.filters["qs"] = lambda d: urlencode(d)
+    env.filters["ago"] = ago
+    env.filters["until"] = until
     return env
+
+
+def ago(ts: float) -> str:
+    s = max(0, int(time.time() - float(ts)))
+    return f"{s // 60}m {s % 60}s ago" if s >= 60 else f"{s}s ago"
+
+
+def until(ts: float) -> str:
+    s = int(float(ts) - time.time())
+    if s <= 0:
+        return "now"
+    return f"in {s // 60}m {s % 60}s" if s >= 60 else f"in {s}s"
 
 
 def _since(seconds: float) -> str:
@@ -85,7 +100,7 @@ def _since(seconds: float) -> str:
 @dataclass
 class Console:
     source: Source
-    admin_token: str
+    check: Authenticator  # the admin listener's users (--admin-users) and admin token
     sessions: auth.Sessions = field(default_factory=auth.Sessions)
     env: jinja2.Environment = field(default_factory=templates)
     assets: dict[str, tuple[bytes, str]] = field(default_factory=static_files)
@@ -177,7 +192,7 @@ class Console:
         if not self.sessions.login_ok(request.cookies.get(auth.LOGIN_COOKIE),
                                       str(form.get("login", ""))):
             return await self.login_form(request, "the login form expired: try again", 403)
-        found = auth.identify(str(form.get("token", "")), self.admin_token)
+        found = auth.identify(str(form.get("token", "")), self.check)
         if found is None:
             log.warning("sandgate: console: a login with a wrong token from %s",
                         request.remote)
@@ -207,7 +222,8 @@ class Console:
             counts[str(ev.get("decision") or ev.get("event"))] = \
                 counts.get(str(ev.get("decision") or ev.get("event")), 0) + 1
         refused = sum(sum(c.values()) for _, c in await self.source.refusals())
-        return self.page(request, "overview.html", nav="overview", ov=ov,
+        pending = len(await self.source.approvals())
+        return self.page(request, "overview.html", nav="overview", ov=ov, pending=pending,
                          policy=ov["policy"], workers=ov.get("workers"),
                          uptime=_since(time.time() - self.source.started),
                          started=time.strftime("%Y-%m-%d %H:%M:%S UTC",
@@ -306,9 +322,14 @@ class Console:
         return app
 
 
-def mount(app: web.Application, source: Source, admin_token: str) -> Console:
+def mount(app: web.Application, source: Source, admin_token: str,
+          users: tuple[AdminUser, ...] = ()) -> Console:
     """Serve the console under /console/ of an admin listener's app."""
-    console = Console(source, admin_token)
+    from sandgate.console.approvals import ApprovalsPage
+
+    console = Console(source, Authenticator(admin_token, users))
+    sub = console.app()
+    ApprovalsPage(console).add_routes(sub)
     app.router.add_get(PREFIX, console.root)
-    app.add_subapp(PREFIX + "/", console.app())
+    app.add_subapp(PREFIX + "/", sub)
     return console

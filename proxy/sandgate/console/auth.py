@@ -28,16 +28,14 @@ from typing import Any
 
 from aiohttp import web
 
+from sandgate.admin_auth import ROLE_KEY, ROLES, USER_KEY, Authenticator, allowed
+
 COOKIE = "sandgate_console"
 LOGIN_COOKIE = "sandgate_console_login"
 COOKIE_PATH = "/console/"
 SESSION_TTL = 8 * 3600
 LOGIN_TTL = 600
 MAX_SESSIONS = 256
-USER_KEY = "sandgate_user"  # the keys the admin listener's user middleware sets
-ROLE_KEY = "sandgate_role"
-ROLES = ("viewer", "approver", "admin")
-DECIDERS = frozenset({"approver", "admin"})
 
 
 def who(request: web.Request) -> tuple[str, str]:
@@ -51,15 +49,14 @@ def who(request: web.Request) -> tuple[str, str]:
 
 
 def can_decide(role: str) -> bool:
-    return role in DECIDERS
+    return allowed(role, "approver")
 
 
-def identify(token: str, admin_token: str) -> tuple[str, str] | None:
-    """The (user, role) a login token stands for, or None. Constant time."""
-    if token and hmac.compare_digest(token.encode("utf-8", "replace"),
-                                     admin_token.encode("utf-8", "replace")):
-        return "admin", "admin"
-    return None
+def identify(token: str, check: Authenticator) -> tuple[str, str] | None:
+    """The (user, role) a login token stands for, or None: the admin listener's own check
+    (the admin token is user `admin`, role admin; --admin-users adds users with roles)."""
+    user = check.user(f"Bearer {token}") if token else None
+    return (user.name, user.role) if user is not None else None
 
 
 @dataclass(slots=True)

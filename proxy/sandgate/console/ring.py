@@ -23,8 +23,10 @@ from typing import Any
 
 from sandgate import audit as A
 
-# Events that are decisions about a request (or a connection): the console lists these.
-DECISION_EVENTS = frozenset({"request", "connect", "websocket", "limit"})
+# Events that are decisions about a request (or a connection), and what people decided about
+# held requests (`approval`: requested, voted, decided, timed_out, used): the console lists
+# these.
+DECISION_EVENTS = frozenset({"request", "connect", "websocket", "limit", "approval"})
 DEFAULT_CAPACITY = 2000
 BUCKET_SECONDS = 15
 DEFAULT_BUCKETS = 240  # one hour of 15-second buckets
@@ -60,7 +62,7 @@ def is_refusal(event: str, fields: Mapping[str, Any]) -> bool:
 
 def tools(ev: Mapping[str, Any]) -> list[str]:
     """The tool (or JSON-RPC method) names an event's calls carry."""
-    out: list[str] = []
+    out: list[str] = [ev["tool"]] if isinstance(ev.get("tool"), str) else []  # an approval
     for call in ev.get("rpc") or ():
         if isinstance(call, Mapping):
             name = call.get("tool") or call.get("name") or call.get("method")
@@ -93,7 +95,8 @@ class Filter:
             want = getattr(self, key)
             if want and str(ev.get(key) or "") != want:
                 return False
-        if self.host and self.host.lower() not in str(ev.get(A.HOST) or "").lower():
+        where = str(ev.get(A.HOST) or ev.get("url") or "")  # an approval names its URL
+        if self.host and self.host.lower() not in where.lower():
             return False
         return not self.tool or any(self.tool.lower() in t.lower() for t in tools(ev))
 

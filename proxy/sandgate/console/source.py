@@ -48,6 +48,13 @@ class Source(Protocol):
 
     async def report(self) -> dict[str, Any]: ...
 
+    async def approvals(self) -> list[dict[str, Any]]: ...
+
+    async def approval(self, approval_id: str) -> dict[str, Any] | None: ...
+
+    async def decide(self, approval_id: str, user: str, role: str, vote: Mapping[str, Any]
+                     ) -> tuple[int, dict[str, Any]]: ...
+
 
 def explain_args(ev: Mapping[str, Any]) -> dict[str, Any] | str:
     """The `POST /v1/explain` body that asks about the request an audit event records, or why
@@ -56,10 +63,18 @@ def explain_args(ev: Mapping[str, Any]) -> dict[str, Any] | str:
     audit keeps, so the rules see what they judged; a call's arguments are audited only as a
     digest, so rules on arguments are not judged again."""
     identity = ev.get(A.IDENTITY)
+    args: dict[str, Any]
     if not identity:
         return ("no identity: the request was refused before any rule was consulted"
                 f" ({ev.get(A.REASON) or 'no reason recorded'})")
     method, host, port = ev.get(A.METHOD), ev.get(A.HOST), ev.get(A.PORT)
+    if method and not host and isinstance(ev.get("url"), str):  # an approval event
+        args = {"identity": identity, "method": method, "url": ev["url"]}
+        if ev.get(A.SANDBOX):
+            args["sandbox"] = ev[A.SANDBOX]
+        if ev.get("tool"):
+            args["mcp_tool"] = ev["tool"]
+        return args
     if not (method and host and port):
         return "the event records no request (a connection or a limit)"
     scheme = ev.get(A.SCHEME) or ("https" if port == 443 else "http")
@@ -67,7 +82,7 @@ def explain_args(ev: Mapping[str, Any]) -> dict[str, Any] | str:
         scheme = "https"
     bracketed = f"[{host}]" if ":" in str(host) else str(host)
     path = ev.get(A.PATH) or "/"
-    args: dict[str, Any] = {"identity": identity, "method": method,
+    args = {"identity": identity, "method": method,
                             "url": f"{scheme}://{bracketed}:{port}{path}"}
     if method == "CONNECT":
         args["url"] = f"{bracketed}:{port}"
@@ -153,6 +168,32 @@ class LocalSource:
         return await self._reports.get(
             version, lambda: report_doc(policy, str(live.directory)))
 
+    async def approvals(self) -> list[dict[str, Any]]:
+        svc = self.state.approvals
+        return [a.as_dict() for a in await svc.pending()] if svc is not None else []
+
+    async def approval(self, approval_id: str) -> dict[str, Any] | None:
+        svc = self.state.approvals
+        a = await svc.get(approval_id) if svc is not None else None
+        return a.as_dict() if a is not None else None
+
+    async def decide(self, approval_id: str, user: str, role: str, vote: Mapping[str, Any]
+                     ) -> tuple[int, dict[str, Any]]:
+        """`POST /v1/approvals/{id}`'s checks and the service's decision, for `user`."""
+        from sandgate.approvals.api import parse_vote
+        from sandgate.approvals.model import VoteError
+
+        svc = self.state.approvals
+        if svc is None:
+            return 404, {"error": "not_found", "reason": f"no approval {approval_id}"}
+        try:
+            verdict, scope, note = parse_vote(dict(vote))
+            a = await svc.decide(approval_id, user, verdict, scope,  # type: ignore[arg-type]
+                                 note)
+        except VoteError as e:
+            return e.status, {"error": e.code, "reason": e.reason}
+        return 200, a.as_dict()
+
 
 class WorkersSource:
     """The supervisor of `--workers N`: asks the workers."""
@@ -217,3 +258,32 @@ class WorkersSource:
         if status != 200 or not isinstance(doc, dict):
             raise SourceError(f"the reach report could not be made ({status})")
         return doc
+
+    # approvals: held in the workers; asked as the front asks them (sandgate.approvals.front),
+    # with the console's user passed along as the front passes an API user
+    async def approvals(self) -> list[dict[str, Any]]:
+        from sandgate.approvals import front
+
+        return [dict(a) for a in await front.pending(self.sup, {})]
+
+    async def approval(self, approval_id: str) -> dict[str, Any] | None:
+        from sandgate.approvals import front
+
+        status, doc = await front.show(self.sup, approval_id, {})
+        return dict(doc) if status == 200 and isinstance(doc, dict) else None
+
+    async def decide(self, approval_id: str, user: str, role: str, vote: Mapping[str, Any]
+                     ) -> tuple[int, dict[str, Any]]:
+        from sandgate.approvals import front
+
+        status, doc = await front.decide(self.sup, approval_id, json.dumps(dict(vote)).encode(),
+                                         _as(user, role))
+        return status, doc if isinstance(doc, dict) else {}
+
+
+def _as(user: str, role: str) -> dict[str, str]:
+    """The headers a front forwards a user with (only a holder of the worker token may set
+    them); reads go without (the worker token's own role reads)."""
+    from sandgate.admin_auth import FORWARDED_ROLE, FORWARDED_USER
+
+    return {FORWARDED_USER: user, FORWARDED_ROLE: role}

@@ -94,5 +94,5 @@ def build_front(sup: Supervisor, admin_token: str,
     from sandgate.console.app import mount
     from sandgate.console.source import WorkersSource
 
-    mount(app, WorkersSource(sup), admin_token)  # the web console, over every worker
+    mount(app, WorkersSource(sup), admin_token, users)  # the web console, over every worker
     return app
