@@ -28,11 +28,26 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
+# an identity whose requests under /ask/ wait for a person (the approvals page)
+ASK_POLICY = f"""version: v1
+identities:
+  asker:
+    rules:
+      - name: ask-first
+        action: ask
+        hosts: [upstream.test]
+        paths: [/ask/**]
+        private_cidrs: [{UP_IP}/32]
+        approval: {{timeout: 30}}
+"""
+
+
 def policies(tmp: Path) -> Path:
     d = tmp / "policies"
     d.mkdir()
     text = (HERE / "policies" / "test.yaml").read_text().replace(UPSTREAM_IP, UP_IP)
     (d / "test.yaml").write_text(text)
+    (d / "ask.yaml").write_text(ASK_POLICY)
     return d
 
 

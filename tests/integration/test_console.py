@@ -369,3 +369,22 @@ def test_workers_one_console_for_every_worker(group):
     assert reach.status_code == 200 and 'id="reach-coding-agent"' in reach.text
     overview = s.get(f"{base}/console/", timeout=10).text
     assert re.search(r"Workers</div><div class=\"v\">2 / 2", overview)
+
+    # a request held in one worker, decided in the supervisor's console
+    held = subprocess.Popen(
+        ["curl", "-sS", "--max-time", "30", "--proxy", p.url, "--proxy-user",
+         f"asker:{p.token('asker')}", "--cacert", str(p.ca), "-w", "\n%{http_code}",
+         "https://upstream.test/ask/deploy"], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 15
+    while not (ids := re.findall(r'id="ap-(ap_[\w-]+)"',
+                                 s.get(f"{base}/console/approvals", timeout=10).text)):
+        assert time.monotonic() < deadline, "the held request never showed"
+        time.sleep(0.1)
+    page = s.get(f"{base}/console/approvals", timeout=10).text
+    r = s.post(f"{base}/console/approvals/{ids[0]}", timeout=10, allow_redirects=False,
+               data={"csrf": csrf(page), "decision": "approve", "scope": "request"})
+    assert r.status_code == 303, r.text[:500]
+    out, _ = held.communicate(timeout=30)
+    assert split_status(out)[1] == 200
+    detail = s.get(f"{base}/console/approvals/{ids[0]}", timeout=10).text
+    assert re.search(r'id="state">(approved|used)<', detail) and "<td>admin</td>" in detail
