@@ -11,8 +11,10 @@ with users, a user's token) once and the console answers with a session cookie:
   POST whose Origin (or Sec-Fetch-Site) says another site is refused before that;
 - the login form itself carries a MAC of a pre-session nonce cookie (no login CSRF).
 
-Roles: viewer reads everything, approver also decides approvals, admin is both. `who()` is the
-one place that says which user and role a request has.
+Users and roles are the admin listener's (sandgate.admin_auth: the admin token is user `admin`,
+`--admin-users` adds viewers, approvers and admins): viewer reads everything, approver also
+decides approvals, admin is both here. `who()` is the one place that says which user and role
+a request has.
 """
 
 from __future__ import annotations
@@ -39,13 +41,12 @@ MAX_SESSIONS = 256
 
 
 def who(request: web.Request) -> tuple[str, str]:
-    """(user, role) of an authenticated request: a console session's, else what the admin
-    listener's user check set. A request that passed the admin token check without naming a
-    user is the admin (one token, one role, as before users existed)."""
+    """(user, role) of a request: its console session's, else what the admin listener's user
+    check set (sandgate.admin_auth). Neither: ("", ""), a role that may do nothing."""
     session = request.get(SESSION_KEY)
     if isinstance(session, Session):
         return session.user, session.role
-    return str(request.get(USER_KEY) or "admin"), str(request.get(ROLE_KEY) or "admin")
+    return str(request.get(USER_KEY) or ""), str(request.get(ROLE_KEY) or "")
 
 
 def can_decide(role: str) -> bool:
