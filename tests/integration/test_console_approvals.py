@@ -31,7 +31,9 @@ from tests.integration.console_support import (
     UP_IP,
     artifact,
     browser,
+    crawl,
     csrf,
+    encodings,
     login,
 )
 from tests.support.secrets import assert_no_secret
@@ -228,3 +230,8 @@ def test_an_approver_approves_and_denies_in_the_console(held, driver, upstream63
     driver.get(f"{base}/console/decisions?identity=agent")
     rows = _wait(driver, lambda d: _css(d, "tbody#rows tr[data-id]"), "the decisions")
     assert any("approval_denied" in r.text for r in rows)
+    # no secret on any page, the approvals' and their decisions' included
+    pages = crawl(s, base)
+    assert any(path.startswith("/console/approvals/ap_") for path in pages), sorted(pages)
+    forms = [f for v in [*SECRET_VALUES, ADMIN_TOKEN, *TOKENS.values()] for f in encodings(v)]
+    assert_no_secret([r.text for r in pages.values()], forms, "a console page or asset")

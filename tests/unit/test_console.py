@@ -483,3 +483,17 @@ async def test_approvals_viewer_reads_approver_decides_as_herself(tmp_path):
         assert 'id="pending">1<' in overview
     finally:
         await c.close()
+
+
+def test_cookies_are_secure_over_tls():
+    import ssl
+
+    from aiohttp import web
+
+    for tls, secure in ((ssl.create_default_context(), True), (None, False)):
+        resp = web.Response()
+        auth.set_cookie(resp, make_mocked_request("GET", "/console/", sslcontext=tls),
+                        auth.COOKIE, "v", 60)
+        line = resp.cookies[auth.COOKIE].output()
+        assert "HttpOnly" in line and "SameSite=Strict" in line and "Path=/console/" in line
+        assert ("Secure" in line) is secure
