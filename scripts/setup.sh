@@ -32,6 +32,11 @@ if ((want_test)); then
   # Selenium with Debian's Chromium and its chromedriver: no browser download)
   command -v chromium >/dev/null || need_apt+=(chromium)
   command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
+  # dig: a real DNS client against the policy DNS (tests/integration/test_dns.py)
+  command -v dig >/dev/null || need_apt+=(dnsutils)
+  # rsyslog + its gtls driver: the syslog collector of tests/integration/test_audit_export.py
+  [[ -x /usr/sbin/rsyslogd ]] || need_apt+=(rsyslog)
+  compgen -G '/usr/lib/*/rsyslog/lmnsd_gtls.so' >/dev/null || need_apt+=(rsyslog-gnutls)
 fi
 "$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then
@@ -81,5 +86,15 @@ if ((want_test)); then
   if [[ ! -f .venv-providers/.installed ]] || ! cmp -s "$pins" .venv-providers/.installed; then
     .venv-providers/bin/pip install -q -r "$pins"
     cp "$pins" .venv-providers/.installed
+  fi
+  # Arize Phoenix, a real OpenTelemetry collector (tests/integration/test_audit_export.py): its
+  # own venv, as it pins many packages of its own.
+  if [[ ! -x .venv-phoenix/bin/python ]]; then
+    "$PY" -m venv .venv-phoenix
+  fi
+  pins=tests/requirements-phoenix.txt
+  if [[ ! -f .venv-phoenix/.installed ]] || ! cmp -s "$pins" .venv-phoenix/.installed; then
+    .venv-phoenix/bin/pip install -q -r "$pins"
+    cp "$pins" .venv-phoenix/.installed
   fi
 fi

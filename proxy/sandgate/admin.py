@@ -173,6 +173,8 @@ def build_app(state: AdminState) -> web.Application:
     async def explain_(request: web.Request) -> web.Response:
         try:
             doc = await _body(request)
+            if "dns" in doc:  # what the policy DNS answers: `sandgate explain --dns`
+                return _json(200, _explain_dns(doc))
             identity, method, url = (_str(doc, "identity"), _str(doc, "method"),
                                      _str(doc, "url"))
             assert identity is not None and method is not None and url is not None
@@ -187,6 +189,16 @@ def build_app(state: AdminState) -> web.Application:
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)
+
+    def _explain_dns(doc: dict[str, Any]) -> dict[str, Any]:
+        from sandgate.explain import explain_name
+        from sandgate.policy.dnstypes import query_type
+
+        identity, name = _str(doc, "identity"), _str(doc, "dns")
+        assert identity is not None and name is not None
+        out, _resolves = explain_name(state.live.policy, identity, name,
+                                      query_type(_str(doc, "type", required=False) or "A"))
+        return out
 
     async def tokens(request: web.Request) -> web.Response:
         try:

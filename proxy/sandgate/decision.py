@@ -17,7 +17,7 @@ from typing import Literal
 
 from sandgate.errors import AddressRefused, Code, Refused, SandboxRequired
 from sandgate.jsonrpc import Call, Message
-from sandgate.netguard import choose_address, classify, known_addresses
+from sandgate.netguard import choose_address, classify, known_addresses, parse_ip_literal
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import CallFilter, Identity, Policy, Rule, glob_matches
 from sandgate.policy.paths import normalise_path
@@ -531,3 +531,97 @@ def shown_outcome(policy: Policy, identity: str, d: Decision) -> str:
     """The outcome as explain, fixtures and diff show it: allow, deny, tunnel, or report (the
     rules refused and the identity is in report mode: forwarded without credentials)."""
     return "report" if reported(policy, identity, d) else d.outcome
+
+
+# --- names: the policy DNS (sandgate.dns) ----------------------------------------------------
+
+# The query types every name a rule could reach answers; any other needs the rule's `dns: types`.
+ADDRESS_TYPES = frozenset({"A", "AAAA"})
+
+
+def _blocked_pairs(ident: Identity, host: str) -> tuple[set[tuple[str, int]], set[int]]:
+    """(scheme, port) pairs a deny rule refuses on `host` whatever the request (no methods,
+    paths or query: decide_connect and decide refuse it outright), and the https ports on
+    which some deny rule must inspect requests (so a passthrough tunnel is refused there)."""
+    whole: set[tuple[str, int]] = set()
+    inspected: set[int] = set()
+    for r in ident.rules:
+        if r.action != "deny" or not r.matches_host(host):
+            continue
+        if r.methods is None and r.paths is None and not r.query_constrained:
+            whole |= {(s, p) for s in r.schemes for p in r.ports}
+        elif "https" in r.schemes:
+            inspected |= set(r.ports)
+    return whole, inspected
+
+
+def _could_reach(rule: Rule, whole: set[tuple[str, int]], inspected: set[int]) -> bool:
+    """Could some connection this allow rule matches be let through (by decide_connect and
+    then decide)? Not when every (scheme, port) it allows is refused whole by a deny rule, or,
+    for a passthrough rule, also needs inspecting."""
+    for scheme in rule.schemes:
+        for port in rule.ports:
+            if (scheme, port) in whole:
+                continue
+            if rule.passthrough and port in inspected:
+                continue
+            return True
+    return False
+
+
+def decide_name(policy: Policy, identity: str, qname: str, qtype: str = "A") -> Decision:
+    """Does the policy DNS answer `qname` (query type `qtype`) for `identity`?
+
+    A name resolves iff some rule of the identity could reach it: an allow rule (intercepted or
+    passthrough, `public: true` included) whose hosts match it, unless deny rules refuse every
+    scheme and port that rule allows there (a deny rule with no methods, paths or query; for a
+    passthrough rule, any deny rule on https that must inspect it). A and AAAA are answered for
+    such a name; another query type only when the reaching rule lists it in `dns: types`.
+    Everything else is refused (NXDOMAIN or REFUSED on the wire) and never asked upstream.
+    `explain --dns`, fixtures with `dns:` and the DNS server all call this.
+    """
+    ident = policy.identities.get(identity)
+    if ident is None:
+        return _unknown_identity(policy, identity)
+    qtype = qtype.upper()
+    host = _host(qname)
+    if host is None:
+        return Decision(False, Code.BAD_REQUEST, f"the name {qname[:100]!r} is not a valid "
+                        "host name")
+    if parse_ip_literal(host) is not None:
+        return Decision(False, Code.BAD_REQUEST, f"{host} is an address, not a name: nothing "
+                        "to resolve")
+    target = f"{qtype} {host}"
+    whole, inspected = _blocked_pairs(ident, host)
+    reaching = [r for r in ident.rules if r.action == "allow" and r.matches_host(host)]
+    reachable = [r for r in reaching if _could_reach(r, whole, inspected)]
+    for r in reachable:
+        if qtype in ADDRESS_TYPES or qtype in r.dns_types:
+            return Decision(True, None, f"{target} resolves: rule '{r.name}' of identity "
+                            f"'{identity}' ({r.source}) could reach {host}", rule=r)
+    if reachable:
+        r = reachable[0]
+        return Decision(
+            False, Code.NO_RULE,
+            f"{target} is refused: rule '{r.name}' of identity '{identity}' reaches {host}, "
+            f"but only A and AAAA are answered for it",
+            hint=f"add `dns: {{types: [{qtype}]}}` to rule '{r.name}' if {qtype} lookups of "
+            "its hosts are needed (each answered type is a channel through DNS)",
+            detail=f"rule '{r.name}' is defined at {r.source}")
+    if reaching:
+        r = reaching[0]
+        deny = next((d for d in ident.rules if d.action == "deny" and d.matches_host(host)),
+                     None)
+        return Decision(
+            False, Code.DENIED_BY_RULE,
+            f"{target} is refused: deny rules of identity '{identity}' refuse every "
+            f"connection rule '{r.name}' would allow to {host}", rule=deny,
+            hint="deny rules win over allow rules; narrow the deny rule if this host should "
+            "be reachable",
+            detail=f"rule '{r.name}' is defined at {r.source}")
+    return Decision(
+        False, Code.NO_RULE,
+        f"{target} is refused: no rule of identity '{identity}' could reach {host}",
+        hint=f"a name resolves only when a rule allows its host: add under "
+        f"identities.{identity}.rules: - {{name: allow-"
+        f"{re.sub(r'[^a-z0-9]+', '-', host).strip('-')}, hosts: [{host}]}}")

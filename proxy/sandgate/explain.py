@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sandgate.decision import judge, shown_outcome
+from sandgate.decision import decide_name, judge, reported, shown_outcome
 from sandgate.jsonrpc import Call
 from sandgate.policy.ask import ask_fields
 from sandgate.policy.calls import call_fields
@@ -83,6 +83,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         # what a fixture's `inject:` entry may say instead of the secret's name
         out["credential_forms"] = credential_forms(policy, d.rule, parse_url(method, url).host)
         out["placeholders_honoured"] = sorted(d.rule.secrets)
+        out["trace_context"] = trace_context(d.rule.forward_trace_context)
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
         if d.allowed and d.rule.max_request_bytes is not None:
@@ -109,3 +110,41 @@ def explain_request(policy: Policy, identity: str, method: str, url: str,
     out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True,
                            call=call)
     return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed
+
+
+def explain_name(policy: Policy, identity: str, qname: str, qtype: str = "A"
+                 ) -> tuple[dict[str, Any], bool]:
+    """What the policy DNS (`sandgate run --dns`) answers `identity` for `qname` (`qtype`):
+    (the explanation, resolves). The same `decide_name` the DNS server calls."""
+    d = decide_name(policy, identity, qname, qtype)
+    # `mode: report`: a name the rules refuse is answered all the same, and audited as report
+    report = reported(policy, identity, d)
+    out: dict[str, Any] = {
+        "identity": identity,
+        "dns": qname,
+        "type": qtype.upper(),
+        "decision": "report" if report else "resolve" if d.allowed else "refuse",
+        "rule": d.rule_name,
+        "rule_source": str(d.rule.source) if d.rule else None,
+        "code": str(d.code) if d.code else None,
+        "reason": d.reason,
+        "hint": d.hint,
+        "detail": d.detail,
+        "answer": ("the addresses Sandgate's own resolver gives (the ones it will dial), "
+                   "TTL and count bounded; CNAMEs followed by Sandgate" if d.allowed or report
+                   else
+                   "NXDOMAIN (or REFUSED, per --dns-refuse); the name is never asked upstream"),
+    }
+    if d.allowed and d.rule is not None and d.rule.public:
+        out["public"] = ("public: true: only public addresses are answered, as only those "
+                         "are dialled")
+    if report:
+        out["report"] = ("identity in report mode: answered as if allowed and audited as "
+                         "`report`")
+    return out, d.allowed or report
+
+
+def trace_context(forwarded: bool) -> str:
+    """What happens to the sandbox's traceparent/tracestate (sandgate.export.traceparent)."""
+    return ("traceparent/tracestate forwarded to the upstream as sent (forward_trace_context)"
+            if forwarded else "traceparent/tracestate removed before forwarding")

@@ -110,6 +110,10 @@ class Metrics:
         self.limit_refusals = Counter(
             "sandgate_limit_refusals", "Requests, CONNECTs and connections stopped by a limit "
             "(size, rate, budget, connections, timeouts), by code", ["code"], registry=r)
+        self.dns_answers = Counter(
+            "sandgate_dns_answers", "Policy DNS queries (--dns) by outcome: answer, nodata, "
+            "nxdomain and refused (the policy refused), nxdomain_upstream, servfail, "
+            "unknown_source, rate_limited, formerr, notimp, dropped", ["outcome"], registry=r)
         self.redactions = Counter(
             "sandgate_redactions", "Secret values scrubbed from what went back to sandboxes",
             registry=r)

@@ -12,6 +12,7 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sandgate.dns.cache import ANSWERED
 from sandgate.errors import AddressRefused, Code
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -259,6 +260,9 @@ async def resolve(
     known = known_addresses(host, overrides)
     if known is not None:
         return known
+    answered = ANSWERED.addresses(host)  # what the policy DNS told a sandbox: dial that
+    if answered is not None:
+        return answered
     loop = asyncio.get_running_loop()
     try:
         infos = await asyncio.wait_for(

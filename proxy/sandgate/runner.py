@@ -35,6 +35,8 @@ from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.admin_auth import AdminUser
 from sandgate.approvals.service import Approvals
 from sandgate.console import ring as console_ring
+from sandgate.export import setup as export_setup
+from sandgate.export.setup import ExportConfig
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.identity.roles import Role, Split
@@ -48,6 +50,7 @@ from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
 
 if TYPE_CHECKING:
+    from sandgate.dns.run import DnsConfig
     from sandgate.workers.control import WorkerRole
 
 log = logging.getLogger("sandgate")
@@ -96,6 +99,8 @@ class RunConfig:
     # where approvals live: a Redis URL shares them between replicas (sandgate.approvals);
     # None: in this process
     approvals_redis: str | None = field(default=None, repr=False)
+    dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
+    exports: ExportConfig = field(default_factory=ExportConfig)  # --otlp, --audit-syslog
 
 
 def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
@@ -230,6 +235,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     for _, host, port in cfg.role_listens:
         selves += self_addresses(host, port)
     approvals = make_approvals(cfg, broker, sink.emit)
+    if cfg.dns is not None:
+        selves += self_addresses(*cfg.dns.listen)
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
@@ -251,6 +258,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     sink.add_listener(metrics.on_audit)
     recent = None if cfg.admin is None and cfg.worker is None else console_ring.attach(
         sink, cfg.worker.id if cfg.worker else None, lambda: live.current.version)  # console
+    exports = export_setup.start(cfg.exports, sink, metrics.registry, cfg.instance)
+    gate.cfg.flow_audited = exports.flow_audited
 
     def swap(new: livepolicy.LoadedPolicy) -> None:
         broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
@@ -378,6 +387,17 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
                 "draining": lifecycle.draining, "policy_version": live.current.version})
         elif cfg.admin is not None:
             admin_runner = await start_admin(state, *cfg.admin)
+    dns_server = None
+    if cfg.dns is not None:  # the sandboxes' resolver, judged by the same policy and identities
+        from sandgate.dns.run import start_dns
+
+        def dns_audit(event: str, **fields: Any) -> None:  # a name may carry a secret value
+            sink.emit(event, **audit.scrub_fields(fields, gate.secrets()))
+
+        dns_server = await start_dns(
+            cfg.dns, lambda: live.policy, gate.cfg.identifier.caller_at, dns_audit,
+            lambda outcome: metrics.dns_answers.labels(outcome).inc(), cfg.resolve,
+            reuse_port=cfg.worker is not None)
     if cfg.watch_interval:
         spawn(live.watch(cfg.watch_interval))
     if ready is not None:
@@ -390,6 +410,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         if admin_runner is not None:
             await admin_runner.cleanup()
+        if dns_server is not None:
+            await dns_server.close()
         with contextlib.suppress(Exception):
             sink.emit("shutdown", policy_version=live.current.version,
                       drained=drained.get("drained"), unfinished=drained.get("unfinished"),
@@ -397,6 +419,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         with contextlib.suppress(Exception):
             await approvals.aclose()
         await broker.aclose()
+        exports.close()  # after the shutdown event: syslog gets it too
         sink.close()
 
 

@@ -283,3 +283,18 @@ def test_readyz_follows_vault_without_a_restart(tmp_path, own_vault, own_upstrea
         assert a.proxy.proc.poll() is None
     finally:
         stop_proxy(a.proxy)
+
+
+@pytest.mark.parametrize("name,rdtype", [("upstream.test", "A"), ("upstream.test", "TXT"),
+                                         ("data.attacker.example", "A")])
+def test_explain_dns_matches_the_cli(admin, name, rdtype):
+    status, doc = admin.post("/v1/explain", {"identity": "bash-tool", "dns": name,
+                                             "type": rdtype})
+    assert status == 200, doc
+    r = subprocess.run([*SANDGATE, "explain", "--policies", str(admin.policies), "--identity",
+                        "bash-tool", "--dns", name, "--type", rdtype], capture_output=True,
+                       text=True, cwd=str(HERE.parent.parent), env=dict(os.environ), check=False)
+    assert json.loads(r.stdout) == doc
+    assert doc["decision"] == ("resolve" if (name, rdtype) == ("upstream.test", "A") else "refuse")
+    assert admin.post("/v1/explain", {"identity": "bash-tool", "dns": name,
+                                      "type": "NOPE"})[0] == 400

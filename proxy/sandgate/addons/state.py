@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from sandgate.addons.flowsecrets import Owned
 from sandgate.decision import Decision
 from sandgate.errors import Refused
+from sandgate.export.traceparent import TraceHeaders
 from sandgate.identity.base import Caller
 from sandgate.netguard import DialTarget
 from sandgate.policy.model import Policy, Rule
@@ -101,6 +102,10 @@ class FlowRecord:
     # an `action: ask` rule's request went on: how ("approved (ap_...) by alice", a remembered
     # grant); the approval events of the audit say the rest (sandgate.approvals)
     approval: str | None = None
+    # the sandbox's traceparent/tracestate, taken off the request before forwarding (s40), and
+    # instants of the request's parts (sandgate.export.marks): for its span (export/otel.py)
+    trace: TraceHeaders | None = None
+    marks: dict[str, int] = field(default_factory=dict)
 
     @property
     def refused(self) -> bool:

@@ -48,6 +48,11 @@ def register(sub: Any) -> None:
                          help="the caller's sandbox id (as in its token or Docker label); "
                          "without it, a rule needing a per-sandbox secret is sandbox_required")
     add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method (sandgate.call_cli)
+    explain.add_argument("--dns", default=None, metavar="NAME",
+                         help="instead of a request: what the policy DNS (run --dns) answers "
+                         "the identity for NAME (resolve or refuse)")
+    explain.add_argument("--type", dest="qtype", default="A", metavar="TYPE",
+                         help="with --dns: the query type (default A), e.g. AAAA, TXT")
     explain.add_argument("method", nargs="?", help="an HTTP method, or CONNECT for a tunnel")
     explain.add_argument("url", nargs="?",
                          help="an absolute http(s) URL, or host:port after CONNECT")
@@ -114,7 +119,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         doc["fixtures"] = [{
             "file": r.test.source.file, "line": r.test.source.line,
             "identity": r.test.identity, "request": f"{r.test.method} {r.test.url}",
-            "expect": r.test.expect, "got": r.decision.outcome,
+            "expect": r.test.expect, "got": _got(r),
             "rule": r.decision.rule_name,
             "code": str(r.decision.code) if r.decision.code else None,
             "inject": sorted(r.secrets), "passthrough": r.passthrough, "address": r.address,
@@ -135,7 +140,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         addr = f" [{r.address}]" if r.address and r.address.startswith(("dials", "refused")) \
             else ""
         print(f"{mark} {r.test.source}: {r.test.identity} {r.test.method} {r.test.url}"
-              f"{_call(r)} -> {r.decision.outcome}"
+              f"{_call(r)}{' ' + (r.test.qtype or '') if r.test.dns else ''} -> {_got(r)}"
               f" ({r.decision.rule_name or r.decision.code}){addr}"
               f"{'' if r.passed else ': ' + r.message}")
     report = sorted(n for n, i in policy.identities.items() if i.mode == "report")
@@ -144,6 +149,35 @@ def cmd_check(args: argparse.Namespace) -> int:
               f"enforced): {', '.join(report)}")
     print(summary)
     return 1 if failed or expired or not all(pr.ok for pr in proofs) else 0
+
+
+def _explain_name(args: argparse.Namespace) -> int:
+    """`explain --dns NAME --identity X [--type T]`: the policy DNS's decision."""
+    from sandgate.explain import explain_name
+    from sandgate.policy.dnstypes import query_type
+    from sandgate.policy.loader import PolicyError, load_policy_dir
+
+    if not args.identity or args.method or args.url:
+        return _err("explain --dns NAME needs --identity NAME and no METHOD URL")
+    try:
+        qtype = query_type(args.qtype)
+    except ValueError as e:
+        return _err(f"--type: {e}")
+    try:
+        policy = load_policy_dir(args.policies)
+    except PolicyError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    out, resolves = explain_name(policy, args.identity, args.dns, qtype)
+    print(json.dumps(out, indent=2))
+    return 0 if resolves else 1
+
+
+def _got(r: FixtureResult) -> str:
+    """What a fixture got, in its own words (resolve/refuse for a `dns` fixture)."""
+    if r.test.dns:
+        return "resolve" if r.decision.allowed else "refuse"
+    return r.decision.outcome
 
 
 def _call(r: FixtureResult) -> str:
@@ -187,8 +221,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from sandgate.cli.traffic import cmd_explain_batch
 
         return cmd_explain_batch(args, resolve)
+    if args.dns is not None:
+        return _explain_name(args)
     if not args.identity or not args.method or not args.url:
-        return _err("explain needs --identity NAME METHOD URL (or --batch FILE)")
+        return _err("explain needs --identity NAME METHOD URL (or --batch FILE, or --dns "
+                    "NAME)")
     try:
         policy = load_policy_dir(args.policies)
     except PolicyError as e:

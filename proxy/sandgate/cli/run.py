@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from sandgate.cli.common import confdir_arg, load_error
 from sandgate.cli.common import err as _err
+from sandgate.export import setup as export_setup
 from sandgate.identity.base import AddressIdentitySource
 
 if TYPE_CHECKING:
     from sandgate.admin_auth import AdminUser
+    from sandgate.dns.run import DnsConfig
     from sandgate.limits import LimitsConfig
 
 
@@ -112,6 +114,7 @@ def register(sub: Any) -> None:
     run.add_argument("--audit-best-effort", action="store_true",
                      help="keep forwarding while the audit log cannot be written (default: "
                      "refuse with 503 audit_unavailable until a write succeeds)")
+    export_setup.add_arguments(run)
     run.add_argument("--canary", action="store_true",
                      help="refuse and audit any request carrying an identity's decoy credential "
                      "(see `sandgate canary`); scrub it from responses")
@@ -132,6 +135,24 @@ def register(sub: Any) -> None:
     run.add_argument("--gateway-tls-name", default=None, metavar="NAME",
                      help="the gateway takes TLS only, with a certificate for NAME from the "
                      "confdir CA (sandboxes trust `sandgate ca`)")
+    run.add_argument("--dns", type=_listen, default=None, metavar="HOST:PORT",
+                     help="serve the policy DNS here (UDP and TCP): the sandboxes' resolver, "
+                     "answering only names a rule of the caller's identity could reach "
+                     "(identity from the source address); docs/dns.md")
+    run.add_argument("--dns-upstream", type=_listen, action="append", default=[],
+                     metavar="HOST:PORT", help="the recursive resolver the policy DNS asks "
+                     "for allowed names (repeatable; default: this host's resolv.conf)")
+    run.add_argument("--dns-refuse", choices=("nxdomain", "refused"), default="nxdomain",
+                     help="the answer to a name no rule reaches (default %(default)s)")
+    run.add_argument("--dns-rps", type=float, default=50.0, metavar="N",
+                     help="policy DNS queries a second per source address; past it REFUSED "
+                     "(default %(default)s)")
+    run.add_argument("--dns-burst", type=int, default=100, metavar="N",
+                     help="policy DNS queries a source may send at once (default %(default)s)")
+    run.add_argument("--dns-max-ttl", type=int, default=60, metavar="SECONDS",
+                     help="the longest TTL the policy DNS answers (default %(default)s)")
+    run.add_argument("--dns-max-answers", type=int, default=8, metavar="N",
+                     help="records in one policy DNS answer at most (default %(default)s)")
     run.add_argument("--role-listen", action="append", default=[], metavar="ROLE=HOST:PORT",
                      help="pattern 1 split: the listener a split sandbox's tool (or other) "
                      "users are sent to (tool=HOST:PORT, other=HOST:PORT); docs/pattern1.md")
@@ -227,6 +248,27 @@ def _instance(given: str | None) -> str:
 
     name = given or os.environ.get("SANDGATE_INSTANCE") or socket.gethostname()
     return name.strip() or "sandgate"
+
+
+def dns_config(args: argparse.Namespace) -> DnsConfig | None:
+    """--dns and its bounds (sandgate.dns); None without --dns."""
+    from sandgate.dns.limits import DnsLimits
+    from sandgate.dns.run import DnsConfig, upstream_servers
+
+    given = [f for f, v in (("--dns-upstream", args.dns_upstream),) if v]
+    if args.dns is None:
+        if given:
+            raise ValueError(f"{given[0]} needs --dns HOST:PORT")
+        return None
+    if not args.dns_rps > 0 or args.dns_burst < 1:
+        raise ValueError("--dns-rps must be above 0 and --dns-burst at least 1")
+    if not 0 <= args.dns_max_ttl <= 86400 or not 1 <= args.dns_max_answers <= 64:
+        raise ValueError("--dns-max-ttl must be 0..86400 seconds and --dns-max-answers 1..64")
+    cfg = DnsConfig(listen=args.dns, upstream=tuple(args.dns_upstream), limits=DnsLimits(
+        rps=args.dns_rps, burst=args.dns_burst, max_ttl=args.dns_max_ttl,
+        max_answers=args.dns_max_answers, refuse=args.dns_refuse))
+    upstream_servers(cfg)  # a loop or no server at all: refused before start
+    return cfg
 
 
 def limits_config(args: argparse.Namespace) -> LimitsConfig:
@@ -327,6 +369,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
+        dns = dns_config(args)
+        exports = export_setup.from_args(args)
     except ValueError as e:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
@@ -406,6 +450,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             limits=limits, split=split, role_listens=role_listens,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
             admin_users=admin_users, approvals_redis=args.approvals_redis,
+            dns=dns,
+            exports=exports,
         )
         if role is not None:
             cfg.worker = role

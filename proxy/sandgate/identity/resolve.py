@@ -35,6 +35,11 @@ class Identifier:
         return self._combine(token is not None, client_ip,
                              lambda: authenticate_bare(token, self.token_key), listen_port)
 
+    def caller_at(self, client_ip: str) -> Caller | None:
+        """The caller an address source vouches for, for ways in that carry no token (the
+        policy DNS): the same sources, in the same order, as a tokenless proxy request."""
+        return self._by_address(client_ip)
+
     def address_known(self, client_ip: str) -> bool:
         """Does an address source vouch for this client (so a token is optional)?"""
         return self._by_address(client_ip) is not None

@@ -24,6 +24,7 @@ from sandgate.policy import overlap
 from sandgate.policy import paths as P
 from sandgate.policy.ask import compile_ask
 from sandgate.policy.calls import compile_call, compile_test_call
+from sandgate.policy.dnstypes import compile_dns, compile_dns_test
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
@@ -632,6 +633,7 @@ def _compile_rule(
                 "write a number of bytes or a size such as 512k, 1m or 1g (lower case)")
 
     call = compile_call(rs, loc, rep, parse_size)
+    dns_types = compile_dns(rs, loc, rep)
     if call is not None:  # the body is judged whole: bounded by the smaller limit
         max_bytes = min(max_bytes or call.max_body, call.max_body)
 
@@ -708,7 +710,8 @@ def _compile_rule(
         query_absent=query_absent,
         max_request_bytes=max_bytes, substitute_body=rs.substitute_body,
         github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
-        public=rs.public, where=loc, meta=meta, call=call, ask=ask,
+        public=rs.public, where=loc, meta=meta, call=call, ask=ask, dns_types=dns_types,
+        forward_trace_context=rs.forward_trace_context,
     )
 
 
@@ -881,6 +884,18 @@ def _compile_inject(rs: RuleSpec, loc: Loc, report: Report, uses: list[SecretUse
 
 def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
                  uses: list[SecretUse] | None = None) -> PolicyTest | None:
+    if spec.dns is not None:
+        return compile_dns_test(spec, loc, src, report)
+    if spec.request is None:
+        report((*loc, "request"), "a fixture needs `request` (or `dns`)",
+               "write e.g. `request: GET https://pypi.org/simple/`, or `dns: NAME` with "
+               "expect: resolve or refuse")
+        return None
+    if spec.expect in ("resolve", "refuse") or spec.type is not None:
+        report((*loc, "expect" if spec.type is None else "type"),
+               "resolve, refuse and `type` are for `dns` fixtures",
+               "expect allow, deny or tunnel for a request")
+        return None
     parts = spec.request.split()
     if len(parts) != 2:
         report((*loc, "request"), f"request {spec.request!r} is not 'METHOD URL'",

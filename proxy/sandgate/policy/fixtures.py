@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sandgate.decision import ADDRESS_UNCHECKED, Decision, judge
+from sandgate.decision import ADDRESS_UNCHECKED, Decision, decide_name, judge
 from sandgate.errors import Code
 from sandgate.gateway import gateway_url
 from sandgate.policy.model import Policy, PolicyTest, Rule
@@ -56,8 +56,24 @@ def inject_mismatch(policy: Policy, expected: frozenset[str], used: frozenset[st
     return f"expected inject {_set(expected)}, got {_set(got)}"
 
 
+def run_dns_test(policy: Policy, test: PolicyTest) -> FixtureResult:
+    """A `dns: NAME` fixture: the policy DNS's own decision (decide_name)."""
+    assert test.qtype is not None
+    d = decide_name(policy, test.identity, test.url, test.qtype)
+    got = "resolve" if d.allowed else "refuse"
+    if got != test.expect:
+        why = d.reason if d.allowed else f"{d.code}: {d.reason}"
+        return FixtureResult(test, d, False, f"expected {test.expect}, got {got} ({why})")
+    if test.rule is not None and d.rule_name != test.rule:
+        return FixtureResult(test, d, False,
+                             f"expected rule {test.rule!r}, got {d.rule_name!r} ({d.reason})")
+    return FixtureResult(test, d, True, "ok")
+
+
 def run_policy_test(policy: Policy, test: PolicyTest,
                     resolve: Mapping[str, str] | None = None) -> FixtureResult:
+    if test.dns:
+        return run_dns_test(policy, test)
     try:
         url = test.url
         if test.gateway:  # the gateway listener's own mapping of a gateway path

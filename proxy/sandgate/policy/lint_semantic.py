@@ -502,7 +502,7 @@ def _fixtures(policy: Policy,
     apexes = {p.suffix[1:] for p in pats if p.wildcard}
     for t in policy.tests:
         ident = policy.identities.get(t.identity)
-        if ident is None or t.connect or str(t.expect) == "tunnel":
+        if ident is None or t.connect or t.dns or str(t.expect) == "tunnel":
             continue
         try:
             v = judge(policy, t.identity, t.method, t.url, {}, call=t.call)

@@ -395,6 +395,11 @@ class Rule:
     # so that every analysis (reach, proofs, secrets' hosts) counts what it reaches once
     # approved; deny > ask > allow when several match: sandgate.decision)
     ask: AskPolicy | None = None
+    # `dns: {types: [...]}`: query types beyond A/AAAA the policy DNS answers for its hosts
+    dns_types: frozenset[str] = frozenset()
+    # `forward_trace_context: true`: the sandbox's traceparent/tracestate reach the upstream
+    # (otherwise removed before forwarding: sandgate.export.traceparent)
+    forward_trace_context: bool = False
 
     @property
     def verb(self) -> Literal["allow", "deny", "ask"]:
@@ -437,7 +442,7 @@ class PolicyTest:
     identity: str
     method: str
     url: str
-    expect: Literal["allow", "deny", "tunnel", "ask"]
+    expect: Literal["allow", "deny", "tunnel", "ask", "resolve", "refuse"]
     rule: str | None  # when set, the decision must name this rule
     source: Source
     inject: frozenset[str] | None = None  # when set, exactly these secrets are used (or none)
@@ -446,6 +451,13 @@ class PolicyTest:
     sandbox: str | None = None  # the caller's sandbox id (None: the caller has none)
     gateway: bool = False  # url is a gateway path, judged as the gateway listener judges it
     call: Call | None = None  # `mcp:` / `jsonrpc:`: the JSON-RPC call its body carries
+    # a `dns:` fixture (method "DNS", url the name): the query type looked up
+    qtype: str | None = None
+
+    @property
+    def dns(self) -> bool:
+        """A `dns: NAME` fixture, judged by the policy DNS's decision (decide_name)."""
+        return self.qtype is not None
 
     @property
     def connect(self) -> bool:

@@ -288,6 +288,16 @@ class WebhookSpec(_Strict):
         "'TIMESTAMP.BODY'.")
 
 
+class DnsSpec(_Strict):
+    """`dns:` of a rule: what the policy DNS (`sandgate run --dns`) answers for its hosts
+    beyond A and AAAA (docs/dns.md)."""
+
+    types: list[str] = Field(
+        min_length=1, description="Query types also answered for the names this rule could "
+        "reach, e.g. [TXT] or [MX, SRV]: each is a channel through DNS, so name only what a "
+        "client needs. A and AAAA are always answered; ANY, AXFR, IXFR and meta types never.")
+
+
 class RuleSpec(_Strict):
     name: str
     action: Literal["allow", "deny", "ask"] = Field(
@@ -343,6 +353,12 @@ class RuleSpec(_Strict):
         default_factory=list, description="Non-public ranges this rule may dial."
     )
     passthrough: bool = Field(default=False, description="Tunnel without interception.")
+    forward_trace_context: bool = Field(
+        default=False,
+        description="Forward the sandbox's W3C trace context (`traceparent`, `tracestate`) to "
+        "the upstream as sent. Default: both headers are removed before forwarding (Sandgate's "
+        "own span continues the sandbox's trace either way, with --otlp).",
+    )
     query: dict[str, list[str] | QuerySpec | Literal["absent"]] | None = Field(
         default=None, min_length=1,
         description="Named query parameters the request must carry, each with one of the "
@@ -368,6 +384,9 @@ class RuleSpec(_Strict):
     jsonrpc: JsonRpcSpec | None = Field(
         default=None, description="The rule carries generic JSON-RPC 2.0: the messages of "
         "every request body are judged by method.")
+    dns: DnsSpec | None = Field(
+        default=None, description="The policy DNS also answers these query types for the "
+        "rule's hosts (A and AAAA always are), e.g. {types: [TXT]}.")
     description: str | None = Field(
         default=None, description="Why the rule exists, for reviewers (shown by explain).")
     owner: str | None = Field(
@@ -428,18 +447,25 @@ class TestSpec(_Strict):
     __test__ = False  # not a pytest class
 
     identity: str = Field(description="The identity making the request.")
-    request: str = Field(
+    request: str | None = Field(
+        default=None,
         description="'METHOD URL', e.g. 'GET https://pypi.org/simple/', judged as the proxy "
         "judges a request; or 'CONNECT host:port', judged as the proxy judges a tunnel "
-        "(passthrough or intercepted) before any request inside it.")
-    expect: Literal["allow", "deny", "tunnel", "ask"] = Field(
+        "(passthrough or intercepted) before any request inside it. Required unless `dns`.")
+    dns: str | None = Field(
+        default=None, description="Instead of `request`: a name looked up through the policy "
+        "DNS (`sandgate run --dns`), with expect: resolve or refuse.")
+    type: str | None = Field(
+        default=None, description="With `dns`: the query type (default A), e.g. AAAA, TXT.")
+    expect: Literal["allow", "deny", "tunnel", "ask", "resolve", "refuse"] = Field(
         description="What the proxy does: allow (inspected and forwarded), deny (refused), "
         "ask (an `action: ask` rule holds it for approval), or "
         "tunnel (an https request to a host:port a `passthrough` rule tunnels: forwarded "
         "uninspected, whatever its method, path or query; a `CONNECT` fixture may say allow "
         "with `passthrough: true` instead). A request to an IP literal, or to a name given to "
         "`check --resolve HOST=IP`, also passes the address step: a non-public address outside "
-        "the rule's private_cidrs is refused.")
+        "the rule's private_cidrs is refused. A `dns` fixture: resolve (the policy DNS answers "
+        "the name) or refuse (NXDOMAIN or REFUSED, never asked upstream).")
     rule: str | None = Field(
         default=None, description="The rule that decides: the allowing rule (the first "
         "matching allow rule of the identity), or the deny rule that refuses.")

@@ -71,6 +71,9 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
     run.add_argument("--placeholder", action="append", default=[], metavar="NAME=VALUE",
                      help="environment placeholder, e.g. ANTHROPIC_API_KEY=sandgate-placeholder-"
                           "anthropic")
+    run.add_argument("--dns", default=None, metavar="ADDRESS",
+                     help="the policy DNS's address (sandgate run --dns ADDRESS:53): the "
+                     "sandbox's only resolver (docs/dns.md)")
     run.add_argument("--memory", default="512m")
     run.add_argument("--cpus", type=float, default=1.0)
     run.add_argument("--pids-limit", type=int, default=256)
@@ -155,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
         proxy_url=args.proxy_url or f"http://{info.gateway}:{args.proxy_port}",
         ca_pem=ca_pem, token=token, placeholders=placeholders, memory=args.memory,
         cpus=args.cpus, pids_limit=args.pids_limit, network=args.network,
-        allow_host_services=args.unsafe_allow_host_services,
+        allow_host_services=args.unsafe_allow_host_services, dns=args.dns,
     )
     res = run_once(client, spec, cmd if len(cmd) > 1 else cmd[0], timeout=args.timeout)
     sys.stdout.write(res.stdout)

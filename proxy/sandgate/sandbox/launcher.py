@@ -110,6 +110,9 @@ class SandboxSpec:
     # Pattern 1 with the split (docs/pattern1.md; the image: sandgate-agent:dev): the agent and
     # its bash tool run as two users whose traffic reaches Sandgate's agent / tool listeners.
     split: SplitPorts | None = None
+    # The policy DNS's address (`sandgate run --dns ADDR:53`, docs/dns.md): the container's
+    # resolver (Docker's own forwards to it). None: Docker's default resolvers.
+    dns: str | None = None
 
     def validate(self) -> None:
         if not _NAME.match(self.identity):
@@ -131,6 +134,12 @@ class SandboxSpec:
         for key in self.labels:
             if key.startswith("sandgate."):
                 raise SandboxError(f"label {key!r}: the sandgate.* labels are set by the launcher")
+        if self.dns is not None:
+            try:
+                ipaddress.ip_address(self.dns)
+            except ValueError:
+                raise SandboxError(f"dns must be the policy DNS's IP address (Docker asks it "
+                                   f"on port 53), got {self.dns!r}") from None
         if self.cpus <= 0 or self.pids_limit <= 0:
             raise SandboxError("cpus and pids_limit must be positive")
         if self.split is not None:
@@ -306,6 +315,7 @@ class Sandbox:
                 labels=labels,
                 environment=sandbox_environment(spec, sandbox_id),
                 network=spec.network,  # this network only: no default bridge
+                dns=[spec.dns] if spec.dns is not None else None,  # the policy DNS only
                 working_dir=spec.workdir,
                 init=True,  # reap what exec'd commands leave behind
                 cap_drop=["ALL"],

@@ -8,7 +8,9 @@ top, and every stage takes it as its first argument. Per-flow state is the `Flow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mitmproxy import connection, http
 from mitmproxy.proxy.mode_specs import ReverseMode
@@ -25,6 +27,9 @@ from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy.model import Policy, Rule
 from sandgate.scrub import SecretSet
 from sandgate.secrets.vault import SecretBroker
+
+# (event, flow, its record, the event's fields as written, the flow's secret set)
+FlowAudited = Callable[[str, http.HTTPFlow, FlowRecord, dict[str, Any], SecretSet], None]
 
 
 @dataclass
@@ -48,6 +53,8 @@ class GateConfig:
     gateway_tls: bool = False
     # `action: ask` rules: where approvals are asked, waited for and remembered
     approvals: Approvals = field(default_factory=lambda: Approvals(MemoryStore()))
+    # called with each flow's audit event once it is written: its span (sandgate.export)
+    flow_audited: FlowAudited | None = None
 
 
 class GateState:

@@ -14,6 +14,7 @@ from sandgate.addons.flowsecrets import owned
 from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, require_sandbox
 from sandgate.errors import Code, Refused, SecretError
+from sandgate.export.marks import VAULT_END, VAULT_START, mark
 from sandgate.inject import apply
 from sandgate.netguard import choose_address, resolve
 from sandgate.policy.model import Policy
@@ -63,6 +64,7 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     require_sandbox(policy, rule, caller.identity, caller.sandbox)  # before any read
     values: dict[str, str] = {}
     versions: list[str] = []
+    mark(rec, VAULT_START)
     for name in sorted(rule.secrets):
         sv = await st.cfg.broker.get(name, caller, token_dial(st, policy, caller.identity, name),
                                      rule.github_scope)
@@ -73,6 +75,7 @@ async def inject(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         if sv.username is not None:
             values[f"{name}.username"] = sv.username
         versions.append(f"{name}@{sv.version}" if sv.version else name)
+    mark(rec, VAULT_END)
     # counted only now that the secrets are there to inject (or 429, nothing spent)
     st.cfg.limiter.spend((n, policy.secrets[n].budget) for n in sorted(rule.secrets))
     rec.secrets += versions

@@ -18,6 +18,7 @@ from mitmproxy.proxy import server_hooks
 from sandgate.addons import relay, tunnels, wirelimits
 from sandgate.addons.state import FlowRecord
 from sandgate.errors import Refused
+from sandgate.export.marks import FORWARDED, mark
 from sandgate.netguard import DialTarget, IPNetwork, choose_address, may_dial, resolve
 from sandgate.request import same_host
 from sandgate.stages.context import GateState, allowing_rule, via_gateway
@@ -50,6 +51,7 @@ async def pin(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         conn.approved[(str(target.ip), target.port)] = info.host
         # Dial exactly the checked address; the Host header and SNI keep the name.
         flow.request.data.host = str(target.ip)
+    mark(rec, FORWARDED)
 
 
 async def choose(st: GateState, host: str, port: int, private_cidrs: Iterable[IPNetwork],

@@ -32,8 +32,10 @@ def audit(st: GateState, flow: http.HTTPFlow, event: str = "request") -> None:
         return
     rec.audited = True
     try:
-        st.cfg.audit.emit(event, **A.scrub_fields(A.flow_fields(flow, rec),
-                                                    st.secrets(rec)))
+        fields = A.scrub_fields(A.flow_fields(flow, rec), st.secrets(rec))
+        st.cfg.audit.emit(event, **fields)
+        if st.cfg.flow_audited is not None:  # --otlp: the flow's span (sandgate.export)
+            st.cfg.flow_audited(event, flow, rec, fields, st.secrets(rec))
     except Exception:
         log.exception("sandgate: audit failed")
 
