@@ -30,7 +30,7 @@ from sandgate.console.ring import (
     merge_refusals,
 )
 from sandgate.console.source import LocalSource, explain_args
-from sandgate.explain import explain_request
+from sandgate.explain import explain_name, explain_request
 from sandgate.metrics import Metrics
 from sandgate.policy import live
 
@@ -135,8 +135,10 @@ def test_refusals_are_counted_once_per_request_in_bounded_buckets():
     ring.on_audit("request", _ev())
     ring.on_audit("limit", {"code": "too_many_connections", "reason": "x", "client": "c"})
     ring.on_audit("websocket", _ev(decision="deny", code="exfiltration"))
+    ring.on_audit("dns", {"identity": "agent", "host": "x.test", "decision": "deny",
+                          "code": "no_rule"})
     assert [c for _, c in ring.refusals()] == [
-        {"no_rule": 1, "too_many_connections": 1, "exfiltration": 1}]
+        {"no_rule": 2, "too_many_connections": 1, "exfiltration": 1}]
     for _ in range(6):
         clock.t += BUCKET_SECONDS
         ring.on_audit("request", deny)
@@ -281,6 +283,9 @@ def test_explain_args_of_events():
                                  {"method": "tools/call", "tool": "other"}]))
     assert call["mcp_tool"] == "search"
     assert explain_args(_ev(rpc=[{"method": "ping"}]))["rpc_method"] == "ping"
+    assert explain_args({"event": "dns", "identity": "agent", "host": "docs.example.com",
+                         "qtype": "AAAA", "decision": "allow"}) == \
+        {"identity": "agent", "dns": "docs.example.com", "type": "AAAA"}
     assert "no identity" in explain_args(_ev(identity=None, reason="no token"))
     assert "records no request" in explain_args({"identity": "agent", "code": "x"})
 
@@ -376,6 +381,13 @@ async def test_pages_escape_what_sandboxes_send_and_explain_with_the_decision_fu
         assert out["rule"] == "no-admin" and out["code"] == "denied_by_rule"
         assert f"<tr><th>rule</th><td>{out['rule']}</td></tr>" in page
         assert out["reason"].replace("'", "&#39;") in page
+        ring.on_audit("dns", {"identity": "agent", "host": "docs.example.com", "qtype": "A",
+                              "decision": "allow", "rule": "docs", "rcode": "NOERROR"})
+        page = await (await c.get("/console/decisions/3")).text()
+        out, _ = explain_name(state.live.policy, "agent", "docs.example.com", "A")
+        assert out["decision"] == "resolve"
+        assert "<tr><th>decision</th><td>resolve</td></tr>" in page
+        assert "the DNS lookup <code>A docs.example.com</code>" in page
         r = await c.get("/console/decisions/999")
         assert r.status == 404
         rows = await (await c.get("/console/decisions/rows?code=denied_by_rule")).text()

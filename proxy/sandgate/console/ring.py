@@ -51,12 +51,12 @@ def _plain(value: Any) -> Any:
 
 
 def is_refusal(event: str, fields: Mapping[str, Any]) -> bool:
-    """A request, frame or connection (a limit) the proxy refused, counted once: a refused
+    """A request, frame, DNS lookup or connection (a limit) refused, counted once: a refused
     CONNECT answers the requests inside the tunnel with its refusal, and those are counted
     (as `sandgate_requests_total` counts them). Report mode forwards: not a refusal."""
     if not fields.get(A.CODE):
         return False
-    return event == "limit" or (event in ("request", "websocket")
+    return event == "limit" or (event in ("request", "websocket", "dns")
                                 and fields.get(A.DECISION) == "deny")
 
 

@@ -68,6 +68,8 @@ def explain_args(ev: Mapping[str, Any]) -> dict[str, Any] | str:
         return ("no identity: the request was refused before any rule was consulted"
                 f" ({ev.get(A.REASON) or 'no reason recorded'})")
     method, host, port = ev.get(A.METHOD), ev.get(A.HOST), ev.get(A.PORT)
+    if ev.get(A.EVENT) == "dns" and host:  # a lookup of the policy DNS (sandgate.dns)
+        return {"identity": identity, "dns": host, "type": ev.get("qtype") or "A"}
     if method and not host and isinstance(ev.get("url"), str):  # an approval event
         args = {"identity": identity, "method": method, "url": ev["url"]}
         if ev.get(A.SANDBOX):
@@ -154,6 +156,13 @@ class LocalSource:
         from sandgate.explain import explain_request
 
         try:
+            if "dns" in args:  # what the policy DNS answers, as `POST /v1/explain` says it
+                from sandgate.explain import explain_name
+                from sandgate.policy.dnstypes import query_type
+
+                out, _ = explain_name(self.state.live.policy, str(args["identity"]),
+                                      str(args["dns"]), query_type(str(args.get("type", "A"))))
+                return 200, out
             call = call_from_values(args.get("mcp_tool"), None, args.get("rpc_method"))
             out, _ = explain_request(self.state.live.policy, str(args["identity"]),
                                      str(args["method"]), str(args["url"]), self.state.resolve,
