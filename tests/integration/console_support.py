@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
+import pytest
 import requests
 
 from tests.integration.conftest import HERE, UPSTREAM_IP, Proxy, free_port, start_proxy
+from tests.support.upstream import UpstreamServer
 
 ROOT = HERE.parent.parent
 ADMIN_TOKEN = "test-console-admin-token-63a1"
@@ -150,3 +152,64 @@ def browser() -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="module", name="upstream63")
+def upstream63_fixture(pki: Any) -> Iterator[UpstreamServer]:
+    """The TLS upstream of a console test module (imported by each)."""
+    server = UpstreamServer(UP_IP, 443, str(pki.cert), str(pki.key)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module", name="driver")
+def driver_fixture() -> Iterator[Any]:
+    """One headless Chromium per console test module (imported by each)."""
+    yield from browser()
+
+
+def css(driver: Any, selector: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return list(driver.find_elements(By.CSS_SELECTOR, selector))
+
+
+def shot(driver: Any, name: str) -> Path:
+    path = artifact(name)
+    driver.save_screenshot(str(path))
+    print(f"console screenshot: {path}")
+    return path
+
+
+def wait(driver: Any, pred: Any, what: str, timeout: float = 20) -> Any:
+    """WebDriverWait with a screenshot of the page when it times out. An element that htmx
+    swapped out while the predicate looked at it is looked for again."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.1,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(pred)
+    except TimeoutException:
+        path = shot(driver, f"timeout-{int(time.time())}.png")
+        raise AssertionError(f"timed out waiting for {what} (screenshot: {path})") from None
+
+
+# the live table is replaced every 2 s: its cells are read in one script, never element by element
+_ROWS_JS = """return [...document.querySelectorAll('tbody#rows tr[data-id]')].map(tr =>
+    ({id: tr.dataset.id, cells: [...tr.cells].map(td => td.textContent.trim())}));"""
+
+
+def rows(driver: Any) -> list[dict[str, Any]]:
+    """The decisions table as it is now: each row's id and cell texts."""
+    return list(driver.execute_script(_ROWS_JS))
+
+
+def click(driver: Any, selector: str, what: str) -> None:
+    """Click what `selector` finds, again if htmx replaced it in between."""
+    from selenium.webdriver.common.by import By
+
+    def go(d: Any) -> bool:
+        d.find_element(By.CSS_SELECTOR, selector).click()
+        return True
+    wait(driver, go, what)

@@ -33,29 +33,25 @@ from tests.integration.conftest import (
 from tests.integration.console_support import (
     ADMIN_TOKEN,
     ROOT,
-    UP_IP,
-    artifact,
-    browser,
+    click,
     crawl,
     csrf,
+    css,
+    driver_fixture,  # noqa: F401 (the driver fixture)
     encodings,
     login,
+    rows,
+    shot,
     start,
+    upstream63_fixture,  # noqa: F401 (the upstream63 fixture)
+    wait,
 )
 from tests.support.secrets import assert_no_secret
-from tests.support.upstream import UpstreamServer
 
 pytestmark = pytest.mark.integration
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-
-
-@pytest.fixture(scope="module")
-def upstream63(pki) -> Iterator[UpstreamServer]:
-    server = UpstreamServer(UP_IP, 443, str(pki.cert), str(pki.key)).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -66,35 +62,6 @@ def console(tmp_path_factory, vault, upstream63, pki) -> Iterator[tuple[Proxy, s
     stop_proxy(p)
     assert_no_secret([p.logs(), p.audit_file.read_text()], [*SECRET_VALUES, ADMIN_TOKEN],
                      "the proxy's logs or audit")
-
-
-@pytest.fixture(scope="module")
-def driver() -> Iterator[Any]:
-    yield from browser()
-
-
-def _wait(driver: Any, pred: Any, what: str, timeout: float = 15) -> Any:
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(pred)
-    except TimeoutException:
-        shot = artifact(f"timeout-{int(time.time())}.png")
-        driver.save_screenshot(str(shot))
-        raise AssertionError(f"timed out waiting for {what} (screenshot: {shot})") from None
-
-
-def _shot(driver: Any, name: str) -> None:
-    path = artifact(name)
-    driver.save_screenshot(str(path))
-    print(f"console screenshot: {path}")
-
-
-def _css(driver: Any, selector: str) -> list[Any]:
-    from selenium.webdriver.common.by import By
-
-    return list(driver.find_elements(By.CSS_SELECTOR, selector))
 
 
 def _csp_violations(driver: Any) -> list[str]:
@@ -115,23 +82,23 @@ def _login(driver: Any, base: str, token: str) -> None:
 def test_login_sets_a_strict_session_cookie(console, driver):
     _p, base = console
     driver.get(f"{base}/console/decisions")
-    _wait(driver, lambda d: d.current_url.endswith("/console/login"), "the login page")
-    _shot(driver, "01-login.png")
+    wait(driver, lambda d: d.current_url.endswith("/console/login"), "the login page")
+    shot(driver, "01-login.png")
     _login(driver, base, "not-the-token")
-    _wait(driver, lambda d: _css(d, "#problem"), "the wrong-token message")
-    assert "wrong token" in _css(driver, "#problem")[0].text
+    wait(driver, lambda d: css(d, "#problem"), "the wrong-token message")
+    assert "wrong token" in css(driver, "#problem")[0].text
     assert not [c for c in driver.get_cookies() if c["name"] == "sandgate_console"]
     _login(driver, base, ADMIN_TOKEN)
-    _wait(driver, lambda d: _css(d, "#policy-version"), "the overview")
+    wait(driver, lambda d: css(d, "#policy-version"), "the overview")
     version = requests.get(f"{base}/v1/policy", timeout=10,
                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()["version"]
-    assert _css(driver, "#policy-version")[0].text == version
-    assert "admin" in _css(driver, "#who")[0].text
+    assert css(driver, "#policy-version")[0].text == version
+    assert "admin" in css(driver, "#who")[0].text
     cookie = next(c for c in driver.get_cookies() if c["name"] == "sandgate_console")
     assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
     assert cookie["path"] == "/console/" and cookie["secure"] is False  # plain HTTP here
     assert cookie["expiry"] > time.time() + 3600
-    _shot(driver, "02-overview.png")
+    shot(driver, "02-overview.png")
 
 
 def test_a_decision_appears_live_and_is_explained(console, driver, upstream63):
@@ -139,18 +106,18 @@ def test_a_decision_appears_live_and_is_explained(console, driver, upstream63):
 
     p, base = console
     driver.get(f"{base}/console/decisions")
-    _wait(driver, lambda d: _css(d, "tbody#rows"), "the decisions table")
+    wait(driver, lambda d: css(d, "tbody#rows"), "the decisions table")
     driver.execute_script("window.consoleMarker = 'still-the-same-page'")
     r = curl(p, "coding-agent", "https://api.anthropic.com/v1/messages", "-d", "{}")
     assert split_status(r.stdout)[1] == 200, r.stdout + r.stderr
     assert upstream63.seen[-1].headers["x-api-key"] == SECRET_VALUES[0]  # really injected
-    row = _wait(driver, lambda d: [tr for tr in _css(d, "tbody#rows tr")
-                                   if "/v1/messages" in tr.text], "the new decision's row")[0]
+    row = wait(driver, lambda d: [r for r in rows(d) if "/v1/messages" in r["cells"]],
+               "the new decision's row")[0]
     assert driver.execute_script("return window.consoleMarker") == "still-the-same-page"
-    assert "allow" in row.text and "coding-agent" in row.text and "llm" in row.text
-    _shot(driver, "03-decisions-live.png")
-    row.find_element(By.CSS_SELECTOR, "a.explain").click()
-    _wait(driver, lambda d: _css(d, "#explanation"), "the explanation")
+    assert {"allow", "coding-agent", "llm", "POST"} <= set(row["cells"])
+    shot(driver, "03-decisions-live.png")
+    click(driver, f'tr[data-id="{row["id"]}"] a.explain', "the explain link")
+    wait(driver, lambda d: css(d, "#explanation"), "the explanation")
     shown = json.loads(driver.find_element(By.ID, "explain-json").get_attribute("textContent"))
     api = requests.post(f"{base}/v1/explain", timeout=10,
                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
@@ -158,8 +125,8 @@ def test_a_decision_appears_live_and_is_explained(console, driver, upstream63):
                               "url": "https://api.anthropic.com:443/v1/messages"}).json()
     assert shown == api  # the one decision function, as the admin API answers it
     assert shown["rule"] == "llm" and shown["decision"] == "allow"
-    assert "rule_source" in _css(driver, "#explanation")[0].text
-    _shot(driver, "04-explanation.png")
+    assert "rule_source" in css(driver, "#explanation")[0].text
+    shot(driver, "04-explanation.png")
 
 
 def test_filter_and_refusals_chart(console, driver):
@@ -173,39 +140,40 @@ def test_filter_and_refusals_chart(console, driver):
                              "-d", "{}").stdout)[1] == 403
     assert split_status(curl(p, "web-fetch", "https://upstream.test/docs/ok").stdout)[1] == 200
     driver.get(f"{base}/console/decisions")
-    _wait(driver, lambda d: len(_css(d, "tbody#rows tr[data-id]")) >= 5, "the decisions")
-    _shot(driver, "05-decisions.png")  # docs/img/console.png is a copy of this one
+    wait(driver, lambda d: len(rows(d)) >= 5, "the decisions")
+    shot(driver, "05-decisions.png")  # docs/img/console.png is a copy of this one
     Select(driver.find_element(By.ID, "f-identity")).select_by_visible_text("coding-agent")
     Select(driver.find_element(By.ID, "f-code")).select_by_visible_text("denied_by_rule")
-    driver.find_element(By.ID, "apply").click()
-    _wait(driver, lambda d: "code=denied_by_rule" in d.current_url, "the filtered page")
-    rows = _wait(driver, lambda d: _css(d, "tbody#rows tr[data-id]"), "filtered rows")
-    assert len(rows) == 2
-    assert all("denied_by_rule" in r.text and "coding-agent" in r.text for r in rows)
+    click(driver, "#apply", "the filter button")
+    wait(driver, lambda d: "code=denied_by_rule" in d.current_url, "the filtered page")
+    got = wait(driver, rows, "filtered rows")
+    assert len(got) == 2
+    assert all({"denied_by_rule", "coding-agent"} <= set(r["cells"]) for r in got)
     # the live refresh keeps the filter
-    poll = driver.find_element(By.ID, "rows").get_attribute("hx-get")
+    poll = wait(driver, lambda d: d.find_element(By.ID, "rows").get_attribute("hx-get"),
+                "the table's poll")
     assert "identity=coding-agent" in poll and "code=denied_by_rule" in poll
-    _shot(driver, "06-decisions-filtered.png")
+    shot(driver, "06-decisions-filtered.png")
     host = driver.find_element(By.ID, "f-host")
     host.clear()
     host.send_keys("upstream.test")
     Select(driver.find_element(By.ID, "f-identity")).select_by_visible_text("web-fetch")
     Select(driver.find_element(By.ID, "f-code")).select_by_visible_text("any")
-    driver.find_element(By.ID, "apply").click()
-    _wait(driver, lambda d: "host=upstream.test" in d.current_url, "the host filter")
-    rows = _wait(driver, lambda d: _css(d, "tbody#rows tr[data-id]"), "host-filtered rows")
+    click(driver, "#apply", "the filter button")
+    wait(driver, lambda d: "host=upstream.test" in d.current_url, "the host filter")
+    got = wait(driver, rows, "host-filtered rows")
     # the tunnel's CONNECT and the request inside it: two decisions
-    assert sorted(r.find_elements(By.TAG_NAME, "td")[5].text for r in rows) == ["CONNECT", "GET"]
-    assert all("web-fetch" in r.text and "upstream.test" in r.text for r in rows)
+    assert sorted(r["cells"][5] for r in got) == ["CONNECT", "GET"]
+    assert all({"web-fetch", "upstream.test"} <= set(r["cells"]) for r in got)
 
     driver.get(f"{base}/console/refusals")
-    bars = _wait(driver, lambda d: _css(d, "svg.chart rect.bar"), "the chart's bars")
+    bars = wait(driver, lambda d: css(d, "svg.chart rect.bar"), "the chart's bars")
     codes = {b.get_attribute("data-code") for b in bars}
     assert {"denied_by_rule", "no_rule"} <= codes
-    legend = {li.get_attribute("data-code"): li.text for li in _css(driver, "#legend li")}
+    legend = {li.get_attribute("data-code"): li.text for li in css(driver, "#legend li")}
     assert legend["denied_by_rule"].split()[-1] == "2"
     assert legend["no_rule"].split()[-1] == "1"
-    _shot(driver, "07-refusals.png")
+    shot(driver, "07-refusals.png")
 
 
 def test_reach_report(console, driver):
@@ -213,7 +181,7 @@ def test_reach_report(console, driver):
 
     p, base = console
     driver.get(f"{base}/console/reach")
-    section = _wait(driver, lambda d: _css(d, "#reach-coding-agent"), "the reach report")[0]
+    section = wait(driver, lambda d: css(d, "#reach-coding-agent"), "the reach report")[0]
     text = section.text
     assert "llm" in text and "api.anthropic.com" in text and "no-admin" in text
     # the same report `sandgate report --format json` prints for the directory
@@ -225,10 +193,10 @@ def test_reach_report(console, driver):
     rows = section.find_elements(By.CSS_SELECTOR, "tbody tr")
     assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == \
         [r["rule"] for r in ours["rules"]]
-    _shot(driver, "08-reach.png")
+    shot(driver, "08-reach.png")
     driver.get(f"{base}/console/reach?q=github")
-    _wait(driver, lambda d: "github" in d.current_url, "the filtered report")
-    assert [s.get_attribute("id") for s in _css(driver, "section.identity")] == \
+    wait(driver, lambda d: "github" in d.current_url, "the filtered report")
+    assert [s.get_attribute("id") for s in css(driver, "section.identity")] == \
         ["reach-coding-agent"]
 
 
@@ -237,7 +205,7 @@ def test_no_csp_violation_in_the_browser(console, driver):
     driver.get_log("browser")  # what came before
     for path in ("/console/", "/console/decisions", "/console/refusals", "/console/reach"):
         driver.get(base + path)
-        _wait(driver, lambda d: d.execute_script("return document.readyState") == "complete",
+        wait(driver, lambda d: d.execute_script("return document.readyState") == "complete",
               path)
         # htmx loaded (from /console/static/) and polls: not blocked by the policy
         assert driver.execute_script("return typeof htmx") == "object"

@@ -29,15 +29,17 @@ from tests.integration.console_support import (
     ADMIN_TOKEN,
     CONSOLE_IP,
     UP_IP,
-    artifact,
-    browser,
     crawl,
     csrf,
+    css,
+    driver_fixture,  # noqa: F401 (the driver fixture)
     encodings,
     login,
+    shot,
+    upstream63_fixture,  # noqa: F401 (the upstream63 fixture)
+    wait,
 )
 from tests.support.secrets import assert_no_secret
-from tests.support.upstream import UpstreamServer
 
 pytestmark = pytest.mark.integration
 
@@ -59,13 +61,6 @@ identities:
         private_cidrs: [{UP_IP}/32]
         approval: {{timeout: 30, remember: [request, sandbox, identity]}}
 """
-
-
-@pytest.fixture(scope="module")
-def upstream63(pki) -> Iterator[UpstreamServer]:
-    server = UpstreamServer(UP_IP, 443, str(pki.cert), str(pki.key)).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -98,29 +93,6 @@ def held(tmp_path_factory, vault, upstream63, pki) -> Iterator[tuple[Proxy, str]
                      [*SECRET_VALUES, ADMIN_TOKEN, *TOKENS.values()], "the proxy's logs or audit")
 
 
-@pytest.fixture(scope="module")
-def driver() -> Iterator[Any]:
-    yield from browser()
-
-
-def _css(driver: Any, selector: str) -> list[Any]:
-    from selenium.webdriver.common.by import By
-
-    return list(driver.find_elements(By.CSS_SELECTOR, selector))
-
-
-def _wait(driver: Any, pred: Any, what: str, timeout: float = 20) -> Any:
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(pred)
-    except TimeoutException:
-        shot = artifact(f"approvals-timeout-{int(time.time())}.png")
-        driver.save_screenshot(str(shot))
-        raise AssertionError(f"timed out waiting for {what} (screenshot: {shot})") from None
-
-
 def _login(driver: Any, base: str, token: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -128,7 +100,7 @@ def _login(driver: Any, base: str, token: str) -> None:
     driver.get(f"{base}/console/login")
     driver.find_element(By.ID, "token").send_keys(token)
     driver.find_element(By.ID, "login").click()
-    _wait(driver, lambda d: _css(d, "#policy-version"), "the overview after login")
+    wait(driver, lambda d: css(d, "#policy-version"), "the overview after login")
 
 
 def _hold(p: Proxy, body: str, sandbox: str | None = None) -> subprocess.Popen[str]:
@@ -146,27 +118,21 @@ def _finish(c: subprocess.Popen[str]) -> tuple[str, int]:
     return split_status(out)
 
 
-def _shot(driver: Any, name: str) -> None:
-    path = artifact(name)
-    driver.save_screenshot(str(path))
-    print(f"console screenshot: {path}")
-
-
 def test_a_viewer_sees_a_held_request_but_cannot_decide_it(held, driver):
     p, base = held
     _login(driver, base, TOKENS["vic"])
-    assert "viewer" in _css(driver, "#who")[0].text
+    assert "viewer" in css(driver, "#who")[0].text
     driver.get(f"{base}/console/approvals")
-    _wait(driver, lambda d: _css(d, "#no-approvals"), "the empty approvals page")
+    wait(driver, lambda d: css(d, "#no-approvals"), "the empty approvals page")
     driver.execute_script("window.consoleMarker = 'same-page'")
     c = _hold(p, '{"n": 1}')
     try:
-        section = _wait(driver, lambda d: _css(d, "section.approval"), "the held request")[0]
+        section = wait(driver, lambda d: css(d, "section.approval"), "the held request")[0]
         assert driver.execute_script("return window.consoleMarker") == "same-page"  # live
         assert "POST https://api.anthropic.com" in section.text and "agent" in section.text
         assert "messages" in section.text and "model calls need a human" in section.text
-        assert not _css(driver, "form.decide button")  # a viewer gets no form
-        _shot(driver, "10-approvals-viewer.png")
+        assert not css(driver, "form.decide button")  # a viewer gets no form
+        shot(driver, "10-approvals-viewer.png")
         approval = section.get_attribute("id").removeprefix("ap-")
         s = login(base, TOKENS["vic"])
         token = csrf(s.get(f"{base}/console/approvals", timeout=10).text)
@@ -191,14 +157,14 @@ def test_an_approver_approves_and_denies_in_the_console(held, driver, upstream63
     _login(driver, base, TOKENS["alice"])
     c = _hold(p, '{"n": 2}', sandbox="sb-7")
     driver.get(f"{base}/console/approvals")
-    section = _wait(driver, lambda d: _css(d, "section.approval"), "the held request")[0]
+    section = wait(driver, lambda d: css(d, "section.approval"), "the held request")[0]
     approval = section.get_attribute("id").removeprefix("ap-")
     # a POST without the session's CSRF token is refused, and decides nothing
     s = login(base, TOKENS["alice"])
     r = s.post(f"{base}/console/approvals/{approval}", data={"decision": "approve"},
                timeout=10, allow_redirects=False)
     assert r.status_code == 403 and "CSRF" in r.text
-    _shot(driver, "11-approvals-approver.png")
+    shot(driver, "11-approvals-approver.png")
     from selenium.webdriver.support.ui import Select
 
     Select(section.find_element(By.NAME, "scope")).select_by_value("sandbox")
@@ -207,12 +173,12 @@ def test_an_approver_approves_and_denies_in_the_console(held, driver, upstream63
     ttl.send_keys("600")
     section.find_element(By.NAME, "note").send_keys("looks fine")
     section.find_element(By.CSS_SELECTOR, "button.approve").click()
-    _wait(driver, lambda d: _css(d, "#state"), "the decided approval")
+    wait(driver, lambda d: css(d, "#state"), "the decided approval")
     # approved, and by now perhaps already used by the held request that went on
-    assert _css(driver, "#state")[0].text in ("approved", "used")
-    votes = _css(driver, "#votes tbody tr")[0].text
+    assert css(driver, "#state")[0].text in ("approved", "used")
+    votes = css(driver, "#votes tbody tr")[0].text
     assert "alice" in votes and "approve" in votes and "sandbox 600" in votes
-    _shot(driver, "12-approval-approved.png")
+    shot(driver, "12-approval-approved.png")
     body, status = _finish(c)
     assert status == 200, body
     assert upstream63.seen[-1].headers["x-api-key"] == SECRET_VALUES[0]
@@ -221,14 +187,14 @@ def test_an_approver_approves_and_denies_in_the_console(held, driver, upstream63
 
     c = _hold(p, '{"n": 3}')
     driver.get(f"{base}/console/approvals")
-    section = _wait(driver, lambda d: _css(d, "section.approval"), "the next held request")[0]
+    section = wait(driver, lambda d: css(d, "section.approval"), "the next held request")[0]
     section.find_element(By.CSS_SELECTOR, "button.deny").click()
-    _wait(driver, lambda d: _css(d, "#state"), "the denied approval")
-    assert _css(driver, "#state")[0].text == "denied"
+    wait(driver, lambda d: css(d, "#state"), "the denied approval")
+    assert css(driver, "#state")[0].text == "denied"
     body, status = _finish(c)
     assert status == 403 and "approval_denied" in body
     driver.get(f"{base}/console/decisions?identity=agent")
-    rows = _wait(driver, lambda d: _css(d, "tbody#rows tr[data-id]"), "the decisions")
+    rows = wait(driver, lambda d: css(d, "tbody#rows tr[data-id]"), "the decisions")
     assert any("approval_denied" in r.text for r in rows)
     # no secret on any page, the approvals' and their decisions' included
     pages = crawl(s, base)
