@@ -140,6 +140,11 @@ fetch_debs() {
 fetch_debs "$HERE/firewall/debs" 'command -v iptables-nft && command -v iptables-legacy' \
   iptables libip4tc2 libip6tc2 libxtables12 libmnl0 libnetfilter-conntrack3 libnfnetlink0 \
   libnftnl11 netbase
+# nft for `sandgate sandbox capture --pod`: the Kubernetes init container of transparent capture
+# (deploy/kubernetes/examples/sandbox-pod-transparent.yaml) runs the sandgate image.
+fetch_debs "$HERE/sandgate/debs" 'command -v nft' \
+  nftables libnftables1 libedit2 libbsd0 libmd0 libgmp10 libjansson4 libmnl0 libnftnl11 \
+  libxtables12
 if ((replicas)); then
   fetch_debs "$HERE/haproxy/debs" 'command -v haproxy' \
     haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 lsb-base

@@ -32,8 +32,15 @@ if ((want_test)); then
   # Selenium with Debian's Chromium and its chromedriver: no browser download)
   command -v chromium >/dev/null || need_apt+=(chromium)
   command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
+  # redis-server: approvals shared by two proxies (tests/integration/test_approvals.py)
+  command -v redis-server >/dev/null || need_apt+=(redis-server)
   # dig: a real DNS client against the policy DNS (tests/integration/test_dns.py)
   command -v dig >/dev/null || need_apt+=(dnsutils)
+  # nft, go, openssl: transparent capture's nftables table and its clients with no proxy
+  # setting, a Go program built offline and `openssl s_client` (tests/integration/test_transparent.py)
+  command -v nft >/dev/null || [[ -x /usr/sbin/nft ]] || need_apt+=(nftables)
+  command -v go >/dev/null || need_apt+=(golang-go)
+  command -v openssl >/dev/null || need_apt+=(openssl)
   # rsyslog + its gtls driver: the syslog collector of tests/integration/test_audit_export.py
   [[ -x /usr/sbin/rsyslogd ]] || need_apt+=(rsyslog)
   compgen -G '/usr/lib/*/rsyslog/lmnsd_gtls.so' >/dev/null || need_apt+=(rsyslog-gnutls)

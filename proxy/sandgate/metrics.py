@@ -31,6 +31,8 @@ _REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 LIMIT_CODES = frozenset(str(c) for c in (
     Code.TOO_LARGE, Code.HEADERS_TOO_LARGE, Code.RATE_LIMITED, Code.BUDGET_EXHAUSTED,
     Code.TOO_MANY_CONNECTIONS, Code.HEADER_TIMEOUT, Code.IDLE_TIMEOUT, Code.UPSTREAM_TIMEOUT))
+APPROVAL_ACTIONS = frozenset({"requested", "voted", "decided", "used", "timed_out", "withdrawn",
+                              "webhook_sent", "webhook_failed"})
 _VAULT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -75,6 +77,10 @@ class Metrics:
             "sandgate_lease_events", "Dynamic-secret lease events (mint, renew, revoke, "
             "expire, sandbox_end) by outcome (ok, failed, pending, expired, abandoned)",
             ["action", "outcome"], registry=r)
+        self.approvals = Counter(
+            "sandgate_approval_events", "Approval events of `action: ask` rules (requested, "
+            "voted, decided, used, timed_out, withdrawn, webhook_sent, webhook_failed)",
+            ["action"], registry=r)
         self.request_duration = Histogram(
             "sandgate_request_duration_seconds", "Time from the request head to the end of the "
             "response (streams included), by decision", ["decision"],
@@ -209,6 +215,9 @@ class Metrics:
                 self.calls.labels(identity, self._named(c.get("method"), self._b().method_globs),
                                   self._named(c.get("tool"), self._b().tool_globs),
                                   "report" if decision == "report" else outcome).inc()
+        elif event == "approval":
+            action = str(fields.get("action") or UNKNOWN)
+            self.approvals.labels(action if action in APPROVAL_ACTIONS else UNKNOWN).inc()
         elif event == "lease":
             self.leases.labels(str(fields.get("action") or UNKNOWN),
                                str(fields.get("outcome") or UNKNOWN)).inc()

@@ -95,6 +95,7 @@ class RunConfig:
     # pattern 1 with the split (--role-listen, --tool-identity): sandgate.identity.roles
     split: Split | None = None
     role_listens: Sequence[tuple[Role, str, int]] = ()
+    transparent: tuple[str, int] | None = None  # --transparent HOST:PORT (nftables redirects)
     admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin_auth)
     # where approvals live: a Redis URL shares them between replicas (sandgate.approvals);
     # None: in this process
@@ -162,6 +163,8 @@ def check_listeners(cfg: RunConfig) -> None:
     if cfg.admin is not None:
         named.append(("--admin", cfg.admin))
     named += [(f"--role-listen {role}", (host, port)) for role, host, port in cfg.role_listens]
+    if cfg.transparent is not None:
+        named.append(("--transparent", cfg.transparent))
     for i, (name, addr) in enumerate(named):
         for other, other_addr in named[:i]:
             if same_address(addr, other_addr):
@@ -234,6 +237,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         selves += self_addresses(*cfg.gateway)
     for _, host, port in cfg.role_listens:
         selves += self_addresses(host, port)
+    if cfg.transparent is not None:
+        selves += self_addresses(*cfg.transparent)
     approvals = make_approvals(cfg, broker, sink.emit)
     if cfg.dns is not None:
         selves += self_addresses(*cfg.dns.listen)
@@ -310,7 +315,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     socks5.install()  # before the listeners start: the SOCKS5 mode gets Sandgate's layer
     gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
     values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,
-                    cfg.socks5, gateway, [(h, p) for _, h, p in cfg.role_listens])
+                    cfg.socks5, gateway, [(h, p) for _, h, p in cfg.role_listens],
+                    cfg.transparent)
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()
@@ -434,7 +440,8 @@ def make_approvals(cfg: RunConfig, broker: SecretBroker,
         import redis.asyncio
 
         client = redis.asyncio.Redis.from_url(cfg.approvals_redis)
-    return Approvals(approval_store_for(client), audit=audit_emit, instance=cfg.instance,
+    return Approvals(approval_store_for(client, owned=True), audit=audit_emit,
+                     instance=cfg.instance,
                      notify=WebhookSender(broker, audit_emit).notify)
 
 
@@ -457,6 +464,8 @@ def banner(cfg: RunConfig, conf: Path) -> str:
     return (
         f"sandgate: listening on {cfg.listen_host}:{cfg.listen_port}, policies {cfg.policies}\n"
         + socks
+        + (f"sandgate: transparent capture on {cfg.transparent[0]}:{cfg.transparent[1]} "
+           "(identity by source address)\n" if cfg.transparent else "")
         + (f"sandgate: gateway on {'https' if cfg.gateway_tls_name else 'http'}://"
            f"{cfg.gateway_tls_name or cfg.gateway[0]}:{cfg.gateway[1]}/PREFIX\n"
            if cfg.gateway else "") +

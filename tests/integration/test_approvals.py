@@ -14,7 +14,8 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,20 @@ def proxy(tmp_path_factory, vault, pki, upstream, receiver) -> Iterator[Admin]:
                      "the proxy's logs or audit")
 
 
+_TOKENS: dict[tuple[Path, str | None], str] = {}
+
+
+def token_for(p: Proxy, sandbox: str | None) -> str:
+    """One token per proxy and sandbox (issuing one starts a Python process)."""
+    key = (p.confdir, sandbox)
+    if key not in _TOKENS:
+        _TOKENS[key] = p.token("agent", sandbox=sandbox)
+    return _TOKENS[key]
+
+
 def start_curl(p: Proxy, url: str, *args: str, sandbox: str | None = None,
                max_time: int = 40) -> subprocess.Popen[str]:
-    token = p.token("agent", sandbox=sandbox)
+    token = token_for(p, sandbox)
     cmd = ["curl", "-sS", "--max-time", str(max_time), "--proxy", p.url,
            "--proxy-user", f"agent:{token}", "--cacert", str(p.ca), "-w", "\n%{http_code}",
            "-D", "-", url, *args]
@@ -274,6 +286,43 @@ def test_held_until_approved_through_the_api(proxy, upstream, receiver):
     assert ANTHROPIC_KEY not in post["raw"] and "hi ?key" not in post["raw"]
 
 
+SDK_SCRIPT = """
+import anthropic
+client = anthropic.Anthropic(timeout=60, max_retries=0)
+msg = client.messages.create(model="claude-test", max_tokens=8,
+                             messages=[{"role": "user", "content": "deploy?"}])
+print("TEXT:", msg.content[0].text)
+"""
+CLIENT_PY = HERE.parent.parent / ".venv-clients" / "bin" / "python"
+
+
+def test_the_anthropic_sdk_waits_for_the_approval(proxy, upstream):
+    """The official SDK holding a placeholder key: its call waits, held, and returns the
+    upstream's answer once approved (the real key injected only then)."""
+    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
+    env.update({"HTTPS_PROXY": f"http://agent:{token_for(proxy.proxy, None)}@"
+                f"{proxy.proxy.host}:{proxy.proxy.port}", "NO_PROXY": "",
+                "SSL_CERT_FILE": str(proxy.proxy.ca),
+                "ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic"})
+    sdk = subprocess.Popen([str(CLIENT_PY), "-c", SDK_SCRIPT], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    ap = wait_for(lambda: next((a for a in proxy.get("/v1/approvals", token=TOKENS["vic"])[1]
+                                ["approvals"] if a["body_size"] and "deploy?" not in a["url"]
+                                and a["url"].endswith("/v1/messages")), None),
+                  30, "the SDK's request held")
+    before = seen(upstream, "/v1/messages")
+    assert sdk.poll() is None
+    assert decide(proxy, ap["id"], "bob")[0] == 200
+    out, errs = sdk.communicate(timeout=60)
+    assert sdk.returncode == 0, errs[-2000:]
+    assert "TEXT: hello from the test upstream" in out
+    assert seen(upstream, "/v1/messages") == before + 1
+    sent = [s for s in upstream.upstream.seen if s.path == "/v1/messages"][-1]
+    assert sent.headers["x-api-key"] == ANTHROPIC_KEY and b"deploy?" in sent.body
+    assert_no_secret([out, errs], SECRET_VALUES, "the SDK output")
+
+
 def test_approved_through_the_cli(proxy, upstream):
     c = start_curl(proxy.proxy, "https://upstream.test/two/cli")
     ap = pending_for(proxy, "/two/cli")
@@ -283,7 +332,10 @@ def test_approved_through_the_cli(proxy, upstream):
     assert r.returncode == 0 and "needs 1 more" in r.stdout, r.stderr
     # the same approver again counts once
     assert cli(proxy, "alice", "approve", ap["id"]).returncode == 0
-    time.sleep(0.3)
+    # meanwhile other requests pass: a held request holds only itself
+    text, code = finish(start_curl(proxy.proxy, "https://upstream.test/docs/while-held",
+                                   max_time=10))
+    assert code == 200, text
     assert c.poll() is None and seen(upstream, "/two/cli") == 0  # one approver is not enough
     r = cli(proxy, "bob", "approve", ap["id"])
     assert r.returncode == 0 and "approved" in r.stdout, r.stderr
@@ -339,6 +391,8 @@ def test_timed_out(proxy, upstream, receiver):
                     "the json webhook post")
     assert post["verified"] and post["body"]["event"] == "approval_requested"
     assert post["body"]["approval"]["id"] == ap["id"]
+    status, text = proxy.get("/metrics", token=TOKENS["vic"])
+    assert status == 200 and 'sandgate_approval_events_total{action="timed_out"}' in text
 
 
 def test_remembered_for_a_sandbox(proxy, upstream):
@@ -395,6 +449,22 @@ def test_async_mode_202_then_the_identical_request_passes(proxy, upstream):
     text, code = finish(start_curl(proxy.proxy, url, "-X", "POST", "--data", "v1",
                                    max_time=10))
     assert code == 202  # one grant, one use
+
+
+def test_a_client_that_leaves_withdraws_its_approval(proxy, upstream):
+    c = start_curl(proxy.proxy, "https://upstream.test/two/gone")
+    ap = pending_for(proxy, "/two/gone")
+    c.kill()
+    c.wait(10)
+
+    def state() -> str:
+        return str(proxy.get(f"/v1/approvals/{ap['id']}", token=TOKENS["vic"])[1]["state"])
+    wait_for(lambda: state() == "withdrawn", 10, "the approval withdrawn")
+    status, doc = decide(proxy, ap["id"], "alice")
+    assert status == 409 and doc["error"] == "already_decided"
+    proxy.proxy.wait_audit(lambda e: e["event"] == "approval" and e.get("action") == "withdrawn"
+                           and e["approval"] == ap["id"])
+    assert seen(upstream, "/two/gone") == 0
 
 
 def test_watch_streams_new_approvals(proxy):
@@ -467,10 +537,10 @@ def test_decided_on_another_replica(tmp_path_factory, vault, pki, upstream, rece
     pol, users = write_setup(base, vault, receiver)
     (base / "a").mkdir()
     (base / "b").mkdir()
-    a = start(base / "a", pol, users, vault, pki, "--approvals-redis", redis_server,
-              "--instance", "replica-a")
-    b = start(base / "b", pol, users, vault, pki, "--approvals-redis", redis_server,
-              "--instance", "replica-b")
+    with ThreadPoolExecutor(2) as pool:  # two interpreters start at once
+        fa, fb = (pool.submit(start, base / n, pol, users, vault, pki, "--approvals-redis",
+                              redis_server, "--instance", f"replica-{n}") for n in "ab")
+        a, b = fa.result(), fb.result()
     try:
         c = start_curl(a.proxy, "https://upstream.test/two/replicas")
         ap = pending_for(b, "/two/replicas")  # replica b lists what replica a holds
@@ -515,3 +585,69 @@ def test_workers_hold_and_the_front_decides(tmp_path_factory, vault, pki, upstre
         assert ev["approver"] == "alice"
     finally:
         stop_proxy(a.proxy)
+
+
+def test_redis_store_against_a_real_redis(redis_server):
+    """The Redis store itself: concurrent votes on two clients both count (WATCH), changes are
+    published, grants and the async fingerprint are found, expired pending ones are not listed."""
+    import asyncio
+
+    import redis.asyncio
+
+    from sandgate.approvals.model import Approval, Scope, grant_for, vote
+    from sandgate.approvals.redis_store import RedisStore
+
+    async def run() -> None:
+        prefix = f"t{time.time_ns()}"
+        s1 = RedisStore(redis.asyncio.Redis.from_url(redis_server), prefix=prefix, owned=True)
+        s2 = RedisStore(redis.asyncio.Redis.from_url(redis_server), prefix=prefix, owned=True)
+        now = time.time()
+        a = Approval(id="ap_r1", identity="agent", sandbox="sb", method="POST",
+                     url="https://x/a", host="x", tool=None, rule="r", rule_source="p:1",
+                     body_sha256="0" * 64, body_size=0, created=now, expires=now + 60,
+                     mode="hold", require_approvers=3, approvers=None,
+                     remember=("request", "sandbox"), max_remember_ttl=600, fingerprint="fp1")
+        sub = await s2.subscribe()
+        await s1.create(a)
+        assert (await sub.get()).id == "ap_r1"
+        assert [x.id for x in await s2.pending()] == ["ap_r1"]
+        assert (await s2.find("fp1")) == a
+
+        def v(user: str) -> Callable[[Approval], Approval]:
+            return lambda x: vote(x, user, "approve", Scope("sandbox", 60), None, time.time())
+        await asyncio.gather(s1.update("ap_r1", v("alice")), s2.update("ap_r1", v("bob")),
+                             s1.update("ap_r1", v("carol")))
+        got = await s2.get("ap_r1")
+        assert got is not None and got.state == "approved"
+        assert sorted(got.approved_by) == ["alice", "bob", "carol"]
+        assert await s1.pending() == []
+        g = grant_for(got)
+        assert g is not None
+        await s1.add_grant(g)
+        assert await s2.grant("r", "agent", "sb", time.time()) == g
+        assert await s2.grant("r", "agent", "other", time.time()) is None
+        ttl = await s1.r.pttl(f"{prefix}:grant:{g.key}")
+        assert 0 < ttl <= 60_000
+        expired = Approval.from_dict({**a.as_dict(), "id": "ap_r3", "expires": now - 1,
+                                      "votes": []})
+        await s1.create(expired)
+        assert [x.id for x in await s1.pending()] == []
+        await sub.aclose()
+        await s1.aclose()
+        await s2.aclose()
+
+    asyncio.run(run())
+
+
+def test_explain_says_ask(proxy):
+    status, doc = proxy.post("/v1/explain", {"identity": "agent", "method": "GET",
+                                              "url": "https://upstream.test/two/x"},
+                             token=TOKENS["vic"])  # a viewer may explain
+    assert status == 200, doc
+    assert doc["decision"] == "ask" and doc["rule"] == "two-person"
+    assert doc["approval"]["require_approvers"] == 2
+    assert doc["approval"]["approvers"] == ["alice", "bob"]
+    status, doc = proxy.get("/v1/policy", token=TOKENS["vic"])
+    rules = {r["name"]: r["action"] for r in doc["identities"]["agent"]["rules"]}
+    assert rules["two-person"] == "ask" and rules["docs"] == "allow"
+    assert proxy.post("/v1/reload", token=TOKENS["alice"])[0] == 403  # admin only

@@ -21,12 +21,13 @@ from mitmproxy import connection, dns, http, tcp, tls, udp
 from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers import modes
 
-from sandgate.addons import readable, relay
+from sandgate.addons import capture, readable, relay
 from sandgate.addons.socks5 import REP_NOT_ALLOWED, Socks5ConnectData, connect_flow
 from sandgate.addons.state import FlowRecord
 from sandgate.errors import Refused
 from sandgate.stages import (
     s10_identify,
+    s15_capture,
     s20_head,
     s30_body,
     s35_call,
@@ -50,6 +51,7 @@ Stage = Callable[[GateState, http.HTTPFlow, FlowRecord], Awaitable[None]]
 # Judged from the head alone, before any body is read (requestheaders; request again when a
 # flow skipped it). A stage that needs only the head goes here.
 HEAD_PATH: tuple[Stage, ...] = (
+    s15_capture.head,  # transparent capture: the ClientHello's refusal; Host vs destination
     s20_head.judge,  # identifies (s10_identify) and decides
 )
 
@@ -132,7 +134,8 @@ class Gate(GateState):
         else:
             s90_audit.audit(self, flow, event="connect")
 
-    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+    async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        await capture.hello(self, data)  # a captured connection: its stand-in CONNECT first
         s60_dial.passthrough_hello(self, data)
 
     def tls_established_client(self, data: tls.TlsData) -> None:

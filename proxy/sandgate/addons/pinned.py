@@ -74,7 +74,8 @@ def gateway_mode(host: str, port: int, tls_name: str | None) -> str:
 
 def pinned(max_request_body: str, upstream_ca_bundle: str | None,
            socks5: tuple[str, int] | None = None, gateway: str | None = None,
-           role_listens: Sequence[tuple[str, int]] = ()) -> dict[str, Any]:
+           role_listens: Sequence[tuple[str, int]] = (),
+           transparent: tuple[str, int] | None = None) -> dict[str, Any]:
     """The pinned option values for one run: `mode` is exactly the configured listeners
     (`socks5`: the SOCKS5 listen address; `gateway`: the gateway listener's mode;
     `role_listens`: pattern 1's tool/other listeners, regular proxies, sandgate.identity.roles)."""
@@ -86,6 +87,8 @@ def pinned(max_request_body: str, upstream_ca_bundle: str | None,
     if gateway is not None:
         modes.append(gateway)
     modes += [f"regular@{host}:{port}" for host, port in role_listens]
+    if transparent is not None:  # judged by addons/capture.py and stages/s15_capture.py
+        modes.append(f"transparent@{transparent[0]}:{transparent[1]}")
     values["mode"] = modes
     values["body_size_limit"] = max_request_body
     values["ssl_verify_upstream_trusted_ca"] = upstream_ca_bundle

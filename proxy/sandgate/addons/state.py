@@ -44,6 +44,19 @@ class Tunnel:
 
 
 @dataclass
+class Captured:
+    """A connection that arrived on the transparent listener (nftables redirected it)."""
+
+    original: tuple[str, int]  # where the sandbox connected to (SO_ORIGINAL_DST)
+    # redirected on this host, so `original` is trustworthy (else DNATed in the sandbox's own
+    # namespace: it is the listener itself, and only the name and the scheme's port are judged)
+    known: bool = True
+    hello_seen: bool = False  # its TLS ClientHello was judged (at most once: the outer TLS)
+    # a refusal of the stand-in CONNECT: answered to every request inside the TLS
+    refusal: Refused | None = None
+
+
+@dataclass
 class Conn:
     # CONNECT stream -> its tunnel (addons/tunnels.py: keyed by the stream's Server id; HTTP/2
     # carries several CONNECT streams on one connection)
@@ -58,6 +71,8 @@ class Conn:
     # gateway connections: (host, port) a request was approved for -> the checked address;
     # server_connect dials that address with the host as SNI (see stages/s60_dial.py)
     by_name: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
+    # transparent capture (stages/s15_capture.py): the connection's judgement at its ClientHello
+    captured: Captured | None = None
 
     @property
     def tunnel(self) -> Tunnel | None:

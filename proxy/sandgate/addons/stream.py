@@ -15,7 +15,7 @@ from mitmproxy import http
 from mitmproxy.net.http import status_codes
 
 from sandgate.addons.decoding import Decoder, codings, decode_all, unsupported
-from sandgate.refusal import REASON_HEADER, Refusal
+from sandgate.refusal import APPROVAL_HEADER, REASON_HEADER, Refusal
 from sandgate.scrub import SecretSet
 from sandgate.unwrap import applies_to, scrub_unwrapped, unwrapping_scrubber
 
@@ -26,15 +26,15 @@ def clean_head(resp: http.Response, secrets: SecretSet) -> int:
     """The response head as the sandbox may see it; returns the number of redactions.
 
     The reason phrase is the standard one for the status (an upstream can put anything there,
-    a secret included); Sandgate's own reason header is removed (only Sandgate sets it); a header
-    whose value holds a control character (a bare CR would split the line for an HTTP/1 client)
-    is dropped; every other value is scrubbed.
+    a secret included); Sandgate's own reason and approval headers are removed (only Sandgate
+    sets them); a header whose value holds a control character (a bare CR would split the line
+    for an HTTP/1 client) is dropped; every other value is scrubbed.
     """
     resp.reason = status_codes.RESPONSES.get(resp.status_code, "")
-    reserved = REASON_HEADER.lower().encode()
+    reserved = (REASON_HEADER.lower().encode(), APPROVAL_HEADER.lower().encode())
     resp.headers.fields = tuple(
         (k, v) for k, v in resp.headers.fields
-        if k.lower() != reserved and not _CONTROL.search(v))
+        if k.lower() not in reserved and not _CONTROL.search(v))
     return scrub_headers(resp.headers, secrets)
 
 

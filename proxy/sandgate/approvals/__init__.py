@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
 
-def approval_store_for(redis: Redis | None, prefix: str = "sandgate") -> ApprovalStore:
-    """The approval store for this process: shared through `redis` when given."""
+def approval_store_for(redis: Redis | None, prefix: str = "sandgate",
+                       owned: bool = False) -> ApprovalStore:
+    """The approval store for this process: shared through `redis` when given (a client the
+    caller keeps and closes, unless `owned`: then the store closes it)."""
     if redis is None:
         return MemoryStore()
     from sandgate.approvals.redis_store import RedisStore
 
-    return RedisStore(redis, prefix=prefix)
+    return RedisStore(redis, prefix=prefix, owned=owned)

@@ -6,9 +6,10 @@ passing the user's name and role along (only a holder of the worker token may):
 
 - `GET /v1/approvals`: every worker's pending approvals, merged (by id) and oldest first;
 - `GET /v1/approvals/{id}`: the worker that knows it;
-- `POST /v1/approvals/{id}`: every worker is asked; the one holding it decides (the others
-  answer 404). A decision remembered for a sandbox or identity is then copied to every other
-  worker (`POST /v1/approvals/{id}/grant` on the control sockets), so their requests pass too.
+- `POST /v1/approvals/{id}`: the workers are asked one after another until one knows it (the
+  one holding it, or with a shared store the first): a vote is taken once. A decision
+  remembered for a sandbox or identity is then copied to every other worker (`POST
+  /v1/approvals/{id}/grant` on the control sockets), so their requests pass too.
 """
 
 from __future__ import annotations
@@ -62,12 +63,13 @@ async def show(sup: Supervisor, aid: str, headers: Mapping[str, str]) -> tuple[i
 
 async def decide(sup: Supervisor, aid: str, raw: bytes,
                  headers: Mapping[str, str]) -> tuple[int, Any]:
-    """Every worker is asked; the one holding it decides; a remembered grant is copied."""
-    docs = _docs(await sup.ask_all("POST", f"/v1/approvals/{aid}", raw, extra=headers))
-    answer = next(((s, d) for s, d in docs if s != 404), None)
-    if answer is None:
+    """The worker holding it decides; a remembered grant is copied to every worker."""
+    # one worker after another: a vote is taken once, by the worker holding the request
+    answer = await sup.ask_until("POST", f"/v1/approvals/{aid}", raw, extra=headers)
+    docs = _docs([answer] if answer is not None else [])
+    if not docs:
         return 404, {"error": "not_found", "reason": f"no approval {aid}"}
-    status, doc = answer
+    status, doc = docs[0]
     scope = doc.get("scope") if status == 200 and isinstance(doc, dict) else None
     if doc.get("state") == "approved" and scope and scope.get("kind") != "request":
         await sup.ask_all("POST", f"/v1/approvals/{aid}/grant", json.dumps(doc).encode())

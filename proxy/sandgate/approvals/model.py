@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from sandgate.policy.model import ApprovalScope
 
-State = Literal["pending", "approved", "denied", "timeout", "used"]
+State = Literal["pending", "approved", "denied", "timeout", "used", "withdrawn"]
 Verdict = Literal["approve", "deny"]
 SCOPE_ORDER: dict[str, int] = {"request": 0, "sandbox": 1, "identity": 2}
 

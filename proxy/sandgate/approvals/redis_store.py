@@ -31,11 +31,12 @@ MAX_RETRIES = 50
 
 class RedisStore:
     def __init__(self, redis: Redis, prefix: str = "sandgate",
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, owned: bool = False) -> None:
         import time
 
         self.r = redis
         self.p = prefix
+        self.owned = owned  # close the client with the store (else it is shared: left open)
         self._clock = clock or time.time
 
     def _a(self, approval_id: str) -> str:
@@ -80,8 +81,12 @@ class RedisStore:
                for i in await self.r.zrange(self._pending, 0, -1)]
         out: list[Approval] = []
         stale: list[str] = []
-        for i in ids:
-            a = await self.get(i)
+        async with self.r.pipeline(transaction=False) as pipe:  # one round trip for all
+            for i in ids:
+                pipe.hget(self._a(i), "doc")
+            docs = await pipe.execute()
+        for i, raw in zip(ids, docs, strict=True):
+            a = Approval.from_dict(json.loads(raw)) if raw else None
             if a is None or a.state != "pending":
                 stale.append(i)
             elif a.expires > now:
@@ -156,4 +161,5 @@ class RedisStore:
         return Subscription(get, close)
 
     async def aclose(self) -> None:
-        await self.r.aclose()
+        if self.owned:
+            await self.r.aclose()

@@ -37,6 +37,7 @@ log = logging.getLogger("sandgate.approvals")
 
 AUDIT_EVENT = "approval"
 ASYNC_RETRY_AFTER = 30  # seconds a 202 tells the client to wait before retrying
+GONE_POLL = 1.0  # seconds between looks at a held request's client
 
 Audit = Callable[..., None]
 Notify = Callable[[Policy, Approval], Awaitable[None]]
@@ -145,10 +146,12 @@ class Approvals:
 
     # ------------------------------------------------------------------ asking (the proxy)
 
-    async def ask(self, policy: Policy, rule: Rule, req: Request, reason: str) -> str:
+    async def ask(self, policy: Policy, rule: Rule, req: Request, reason: str,
+                  gone: Callable[[], bool] | None = None) -> str:
         """Return when the request may go on (approved, or a remembered grant: returns how);
         raise ApprovalRefused otherwise (pending 202 in mode async, denied, timed out, limits).
-        """
+        `gone`: has the client closed its connection? Then a held request's approval is
+        withdrawn (nobody would get the answer, and nothing is sent for nobody)."""
         ask = rule.ask
         assert ask is not None
         await self.start()  # the change stream is up before any waiter registers
@@ -196,7 +199,7 @@ class Approvals:
                     hint="send the identical request again once it is approved (same method, "
                     "URL and body)", approval=a.id, retry_after=min(ASYNC_RETRY_AFTER,
                                                                     ask.timeout))
-            return await self._hold(a, fut)
+            return await self._hold(a, fut, gone)
         finally:
             waiters = self._waiters.get(a.id)
             if waiters is not None:
@@ -204,14 +207,20 @@ class Approvals:
                 if not waiters:
                     del self._waiters[a.id]
 
-    async def _hold(self, a: Approval, fut: asyncio.Future[Approval]) -> str:
+    async def _hold(self, a: Approval, fut: asyncio.Future[Approval],
+                    gone: Callable[[], bool] | None) -> str:
         got: Approval | None = await self.store.get(a.id)
-        if got is not None and got.state == "pending":
+        while got is not None and got.state == "pending":
             remaining = a.expires - self.clock()
-            try:
-                got = await asyncio.wait_for(asyncio.shield(fut), max(remaining, 0))
+            if gone is not None and gone():
+                got = await self.store.update(a.id, _expire(self.clock(), "withdrawn"))
+                break
+            try:  # look at the client once a second while waiting
+                got = await asyncio.wait_for(asyncio.shield(fut),
+                                             max(min(remaining, GONE_POLL), 0))
             except TimeoutError:
-                got = await self.store.update(a.id, _expire(self.clock()))
+                if remaining <= GONE_POLL:
+                    got = await self.store.update(a.id, _expire(self.clock()))
         out = self._outcome(got, a)  # raises unless approved
         await self.used(a.id)
         return out
@@ -220,6 +229,11 @@ class Approvals:
         if got is None:  # vanished from the store (Redis flushed?): fail closed
             raise ApprovalRefused(Code.APPROVAL_TIMEOUT, f"approval {a.id} was lost before a "
                                   "decision", approval=a.id)
+        if got.state == "withdrawn":
+            self._audit("withdrawn", got)
+            raise ApprovalRefused(Code.APPROVAL_TIMEOUT, f"approval {a.id} was withdrawn: the "
+                                  "client closed its connection while it waited",
+                                  approval=a.id)
         if got.state == "timeout":
             self._audit("timed_out", got, timeout=round(got.expires - got.created))
             raise ApprovalRefused(
@@ -315,11 +329,12 @@ class Approvals:
         return await self.store.get(approval_id)
 
 
-def _expire(now: float) -> Callable[[Approval], Approval]:
+def _expire(now: float, state: Literal["timeout", "withdrawn"] = "timeout"
+            ) -> Callable[[Approval], Approval]:
     def change(a: Approval) -> Approval:
         if a.state != "pending":
             return a  # decided meanwhile: the decision stands
-        return dataclasses.replace(a, state="timeout", decided_at=now)
+        return dataclasses.replace(a, state=state, decided_at=now)
     return change
 
 

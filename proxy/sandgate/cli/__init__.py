@@ -42,6 +42,7 @@ FAMILIES = (
     "reach",
     "sandbox",
     "approvals",
+    "capture",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]

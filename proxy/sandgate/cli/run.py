@@ -129,6 +129,10 @@ def register(sub: Any) -> None:
     run.add_argument("--socks5-allow", action="append", default=[], metavar="CIDR",
                      help="serve SOCKS5 only to sources in this range (repeatable; others are "
                      "dropped at connect and audited)")
+    run.add_argument("--transparent", type=_listen, default=None, metavar="HOST:PORT",
+                     help="also accept connections the sandbox network's nftables rules "
+                     "redirect here (transparent capture: no proxy settings, identity by source "
+                     "address; see `sandgate sandbox network --transparent`); off unless given")
     run.add_argument("--gateway", type=_listen, default=None, metavar="HOST:PORT",
                      help="serve the policy's `gateways:` here (base-URL gateway mode: plain "
                      "HTTP, for internal networks only, unless --gateway-tls-name)")
@@ -365,7 +369,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
                                   listen_host=args.listen[0], listen_port=args.listen[1],
                                   admin=args.admin, socks5=args.socks5,
-                                  socks5_allow=socks5_allow, role_listens=role_listens))
+                                  socks5_allow=socks5_allow, role_listens=role_listens,
+                                  transparent=args.transparent))
+        if args.transparent is not None and not (args.identity_cidr or args.docker_network):
+            raise ValueError("--transparent identifies callers by source address only (no "
+                             "token travels): give --identity-cidr or --docker-network")
         if args.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
         limits = limits_config(args)
@@ -447,7 +455,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             watch_interval=None if args.no_watch else 0.5, log_format=log_format,
             socks5=args.socks5, socks5_allow=socks5_allow,
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
-            limits=limits, split=split, role_listens=role_listens,
+            limits=limits, split=split, role_listens=role_listens, transparent=args.transparent,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
             admin_users=admin_users, approvals_redis=args.approvals_redis,
             dns=dns,

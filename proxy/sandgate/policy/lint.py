@@ -17,6 +17,7 @@ import yaml
 
 from sandgate.policy.compiler import TEMPLATE_LOOKING, template_fix
 from sandgate.policy.hygiene import expiries
+from sandgate.policy.lint_ask import ask_findings
 from sandgate.policy.lint_calls import read_listings, tool_findings
 from sandgate.policy.loader import (
     POLICY_SUFFIXES,
@@ -85,6 +86,7 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
                 f"add fixtures for what it may and may not do, e.g. `- {{identity: "
                 f"{ident.name}, request: GET https://..., expect: allow}}` and an expect: deny "
                 "next to it"))
+    used |= {h.secret for h in policy.webhooks.values() if h.secret is not None}
     for name, ref in policy.secrets.items():
         if name not in used:
             out.append(trees.finding(
@@ -106,6 +108,7 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
     from sandgate.policy.lint_semantic import semantic_findings  # lint.Finding is shared
 
     out += semantic_findings(policy, trees.finding, Finding)
+    out += ask_findings(policy, trees.finding)  # action: ask, webhooks
     # A template's rule is checked once per identity using it; say it once.
     out = list(dict.fromkeys(out))
     order = {f: i for i, f in enumerate(policy.files)}

@@ -108,12 +108,14 @@ def covers(earlier: Rule, later: Rule) -> bool:
 def shadowing_rule(rules: Sequence[Rule], index: int) -> Rule | None:
     """The earlier allow rule that takes every request rules[index] would allow, if any.
 
-    The first matching allow rule wins, so such a rule hides rules[index] completely."""
+    The first matching allow rule wins, so such a rule hides rules[index] completely. Ask rules
+    (`action: ask`) win over allow rules wherever they are, so they are compared only with each
+    other here (sandgate.policy.lint_ask says what an ask rule hides)."""
     later = rules[index]
     if later.action != "allow":
         return None
     for r in rules[:index]:
-        if r.action == "allow" and covers(r, later):
+        if r.action == "allow" and (r.ask is None) == (later.ask is None) and covers(r, later):
             return r
     return None
 

@@ -137,6 +137,8 @@ def build_report(policy: Policy, title: str) -> Report:
     for name, ref in policy.secrets.items():
         users = [(i.name, r.name, str(r.source)) for i in policy.identities.values()
                  for r in i.rules if r.action == "allow" and name in r.secrets]
+        users += [("webhook", h.name, str(h.source)) for h in policy.webhooks.values()
+                  if h.secret == name]  # the HMAC key of approval announcements
         only = f"; only to {', '.join(p.text for p in ref.hosts)}" if ref.hosts else ""
         secrets[name] = (ref.location + only, users)
     return Report(title, idents, secrets)

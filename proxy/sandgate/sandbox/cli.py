@@ -15,6 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sandgate import capture
+from sandgate.capture import CaptureError
+from sandgate.cli import capture as capture_cli
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
 from sandgate.sandbox import split
 from sandgate.sandbox.errors import DockerUnavailable, SandboxError, connect
@@ -29,6 +32,7 @@ from sandgate.sandbox.network import (
     NETWORK_NAME,
     SandboxNetwork,
     ensure_network_info,
+    inspect_network,
 )
 
 
@@ -47,6 +51,16 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
                              "listening on the host answers them)")
         # The default since the host firewall allows only the proxy port; kept for old scripts.
         sp.add_argument("--only-proxy-port", action="store_true", help=argparse.SUPPRESS)
+        sp.add_argument("--transparent", type=int, default=None, metavar="PORT",
+                        help="transparent capture: redirect the sandboxes' TCP to 80/443 (and "
+                        "--capture-port) to Sandgate's --transparent listener at this port of "
+                        "the gateway, drop and count everything else (nftables); `run`: no "
+                        "proxy variables in the sandbox")
+        sp.add_argument("--dns", default=None, metavar="ADDRESS",
+                        help="the policy DNS's address (sandgate run --dns ADDRESS:53): the "
+                        "sandbox's only resolver (docs/dns.md); with --transparent every other "
+                        "DNS packet is dropped and counted")
+        capture_cli.add_arguments(sp, status=sp.prog.endswith(" network"), dns=False)
 
     net = ssub.add_parser("network", help="create the internal sandbox network; print gateway")
     net_args(net)
@@ -71,9 +85,6 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
     run.add_argument("--placeholder", action="append", default=[], metavar="NAME=VALUE",
                      help="environment placeholder, e.g. ANTHROPIC_API_KEY=sandgate-placeholder-"
                           "anthropic")
-    run.add_argument("--dns", default=None, metavar="ADDRESS",
-                     help="the policy DNS's address (sandgate run --dns ADDRESS:53): the "
-                     "sandbox's only resolver (docs/dns.md)")
     run.add_argument("--memory", default="512m")
     run.add_argument("--cpus", type=float, default=1.0)
     run.add_argument("--pids-limit", type=int, default=256)
@@ -89,7 +100,8 @@ def _network(client: Any, args: argparse.Namespace) -> SandboxNetwork:
     if args.unsafe_allow_host_services and args.only_proxy_port:
         raise SandboxError("--unsafe-allow-host-services and --only-proxy-port contradict")
     return ensure_network_info(client, args.network, args.subnet, proxy_port=args.proxy_port,
-                               allow_host_services=args.unsafe_allow_host_services)
+                               allow_host_services=args.unsafe_allow_host_services,
+                               transparent=capture_cli.for_network(args))
 
 
 def _err(msg: str) -> int:
@@ -101,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.sandbox_command == "network":
             client = connect()
+            if args.status:  # the capture counters of the network's bridge
+                bridge = inspect_network(client, args.network).bridge
+                sys.stdout.write(capture.format_counters(capture.counters(bridge)))
+                return 0
             info = _network(client, args)
             if not info.host_firewall:
                 print("sandgate: warning: no host firewall (not root?): sandboxes can reach "
@@ -117,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             return _run(args)
     except DockerUnavailable as e:
         return _err(str(e))
-    except SandboxError as e:
+    except (SandboxError, CaptureError) as e:
         return _err(str(e))
     return _err(f"unknown sandbox command {args.sandbox_command!r}")
 
@@ -159,6 +175,7 @@ def _run(args: argparse.Namespace) -> int:
         ca_pem=ca_pem, token=token, placeholders=placeholders, memory=args.memory,
         cpus=args.cpus, pids_limit=args.pids_limit, network=args.network,
         allow_host_services=args.unsafe_allow_host_services, dns=args.dns,
+        transparent=args.transparent is not None,
     )
     res = run_once(client, spec, cmd if len(cmd) > 1 else cmd[0], timeout=args.timeout)
     sys.stdout.write(res.stdout)

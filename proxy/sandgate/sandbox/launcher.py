@@ -46,6 +46,7 @@ from sandgate.proxyenv import (
     CA_DIR,
     CA_FILE,
     ENV_NAMES,
+    ca_environment,
     proxy_environment,
     proxy_url_with_credentials,
 )
@@ -110,6 +111,11 @@ class SandboxSpec:
     # Pattern 1 with the split (docs/pattern1.md; the image: sandgate-agent:dev): the agent and
     # its bash tool run as two users whose traffic reaches Sandgate's agent / tool listeners.
     split: SplitPorts | None = None
+    # Transparent capture (sandgate.capture, `sandgate sandbox network --transparent`):
+    # no proxy variable at all; the network's nftables rules take the sandbox's traffic to
+    # Sandgate, which identifies it by its address (Docker labels). The CA is trusted as ever.
+    transparent: bool = False
+    extra_hosts: Mapping[str, str] = field(default_factory=dict)  # /etc/hosts: name -> address
     # The policy DNS's address (`sandgate run --dns ADDR:53`, docs/dns.md): the container's
     # resolver (Docker's own forwards to it). None: Docker's default resolvers.
     dns: str | None = None
@@ -152,7 +158,11 @@ class SandboxSpec:
 def sandbox_environment(spec: SandboxSpec, sandbox_id: str) -> dict[str, str]:
     """Everything a sandbox's processes see: proxy, CA locations, placeholders. No secret."""
     env: dict[str, str] = dict(spec.placeholders)
-    env.update(proxy_environment(spec.proxy_url_with_token(), ca_bundle=CA_BUNDLE, ca_file=CA_FILE))
+    if spec.transparent:
+        env.update(ca_environment(ca_bundle=CA_BUNDLE, ca_file=CA_FILE))
+    else:
+        env.update(proxy_environment(spec.proxy_url_with_token(), ca_bundle=CA_BUNDLE,
+                                     ca_file=CA_FILE))
     env["SANDGATE_IDENTITY"] = spec.identity
     env["SANDGATE_SANDBOX"] = sandbox_id
     if spec.split is not None:
@@ -315,6 +325,7 @@ class Sandbox:
                 labels=labels,
                 environment=sandbox_environment(spec, sandbox_id),
                 network=spec.network,  # this network only: no default bridge
+                extra_hosts=dict(spec.extra_hosts) or None,
                 dns=[spec.dns] if spec.dns is not None else None,  # the policy DNS only
                 working_dir=spec.workdir,
                 init=True,  # reap what exec'd commands leave behind

@@ -20,13 +20,18 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import docker
 import requests
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
+from sandgate import capture
 from sandgate.sandbox.errors import SandboxError, docker_endpoint, unavailable
+
+if TYPE_CHECKING:
+    from sandgate.capture import Capture
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +91,13 @@ def ensure_network_info(
     proxy_port: int = DEFAULT_PROXY_PORT,
     allowed_ports: Sequence[int] | None = None,
     allow_host_services: bool = False,
+    transparent: Capture | None = None,
 ) -> SandboxNetwork:
+    """`transparent`: also install the capture table on the network's bridge (its interface
+    and allowed proxy port filled in here; sandgate.capture)."""
     info = _ensure(client, name, subnet, isolate)
+    if transparent is not None:
+        install_capture(info, transparent, allowed_ports or [proxy_port])
     if host_firewall:
         ports = list(allowed_ports) if allowed_ports is not None else [proxy_port]
         applied = restrict_host_access(client, info, ports,
@@ -164,9 +174,23 @@ def remove_network(client: docker.DockerClient, name: str = NETWORK_NAME) -> Non
     except NotFound:
         return
     client.api.remove_network(name)
+    if shutil.which("nft") is not None and os.geteuid() == 0:
+        capture.remove(info.bridge)
     for family in (4, 6):
         if _tool(family) is not None:
             _drop_chain(family, info.bridge)
+
+
+def install_capture(info: SandboxNetwork, cap: Capture, proxy_ports: Sequence[int]) -> bool:
+    """The capture table on the network's bridge: TCP to the captured ports redirected to the
+    transparent listener at the gateway, the proxy ports at the gateway as they are, the rest
+    dropped and counted. Whether it changed."""
+    cap = replace(cap, placement="router", interface=info.bridge,
+                  allow=tuple(cap.allow) + tuple((info.gateway, int(p)) for p in proxy_ports))
+    try:
+        return capture.apply(info.bridge, cap)
+    except capture.CaptureError as e:
+        raise SandboxError(str(e)) from None
 
 
 # --- host firewall ------------------------------------------------------------------------------
@@ -206,8 +230,10 @@ def _drop_chain(family: int, bridge: str) -> None:
     _ipt(family, "-X", chain, check=False)
 
 
-def _rules(family: int, gateway: str | None, ports: Sequence[int] | None) -> list[str]:
+def _rules(family: int, gateway: str | None, ports: Sequence[int] | None,
+           udp_ports: Sequence[int] = ()) -> list[str]:
     """The chain's rules as `iptables -S` prints them, without `-A CHAIN`. ports None: all.
+    udp_ports: Sandgate's DNS (transparent capture, sandgate.capture).
 
     No gateway (a network without IPv6, for family 6): no rule, everything is dropped.
     """
@@ -222,6 +248,8 @@ def _rules(family: int, gateway: str | None, ports: Sequence[int] | None) -> lis
     if ports is None:
         rules.append(f"{dest} -j ACCEPT")
     rules += [f"{dest} -p tcp -m tcp --dport {int(port)} -j ACCEPT" for port in ports or ()]
+    if ports is not None:
+        rules += [f"{dest} -p udp -m udp --dport {int(port)} -j ACCEPT" for port in udp_ports]
     return rules
 
 
@@ -272,13 +300,18 @@ def restrict_host_access(
         return False
     if allowed_ports is None:
         allowed_ports = (DEFAULT_PROXY_PORT,)
-    ports = None if allow_host_services else sorted({int(p) for p in allowed_ports})
+    # a capture table on this bridge redirects to this host: its listener (and DNS) stay open
+    tcp_capture, udp_ports = capture.listener_ports(info.bridge)
+    ports = None if allow_host_services else sorted({int(p) for p in
+                                                     [*allowed_ports, *tcp_capture]})
     what = "all" if ports is None else ",".join(map(str, ports)) or "none"
-    _apply_chain(4, info.bridge, _rules(4, info.gateway, ports),
+    if udp_ports and ports is not None:
+        what += " udp:" + ",".join(map(str, udp_ports))
+    _apply_chain(4, info.bridge, _rules(4, info.gateway, ports, udp_ports),
                  f"sandgate {info.gateway} tcp:{what}")
     v6 = _tool(6) is not None and _tool(6, restore=True) is not None
     if v6:
-        _apply_chain(6, info.bridge, _rules(6, info.gateway6, ports),
+        _apply_chain(6, info.bridge, _rules(6, info.gateway6, ports, udp_ports),
                      f"sandgate {info.gateway6 or 'no-ipv6'} tcp:{what}")
     elif info.gateway6 is not None:
         log.warning("no ip6tables: sandboxes on %s can reach every IPv6 address and port of this "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 
 from mitmproxy import http
+from mitmproxy.connection import ConnectionState
 
 from sandgate.addons.state import FlowRecord
 from sandgate.approvals.service import Request
@@ -35,11 +36,13 @@ async def hold(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     req = flow.request
     body = req.raw_content or b""
     origin = f"{info.scheme}://{_authority(info.host, info.port, info.scheme)}"
-    shown = origin + redact_path(req.path, kept_query_names(policy))
+    # as the audit shows a path: query values redacted, any known secret value scrubbed
+    shown = st.secrets(rec).scrub_text(origin + redact_path(req.path, kept_query_names(policy)))[0]
     how = await st.cfg.approvals.ask(policy, rule, Request(
         identity=caller.identity, sandbox=caller.sandbox, method=info.method, url=shown,
         full_url=origin + req.path, host=info.host, tool=_tool(rec),
-        body_sha256=hashlib.sha256(body).hexdigest(), body_size=len(body)), d.reason)
+        body_sha256=hashlib.sha256(body).hexdigest(), body_size=len(body)), d.reason,
+        gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ)
     rec.approval = how
 
 

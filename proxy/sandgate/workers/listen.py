@@ -45,7 +45,7 @@ def _shared_classes() -> tuple[type[Any], ...]:
 
     # the gateway is a TCP reverse listener (HTTP or TLS; never a UDP/DNS reverse mode)
     return (mode_servers.RegularInstance, mode_servers.Socks5Instance,
-            mode_servers.ReverseInstance)
+            mode_servers.ReverseInstance, mode_servers.TransparentInstance)
 
 
 def shared() -> bool:

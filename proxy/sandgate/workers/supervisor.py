@@ -309,6 +309,23 @@ class Supervisor:
                                          if w.running and w.started))
         return [a for a in answers if a is not None]
 
+    async def ask_until(self, method: str, path: str, body: bytes | None = None,
+                        extra: Mapping[str, str] | None = None
+                        ) -> tuple[int, bytes, str] | None:
+        """The request to one worker after another until one answers anything but 404 (the
+        worker holding an approval; with a shared store, the first)."""
+        for w in self.workers:
+            if not (w.running and w.started):
+                continue
+            try:
+                answer = await self._call(w, method, path, body, "application/json",
+                                          extra=extra)
+            except (TimeoutError, OSError, aiohttp.ClientError):
+                continue
+            if answer[0] != 404:
+                return answer
+        return None
+
     # ---------------------------------------------------------------------------- main
 
     def _spawn_task(self, coro: Any) -> None:
@@ -337,7 +354,7 @@ class Supervisor:
         reserved = [listen.reserve(self.cfg.listen_host, self.cfg.listen_port)]
         roles = [(f"--role-listen {r}", (h, p)) for r, h, p in self.cfg.role_listens]
         for flag, addr in (("--socks5", self.cfg.socks5), ("--gateway", self.cfg.gateway),
-                           *roles):
+                           ("--transparent", self.cfg.transparent), *roles):
             if addr is None:
                 continue
             try:
