@@ -189,3 +189,37 @@ async def download(t: Target) -> float:
     if status != 200 or n != 20 * 1024 * 1024:
         raise RuntimeError(f"/big: status {status}, {n} bytes")
     return n / (1024 * 1024) / elapsed
+
+
+def percentiles(times: list[float]) -> tuple[float, float]:
+    """(p50, p99) of `times` (nearest rank)."""
+    s = sorted(times)
+    return s[len(s) // 2], s[min(len(s) - 1, int(len(s) * 0.99))]
+
+
+async def latency_keepalive(t: Target, samples: int) -> tuple[float, float]:
+    """p50 and p99 ms of one request at a time on a warm kept-alive connection."""
+    c = await connect(t)
+    for _ in range(5):
+        await c.request()
+    times: list[float] = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        await c.request()
+        times.append((time.perf_counter() - t0) * 1000)
+    c.close()
+    return percentiles(times)
+
+
+async def latency_new_connection(t: Target, samples: int) -> tuple[float, float]:
+    """p50 and p99 ms of CONNECT + TLS + one request, one connection at a time."""
+    times: list[float] = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        c = await connect(t)
+        try:
+            await c.request(close=True)
+        finally:
+            c.close()
+        times.append((time.perf_counter() - t0) * 1000)
+    return percentiles(times)

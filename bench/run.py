@@ -60,13 +60,18 @@ FIGURES = {  # key: (label, unit, higher is better)
     "keepalive_c16_rps": ("keep-alive c16", "req/s", True),
     "keepalive_c64_rps": ("keep-alive c64", "req/s", True),
     "new_conn_rps": ("new CONNECT+TLS", "req/s", True),
+    "new_conn_cpu_ms": ("CPU/new conn", "ms", False),
+    "c1_keepalive_p50_ms": ("c1 keep-alive p50", "ms", False),
+    "c1_keepalive_p99_ms": ("c1 keep-alive p99", "ms", False),
+    "c1_new_conn_p50_ms": ("c1 new conn p50", "ms", False),
+    "c1_new_conn_p99_ms": ("c1 new conn p99", "ms", False),
     "sse_first_event_ms": ("SSE 1st event", "ms", False),
     "download_mib_s": ("20 MiB download", "MiB/s", True),
     "download_rss_growth_mib": ("RSS growth dl", "MiB", False),
     "peak_rss_mib": ("peak RSS", "MiB", False),
     "cpu_ms_per_request": ("CPU/request", "ms", False),
 }
-PROXY_ONLY = {"download_rss_growth_mib", "peak_rss_mib", "cpu_ms_per_request"}
+PROXY_ONLY = {"download_rss_growth_mib", "peak_rss_mib", "cpu_ms_per_request", "new_conn_cpu_ms"}
 VARIANTS = ["direct", "squid", "mitmdump", "mitmdump+header", "sandgate", "sandgate-passthrough",
             "sandgate-workers2"]
 
@@ -341,7 +346,14 @@ def measure(v: Variant, args: argparse.Namespace) -> dict[str, float]:
     if pid:
         cpu = cpu_seconds(pid) - cpu0
         out["cpu_ms_per_request"] = cpu * 1000 / (2 * args.requests + 16 + 64)
+    cpu0 = cpu_seconds(pid) if pid else 0.0
     out["new_conn_rps"] = asyncio.run(client.new_connections(t, args.new_conn, 8))
+    if pid:
+        out["new_conn_cpu_ms"] = (cpu_seconds(pid) - cpu0) * 1000 / args.new_conn
+    p50, p99 = asyncio.run(client.latency_keepalive(t, args.latency))
+    out["c1_keepalive_p50_ms"], out["c1_keepalive_p99_ms"] = p50, p99
+    p50, p99 = asyncio.run(client.latency_new_connection(t, max(1, args.latency // 4)))
+    out["c1_new_conn_p50_ms"], out["c1_new_conn_p99_ms"] = p50, p99
     out["sse_first_event_ms"] = asyncio.run(client.sse_first_event(t, args.sse))
     if pid:
         v.peak_kib = max(v.peak_kib, status_kib(pid, "VmHWM"))
@@ -389,6 +401,18 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
                                                          "squid", key)
     out["sandgate-passthrough/squid download_mib_s"] = ratio(results, "sandgate-passthrough",
                                                              "squid", "download_mib_s")
+    out["sandgate-passthrough/squid new_conn_cpu_ms"] = ratio(results, "sandgate-passthrough",
+                                                              "squid", "new_conn_cpu_ms")
+    out["sandgate/mitmdump new_conn_cpu_ms"] = ratio(results, "sandgate", "mitmdump",
+                                                     "new_conn_cpu_ms")
+    for name in ("sandgate", "mitmdump"):
+        out[f"{name}/direct download_mib_s"] = ratio(results, name, "direct", "download_mib_s")
+    out["sandgate/mitmdump download_mib_s"] = ratio(results, "sandgate", "mitmdump",
+                                                    "download_mib_s")
+    for key in ("c1_keepalive_p50_ms", "c1_keepalive_p99_ms", "c1_new_conn_p50_ms",
+                "c1_new_conn_p99_ms"):
+        for name in ("sandgate", "sandgate-passthrough", "mitmdump", "squid"):
+            out[f"{name} - direct {key}"] = added(results, name, key)
     try:
         out["sandgate - direct sse_first_event_ms"] = statistics.median(
             x - y for x, y in zip(results["sandgate"]["sse_first_event_ms"]["runs"],
@@ -396,6 +420,16 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
     except (KeyError, ValueError, statistics.StatisticsError):
         out["sandgate - direct sse_first_event_ms"] = None
     return out
+
+
+def added(results: dict[str, Any], name: str, key: str) -> float | None:
+    """Median over rounds of (variant - direct): the latency a proxy adds."""
+    try:
+        return statistics.median(
+            x - y for x, y in zip(results[name][key]["runs"], results["direct"][key]["runs"],
+                                  strict=True))
+    except (KeyError, ValueError, statistics.StatisticsError):
+        return None
 
 
 def spread(results: dict[str, Any], name: str) -> str:
@@ -431,10 +465,13 @@ def table(results: dict[str, Any], rat: dict[str, float | None]) -> str:
     lines.append("")
     lines.append("Ratios (median of the per-round ratios, min-max): ")
     targets = {
-        "sandgate/mitmdump keepalive_c16_rps": ">= 1.0",
+        "sandgate/mitmdump keepalive_c16_rps": ">= 1.5",
         "sandgate-workers2/mitmdump keepalive_c16_rps": ">= 1.8",
         "sandgate-passthrough/squid keepalive_c16_rps": ">= 0.8",
         "sandgate - direct sse_first_event_ms": "<= 15",
+        "sandgate/mitmdump download_mib_s": ">= 1.0",
+        "sandgate-passthrough/squid new_conn_cpu_ms": "<= 2.0",
+        "sandgate - direct c1_keepalive_p50_ms": "<= 1",
     }
     for k, val in rat.items():
         if val is None:
@@ -452,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-conn", type=int, default=300,
                     help="requests with a new CONNECT+TLS each")
     ap.add_argument("--sse", type=int, default=30, help="SSE samples (median)")
+    ap.add_argument("--latency", type=int, default=200,
+                    help="concurrency-1 keep-alive samples (a quarter as many new connections)")
     ap.add_argument("--only", default="", help="comma-separated variants (default: all)")
     ap.add_argument("--json", type=Path, default=HERE / "results.json")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -503,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     rat = ratios(results)
     doc = {
         "meta": {"rounds": args.rounds, "requests": args.requests, "new_conn": args.new_conn,
-                 "sse_samples": args.sse, "cpus": os.cpu_count(),
+                 "sse_samples": args.sse, "latency_samples": args.latency,
+                 "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
                  "python": platform.python_version(),
                  "machine": platform.machine(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                       time.gmtime())},

@@ -22,6 +22,7 @@ from sandgate import audit, confdir
 from sandgate.addons import (
     dialguard,
     dispatch,
+    handshake,
     patches,
     relay,
     socks5,
@@ -334,6 +335,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     tunnels.install()  # one tunnel record (and upstream) per CONNECT stream
     writes.install()
     speed.install()
+    handshake.install()
     addons.set_inert(speed.inert_addons(m, values))
 
     tasks: set[asyncio.Task[Any]] = set()

@@ -1,8 +1,9 @@
 """Keep secret values from leaking back to a sandbox: replace them in what flows to it.
 
 A `SecretSet` compiles every form of every secret value (raw, base64, hex, percent-encoded,
-JSON-escaped: see `sandgate.secrets.forms`) into one Aho-Corasick automaton, built once per set
-of cached secrets rather than per request. Each occurrence becomes ``[REDACTED:<name>]``.
+JSON-escaped: see `sandgate.secrets.forms`) into one multi-pattern matcher
+(`sandgate.literals`: Hyperscan, at memory speed), built once per set of cached secrets rather
+than per request. Each occurrence becomes ``[REDACTED:<name>]``.
 Matching is leftmost, at a position the longest needle wins (one may be a prefix of another),
 non-overlapping, and scanning goes on after each replacement.
 
@@ -12,21 +13,16 @@ that is nearly always nothing, so a server-sent event leaves as soon as it arriv
 
 `SecretSet.find` and `StreamDetector` report which secrets occur in what a sandbox sends
 (exfiltration), ignoring ASCII case because a client may change it on purpose.
-
-Bytes are mapped to ``str`` through latin-1 (one code point per byte) for pyahocorasick, so
-every index into the text is an index into the bytes.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Protocol
 
-import ahocorasick
-
+from sandgate.literals import LiteralSet
 from sandgate.secrets.forms import FormKind, classified_forms
 
 REDACTED_TEMPLATE = "[REDACTED:{name}]"
@@ -34,9 +30,8 @@ REDACTED_TEMPLATE = "[REDACTED:{name}]"
 _NO_EXTRA: Mapping[str, Iterable[bytes]] = MappingProxyType({})
 
 # A needle longer than this is only a candidate for an unfinished match at position q if its
-# first _PROBE_LEN characters occur at q: a second small automaton finds those candidates, so
-# deciding what to hold back costs a pass over the last max_len - 1 bytes, not one trie walk
-# per position.
+# first _PROBE_LEN bytes occur at q: a second small matcher finds those candidates, so deciding
+# what to hold back costs a pass over the last max_len - 1 bytes, not one lookup per position.
 _PROBE_LEN = 8
 
 
@@ -60,17 +55,6 @@ class _Needle:
     replacement: bytes
 
 
-def _automaton(words: Mapping[str, object]) -> Any:
-    """A compiled automaton over `words` (key -> value), or None when there are none."""
-    if not words:
-        return None
-    auto = ahocorasick.Automaton()
-    for key, value in words.items():
-        auto.add_word(key, value)
-    auto.make_automaton()
-    return auto
-
-
 class SecretSet:
     """All forms of a set of secret values, compiled for scrubbing and for detection.
 
@@ -81,7 +65,7 @@ class SecretSet:
     Empty values and forms are skipped. When two names share a needle, the first name wins.
 
     Complexity: building is about linear in the total length of all forms (some 25 forms, at most
-    six times the value's length, per secret). Scrubbing and detection are one automaton pass,
+    six times the value's length, per secret). Scrubbing and detection are one matcher pass,
     O(n + m log m) for n bytes with m raw matches; a stream chunk adds O(max_len) to decide
     what to hold back.
     """
@@ -91,16 +75,15 @@ class SecretSet:
         secrets: Mapping[str, str | bytes] | Iterable[tuple[str, str | bytes]],
         extra: Mapping[str, Iterable[bytes]] = _NO_EXTRA,
     ) -> None:
-        exact: dict[str, _Needle] = {}
-        folded: dict[str, Hit] = {}
+        exact: dict[bytes, _Needle] = {}
+        folded: dict[bytes, Hit] = {}
 
         def add(name: str, form: bytes, kind: FormKind) -> None:
-            key = form.decode("latin-1")
-            if key in exact:
+            if form in exact:
                 return
             marker = REDACTED_TEMPLATE.format(name=name).encode("utf-8", "backslashreplace")
-            exact[key] = _Needle(len(key), marker)
-            folded.setdefault(form.lower().decode("latin-1"), Hit(name, kind))
+            exact[form] = _Needle(len(form), marker)
+            folded.setdefault(form.lower(), Hit(name, kind))
 
         # (name, value) pairs as well as a mapping: per-sandbox secrets have one value per
         # sandbox under one name, and every one of them is scrubbed
@@ -115,15 +98,10 @@ class SecretSet:
                     add(name, bytes(form), "own")
 
         self.max_len: int = max((n.length for n in exact.values()), default=0)
-        self._exact = _automaton(exact)
-        self._folded = _automaton(folded)
-        self._probe = _automaton({k[:_PROBE_LEN]: None for k in exact if len(k) > _PROBE_LEN})
-        # Needles that are proper prefixes of other needles: in sorted order, the strings that
-        # extend a string come right after it, so the next distinct key tells.
-        ordered = sorted(exact)
-        self._extendable = frozenset(
-            a for a, b in itertools.pairwise(ordered) if b.startswith(a)
-        )
+        self._exact: LiteralSet[_Needle] | None = LiteralSet(exact) if exact else None
+        self._folded: LiteralSet[Hit] | None = LiteralSet(folded) if folded else None
+        probe = {k[:_PROBE_LEN]: None for k in exact if len(k) > _PROBE_LEN}
+        self._probe: LiteralSet[None] | None = LiteralSet(probe) if probe else None
 
     @property
     def empty(self) -> bool:
@@ -200,14 +178,14 @@ class SecretSet:
 
     def _matches(self, data: bytes, *, final: bool) -> tuple[list[tuple[int, _Needle]], int]:
         """The replacements `_scan` makes, as (start, needle), and its stop."""
-        text = data.decode("latin-1")
+        assert self._exact is not None
         longest: dict[int, _Needle] = {}
-        for end, needle in self._exact.iter(text):
+        for end, needle in self._exact.ends(data):
             start = end + 1 - needle.length
             best = longest.get(start)
             if best is None or best.length < needle.length:
                 longest[start] = needle
-        blocked = [] if final else self._unfinished(text)
+        blocked = [] if final else self._unfinished(data)
         matches: list[tuple[int, _Needle]] = []
         pos = b = 0
         for start in sorted(longest):
@@ -225,25 +203,24 @@ class SecretSet:
         stop = blocked[b] if b < len(blocked) else len(data)
         return matches, stop
 
-    def _unfinished(self, text: str) -> list[int]:
-        """Ascending positions q where ``text[q:]`` is a proper prefix of some needle.
+    def _unfinished(self, data: bytes) -> list[int]:
+        """Ascending positions q where ``data[q:]`` is a proper prefix of some needle.
 
         Such a suffix is shorter than max_len, so only the last max_len - 1 positions qualify.
-        Of these, a suffix of at least _PROBE_LEN characters must start with the first
-        _PROBE_LEN characters of a longer needle (the probe automaton finds those); shorter
-        suffixes are few and checked directly.
+        Of these, a suffix of at least _PROBE_LEN bytes must start with the first _PROBE_LEN
+        bytes of a longer needle (the probe matcher finds those); shorter suffixes are few and
+        checked directly.
         """
-        n = len(text)
+        n = len(data)
         low = max(0, n - (self.max_len - 1))
         candidates = set(range(max(low, n - _PROBE_LEN + 1), n))
         if self._probe is not None:
-            candidates.update(end + 1 - _PROBE_LEN for end, _ in self._probe.iter(text, low))
-        return sorted(q for q in candidates if self._is_proper_prefix(text[q:]))
+            candidates.update(end + 1 - _PROBE_LEN for end, _ in self._probe.ends(data, low))
+        return sorted(q for q in candidates if self._is_proper_prefix(data[q:]))
 
-    def _is_proper_prefix(self, s: str) -> bool:
-        if s in self._extendable:
-            return True
-        return bool(self._exact.match(s)) and not self._exact.exists(s)
+    def _is_proper_prefix(self, s: bytes) -> bool:
+        assert self._exact is not None
+        return self._exact.prefix_state(s)[0]
 
 
 class StreamScrubber:
@@ -322,7 +299,7 @@ class StreamDetector:
         data = self._tail + chunk.lower()  # bytes.lower() folds ASCII only, as needles were
         fresh = len(self._tail)
         new: list[Hit] = []
-        for end, hit in folded.iter(data.decode("latin-1")):
+        for end, hit in folded.ends(data):
             if end < fresh:
                 continue  # ended in the tail: counted with an earlier chunk
             self.occurrences += 1

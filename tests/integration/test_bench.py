@@ -10,21 +10,23 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-PROXY_ONLY = {"download_rss_growth_mib", "peak_rss_mib", "cpu_ms_per_request"}
+PROXY_ONLY = {"download_rss_growth_mib", "peak_rss_mib", "cpu_ms_per_request", "new_conn_cpu_ms"}
 
 
 def test_bench_tiny_load_reports_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--rounds", "1", "--requests", "20",
-         "--new-conn", "4", "--sse", "2", "--json", str(out)],
+         "--new-conn", "4", "--sse", "2", "--latency", "4", "--json", str(out)],
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(out.read_text())
     figures = set(doc["figures"])
     assert figures == {"keepalive_c16_rps", "keepalive_c64_rps", "new_conn_rps",
                        "sse_first_event_ms", "download_mib_s", "download_rss_growth_mib",
-                       "peak_rss_mib", "cpu_ms_per_request"}
+                       "peak_rss_mib", "cpu_ms_per_request", "new_conn_cpu_ms",
+                       "c1_keepalive_p50_ms", "c1_keepalive_p99_ms", "c1_new_conn_p50_ms",
+                       "c1_new_conn_p99_ms"}
     variants = doc["variants"]
     assert set(variants) == {"direct", "squid", "mitmdump", "mitmdump+header", "sandgate",
                              "sandgate-passthrough", "sandgate-workers2"}
@@ -43,6 +45,9 @@ def test_bench_tiny_load_reports_every_figure(tmp_path: Path) -> None:
                 assert s["median"] > 0, (name, key)
     assert doc["ratios"]["sandgate/mitmdump keepalive_c16_rps"] > 0
     assert doc["ratios"]["sandgate-passthrough/squid keepalive_c16_rps"] > 0
+    assert "sandgate-passthrough/squid new_conn_cpu_ms" in doc["ratios"]  # squid: 0 ticks
+    assert doc["ratios"]["sandgate/direct download_mib_s"] > 0
+    assert doc["ratios"]["sandgate - direct c1_keepalive_p50_ms"] is not None
     # the table is printed, with every variant
     for name in variants:
         assert f"| {name} |" in run.stdout

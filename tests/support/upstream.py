@@ -21,6 +21,7 @@ class Seen:
     host: str | None
     headers: dict[str, str]
     body: bytes
+    peer: Any = None  # the client address of the connection it came on (one per connection)
 
 
 @dataclass
@@ -41,7 +42,8 @@ class Upstream:
     async def _record(self, request: web.Request) -> Seen:
         body = await request.read()
         s = Seen(request.method, request.path, request.query_string, request.headers.get("Host"),
-                 {k.lower(): v for k, v in request.headers.items()}, body)
+                 {k.lower(): v for k, v in request.headers.items()}, body,
+                 request.transport.get_extra_info("peername") if request.transport else None)
         self.seen.append(s)
         return s
 

@@ -31,6 +31,9 @@ def register(sub: Any) -> None:
 
     ca = sub.add_parser("ca", help="print the CA certificate sandboxes must trust")
     confdir_arg(ca)
+    ca.add_argument("--rotate", action="store_true",
+                    help="replace the CA with a new ECDSA P-256 one first (the old files are "
+                         "kept as *.old; restart the proxy, sandboxes must trust the new one)")
     ca.set_defaults(handler=cmd_ca)
 
 
@@ -71,6 +74,14 @@ def cmd_canary(args: argparse.Namespace) -> int:
 def cmd_ca(args: argparse.Namespace) -> int:
     from sandgate import confdir
 
-    path = confdir.ensure_ca(confdir.ensure_confdir(args.confdir))
+    conf = confdir.ensure_confdir(args.confdir)
+    if getattr(args, "rotate", False):
+        path = confdir.rotate_ca(conf)
+        from sandgate.cakey import key_kind
+
+        print(f"new CA ({key_kind(conf / confdir.CA_KEY_FILE)}); old files kept as *.old: "
+              "restart the proxy, and have sandboxes trust this certificate", file=sys.stderr)
+    else:
+        path = confdir.ensure_ca(conf)
     sys.stdout.write(Path(path).read_text())
     return 0
