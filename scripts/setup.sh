@@ -32,6 +32,10 @@ if ((want_test)); then
   # test_state_scripts.py; bench/state.py) and approvals shared by two proxies
   # (tests/integration/test_approvals.py)
   command -v redis-server >/dev/null || [[ -x /usr/bin/redis-server ]] || need_apt+=(redis-server)
+  # chromium + chromium-driver: the web console's browser tests (tests/integration/test_console.py,
+  # Selenium with Debian's Chromium and its chromedriver: no browser download)
+  command -v chromium >/dev/null || need_apt+=(chromium)
+  command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
   # dig: a real DNS client against the policy DNS (tests/integration/test_dns.py)
   command -v dig >/dev/null || need_apt+=(dnsutils)
   # nft, go, openssl: transparent capture's nftables table and its clients with no proxy

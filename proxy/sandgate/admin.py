@@ -24,6 +24,7 @@ from sandgate.admin_auth import AdminUser, needs
 from sandgate.approvals import api as approvals_api
 from sandgate.approvals.service import Approvals
 from sandgate.call_cli import call_from_values
+from sandgate.console.ring import EventRing
 from sandgate.explain import explain_request
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
@@ -68,6 +69,8 @@ class AdminState:
     approvals: Approvals | None = None
     # --state: sandbox ends and reloads reach every replica; /readyz shows the fleet's state
     fleet: Fleet | None = None
+    # the recent decisions the web console shows (fed by the audit stream: runner.py)
+    recent: EventRing | None = None
 
 
 OPENABLE = admin_auth.OPENABLE
@@ -93,6 +96,28 @@ def auth_middleware(admin_token: str, open_paths: frozenset[str],
     """The admin check of every admin listener (this one and the workers' front): users and
     roles, sandgate.admin_auth."""
     return admin_auth.auth_middleware(admin_token, open_paths, users, trust_forwarded)
+
+
+def policy_doc(state: AdminState) -> dict[str, Any]:
+    """The `/v1/policy` answer (also the web console's overview)."""
+    cur = state.live.current
+    p = cur.policy
+    return {
+        "version": cur.version,
+        "loaded_at": cur.loaded_at,
+        "loaded_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur.loaded_at)),
+        "directory": str(state.live.directory),
+        "files": list(cur.files),
+        "identities": {
+            name: {"mode": ident.mode,
+                   "rules": [{"name": r.name, "action": r.verb,
+                              "hosts": [h.text for h in r.hosts],
+                              "secrets": sorted(r.secrets),
+                              "passthrough": r.passthrough} for r in ident.rules]}
+            for name, ident in sorted(p.identities.items())},
+        "secrets": sorted(p.secrets),
+        "last_reload": state.live.last.as_dict() if state.live.last else None,
+    }
 
 
 def build_app(state: AdminState) -> web.Application:
@@ -128,25 +153,7 @@ def build_app(state: AdminState) -> web.Application:
         return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def policy(_: web.Request) -> web.Response:
-        cur = state.live.current
-        p = cur.policy
-        body = {
-            "version": cur.version,
-            "loaded_at": cur.loaded_at,
-            "loaded_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur.loaded_at)),
-            "directory": str(state.live.directory),
-            "files": list(cur.files),
-            "identities": {
-                name: {"mode": ident.mode,
-                       "rules": [{"name": r.name, "action": r.verb,
-                                  "hosts": [h.text for h in r.hosts],
-                                  "secrets": sorted(r.secrets),
-                                  "passthrough": r.passthrough} for r in ident.rules]}
-                for name, ident in sorted(p.identities.items())},
-            "secrets": sorted(p.secrets),
-            "last_reload": state.live.last.as_dict() if state.live.last else None,
-        }
-        return _json(200, body)
+        return _json(200, policy_doc(state))
 
     async def reload(_: web.Request) -> web.Response:
         out = await state.live.reload("api")
@@ -270,7 +277,12 @@ def build_app(state: AdminState) -> web.Application:
 
 
 async def start_admin(state: AdminState, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
+    from sandgate.console.app import mount
+    from sandgate.console.source import LocalSource
+
+    app = build_app(state)
+    mount(app, LocalSource(state, state.recent), state.admin_token, state.users)  # web console
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -36,6 +36,8 @@ import yaml
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sandgate.console import is_console_path
+
 Role = Literal["viewer", "approver", "admin"]
 ROLES: tuple[Role, ...] = ("viewer", "approver", "admin")
 RANK: dict[str, int] = {r: i for i, r in enumerate(ROLES)}
@@ -169,8 +171,8 @@ def auth_middleware(admin_token: str, open_paths: frozenset[str],
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in unauthenticated:
-            return await handler(request)
+        if request.path in unauthenticated or is_console_path(request.path):
+            return await handler(request)  # the web console has its own login (sessions)
         user = auth.user(request.headers.get("Authorization", ""))
         if user is None:
             return _error(401, "unauthorized", "send Authorization: Bearer <admin token> "

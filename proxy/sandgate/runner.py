@@ -36,6 +36,7 @@ from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.admin_auth import AdminUser
 from sandgate.approvals.service import Approvals
 from sandgate.audit_setup import AuditSettings
+from sandgate.console import ring as console_ring
 from sandgate.export import setup as export_setup
 from sandgate.export.setup import ExportConfig
 from sandgate.identity.base import AddressIdentitySource, Caller
@@ -283,6 +284,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             broker.leases.shared = SharedLeases(shared.counts.r, shared.config,
                                                 BrokerKV(broker, mount), prefix)
     sink.add_listener(metrics.on_audit)
+    recent = None if cfg.admin is None and cfg.worker is None else console_ring.attach(
+        sink, cfg.worker.id if cfg.worker else None, lambda: live.current.version)  # console
     exports = export_setup.start(cfg.exports, sink, metrics.registry, cfg.instance)
     gate.cfg.flow_audited = exports.flow_audited
 
@@ -404,6 +407,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             users=cfg.admin_users, trust_forwarded=cfg.worker is not None,
             approvals=approvals,
             fleet=shared.fleet if shared is not None else None,
+            recent=recent,
         )
         if cfg.worker is not None:
             from sandgate.workers.control import start_control

@@ -64,6 +64,9 @@ async def start_control(state: Any, role: WorkerRole,
         return web.json_response(status())
 
     app.router.add_get("/worker/status", worker_status)
+    from sandgate.console import source, worker
+
+    worker.add_routes(app, source.LocalSource(state, state.recent))  # the supervisor's console
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     with contextlib.suppress(FileNotFoundError):

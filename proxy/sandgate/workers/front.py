@@ -91,4 +91,8 @@ def build_front(sup: Supervisor, admin_token: str,
     # leases live in every worker: the end of a sandbox reaches all of them
     app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
     register_front(app, sup)  # approvals: held in the workers
+    from sandgate.console.app import mount
+    from sandgate.console.source import WorkersSource
+
+    mount(app, WorkersSource(sup), admin_token, users)  # the web console, over every worker
     return app
