@@ -117,6 +117,19 @@ def test_defaults(tmp_path):
     assert ask.approvers is None and ask.mode == "hold" and ask.remember == ("request",)
 
 
+def test_timeout_and_require_approvers_on_the_rule_itself(tmp_path):
+    """The issue's spelling: `timeout` and `require_approvers` written on the ask rule."""
+    p = load(tmp_path, rule("      - {name: a, action: ask, hosts: [x.example.com], "
+                            "timeout: 5m, require_approvers: 2}"))
+    ask = p.identities["agent"].rules[0].ask
+    assert ask is not None and ask.timeout == 300 and ask.require_approvers == 2
+    # beside other `approval:` keys
+    p = load(tmp_path, rule("      - {name: a, action: ask, hosts: [x.example.com], "
+                            "timeout: 30, approval: {mode: async, remember: [sandbox]}}"))
+    ask = p.identities["agent"].rules[0].ask
+    assert ask is not None and ask.timeout == 30 and ask.mode == "async"
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("      - {name: a, hosts: [x.example.com], approval: {timeout: 5}}",
      "`approval:` only applies to `action: ask` rules"),
@@ -138,6 +151,20 @@ def test_defaults(tmp_path):
     ("      - {name: a, action: ask, hosts: [x.example.com], approval: {remember: [forever]}}",
      "remember"),
     ("      - {name: a, action: maybe, hosts: [x.example.com]}", "action"),
+    ("      - {name: a, hosts: [x.example.com], timeout: 5m}",
+     "`timeout:` only applies to `action: ask` rules"),
+    ("      - {name: a, action: deny, hosts: [x.example.com], require_approvers: 2}",
+     "`require_approvers:` only applies to `action: ask` rules"),
+    ("      - {name: a, action: ask, hosts: [x.example.com], timeout: 5m,\n"
+     "         approval: {timeout: 2m}}",
+     "`timeout` is given twice: on the rule and under `approval:`"),
+    ("      - {name: a, action: ask, hosts: [x.example.com], timeout: 1h}",
+     "over the 900s a request may wait in mode hold"),
+    ("      - {name: a, action: ask, hosts: [x.example.com], require_approvers: 3,\n"
+     "         approval: {approvers: [alice, bob]}}",
+     "`require_approvers: 3` cannot be met by the 2 distinct approver(s) named"),
+    ("      - {name: a, action: ask, hosts: [x.example.com], require_approvers: 0}",
+     "require_approvers"),
 ])
 def test_schema_errors_are_clear(tmp_path, text, expected):
     assert expected in problems(tmp_path, rule(text))

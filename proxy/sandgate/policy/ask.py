@@ -28,6 +28,8 @@ from sandgate.tokens import parse_ttl
 Loc = tuple[str | int, ...]
 Report = Callable[[Loc, str, str], None]
 
+# the `approval:` keys a rule may also carry itself, as the issue spells them
+SHORTHANDS = ("timeout", "require_approvers")
 USER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 
 
@@ -49,11 +51,15 @@ def duration(value: int | str, loc: Loc, rep: Report, what: str) -> int | None:
 
 def compile_ask(rs: RuleSpec, loc: Loc, rep: Report) -> AskPolicy | None:
     """The rule's AskPolicy (None for allow/deny rules, or when reported)."""
+    # rule-level shorthands of `approval:` keys (`timeout: 5m`, `require_approvers: 2`)
+    short = {k: v for k in SHORTHANDS if (v := getattr(rs, k)) is not None}
     if rs.action != "ask":
-        if rs.approval is not None:
-            rep((*loc, "approval"), f"`approval:` only applies to `action: ask` rules, and "
-                f"rule '{rs.name}' is `action: {rs.action}`",
-                "write `action: ask` to hold its requests for approval, or remove `approval:`")
+        for key in ("approval", *short):
+            if getattr(rs, key) is not None:
+                rep((*loc, key), f"`{key}:` only applies to `action: ask` rules, and "
+                    f"rule '{rs.name}' is `action: {rs.action}`",
+                    f"write `action: ask` to hold its requests for approval, or remove "
+                    f"`{key}:`")
         return None
     if rs.passthrough:
         rep((*loc, "passthrough"), "an ask rule cannot be passthrough: a tunnel passed through "
@@ -62,10 +68,18 @@ def compile_ask(rs: RuleSpec, loc: Loc, rep: Report) -> AskPolicy | None:
     spec = rs.approval or ApprovalSpec()
     aloc = (*loc, "approval")
     ok = True
-    timeout = duration(spec.timeout, (*aloc, "timeout"), rep, "`timeout`")
+    for key in short:
+        if rs.approval is not None and key in rs.approval.model_fields_set:
+            rep((*loc, key), f"`{key}` is given twice: on the rule and under `approval:`",
+                f"keep one of them (`approval.{key}` or the rule's `{key}`)")
+            ok = False
+    spec = spec.model_copy(update=short)
+    # errors point at the key the file has: the rule's shorthand or the one under approval:
+    where = {k: (*loc, k) if k in short else (*aloc, k) for k in SHORTHANDS}
+    timeout = duration(spec.timeout, where["timeout"], rep, "`timeout`")
     cap = MAX_HOLD_TIMEOUT if spec.mode == "hold" else MAX_ASYNC_TIMEOUT
     if timeout is not None and timeout > cap:
-        rep((*aloc, "timeout"), f"`timeout` of {timeout}s is over the {cap}s a request may "
+        rep(where["timeout"], f"`timeout` of {timeout}s is over the {cap}s a request may "
             f"wait in mode {spec.mode}",
             "use mode async for long waits (the client gets 202 and retries)"
             if spec.mode == "hold" else f"use at most {cap}s (7d)")
@@ -85,7 +99,7 @@ def compile_ask(rs: RuleSpec, loc: Loc, rep: Report) -> AskPolicy | None:
                 ok = False
         approvers = tuple(sorted(set(spec.approvers)))
         if len(approvers) < spec.require_approvers:
-            rep((*aloc, "require_approvers"), f"`require_approvers: {spec.require_approvers}` "
+            rep(where["require_approvers"], f"`require_approvers: {spec.require_approvers}` "
                 f"cannot be met by the {len(approvers)} distinct approver(s) named",
                 "name at least as many approvers, or lower require_approvers")
             ok = False

@@ -307,6 +307,14 @@ class RuleSpec(_Strict):
     approval: ApprovalSpec | None = Field(
         default=None, description="For `action: ask`: timeout, approvers, mode, remember, "
         "webhook.")
+    # The spelling (#26): `timeout` and `require_approvers` on the rule itself, as
+    # shorthands of the same keys under `approval:` (one place or the other, never both).
+    timeout: int | str | None = Field(
+        default=None, description="For `action: ask`: the same as `approval.timeout` (how "
+        "long a request waits for a decision: seconds, or 30s, 2m, 1h).")
+    require_approvers: int | None = Field(
+        default=None, ge=1, le=10, description="For `action: ask`: the same as "
+        "`approval.require_approvers` (distinct approvers needed; 2 is a two-person rule).")
     hosts: list[str] | None = Field(
         default=None, min_length=1,
         description="Exact hosts or '*.domain' wildcards. Required unless `public: true`.")
