@@ -67,3 +67,14 @@ def transparent_sandgate(tmp: Path, policies: Path, vault: Any, pki: Any,
         if p is not None:
             stop_proxy(p)
             assert_no_secret([p.logs()], SECRET_VALUES, "the proxy logs")
+
+
+def curl_gets_the_key(sbx: Any, up: UpstreamServer, url: str, key: str) -> None:
+    """curl (no proxy setting) POSTs to an allowed URL from the sandbox: 200, and the upstream
+    saw exactly one request, carrying the injected key (which the sandbox never saw)."""
+    before = len(up.seen)
+    r = sbx.exec(["curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}", "-X", "POST",
+                  "-d", "{}", url])
+    assert r.stdout.endswith("\n200"), r.stdout + r.stderr
+    assert key not in r.stdout
+    assert [s.headers.get("x-api-key") for s in up.seen[before:]] == [key]

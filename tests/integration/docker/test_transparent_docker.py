@@ -21,7 +21,11 @@ from tests.integration.conftest import ANTHROPIC_KEY, HERE, SANDGATE
 from tests.integration.docker.conftest import SESSION, TEST_LABEL
 from tests.support.capture import NODE_CLIENT, PYTHON_CLIENT, build_go_client, split
 from tests.support.pki import make_pki
-from tests.support.transparent_docker import transparent_sandgate, upstream_on_lo
+from tests.support.transparent_docker import (
+    curl_gets_the_key,
+    transparent_sandgate,
+    upstream_on_lo,
+)
 
 UPSTREAM, ELSEWHERE = "198.51.100.66", "198.51.100.67"  # on the host's lo for this module
 API, DENIED = "api.transparent.test", "denied.transparent.test"
@@ -59,12 +63,7 @@ def test_no_proxy_variable_in_the_sandbox(sbx):
 
 def test_curl_allowed_and_denied(world, sbx):
     p, up, _ = world
-    before = len(up.seen)
-    r = sbx.exec(["curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}", "-X", "POST",
-                  "-d", "{}", f"https://{API}/v1/messages"])
-    assert r.stdout.endswith("\n200"), r.stdout + r.stderr
-    assert ANTHROPIC_KEY not in r.stdout
-    assert [s.headers.get("x-api-key") for s in up.seen[before:]] == [ANTHROPIC_KEY]
+    curl_gets_the_key(sbx, up, f"https://{API}/v1/messages", ANTHROPIC_KEY)
     ev = p.wait_audit(lambda e: e.get("event") == "request" and e.get("host") == API)
     assert ev["identity"] == "coding-agent" and ev["identity_source"] == "docker"
     r = sbx.exec(["curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}",
