@@ -270,6 +270,10 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
+    if cfg.transparent is not None:  # the capture tables' counters, read when scraped
+        from sandgate.capture_metrics import add_metrics as add_capture_metrics
+
+        add_capture_metrics(metrics.registry)
     if shared is not None:
         from sandgate.state.shared import add_metrics
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sandgate import capture
 from tests.integration.conftest import (
@@ -47,6 +50,8 @@ API, PLAIN, PASS, DENIED = ("api.transparent.test", "plain.transparent.test",
 TRANSPARENT_PORT = 8443
 RAW_PORT = 2222  # a TCP service on the upstream's address the capture must not let through
 UDP_PORT = 5300  # a UDP service there: nothing may arrive
+ADMIN = "127.0.69.1"  # the admin listener (/metrics open): the capture counters scraped
+ADMIN_PORT = 9469
 HOSTS = {API: UPSTREAM, PLAIN: UPSTREAM, PASS: UPSTREAM, DENIED: ELSEWHERE}
 
 
@@ -63,10 +68,12 @@ def world(tmp_path_factory, tp_pki, vault) -> Iterator[tuple[SandboxNetns, Proxy
         plain_up = UpstreamServer(UPSTREAM, 80, None, None).start()
         resolve = [f"--resolve={h}={ip}" for h, ip in HOSTS.items()]
         p = start_proxy(tmp_path_factory.mktemp("tp"), HERE / "policies_transparent",
-                        {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}, tp_pki,
+                        {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token,
+                         "SANDGATE_ADMIN_TOKEN": "test-admin-token"}, tp_pki,
                         "--transparent", f"{ROUTER_IP}:{TRANSPARENT_PORT}",
                         "--identity-cidr", "10.64.0.2/32=coding-agent/tp-sandbox-1",
                         "--identity-cidr", f"{pod.ip}/32=coding-agent/tp-pod-1", *resolve,
+                        "--admin", f"{ADMIN}:{ADMIN_PORT}", "--admin-open", "/metrics",
                         listen_host="127.0.64.1")
         try:
             # what `sandgate sandbox network --transparent` does for Docker's bridge
@@ -299,6 +306,35 @@ def test_other_ports_and_udp_go_nowhere_and_are_counted(world):
     assert after["dropped_quic"] > before["dropped_quic"]
     assert after["dropped_dns"] > before["dropped_dns"]
     assert after["captured"] > 0
+
+
+def scraped(ns: SandboxNetns) -> dict[str, int]:
+    """sandgate_capture_packets_total of this sandbox network, as /metrics shows it."""
+    with urllib.request.urlopen(f"http://{ADMIN}:{ADMIN_PORT}/metrics", timeout=10) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    out: dict[str, int] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "sandgate_capture_packets_total" \
+                    and s.labels["network"] == ns.router_if:
+                out[s.labels["counter"]] = int(s.value)
+    return out
+
+
+def test_dropped_udp_is_counted_in_metrics(world):
+    ns, _ = world
+    before = scraped(ns)
+    assert set(before) == set(capture.COUNTERS), before
+    r = ns.run("python3", "-c", "import socket; socket.socket(socket.AF_INET, "
+               f"socket.SOCK_DGRAM).sendto(b'x', ('{UPSTREAM}', {UDP_PORT + 1}))")
+    assert r.returncode == 0, r.stderr
+    want = before["dropped_udp"] + 1
+    deadline = time.monotonic() + 10  # a reading is reused for a second
+    while (after := scraped(ns))["dropped_udp"] < want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert after["dropped_udp"] >= want, (before, after)
+    assert counts(ns)["dropped_udp"] >= after["dropped_udp"]  # what --status reads
 
 
 def test_status_prints_the_counters(world):

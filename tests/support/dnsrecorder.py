@@ -48,6 +48,12 @@ class RecordingResolver:
     def close(self) -> None:
         self._sock.close()
 
+    def __enter__(self) -> RecordingResolver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _serve(self) -> None:
         while True:
             try:

@@ -37,9 +37,8 @@ def dns_network(docker_client: docker.DockerClient) -> Iterator[SandboxNetwork]:
 
 @pytest.fixture(scope="module")
 def recorder() -> Iterator[RecordingResolver]:
-    r = RecordingResolver(UPSTREAM, 53, ZONE)
-    yield r
-    r.close()
+    with RecordingResolver(UPSTREAM, 53, ZONE) as r:
+        yield r
 
 
 @pytest.fixture(scope="module")

@@ -16,59 +16,31 @@ from pathlib import Path
 import pytest
 
 from sandgate import capture
-from sandgate.capture import Capture
 from sandgate.sandbox import Sandbox, SandboxSpec
-from sandgate.sandbox.network import ensure_network_info
-from tests.integration.conftest import (
-    ANTHROPIC_KEY,
-    HERE,
-    SANDGATE,
-    SECRET_VALUES,
-    free_port,
-    start_proxy,
-    stop_proxy,
-)
+from tests.integration.conftest import ANTHROPIC_KEY, HERE, SANDGATE
 from tests.integration.docker.conftest import SESSION, TEST_LABEL
 from tests.support.capture import NODE_CLIENT, PYTHON_CLIENT, build_go_client, split
 from tests.support.pki import make_pki
-from tests.support.secrets import assert_no_secret
-from tests.support.upstream import UpstreamServer
+from tests.support.transparent_docker import (
+    curl_gets_the_key,
+    transparent_sandgate,
+    upstream_on_lo,
+)
 
 UPSTREAM, ELSEWHERE = "198.51.100.66", "198.51.100.67"  # on the host's lo for this module
 API, DENIED = "api.transparent.test", "denied.transparent.test"
 RAW_PORT = 2223
 
 
-def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, docker_client, sandbox_network, vault) -> Iterator[tuple]:
     tmp = tmp_path_factory.mktemp("tpd")
     pki = make_pki(tmp / "pki", [API, DENIED])
-    _sh("ip", "addr", "add", f"{UPSTREAM}/32", "dev", "lo")
-    tport = free_port()
-    up = UpstreamServer(UPSTREAM, 443, str(pki.cert), str(pki.key)).start()
-    p = None
-    try:
-        p = start_proxy(tmp, HERE / "policies_transparent",
-                        {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}, pki,
-                        "--docker-network", sandbox_network.name,
-                        "--transparent", f"{sandbox_network.gateway}:{tport}",
-                        f"--resolve={API}={UPSTREAM}", f"--resolve={DENIED}={ELSEWHERE}",
-                        listen_host=sandbox_network.gateway)
-        # what `sandgate sandbox network --transparent PORT` does
-        ensure_network_info(docker_client, sandbox_network.name, proxy_port=p.port,
-                            transparent=Capture(listener=(None, tport), interface="-"))
+    with upstream_on_lo(UPSTREAM, pki) as up, \
+            transparent_sandgate(tmp, HERE / "policies_transparent", vault, pki, docker_client,
+                                 sandbox_network, f"--resolve={API}={UPSTREAM}",
+                                 f"--resolve={DENIED}={ELSEWHERE}") as p:
         yield p, up, tmp
-    finally:
-        capture.remove(sandbox_network.bridge)
-        if p is not None:
-            stop_proxy(p)
-            assert_no_secret([p.logs()], SECRET_VALUES, "the proxy logs")
-        up.stop()
-        _sh("ip", "addr", "del", f"{UPSTREAM}/32", "dev", "lo", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +63,7 @@ def test_no_proxy_variable_in_the_sandbox(sbx):
 
 def test_curl_allowed_and_denied(world, sbx):
     p, up, _ = world
-    before = len(up.seen)
-    r = sbx.exec(["curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}", "-X", "POST",
-                  "-d", "{}", f"https://{API}/v1/messages"])
-    assert r.stdout.endswith("\n200"), r.stdout + r.stderr
-    assert ANTHROPIC_KEY not in r.stdout
-    assert [s.headers.get("x-api-key") for s in up.seen[before:]] == [ANTHROPIC_KEY]
+    curl_gets_the_key(sbx, up, f"https://{API}/v1/messages", ANTHROPIC_KEY)
     ev = p.wait_audit(lambda e: e.get("event") == "request" and e.get("host") == API)
     assert ev["identity"] == "coding-agent" and ev["identity_source"] == "docker"
     r = sbx.exec(["curl", "-sS", "--max-time", "10", "-w", "\n%{http_code}",
