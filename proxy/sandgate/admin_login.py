@@ -26,7 +26,8 @@ from typing import Any
 
 EVENT = "admin_login"
 PER_SOURCE = 5
-OVERALL = 100
+OVERALL_PER_SOURCE = 20  # the overall limit, in sources' worth of failures
+OVERALL = PER_SOURCE * OVERALL_PER_SOURCE
 WINDOW = 60.0
 MAX_SOURCES = 10_000
 
@@ -83,6 +84,13 @@ class FailureLimit:
         while len(self._all) > self.overall:
             self._all.popleft()
         return len(times)
+
+    @classmethod
+    def per_minute(cls, per_source: int) -> FailureLimit:
+        """`--admin-login-limit N`: N wrong tokens a minute per source, 20 N overall."""
+        if per_source < 1:
+            raise ValueError(f"--admin-login-limit {per_source}: give at least 1")
+        return cls(per_source=per_source, overall=per_source * OVERALL_PER_SOURCE)
 
     def sources(self) -> int:
         return len(self._sources)

@@ -43,11 +43,12 @@ def _json(status: int, body: Any) -> web.Response:
 
 def build_front(sup: Supervisor, admin_token: str,
                 open_paths: frozenset[str] = frozenset(),
-                users: tuple[AdminUser, ...] = ()) -> web.Application:
+                users: tuple[AdminUser, ...] = (), login_limit: int = 5) -> web.Application:
     from sandgate.admin import auth_middleware
     from sandgate.admin_login import FailureLimit
 
-    limit = FailureLimit()  # one guessing bound for the admin API and the console's login
+    # one guessing bound for the admin API and the console's login
+    limit = FailureLimit.per_minute(login_limit)
     auth = auth_middleware(admin_token, open_paths, users,  # as the single process checks
                            limit=limit)
 
