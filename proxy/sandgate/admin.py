@@ -21,6 +21,7 @@ from aiohttp.typedefs import Middleware
 
 from sandgate import admin_auth
 from sandgate.admin_auth import AdminUser, needs
+from sandgate.admin_login import Audit, FailureLimit
 from sandgate.approvals import api as approvals_api
 from sandgate.approvals.service import Approvals
 from sandgate.call_cli import call_from_values
@@ -71,6 +72,8 @@ class AdminState:
     fleet: Fleet | None = None
     # the recent decisions the web console shows (fed by the audit stream: runner.py)
     recent: EventRing | None = None
+    # wrong tokens per source, shared by the admin API and the console's login (admin_login)
+    login_limit: FailureLimit = field(default_factory=FailureLimit)
 
 
 OPENABLE = admin_auth.OPENABLE
@@ -91,11 +94,13 @@ def needs_vault(state: AdminState) -> bool:
 
 
 def auth_middleware(admin_token: str, open_paths: frozenset[str],
-                    users: tuple[AdminUser, ...] = (), trust_forwarded: bool = False
+                    users: tuple[AdminUser, ...] = (), trust_forwarded: bool = False,
+                    audit: Audit | None = None, limit: FailureLimit | None = None
                     ) -> Middleware:
     """The admin check of every admin listener (this one and the workers' front): users and
     roles, sandgate.admin_auth."""
-    return admin_auth.auth_middleware(admin_token, open_paths, users, trust_forwarded)
+    return admin_auth.auth_middleware(admin_token, open_paths, users, trust_forwarded,
+                                      audit, limit)
 
 
 def policy_doc(state: AdminState) -> dict[str, Any]:
@@ -122,7 +127,7 @@ def policy_doc(state: AdminState) -> dict[str, Any]:
 
 def build_app(state: AdminState) -> web.Application:
     auth = auth_middleware(state.admin_token, state.open_paths, state.users,
-                           state.trust_forwarded)
+                           state.trust_forwarded, state.audit, state.login_limit)
 
     async def healthz(_: web.Request) -> web.Response:
         return _json(200, {"status": "ok"})
@@ -281,7 +286,8 @@ async def start_admin(state: AdminState, host: str, port: int) -> web.AppRunner:
     from sandgate.console.source import LocalSource
 
     app = build_app(state)
-    mount(app, LocalSource(state, state.recent), state.admin_token, state.users)  # web console
+    mount(app, LocalSource(state, state.recent), state.admin_token, state.users,  # web console
+          audit=state.audit, limit=state.login_limit)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -9,7 +9,8 @@ Users come from `--admin-users FILE`::
 and the admin token (SANDGATE_ADMIN_TOKEN / --admin-token-file) is always the user `admin` with
 role admin. Every request but the open paths needs `Authorization: Bearer <token>`; the token's
 sha256 is compared in constant time with every user's (the file holds digests only, never a
-token). The middleware sets `request["sandgate_user"]` (the name) and `request["sandgate_role"]`.
+token). The middleware sets `request[USER_KEY]` (the name) and `request[ROLE_KEY]` (typed
+`web.RequestKey`s: aiohttp warns about plain string keys).
 
 Roles: viewer may GET (and HEAD); approver may also decide approvals; admin may do everything.
 A handler that an approver may call is marked with `@needs("approver")`; any other non-GET
@@ -26,35 +27,30 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import yaml
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sandgate.admin_login import Audit, FailureLimit, audit_login
 from sandgate.console import is_console_path
 
 Role = Literal["viewer", "approver", "admin"]
 ROLES: tuple[Role, ...] = ("viewer", "approver", "admin")
 RANK: dict[str, int] = {r: i for i, r in enumerate(ROLES)}
 ADMIN_USER = "admin"  # the admin token's user
-USER_KEY = "sandgate_user"
-ROLE_KEY = "sandgate_role"
+USER_KEY = web.RequestKey("sandgate_user", str)
+ROLE_KEY = web.RequestKey("sandgate_role", str)
 FORWARDED_USER = "X-Sandgate-User"
 FORWARDED_ROLE = "X-Sandgate-Role"
 OPENABLE = frozenset({"/readyz", "/metrics"})
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _HEX = re.compile(r"[0-9a-f]{64}")
 _ROLE_ATTR = "_sandgate_role"
-
-# request["sandgate_user"] / ["sandgate_role"] are plain string keys on purpose: the handlers of
-# other modules (the web console) read them by these names.
-warnings.filterwarnings("ignore", message="It is recommended to use web.RequestKey",
-                        module=__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 H = TypeVar("H", bound=Handler)
@@ -156,12 +152,23 @@ def _error(status: int, code: str, reason: str) -> web.Response:
                         content_type="application/json")
 
 
+def too_many(wait: int) -> web.Response:
+    response = _error(429, "too_many_failures", "too many wrong tokens from this address "
+                      f"(sandgate.admin_login): try again in {wait} s")
+    response.headers["Retry-After"] = str(wait)
+    return response
+
+
 def auth_middleware(admin_token: str, open_paths: frozenset[str],
-                    users: tuple[AdminUser, ...] = (), trust_forwarded: bool = False
+                    users: tuple[AdminUser, ...] = (), trust_forwarded: bool = False,
+                    audit: Audit | None = None, limit: FailureLimit | None = None
                     ) -> Middleware:
     """The admin check of every admin listener (this process's, the workers' front, a
     worker's control socket with `trust_forwarded`): `/healthz` always open, `--admin-open`
-    paths from OPENABLE only, every other request authenticated and held to its role."""
+    paths from OPENABLE only, every other request authenticated and held to its role.
+    A wrong Bearer token is audited (`admin_login`, never the token) and counted in `limit`
+    (shared with the console's login form): past it, the source is answered 429."""
+    limit = limit if limit is not None else FailureLimit()
     unexpected = open_paths - OPENABLE
     if unexpected:
         raise ValueError(f"admin paths that cannot be served without a token: "
@@ -173,8 +180,17 @@ def auth_middleware(admin_token: str, open_paths: frozenset[str],
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in unauthenticated or is_console_path(request.path):
             return await handler(request)  # the web console has its own login (sessions)
-        user = auth.user(request.headers.get("Authorization", ""))
+        given = request.headers.get("Authorization")
+        source = request.remote or "local"
+        if given is not None:
+            wait = limit.retry_after(source)
+            if wait is not None:
+                return too_many(wait)
+        user = auth.user(given or "")
         if user is None:
+            if given is not None:
+                audit_login(audit, "failed", via="admin_api", source=source,
+                            reason="a Bearer token of no user", failures=limit.failed(source))
             return _error(401, "unauthorized", "send Authorization: Bearer <admin token> "
                           "(SANDGATE_ADMIN_TOKEN or --admin-token-file, or a token of "
                           "--admin-users)")
@@ -198,8 +214,8 @@ def auth_middleware(admin_token: str, open_paths: frozenset[str],
 
 def forwarded_headers(request: web.Request) -> Mapping[str, str]:
     """The headers a front adds when it forwards an authenticated request to a worker."""
-    user: Any = request.get(USER_KEY)
-    role: Any = request.get(ROLE_KEY)
-    if not isinstance(user, str) or not isinstance(role, str):
+    user = request.get(USER_KEY)
+    role = request.get(ROLE_KEY)
+    if user is None or role is None:
         return {}
     return {FORWARDED_USER: user, FORWARDED_ROLE: role}

@@ -224,6 +224,11 @@ class AuditLog:
             threading.Thread(target=self._checkpoints, name="sandgate-audit-checkpoints",
                              daemon=True).start()
 
+    @property
+    def format(self) -> str:
+        """"json" or "ocsf" (--audit-format): exporters send what the file holds."""
+        return self._format
+
     def record(self, event: str, fields: dict[str, Any]) -> dict[str, Any]:
         """The event as the JSON format writes it: time, event, instance (worker), fields."""
         rest = {k: v for k, v in fields.items() if k not in (TIME, EVENT)}

@@ -14,6 +14,8 @@ Which class:
   Authentication (3002), Logon failed;
 - a `request` carrying MCP / JSON-RPC messages (`rpc`): API Activity (6003), `api.operation`
   the (first) method, `api.service.name` the tool;
+- `admin_login` (the web console's logins, logouts, expired sessions, a wrong admin API
+  token: sandgate.admin_login): Authentication (3002), Logon / Logoff;
 - `dns` (a query to the policy DNS): DNS Activity (4003), Query;
 - `lease` (dynamic secrets at Vault), `token` (the admin API minting a proxy token) and
   `approval` (an `action: ask` request held for approval): API Activity (6003);
@@ -24,6 +26,7 @@ Which class:
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -69,6 +72,10 @@ FIXED: dict[str, tuple[int, tuple[int, str]]] = {
     "approval:decided": (6003, (3, "Update")),
     "approval:used": (6003, (2, "Read")),
     "approval:timed_out": (6003, (4, "Delete")),
+    "admin_login:login": (3002, (1, "Logon")),
+    "admin_login:failed": (3002, (1, "Logon")),
+    "admin_login:logout": (3002, (2, "Logoff")),
+    "admin_login:expired": (3002, (2, "Logoff")),
     "checkpoint": (1008, OTHER),
     "rotate": (1008, (5, "Rotate")),
     "retention": (1008, (2, "Delete")),
@@ -98,6 +105,8 @@ def classify(rec: Mapping[str, Any]) -> tuple[int, tuple[int, str]]:
         return 4001, (1, "Open") if rec.get("decision") != "deny" else (5, "Refuse")
     if event in ("lease", "approval"):
         return FIXED.get(f"{event}:{rec.get('action')}", (6003, OTHER))
+    if event == "admin_login":
+        return FIXED.get(f"{event}:{rec.get('action')}", (3002, OTHER))
     if event == "policy" and rec.get("trigger") == "start":
         return FIXED["policy:start"]
     return FIXED.get(event, (6002, OTHER))
@@ -179,6 +188,9 @@ FIELDS: tuple[Field, ...] = (
           "the policy DNS"),
     Field("action, approval, approver (approval)", "api.operation, resources[0].uid, "
           "src_endpoint.name", "approvals"),
+    Field("action, user, role, via, source (admin_login)", "activity Logon / Logoff, "
+          "user.name, user.groups[0].name, service.name, src_endpoint.ip",
+          "console and admin API logins (never the token)"),
     Field("previous_file (rotate), dropped_file (retention)", "file.name, log_name",
           "the audit log's own events"),
     Field("chain, seq, prev, key, sig", "unmapped.*, metadata.sequence",
@@ -296,7 +308,26 @@ def _dns(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
         out["rcode_id"], out["rcode"] = 99, str(rec["rcode"])
 
 
+def _admin_login(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
+    user: dict[str, Any] = {"name": str(rec["user"])} if rec.get("user") else \
+        {"uid": "unknown"}
+    if rec.get("role"):
+        user["groups"] = [{"name": str(rec["role"])}]
+    out["user"] = user
+    source = str(rec.get("source") or "unknown")
+    try:
+        out["src_endpoint"] = {"uid": source, "ip": str(ipaddress.ip_address(source))}
+    except ValueError:  # a unix socket's listener: no address
+        out["src_endpoint"] = {"name": source}
+    out["service"] = {"name": f"sandgate-{rec.get('via') or 'admin'}"}
+    out["auth_protocol_id"] = 99
+    out["auth_protocol"] = "Sandgate admin token"
+
+
 def _auth(out: dict[str, Any], rec: Mapping[str, Any]) -> None:
+    if rec.get("event") == "admin_login":
+        _admin_login(out, rec)
+        return
     _network(out, rec)
     out.pop("traffic", None)
     out.pop("duration", None)
@@ -377,6 +408,9 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("limit", "a connection refused before any request", "Network Activity 4001, Refuse 5"),
     ("dns", "a query to the policy DNS (--dns)", "DNS Activity 4003, Query 1 (`query`, "
      "`rcode_id`)"),
+    ("admin_login", "the web console's login / failed login / logout / expired session; a "
+     "wrong admin API token", "Authentication 3002: Logon 1 (login, failed: status Failure), "
+     "Logoff 2 (logout, expired)"),
     ("lease", "dynamic secret at Vault", "API Activity 6003: mint Create 1, renew Update 3, "
      "revoke / expire / sandbox_end Delete 4"),
     ("token", "the admin API issued a proxy token", "API Activity 6003, Create 1"),

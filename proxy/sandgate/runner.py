@@ -34,6 +34,7 @@ from sandgate.addons import (
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.admin_auth import AdminUser
+from sandgate.admin_login import FailureLimit
 from sandgate.approvals.service import Approvals
 from sandgate.audit_setup import AuditSettings
 from sandgate.console import ring as console_ring
@@ -101,6 +102,7 @@ class RunConfig:
     transparent: tuple[str, int] | None = None  # --transparent HOST:PORT (nftables redirects)
     audit: AuditSettings = field(default_factory=AuditSettings)  # format, chain, rotation
     admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin_auth)
+    admin_login_limit: int = 5  # --admin-login-limit: wrong tokens a minute per source
     dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
     exports: ExportConfig = field(default_factory=ExportConfig)  # --otlp, --audit-syslog
     state: StateConfig | None = None  # --state redis://: the fleet's shared state
@@ -412,6 +414,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             approvals=approvals,
             fleet=shared.fleet if shared is not None else None,
             recent=recent,
+            login_limit=FailureLimit.per_minute(cfg.admin_login_limit),
         )
         if cfg.worker is not None:
             from sandgate.workers.control import start_control

@@ -34,6 +34,7 @@ from tests.support.secrets import assert_no_secret
 
 pytestmark = pytest.mark.integration
 
+LOGIN_LIMIT = 40  # wrong tokens a minute from 127.0.0.1; the last test spends the rest
 ENDPOINTS = [("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/policy"),
              ("POST", "/v1/reload"), ("POST", "/v1/explain"), ("POST", "/v1/tokens"),
              ("DELETE", "/v1/sandboxes/sbx-1"), ("GET", "/nope")]
@@ -42,7 +43,8 @@ ENDPOINTS = [("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/policy"),
 @pytest.fixture(scope="module")
 def admin(tmp_path_factory, vault, own_upstream, pki) -> Iterator[Admin]:
     tmp = tmp_path_factory.mktemp("admin")
-    a = start_admin_proxy(tmp, copy_policies(tmp), vault, pki)
+    a = start_admin_proxy(tmp, copy_policies(tmp), vault, pki,
+                          "--admin-login-limit", str(LOGIN_LIMIT))
     yield a
     stop_proxy(a.proxy)
     logs = a.proxy.logs() + a.proxy.audit_file.read_text()
@@ -298,3 +300,25 @@ def test_explain_dns_matches_the_cli(admin, name, rdtype):
     assert doc["decision"] == ("resolve" if (name, rdtype) == ("upstream.test", "A") else "refuse")
     assert admin.post("/v1/explain", {"identity": "bash-tool", "dns": name,
                                       "type": "NOPE"})[0] == 400
+
+
+def test_wrong_tokens_are_audited_and_bounded_then_even_the_right_one_waits(admin):
+    """Last in this module (it spends 127.0.0.1's budget of wrong tokens): each wrong token is
+    an `admin_login` audit event without the token; past --admin-login-limit a minute the
+    address is answered 429 with Retry-After, even with the right token."""
+    wrong = 0
+    for _ in range(LOGIN_LIMIT + 1):
+        status, body = admin.get("/v1/policy", token="wrong-guess-7")
+        if status == 429:
+            break
+        assert status == 401, body
+        wrong += 1
+    assert status == 429 and body["error"] == "too_many_failures", body
+    assert 1 <= wrong <= LOGIN_LIMIT
+    status, body = admin.get("/v1/policy")  # the right token, from the same address
+    assert status == 429 and body["error"] == "too_many_failures"
+    failed = [e for e in admin.proxy.audit() if e.get("event") == "admin_login"]
+    assert len(failed) >= wrong and all(
+        e["action"] == "failed" and e["via"] == "admin_api" and e["source"] == "127.0.0.1"
+        for e in failed)
+    assert "wrong-" not in admin.proxy.audit_file.read_text()

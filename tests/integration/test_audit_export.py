@@ -33,6 +33,7 @@ from tests.integration.conftest import (
     start_proxy,
     stop_proxy,
 )
+from tests.support.ocsf_schema import check
 from tests.support.phoenix import Phoenix
 from tests.support.pki import make_pki
 from tests.support.rsyslog import Rsyslog
@@ -46,6 +47,7 @@ SYSLOG_IP = "127.0.67.2"
 SYSLOG_TLS_PORT = 6514
 SYSLOG_TCP_PORT = 10514
 DEAD_IP = "127.0.67.9"  # nothing listens here: the collectors that are down
+OCSF_SYSLOG_IP = "127.0.70.1"  # the rsyslog of the --audit-format ocsf case
 ADMIN_TOKEN = "test-admin-token-export-4e1a"
 CHAT = "https://api.openai.com/v1/chat/completions"
 
@@ -333,6 +335,28 @@ def test_syslog_reconnects_and_delivers_what_it_queued(tmp_path, vault, upstream
         back = f"/back-{secrets.token_hex(4)}"
         curl(p, "agent", "https://upstream.test" + back)
         receiver.wait_for(back)
+    finally:
+        stop_proxy(p)
+        receiver.stop()
+
+
+def test_with_audit_format_ocsf_syslog_sends_ocsf(tmp_path, vault, upstream, pki):
+    """`--audit-format ocsf`: the syslog MSG is the OCSF event the audit file holds (with
+    Sandgate's own fields under `unmapped`), not Sandgate's JSON."""
+    receiver = Rsyslog(tmp_path / "rsyslog", OCSF_SYSLOG_IP, SYSLOG_TCP_PORT).start()
+    p = start_proxy(tmp_path, POLICIES, env(vault), pki, "--audit-format", "ocsf",
+                    "--audit-syslog", f"tcp://{OCSF_SYSLOG_IP}:{SYSLOG_TCP_PORT}")
+    try:
+        path = f"/ocsf-{secrets.token_hex(4)}"
+        assert split_status(curl(p, "agent", "https://upstream.test" + path).stdout)[1] == 403
+        line = receiver.wait_for(path)
+        assert ' code="no_rule"' in line  # the structured data stays Sandgate's
+        body = json.loads(line.split("\ufeff", 1)[1])
+        assert body["class_uid"] == 4002 and body["metadata"]["version"] == "1.8.0"
+        assert body["unmapped"]["path"] == path and body["status_code"] == "no_rule"
+        check(body)
+        sent = [json.loads(j) for j in receiver.lines("json")]
+        assert sent and all("class_uid" in j for j in sent), "a message not in OCSF"
     finally:
         stop_proxy(p)
         receiver.stop()

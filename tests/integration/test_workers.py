@@ -57,7 +57,8 @@ SOCKS_PORT = free_port()
 def group(tmp_path_factory, vault, own_upstream, pki) -> Iterator[Admin]:
     tmp = tmp_path_factory.mktemp("workers")
     a = start_admin_proxy(tmp, copy_policies(tmp), vault, pki, "--workers", "2",
-                          "--socks5", f"127.0.0.1:{SOCKS_PORT}")
+                          "--socks5", f"127.0.0.1:{SOCKS_PORT}",
+                          "--admin-login-limit", "20")  # the wrong tokens tried below
     wait_for(lambda: a.get("/readyz")[0] == 200, 120, "both workers ready")
     yield a
     if a.proxy.proc.poll() is None:

@@ -212,3 +212,21 @@ def test_a_collector_that_is_down_costs_queued_messages_not_the_caller():
 def test_the_ca_option_is_for_tls_only(tmp_path):
     with pytest.raises(ValueError, match="tcp\\+tls"):
         SyslogSink(Target("127.0.0.1", 1, False), ExportCounters(), ca=tmp_path / "ca.pem")
+
+
+def test_the_message_follows_the_audit_format():
+    """`--audit-format ocsf`: the MSG is the OCSF event (valid against the schema); the
+    structured data and the header stay the same."""
+    from tests.support.ocsf_schema import check
+
+    fields = {"decision": "deny", "code": "no_rule", "identity": "agent", "method": "GET",
+              "scheme": "https", "host": "x.test", "port": 443, "path": "/p"}
+    plain = rfc5424.message("request", fields, hostname="gw", procid="1", at=AT)
+    ocsf = rfc5424.message("request", fields, hostname="gw", procid="1", at=AT,
+                           audit_format="ocsf")
+    head, _, body = ocsf.decode().partition("\ufeff")
+    assert head == plain.decode().partition("\ufeff")[0]
+    event = json.loads(body)
+    check(event)
+    assert event["class_uid"] == 4002 and event["unmapped"]["path"] == "/p"
+    assert "class_uid" not in json.loads(plain.decode().partition("\ufeff")[2])

@@ -195,6 +195,11 @@ def register(sub: Any) -> None:
                      help="named admin API users with roles (viewer, approver, admin) and "
                      "the sha256 of each one's token (docs/approvals.md); the admin token "
                      "stays the user `admin`")
+    run.add_argument("--admin-login-limit", type=_login_limit, default=5, metavar="N",
+                     help="wrong admin tokens a minute from one address (the console's login, "
+                     "the admin API's Bearer) before it is answered 429 for the rest of the "
+                     "minute, right token or not; 20 N from all addresses together "
+                     "(docs/console.md)")
     # Interim, until `--state redis://` (the fleet state) carries approvals: a Redis URL the
     # approvals are shared through (sandgate.approvals.approval_store_for).
     run.add_argument("--admin-open", action="append", default=[], choices=ADMIN_OPENABLE,
@@ -223,6 +228,12 @@ def register(sub: Any) -> None:
     run.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--worker-dir", type=Path, default=None, help=argparse.SUPPRESS)
     run.set_defaults(handler=cmd_run)
+
+
+def _login_limit(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of at least 1")
+    return int(text)
 
 
 def _admin_users(args: argparse.Namespace) -> tuple[AdminUser, ...]:
@@ -499,6 +510,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
             audit=audit_settings,
             admin_users=admin_users,
+            admin_login_limit=args.admin_login_limit,
             dns=dns,
             exports=exports,
             state=state,

@@ -27,6 +27,7 @@ import jinja2
 from aiohttp import web
 
 from sandgate.admin_auth import AdminUser, Authenticator
+from sandgate.admin_login import Audit, FailureLimit, audit_login
 from sandgate.console import PREFIX, auth, chart
 from sandgate.console.ring import MAX_LIMIT, Filter, tools
 from sandgate.console.source import Source, SourceError, explain_args
@@ -104,6 +105,8 @@ class Console:
     sessions: auth.Sessions = field(default_factory=auth.Sessions)
     env: jinja2.Environment = field(default_factory=templates)
     assets: dict[str, tuple[bytes, str]] = field(default_factory=static_files)
+    audit: Audit | None = None  # logins, failures, logouts, expiries (sandgate.admin_login)
+    limit: FailureLimit = field(default_factory=FailureLimit)  # wrong tokens per source
 
     # ------------------------------------------------------------------ rendering
 
@@ -143,7 +146,10 @@ class Console:
         rel = request.path[len(PREFIX):]
         if rel.startswith(_PUBLIC):
             return await handler(request)
-        session = self.sessions.find(request.cookies.get(auth.COOKIE))
+        session, expired = self.sessions.lookup(request.cookies.get(auth.COOKIE))
+        if expired is not None:
+            audit_login(self.audit, "expired", via="console", source=request.remote,
+                        user=expired.user, role=expired.role)
         if session is None:
             if request.method in ("GET", "HEAD"):
                 to = PREFIX + "/login"
@@ -192,12 +198,22 @@ class Console:
         if not self.sessions.login_ok(request.cookies.get(auth.LOGIN_COOKIE),
                                       str(form.get("login", ""))):
             return await self.login_form(request, "the login form expired: try again", 403)
+        source = request.remote or "local"
+        wait = self.limit.retry_after(source)
+        if wait is not None:  # before the token is looked at: guessing stays bounded
+            response = await self.login_form(request, "too many wrong tokens from your "
+                                             f"address: try again in {wait} s", 429)
+            response.headers["Retry-After"] = str(wait)
+            return response
         found = auth.identify(str(form.get("token", "")), self.check)
         if found is None:
             log.warning("sandgate: console: a login with a wrong token from %s",
                         request.remote)
+            audit_login(self.audit, "failed", via="console", source=source,
+                        reason="a token of no user", failures=self.limit.failed(source))
             return await self.login_form(request, "wrong token", 401)
         user, role = found
+        audit_login(self.audit, "login", via="console", source=source, user=user, role=role)
         cookie, _ = self.sessions.create(user, role)
         log.info("sandgate: console: %s logged in (role %s) from %s", user, role,
                  request.remote)
@@ -207,7 +223,10 @@ class Console:
         return response
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
-        self.sessions.drop(request.cookies.get(auth.COOKIE))
+        gone = self.sessions.drop(request.cookies.get(auth.COOKIE))
+        if gone is not None:
+            audit_login(self.audit, "logout", via="console", source=request.remote,
+                        user=gone.user, role=gone.role)
         response = web.Response(status=303, headers={"Location": PREFIX + "/login"})
         auth.clear_cookie(response, request, auth.COOKIE)
         return response
@@ -323,11 +342,14 @@ class Console:
 
 
 def mount(app: web.Application, source: Source, admin_token: str,
-          users: tuple[AdminUser, ...] = ()) -> Console:
-    """Serve the console under /console/ of an admin listener's app."""
+          users: tuple[AdminUser, ...] = (), *, audit: Audit | None = None,
+          limit: FailureLimit | None = None) -> Console:
+    """Serve the console under /console/ of an admin listener's app. `audit` gets its
+    logins (sandgate.admin_login); `limit` is the listener's bound on wrong tokens."""
     from sandgate.console.approvals import ApprovalsPage
 
-    console = Console(source, Authenticator(admin_token, users))
+    console = Console(source, Authenticator(admin_token, users), audit=audit,
+                      limit=limit if limit is not None else FailureLimit())
     sub = console.app()
     ApprovalsPage(console).add_routes(sub)
     app.router.add_get(PREFIX, console.root)

@@ -26,7 +26,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
@@ -68,10 +67,7 @@ class Session:
     expires: float
 
 
-try:
-    SESSION_KEY: Any = web.RequestKey("sandgate_console_session", Session)
-except AttributeError:  # an aiohttp before typed request keys
-    SESSION_KEY = "sandgate_console_session"
+SESSION_KEY = web.RequestKey("sandgate_console_session", Session)
 
 
 @dataclass
@@ -102,20 +98,24 @@ class Sessions:
         return f"{sid}.{self.mac(sid, 'session')}", s
 
     def find(self, cookie: str | None) -> Session | None:
+        return self.lookup(cookie)[0]
+
+    def lookup(self, cookie: str | None) -> tuple[Session | None, Session | None]:
+        """(the live session of a cookie, or None; the session it named if that just
+        expired, to be audited once: it is forgotten now)."""
         if not cookie:
-            return None
+            return None, None
         sid, _, tag = cookie.partition(".")
         if not sid or not hmac.compare_digest(tag.encode(), self.mac(sid, "session").encode()):
-            return None
+            return None, None
         s = self._live.get(sid)
-        if s is None or s.expires <= self._now():
-            self._live.pop(sid, None)
-            return None
-        return s
+        if s is not None and s.expires <= self._now():
+            del self._live[sid]
+            return None, s
+        return s, None
 
-    def drop(self, cookie: str | None) -> None:
-        if cookie:
-            self._live.pop(cookie.partition(".")[0], None)
+    def drop(self, cookie: str | None) -> Session | None:
+        return self._live.pop(cookie.partition(".")[0], None) if cookie else None
 
     def _expire(self) -> None:
         now = self._now()

@@ -7,7 +7,9 @@ A message is
 
 PRI is facility 13 (log audit) with severity info for allowed events and notice for the rest.
 The structured data carries a few fields a collector can index without parsing the message; the
-message is the whole event as one JSON object, as in the audit file. 32473 is the enterprise
+message is the whole event as one JSON object, as in the audit file: Sandgate's JSON, or with
+`--audit-format ocsf` the OCSF event (sandgate.audit_ocsf), so a collector gets what the file
+holds. 32473 is the enterprise
 number RFC 5612 reserves for examples: Sandgate has none of its own, and a collector matches on
 the SD-ID as a string.
 """
@@ -93,14 +95,21 @@ def timestamp(at: datetime) -> str:
 
 
 def message(event: str, fields: Mapping[str, Any], *, hostname: str, procid: str,
-            at: datetime, app: str = "sandgate") -> bytes:
-    """One RFC 5424 message (without framing) of one audit event."""
+            at: datetime, app: str = "sandgate", audit_format: str = "json") -> bytes:
+    """One RFC 5424 message (without framing) of one audit event; the MSG in the audit
+    format ("json" or "ocsf"), the structured data from Sandgate's fields either way."""
     record = {"time": timestamp(at), "event": event, **fields}
     pri = FACILITY_AUDIT * 8 + severity(record)
     head = " ".join((f"<{pri}>1", timestamp(at), header_field(hostname, "hostname"),
                      header_field(app, "app"), header_field(procid, "procid"),
                      header_field(event, "msgid"), structured_data(record)))
-    body = json.dumps(record, default=str, ensure_ascii=False, separators=(",", ":"))
+    if audit_format == "ocsf":
+        from sandgate.audit_ocsf import to_ocsf
+
+        body = json.dumps(to_ocsf(record), default=str, ensure_ascii=False,
+                          separators=(",", ":"))
+    else:
+        body = json.dumps(record, default=str, ensure_ascii=False, separators=(",", ":"))
     return f"{head} {BOM}{body}".encode()
 
 

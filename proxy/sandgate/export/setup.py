@@ -118,7 +118,7 @@ def start(cfg: ExportConfig, sink: AuditLog, registry: CollectorRegistry,
         from sandgate.export.syslog import SyslogSink, parse_target
 
         syslog_sink = SyslogSink(parse_target(cfg.syslog), counters, ca=cfg.syslog_ca,
-                                 instance=instance)
+                                 instance=instance, audit_format=sink.format)
         sink.add_listener(syslog_sink.on_audit)
         log.info("sandgate: audit events also to syslog %s", syslog_sink.target)
     return Exports(counters, spans, syslog_sink)

@@ -78,7 +78,7 @@ class SyslogSink:
 
     def __init__(self, target: Target, counters: ExportCounters, *, ca: Path | None = None,
                  queue_max: int = QUEUE_MAX, hostname: str | None = None,
-                 instance: str | None = None) -> None:
+                 instance: str | None = None, audit_format: str = "json") -> None:
         if ca is not None and not target.tls:
             raise ValueError("--audit-syslog-ca is for tcp+tls:// collectors")
         self.target = target
@@ -88,6 +88,7 @@ class SyslogSink:
         self._hostname = hostname or socket.gethostname()
         self._procid = str(os.getpid())
         self._instance = instance
+        self._format = audit_format  # the MSG follows --audit-format
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name="sandgate-syslog", daemon=True)
@@ -99,7 +100,8 @@ class SyslogSink:
         """Queue one event; never blocks (a full queue drops it, counted)."""
         extra = {"instance": self._instance} if self._instance is not None else {}
         msg = rfc5424.message(event, {**extra, **fields}, hostname=self._hostname,
-                              procid=self._procid, at=datetime.now(UTC))
+                              procid=self._procid, at=datetime.now(UTC),
+                              audit_format=self._format)
         try:
             self._queue.put_nowait(rfc5424.frame(msg))
         except queue.Full:

@@ -43,10 +43,14 @@ def _json(status: int, body: Any) -> web.Response:
 
 def build_front(sup: Supervisor, admin_token: str,
                 open_paths: frozenset[str] = frozenset(),
-                users: tuple[AdminUser, ...] = ()) -> web.Application:
+                users: tuple[AdminUser, ...] = (), login_limit: int = 5) -> web.Application:
     from sandgate.admin import auth_middleware
+    from sandgate.admin_login import FailureLimit
 
-    auth = auth_middleware(admin_token, open_paths, users)  # as the single process checks
+    # one guessing bound for the admin API and the console's login
+    limit = FailureLimit.per_minute(login_limit)
+    auth = auth_middleware(admin_token, open_paths, users,  # as the single process checks
+                           limit=limit)
 
     async def healthz(_: web.Request) -> web.Response:
         return _json(200, {"status": "ok"})
@@ -94,5 +98,6 @@ def build_front(sup: Supervisor, admin_token: str,
     from sandgate.console.app import mount
     from sandgate.console.source import WorkersSource
 
-    mount(app, WorkersSource(sup), admin_token, users)  # the web console, over every worker
+    mount(app, WorkersSource(sup), admin_token, users,  # the web console, over every worker
+          limit=limit)
     return app

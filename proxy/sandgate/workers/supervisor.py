@@ -384,7 +384,7 @@ class Supervisor:
                 assert self.cfg.admin_token is not None
                 front = web_runner = web.AppRunner(
                     build_front(self, self.cfg.admin_token, frozenset(self.cfg.admin_open),
-                                self.cfg.admin_users),
+                                self.cfg.admin_users, self.cfg.admin_login_limit),
                     access_log=None,
                     handle_signals=False)
                 await web_runner.setup()
