@@ -16,7 +16,9 @@ from sandgate.sandbox import Sandbox
 from tests.integration.docker.conftest import SESSION
 from tests.integration.test_fleet_secrets import Fleet, fleet_up, no_values_in_logs
 
-CURL = "curl -sS --max-time 20 -w '\\n%{http_code}' https://db.fleet.test/login"
+# 60 s: the first request of a new container waits for its Docker labels and a fresh database
+# user; on a loaded 2-core CI machine 20 s was not always enough (CI of 2026-11-24)
+CURL = "curl -sS --max-time 60 -w '\\n%{http_code}' https://db.fleet.test/login"
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def docker_fleet(tmp_path_factory, sandbox_network) -> Iterator[Fleet]:
 
 
 def _login(sbx: Sandbox) -> dict:
-    r = sbx.exec(CURL, timeout=60)
+    r = sbx.exec(CURL, timeout=90)
     body, _, status = r.stdout.rpartition("\n")
     assert status == "200", (status, body, r.stderr[-1000:])
     return json.loads(body)
