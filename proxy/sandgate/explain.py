@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sandgate.decision import decide_name, judge, reported, shown_outcome
+from sandgate.decision import Decision, decide_name, judge, reported, shown_outcome
 from sandgate.jsonrpc import Call
 from sandgate.policy.ask import ask_fields
 from sandgate.policy.calls import call_fields
@@ -38,12 +38,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         "sandbox": sandbox,
         "request": v.request,
         "decision": decision,
-        "rule": d.rule_name,
-        "rule_source": str(d.rule.source) if d.rule else None,
-        "code": str(d.code) if d.code else None,
-        "reason": d.reason,
-        "hint": d.hint,
-        "detail": d.detail,
+        **_why(d),
         "address": v.address,
     }
     if v.connect or d.tunnel:
@@ -112,6 +107,14 @@ def explain_request(policy: Policy, identity: str, method: str, url: str,
     return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed
 
 
+def _why(d: Decision) -> dict[str, Any]:
+    """The fields every explanation gives of its decision: which rule, where it is written,
+    the code, and why (the same for a request and for a name)."""
+    return {"rule": d.rule_name, "rule_source": str(d.rule.source) if d.rule else None,
+            "code": str(d.code) if d.code else None, "reason": d.reason, "hint": d.hint,
+            "detail": d.detail}
+
+
 def explain_name(policy: Policy, identity: str, qname: str, qtype: str = "A"
                  ) -> tuple[dict[str, Any], bool]:
     """What the policy DNS (`sandgate run --dns`) answers `identity` for `qname` (`qtype`):
@@ -124,12 +127,7 @@ def explain_name(policy: Policy, identity: str, qname: str, qtype: str = "A"
         "dns": qname,
         "type": qtype.upper(),
         "decision": "report" if report else "resolve" if d.allowed else "refuse",
-        "rule": d.rule_name,
-        "rule_source": str(d.rule.source) if d.rule else None,
-        "code": str(d.code) if d.code else None,
-        "reason": d.reason,
-        "hint": d.hint,
-        "detail": d.detail,
+        **_why(d),
         "answer": ("the addresses Sandgate's own resolver gives (the ones it will dial), "
                    "TTL and count bounded; CNAMEs followed by Sandgate" if d.allowed or report
                    else
