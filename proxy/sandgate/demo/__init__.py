@@ -11,6 +11,7 @@ This module stays light: `sandgate --help` imports it to register the subcommand
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from typing import Any
@@ -37,6 +38,10 @@ def main(args: argparse.Namespace) -> int:
         with demo_stack() as stack:
             run_tour(stack, out)
     except KeyboardInterrupt:
+        # Everything is stopped and removed by now: a further SIGINT (a second Ctrl-C, or one
+        # arriving while the interpreter shuts down, when Python has put back the default
+        # action) must not turn this clean exit into a death by signal.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("sandgate demo: interrupted; everything it started is stopped and removed",
               file=sys.stderr)
         return 130
