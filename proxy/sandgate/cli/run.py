@@ -200,8 +200,6 @@ def register(sub: Any) -> None:
                      "the admin API's Bearer) before it is answered 429 for the rest of the "
                      "minute, right token or not; 20 N from all addresses together "
                      "(docs/console.md)")
-    # Interim, until `--state redis://` (the fleet state) carries approvals: a Redis URL the
-    # approvals are shared through (sandgate.approvals.approval_store_for).
     run.add_argument("--admin-open", action="append", default=[], choices=ADMIN_OPENABLE,
                      metavar="PATH",
                      help="serve this admin path without the bearer token, for probes and "
