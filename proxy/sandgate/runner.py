@@ -27,6 +27,7 @@ from sandgate.addons import (
     relay,
     socks5,
     speed,
+    synchooks,
     tunnels,
     wirelimits,
     writes,
@@ -362,6 +363,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     relay.install()
     tunnels.install()  # one tunnel record (and upstream) per CONNECT stream
     writes.install()
+    synchooks.install()  # hooks nothing awaits in: no task each (inside writes' flush)
     speed.install()
     handshake.install()
     addons.set_inert(speed.inert_addons(m, values))
