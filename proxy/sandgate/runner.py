@@ -23,6 +23,7 @@ from sandgate.addons import (
     dialguard,
     dispatch,
     handshake,
+    lookups,
     patches,
     relay,
     socks5,
@@ -366,6 +367,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     synchooks.install()  # hooks nothing awaits in: no task each (inside writes' flush)
     speed.install()
     handshake.install()
+    lookups.install()  # hook arguments and option reads without per-call reflection
     addons.set_inert(speed.inert_addons(m, values))
 
     tasks: set[asyncio.Task[Any]] = set()

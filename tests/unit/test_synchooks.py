@@ -19,8 +19,6 @@ from mitmproxy.test import tflow
 
 from sandgate.addons import dispatch, synchooks, writes
 
-pytestmark = pytest.mark.unit
-
 
 def test_synchooks_copies_mitmproxy_11_0_2_server_event() -> None:
     # server_event is a copy with one step changed: a mitmproxy upgrade that changes the

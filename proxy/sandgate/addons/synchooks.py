@@ -38,8 +38,8 @@ def call_now(handler: Any, hook: commands.StartHook) -> bool:
     call = getattr(addons, "call_now", None)
     if call is None:
         return False
-    data = hook.args()[0] if len(hook.args()) == 1 else None
-    if isinstance(data, mflow.Flow) and data.intercepted:
+    args = hook.args()
+    if len(args) == 1 and isinstance(args[0], mflow.Flow) and args[0].intercepted:
         return False  # handle_hook would wait for its resumption
     return bool(call(hook))
 
