@@ -18,7 +18,7 @@ from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
-from sandgate import audit, audit_setup, confdir
+from sandgate import audit, audit_setup, confdir, gctune
 from sandgate.addons import (
     dialguard,
     dispatch,
@@ -446,6 +446,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         shared.fleet.start()
     if ready is not None:
         loop.call_soon(ready.set)
+    gctune.settle()  # the heap built so far is frozen; young collections less often
     try:
         await m.run()
     finally:
