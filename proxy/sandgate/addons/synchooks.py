@@ -2,11 +2,14 @@
 
 mitmproxy 11.0.2 runs each hook a layer starts (`StartHook`) in a new asyncio task: the task
 calls the addons, then feeds `HookCompleted` back through `server_event` (its lock, the layer
-stack again). A passthrough tunnel starts eight such hooks, and five of them have no handler
-that awaits anything: `next_layer` twice (mitmproxy's NextLayer addon), `http_connected` and
-`server_connected` (no handler at all), `server_disconnected` (WireLimits). Profiled under
-`bench/focus.py --phase new_conn`, the task, lock and extra event per hook were a good part of
-a new tunnel's CPU.
+stack again). A passthrough tunnel's layers start five such hooks, and three of them have no
+handler that awaits anything: `next_layer` twice (mitmproxy's NextLayer addon) and
+`http_connected` (no handler at all); `http_connect` and `tls_clienthello` are Sandgate's
+async judging hooks. (The connection hooks, `client_connected` ... `server_disconnected`, are
+awaited by mitmproxy's connection handler directly, without a task: they are not changed.)
+Each of those cost a task, the lock and one more `server_event` call (profiled under
+`bench/focus.py --phase new_conn`); intercepted flows' plain hooks (`response`, `error`,
+`tls_start_client`, ...) take the same shortcut.
 
 `server_event` below is mitmproxy's, with one change: a hook whose handlers (and, for a flow,
 those of the `update` hook that follows it) are all plain functions is called right there,
