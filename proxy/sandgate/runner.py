@@ -18,15 +18,17 @@ from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
-from sandgate import audit, audit_setup, confdir
+from sandgate import audit, audit_setup, confdir, gctune
 from sandgate.addons import (
     dialguard,
     dispatch,
     handshake,
+    lookups,
     patches,
     relay,
     socks5,
     speed,
+    synchooks,
     tunnels,
     wirelimits,
     writes,
@@ -362,8 +364,10 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     relay.install()
     tunnels.install()  # one tunnel record (and upstream) per CONNECT stream
     writes.install()
+    synchooks.install()  # hooks nothing awaits in: no task each (inside writes' flush)
     speed.install()
     handshake.install()
+    lookups.install()  # hook arguments and option reads without per-call reflection
     addons.set_inert(speed.inert_addons(m, values))
 
     tasks: set[asyncio.Task[Any]] = set()
@@ -442,6 +446,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         shared.fleet.start()
     if ready is not None:
         loop.call_soon(ready.set)
+    gctune.settle()  # the heap built so far is frozen; young collections less often
     try:
         await m.run()
     finally:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandgate.policy import hosts
 from sandgate.policy.hosts import compile_host_pattern, normalise_host
 
 
@@ -125,3 +130,20 @@ def test_host_pattern_rejects(pattern, fragment):
     with pytest.raises(ValueError) as ei:
         compile_host_pattern(pattern)
     assert fragment in str(ei.value)
+
+
+# normalise_host remembers answers for host-sized input: the same answer, or the same error,
+# as computing it, for any text (including text that fails, text that is too long to keep).
+@given(st.one_of(st.text(max_size=40), st.sampled_from(
+    ["example.com", "EXAMPLE.com.", "bücher.example", "127.1", "[::1]", "a@b", " x .y",
+     "a" * 300, " " * 300 + "example.com"])))
+def test_normalise_host_remembered_equals_computed(raw: str) -> None:
+    def outcome(fn: Callable[[str], str]) -> tuple[str, str]:
+        try:
+            return "ok", fn(raw)
+        except ValueError as e:
+            return "error", str(e)
+
+    first = outcome(normalise_host)
+    assert first == outcome(hosts._normalise_host)
+    assert outcome(normalise_host) == first  # asked again: remembered, or computed again

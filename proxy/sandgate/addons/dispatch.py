@@ -21,7 +21,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from mitmproxy import exceptions, hooks, master
+from mitmproxy import exceptions, flow, hooks, master
 from mitmproxy.addonmanager import AddonManager, safecall, traverse
 
 # mitmproxy's AddonManager is unannotated: calls into it carry no-untyped-call ignores.
@@ -34,6 +34,7 @@ class CachedAddons(AddonManager):
         super().__init__(m)  # type: ignore[no-untyped-call]
         self._hooks: dict[str, tuple[Entry, ...]] = {}
         self._inert: frozenset[int] = frozenset()  # id() of addons without per-flow hooks
+        self._plain: dict[str, bool] = {}  # event name -> no handler is a coroutine function
 
     def set_inert(self, addons: set[Any]) -> None:
         """Addons whose hooks, other than the lifecycle ones, are no-ops (see speed.py)."""
@@ -42,6 +43,7 @@ class CachedAddons(AddonManager):
 
     def _invalidate(self) -> None:
         self._hooks.clear()
+        self._plain.clear()
 
     def _configure_all(self, updated: Any) -> None:
         self._invalidate()
@@ -100,6 +102,44 @@ class CachedAddons(AddonManager):
                         res = func(*args)
                         if res is not None and inspect.isawaitable(res):
                             await res
+            except exceptions.AddonHalt:
+                return
+
+
+    def plain(self, name: str) -> bool:
+        """Does no handler of this event await anything (none is a coroutine function)?"""
+        found = self._plain.get(name)
+        if found is None:
+            found = self._plain[name] = not any(
+                inspect.iscoroutinefunction(f) for _top, funcs in self._entries(name)
+                for f in funcs)
+        return found
+
+    def call_now(self, event: hooks.Hook) -> bool:
+        """`handle_lifecycle` without awaiting, when nothing in it awaits (synchooks.py):
+        the event's handlers and, for a flow, the `update` hook's, called as trigger_event
+        calls them. False (and nothing called) when a handler is a coroutine function."""
+        args = event.args()
+        is_flow = len(args) == 1 and isinstance(args[0], flow.Flow)
+        if not self.plain(event.name) or (is_flow and not self.plain("update")):
+            return False
+        self._call(event.name, args)
+        if is_flow:
+            self._call("update", [args])
+        return True
+
+    def _call(self, name: str, args: Any) -> None:
+        for _top, funcs in self._entries(name):
+            try:
+                with safecall():
+                    for func in funcs:
+                        res = func(*args)
+                        if res is not None and inspect.isawaitable(res):
+                            self._plain[name] = False  # a plain function gave a coroutine
+                            if inspect.iscoroutine(res):
+                                res.close()
+                            raise exceptions.AddonManagerError(
+                                f"Addon handler {name} ({func}) returned an awaitable")
             except exceptions.AddonHalt:
                 return
 

@@ -5,6 +5,7 @@ Pure functions; every failure is a ValueError whose message can be shown to a us
 
 from __future__ import annotations
 
+import functools
 import re
 
 from sandgate.netguard import is_numeric_label, parse_ip_literal
@@ -24,7 +25,17 @@ def normalise_host(raw: str) -> str:
 
     Raises ValueError for anything that is not a bare host: userinfo, a port, a path, spaces,
     empty labels, characters outside [a-z0-9-_.] after IDNA.
+
+    A pure function, so answers for host-sized input are remembered: a CONNECT spells its
+    host up to six times on its way (judge, decide, SNI, dial).
     """
+    if type(raw) is str and len(raw) <= _MAX_HOST + 2:
+        return _remembered(raw)  # a pure function: the same answer, or the same ValueError
+    return _normalise_host(raw)
+
+
+def _normalise_host(raw: str) -> str:
+    """`normalise_host` itself, computed."""
     if not isinstance(raw, str):
         raise ValueError("host must be a string")
     h = raw.strip()
@@ -81,6 +92,11 @@ def normalise_host(raw: str) -> str:
         # IPv4 address; one that is not a valid one must not reach DNS as a name.
         raise ValueError(f"host {raw!r} ends in a number but is not a valid IP address")
     return host
+
+
+@functools.lru_cache(maxsize=4096)  # only answers are kept; a ValueError is raised afresh
+def _remembered(raw: str) -> str:
+    return _normalise_host(raw)
 
 
 def compile_host_pattern(raw: str, deny: bool = False) -> HostPattern:
