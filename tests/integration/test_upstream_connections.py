@@ -23,7 +23,8 @@ from tests.integration.admin_support import (
     start_admin_proxy,
     wait_for,
 )
-from tests.integration.conftest import stop_proxy
+from tests.integration.conftest import curl, split_status, stop_proxy
+from tests.support.rawupstream import H2TrailerServer
 from tests.support.tunnel import open_tunnel, proxy_auth
 
 
@@ -205,3 +206,45 @@ def test_no_reuse_when_turned_off(tmp_path, vault, pki, own_upstream) -> None:
         assert _parked(admin) == 0 and _count(admin, "parked") == 0
     finally:
         stop_proxy(admin.proxy)
+
+
+H2_POLICY = """\
+version: v1
+identities:
+  h2-agent:
+    rules:
+      - {name: h2, hosts: [h2.upstream.test], ports: [8443], methods: [GET],
+         private_cidrs: [127.0.71.2/32]}
+  h2-other:
+    rules:
+      - {name: h2, hosts: [h2.upstream.test], ports: [8443], methods: [GET],
+         private_cidrs: [127.0.71.2/32]}
+"""
+
+
+def test_curl_over_http2_reuses_the_upstream_session_of_its_own_caller_only(
+        tmp_path, vault, pki) -> None:
+    """curl negotiates HTTP/2 with the proxy and the upstream: the session is parked with its
+    connection and the same caller's next curl process continues it; another caller's never."""
+    server = H2TrailerServer("127.0.71.2", 8443, str(pki.cert), str(pki.key)).start()
+    admin = start_admin_proxy(tmp_path, copy_policies(tmp_path, H2_POLICY), vault, pki,
+                              "--upstream-reuse-idle", "10",
+                              "--resolve=h2.upstream.test=127.0.71.2")
+    try:
+        def run(identity: str) -> None:
+            before = _count(admin, "parked")
+            r = curl(admin.proxy, identity, "https://h2.upstream.test:8443/x", "--http2")
+            body, status = split_status(r.stdout)
+            assert status == 200 and "hello over h2" in body, (status, body, r.stderr[-500:])
+            wait_for(lambda: _count(admin, "parked") > before, 10, "the h2 session parked")
+
+        for identity in ("h2-agent", "h2-agent", "h2-other", "h2-agent", "h2-other"):
+            run(identity)
+        agent = [server.peers[i] for i in (0, 1, 3)]
+        other = [server.peers[i] for i in (2, 4)]
+        assert len(set(agent)) == 1 and len(set(other)) == 1, server.peers
+        assert agent[0] != other[0]
+        assert _count(admin, "reused") == 3
+    finally:
+        stop_proxy(admin.proxy)
+        server.stop()

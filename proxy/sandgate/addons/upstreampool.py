@@ -20,12 +20,13 @@ other: reuse skips only the dial, whose checks (`s60_dial`) were made for the sa
 Parked only when exactly idle: the HTTP/1 client layer between messages (no request or response
 open, nothing buffered), TLS open with no pending plaintext and no shutdown, the socket open
 both ways with no unread byte, not a WebSocket or other pipe, the last response not
-`Connection: close` (mitmproxy closes those itself). HTTP/2 upstream connections are not
-parked (their state is not only between messages). Taken only when still idle: nothing arrived
-while parked (an end of stream, data, an error: the connection is closed instead), not parked
-longer than `upstream_reuse_idle` (default 2 s: under the keep-alive timeout of common
-servers, 5 s and more, so an upstream rarely closes a connection as it is adopted). Bounded:
-at most PER_KEY connections a key, TOTAL in all; a policy reload empties the pool.
+`Connection: close` (mitmproxy closes those itself); for HTTP/2 no stream open or queued either
+way and nothing buffered in the session, which moves along with the connection. Taken only
+when still idle: nothing arrived while parked (an end of stream, data, an error: the
+connection is closed instead), and not parked longer than `upstream_reuse_idle` (default 2 s:
+under the keep-alive timeout of common servers, 5 s and more, so an upstream rarely closes a
+connection as it is adopted). Bounded: at most PER_KEY connections a key, TOTAL in all; a
+policy reload empties the pool.
 
 How the move is done, in mitmproxy 11.0.2 terms: parking takes the connection's reader, writer
 and OpenSSL object, gives its old handler a detached writer and cancels that handler's read
@@ -47,13 +48,14 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+import h2.connection
 from mitmproxy import connection, http
 from mitmproxy import tls as tls_hooks
 from mitmproxy.connection import ConnectionState
 from mitmproxy.proxy import commands, events, server, server_hooks, tunnel
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import tls as tls_layer
-from mitmproxy.proxy.layers.http import _http1
+from mitmproxy.proxy.layers.http import _http1, _http2
 
 from sandgate.addons import wirelimits
 from sandgate.addons.state import METADATA_KEY
@@ -83,6 +85,7 @@ class Parked:
     fields: dict[str, Any]
     since: float
     ready: bool = False  # the old handler's read task has ended (it no longer reads)
+    h2: Any = None  # an HTTP/2 connection's client layer (its h2 session goes along)
 
     def alive(self) -> bool:
         r = self.reader
@@ -252,25 +255,78 @@ class _AdoptedTLS(tls_layer.ServerTLSLayer):
 
 
 def _layers(server_conn: connection.Server) -> tuple[Any, Any] | None:
-    """The ServerTLSLayer and Http1Client of this upstream connection, if it has exactly those."""
+    """The ServerTLSLayer and HTTP client layer (Http1Client or Http2Client) of this upstream
+    connection, if it has exactly those."""
     ctx = _STACKS.get(server_conn.id)
     if ctx is None:
         return None
-    tls = h1 = None
+    tls = client = None
     for layer in ctx.layers:
         if isinstance(layer, tls_layer.ServerTLSLayer) and layer.conn is server_conn:
             tls = layer
-        elif isinstance(layer, _http1.Http1Client) and layer.conn is server_conn:
-            h1 = layer
-    if tls is None or h1 is None:
+        elif (isinstance(layer, (_http1.Http1Client, _http2.Http2Client))
+              and layer.conn is server_conn):
+            client = layer
+    if tls is None or client is None:
         return None
-    return tls, h1
+    return tls, client
 
 
-def _idle(server_conn: connection.Server, io: Any) -> tuple[Any, Any] | None:
-    """The (tls layer, raw writer) of an exactly idle, reusable connection, else None."""
+def _h1_idle(h1: Any) -> bool:
+    return not (h1.stream_id is not None or h1.request is not None or h1.response is not None
+                or h1.request_done or h1.response_done or len(h1.buf)
+                or h1.state != h1.read_headers)
+
+
+def _h2_idle(h2c: Any) -> bool:
+    """No stream open or queued either way, nothing buffered in or out, the session alive."""
+    conn = h2c.h2_conn
+    return (h2c._paused is None and not h2c.stream_queue
+            and conn.open_outbound_streams == 0 and conn.open_inbound_streams == 0
+            and conn.state_machine.state is not h2.connection.ConnectionState.CLOSED
+            and not len(getattr(conn, "_data_to_send", b""))
+            and not len(conn.incoming_buffer.data)
+            and not any(conn.stream_buffers.values()))
+
+
+class _AdoptedHttpClient(http_layer.HttpClient):
+    """HttpClient over an adopted connection. HTTP/1.1: a fresh Http1Client (the connection
+    is between messages). HTTP/2: the session's own Http2Client, moved to this stack (a new
+    one would start a second session on the same connection); its stream id maps are the old
+    client connection's and start empty here (no stream was open when it was parked)."""
+
+    def __init__(self, context: Any, h2c: Any) -> None:
+        super().__init__(context)
+        self._h2c = h2c
+
+    def _handle_event(self, event: events.Event) -> Generator[Any, Any, None]:
+        if not isinstance(event, events.Start):
+            raise AssertionError(f"unexpected event before the connection: {event}")
+        err = yield commands.OpenConnection(self.context.server)
+        if not err:
+            if self._h2c is not None:
+                child = self._h2c
+                child.context = self.context
+                child.conn = self.context.server
+                self.context.layers.append(child)
+                child.our_stream_id.clear()
+                child.their_stream_id.clear()
+                child.stream_queue.clear()
+                child.streams.clear()
+                self.child_layer = child
+                self._handle_event = child.handle_event  # type: ignore[method-assign]
+            else:
+                self.child_layer = _http1.Http1Client(self.context)
+                self._handle_event = self.child_layer.handle_event  # type: ignore[method-assign]
+                yield from self._handle_event(event)
+        yield http_layer.RegisterHttpConnection(self.context.server, err)
+
+
+def _idle(server_conn: connection.Server, io: Any) -> tuple[Any, Any, Any] | None:
+    """(tls layer, raw writer, the h2 client layer or None) of an exactly idle, reusable
+    connection, else None."""
     if (server_conn.state is not ConnectionState.OPEN or server_conn.error
-            or server_conn.alpn not in (None, b"", b"http/1.1") or io is None
+            or server_conn.alpn not in (None, b"", b"http/1.1", b"h2") or io is None
             or io.reader is None or io.writer is None):
         return None
     if wirelimits.is_exempt(server_conn):
@@ -278,13 +334,14 @@ def _idle(server_conn: connection.Server, io: Any) -> tuple[Any, Any] | None:
     found = _layers(server_conn)
     if found is None:
         return None
-    tls, h1 = found
+    tls, client = found
     if (tls.tunnel_state is not tunnel.TunnelState.OPEN or tls.tls is None
             or tls.tls.pending() or tls.tls.get_shutdown()):
         return None
-    if (h1.stream_id is not None or h1.request is not None or h1.response is not None
-            or h1.request_done or h1.response_done or len(h1.buf)
-            or h1.state != h1.read_headers):
+    if isinstance(client, _http2.Http2Client):
+        if server_conn.alpn != b"h2" or not _h2_idle(client):
+            return None
+    elif server_conn.alpn == b"h2" or not _h1_idle(client):
         return None
     reader = io.reader
     if reader.exception() is not None or reader.at_eof() or len(getattr(reader, "_buffer", b"")):
@@ -295,7 +352,7 @@ def _idle(server_conn: connection.Server, io: Any) -> tuple[Any, Any] | None:
         writer.flush()
     if raw.is_closing():
         return None
-    return tls, raw
+    return tls, raw, client if isinstance(client, _http2.Http2Client) else None
 
 
 def park(client: connection.Client) -> None:
@@ -310,9 +367,10 @@ def park(client: connection.Client) -> None:
         got = _idle(conn, io)
         if got is None:
             continue
-        tls, raw = got
+        tls, raw, h2c = got
+        _detach(conn)
         p = Parked(key, io.reader, raw, tls.tls, {f: getattr(conn, f) for f in _FIELDS},
-                   time.monotonic())
+                   time.monotonic(), h2=h2c)
         old = io.handler
         io.writer = _Detached()
         handler.transports[conn] = io
@@ -322,6 +380,21 @@ def park(client: connection.Client) -> None:
             old.add_done_callback(lambda _t, p=p: setattr(p, "ready", True))
             old.cancel("sandgate: parked for reuse")
         POOL.put(p)
+
+
+def _inert(event: events.Event) -> Generator[Any, Any, None]:
+    return
+    yield
+
+
+def _detach(server_conn: connection.Server) -> None:
+    """The old stack's HttpClient stops passing events down: the close its handler is about to
+    send must not reach the HTTP client layer (an h2 session moves with the connection and
+    would answer a close with GOAWAY and end itself)."""
+    ctx = _STACKS.get(server_conn.id)
+    for layer in ctx.layers if ctx is not None else ():
+        if isinstance(layer, http_layer.HttpClient) and layer.context is ctx:
+            layer._handle_event = _inert
 
 
 def forget(server_conn: connection.Server) -> None:
@@ -385,7 +458,7 @@ def _adopted(layer: Any, event: Any, p: Parked) -> Generator[Any, Any, None]:
     context.server = srv
     stack = tunnel.LayerStack()
     stack /= _AdoptedTLS(context, p)
-    stack /= http_layer.HttpClient(context)
+    stack /= _AdoptedHttpClient(context, p.h2)
     _ADOPTING[srv.id] = p
     _STACKS[srv.id] = context
     _KEYS[srv.id] = p.key
