@@ -3,8 +3,9 @@
 Every `curl`, `pip` or `npm` process a sandbox runs opens a new connection to the proxy, and
 mitmproxy opens a new upstream connection (TCP, TLS handshake, certificate verification, the
 dial hooks) for each, and closes it when the client goes. Here an idle upstream connection
-(HTTP/1.1, or HTTP/2 with its session) is *parked* when its client connection ends, and the next client connection of the
-same caller that needs the same upstream *adopts* it instead of dialling.
+(HTTP/1.1, or HTTP/2 with its session) is *parked* when its client connection ends, and the
+next client connection of the same caller that needs the same upstream *adopts* it instead of
+dialling.
 
 The key, and why it is safe (`key_for`): (identity, sandbox, identity source, the listener the
 client came in on, the checked IP and port dialled, the name TLS verified). A parked

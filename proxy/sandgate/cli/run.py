@@ -115,9 +115,10 @@ def register(sub: Any) -> None:
                      "after the last byte either way: to the response head, between chunks "
                      "(default %(default)s)")
     lim.add_argument("--upstream-reuse-idle", type=float, default=2.0, metavar="SECONDS",
-                     help="keep an idle upstream connection (HTTP/1.1 or HTTP/2) this long for the next "
-                     "client connection of the same caller to the same checked address and "
-                     "name (default %(default)s; 0: every client connection dials its own)")
+                     help="keep an idle upstream connection (HTTP/1.1 or HTTP/2) this long for "
+                     "the next client connection of the same caller to the same checked "
+                     "address and name (default %(default)s; 0: every client connection dials "
+                     "its own)")
     st = run.add_argument_group(
         "shared state", "one state for every worker and replica (docs/fleet-state.md)")
     st.add_argument("--state", default=None, metavar="URL",
