@@ -147,7 +147,7 @@ async def new_connections(t: Target, requests: int, concurrency: int) -> float:
             left -= 1
             c = await connect(t)
             try:
-                await c.request(close=True)
+                await c.request()  # like curl: no `Connection: close`; the client just leaves
             finally:
                 c.close()
 
@@ -218,7 +218,7 @@ async def latency_new_connection(t: Target, samples: int) -> tuple[float, float]
         t0 = time.perf_counter()
         c = await connect(t)
         try:
-            await c.request(close=True)
+            await c.request()
         finally:
             c.close()
         times.append((time.perf_counter() - t0) * 1000)

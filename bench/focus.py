@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             "direct": b.direct, "squid": b.squid,
             "mitmdump": lambda: b.mitmdump("mitmdump", False),
             "sandgate": lambda: b.sandgate("sandgate", *extra),
+            "sandgate-noreuse": lambda: b.sandgate("sandgate-noreuse", *extra,
+                                                   "--upstream-reuse-idle", "0"),
             "sandgate-passthrough": lambda: b.sandgate("sandgate-passthrough", *extra,
                                                        passthrough=True),
         }

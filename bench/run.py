@@ -16,6 +16,8 @@ Variants (each started once, measured every round, in alternating order):
                       a file, response scrubbing
   sandgate-passthrough a `passthrough: true` rule (SNI checked, then a tunnel)
   sandgate-workers2   `sandgate run --workers 2` (when this checkout's CLI offers it)
+  sandgate-noreuse    sandgate with `--upstream-reuse-idle 0`: every client connection dials its
+                      own upstream connection (when this checkout's CLI offers the option)
 
 Figures per variant: keep-alive req/s at concurrency 16 and 64, req/s with a new CONNECT+TLS per
 request, SSE time to first event (ms), a 20 MiB download's MiB/s, the proxy's peak RSS and its
@@ -73,7 +75,7 @@ FIGURES = {  # key: (label, unit, higher is better)
 }
 PROXY_ONLY = {"download_rss_growth_mib", "peak_rss_mib", "cpu_ms_per_request", "new_conn_cpu_ms"}
 VARIANTS = ["direct", "squid", "mitmdump", "mitmdump+header", "sandgate", "sandgate-passthrough",
-            "sandgate-workers2"]
+            "sandgate-workers2", "sandgate-noreuse"]
 
 POLICY = f"""\
 version: v1
@@ -405,6 +407,9 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
                                                               "squid", "new_conn_cpu_ms")
     out["sandgate/mitmdump new_conn_cpu_ms"] = ratio(results, "sandgate", "mitmdump",
                                                      "new_conn_cpu_ms")
+    for key in ("new_conn_rps", "new_conn_cpu_ms"):  # what upstream connection reuse gives
+        out[f"sandgate/sandgate-noreuse {key}"] = ratio(results, "sandgate", "sandgate-noreuse",
+                                                        key)
     for name in ("sandgate", "mitmdump"):
         out[f"{name}/direct download_mib_s"] = ratio(results, name, "direct", "download_mib_s")
     out["sandgate/mitmdump download_mib_s"] = ratio(results, "sandgate", "mitmdump",
@@ -515,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
                 b.sandgate("sandgate-workers2", "--workers", "2")
                 if "--workers" in b.sandgate_help()
                 else Variant("sandgate-workers2", None, note="not available")),
+            "sandgate-noreuse": lambda: (
+                b.sandgate("sandgate-noreuse", "--upstream-reuse-idle", "0")
+                if "--upstream-reuse-idle" in b.sandgate_help()
+                else Variant("sandgate-noreuse", None, note="not available")),
         }
         if any(n.startswith("sandgate") for n in wanted):
             b.sandgate_setup()

@@ -30,6 +30,9 @@ DEFAULT_HEADER_TIMEOUT = 30.0
 DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_UPSTREAM_CONNECT_TIMEOUT = 10.0
 DEFAULT_UPSTREAM_READ_TIMEOUT = 120.0
+# An idle upstream connection is kept this long for the caller's next client connection
+# (addons/upstreampool.py): under common servers' keep-alive timeouts (5 s and more).
+DEFAULT_UPSTREAM_REUSE_IDLE = 2.0
 # Before identification (sandgate/addons/admission.py): short, since a client that means to be
 # served sends its CONNECT or request at once.
 DEFAULT_FIRST_BYTE_TIMEOUT = 10.0
@@ -53,6 +56,7 @@ class LimitsConfig:
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
     upstream_connect_timeout: float | None = DEFAULT_UPSTREAM_CONNECT_TIMEOUT
     upstream_read_timeout: float | None = DEFAULT_UPSTREAM_READ_TIMEOUT
+    upstream_reuse_idle: float | None = DEFAULT_UPSTREAM_REUSE_IDLE  # None: no reuse
     first_byte_timeout: float | None = DEFAULT_FIRST_BYTE_TIMEOUT
     handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT
     identify_timeout: float | None = DEFAULT_IDENTIFY_TIMEOUT

@@ -30,6 +30,7 @@ from sandgate.addons import (
     speed,
     synchooks,
     tunnels,
+    upstreampool,
     wirelimits,
     writes,
 )
@@ -274,6 +275,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
+    upstreampool.add_metrics(metrics.registry)
     if cfg.transparent is not None:  # the capture tables' counters, read when scraped
         from sandgate.capture_metrics import add_metrics as add_capture_metrics
 
@@ -300,6 +302,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     def swap(new: livepolicy.LoadedPolicy) -> None:
         broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
         gate.set_policy(new.policy, canaries(new.policy))
+        upstreampool.POOL.clear()  # parked connections were opened under the old policy
         gate.cfg.limiter.forget(new.policy.identities, new.policy.secrets)
         metrics.policy_swapped(new.version, new.loaded_at)
 
@@ -328,6 +331,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     m.addons.add(errorcheck.ErrorCheck())
     m.addons.add(gate)
     m.addons.add(wirelimits.WireLimits())
+    m.addons.add(upstreampool.UpstreamPool())
     lifecycle = Lifecycle()
     m.addons.add(lifecycle)  # after the gate: a flow leaves it only once audited
     metrics.open_connections.set_function(lambda: open_connections(m))
@@ -368,6 +372,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     speed.install()
     handshake.install()
     lookups.install()  # hook arguments and option reads without per-call reflection
+    upstreampool.install(cfg.limits.upstream_reuse_idle)
     addons.set_inert(speed.inert_addons(m, values))
 
     tasks: set[asyncio.Task[Any]] = set()

@@ -29,7 +29,7 @@ def test_bench_tiny_load_reports_every_figure(tmp_path: Path) -> None:
                        "c1_new_conn_p99_ms"}
     variants = doc["variants"]
     assert set(variants) == {"direct", "squid", "mitmdump", "mitmdump+header", "sandgate",
-                             "sandgate-passthrough", "sandgate-workers2"}
+                             "sandgate-passthrough", "sandgate-workers2", "sandgate-noreuse"}
     for name, v in variants.items():
         if name == "sandgate-workers2" and not v["available"]:
             assert v["note"] == "not available"  # the CLI of this checkout has no --workers
@@ -47,6 +47,7 @@ def test_bench_tiny_load_reports_every_figure(tmp_path: Path) -> None:
     assert doc["ratios"]["sandgate-passthrough/squid keepalive_c16_rps"] > 0
     assert "sandgate-passthrough/squid new_conn_cpu_ms" in doc["ratios"]  # squid: 0 ticks
     assert doc["ratios"]["sandgate/direct download_mib_s"] > 0
+    assert doc["ratios"]["sandgate/sandgate-noreuse new_conn_rps"] > 0
     assert doc["ratios"]["sandgate - direct c1_keepalive_p50_ms"] is not None
     # the table is printed, with every variant
     for name in variants:

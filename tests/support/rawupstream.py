@@ -221,6 +221,8 @@ class H2TrailerServer(_ThreadLoop):
     cert: str
     key: str
     streams: list[list[tuple[bytes, bytes]]] = field(default_factory=list)
+    # the client address of the connection each stream came on (one per connection)
+    peers: list[object] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _ThreadLoop.__init__(self)
@@ -245,6 +247,7 @@ class H2TrailerServer(_ThreadLoop):
                 for ev in c.receive_data(data):
                     if isinstance(ev, h2.events.RequestReceived):
                         self.streams.append(list(ev.headers))
+                        self.peers.append(w.get_extra_info("peername"))
                         key = dict(ev.headers).get(b"x-api-key", b"")
                         sid = ev.stream_id
                         c.send_headers(sid, [(b":status", b"200"),

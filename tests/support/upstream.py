@@ -36,6 +36,7 @@ class Upstream:
         app.router.add_route("*", "/echo-key", self.echo_key)
         app.router.add_route("GET", "/sse", self.sse)
         app.router.add_route("GET", "/big", self.big)
+        app.router.add_route("GET", "/desync/{tail:.*}", self.desync)
         app.router.add_route("*", "/{tail:.*}", self.echo)
         return app
 
@@ -105,6 +106,28 @@ class Upstream:
         for _ in range(n):
             await resp.write(chunk)
         await resp.write_eof()
+        return resp
+
+
+    async def desync(self, request: web.Request) -> web.StreamResponse:
+        """A desynchronised upstream: after its response, a second one nobody asked for
+        (`?delay=S`: that many seconds later, i.e. while the connection sits idle)."""
+        await self._record(request)
+        resp = web.Response(text="asked")
+        await resp.prepare(request)
+        await resp.write_eof()
+        transport = request.transport
+        assert transport is not None
+
+        def smuggle() -> None:
+            if not transport.is_closing():
+                transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled")
+
+        delay = float(request.query.get("delay", "0"))
+        if delay:
+            asyncio.get_running_loop().call_later(delay, smuggle)
+        else:
+            smuggle()
         return resp
 
 

@@ -121,6 +121,9 @@ class FlowRecord:
     # instants of the request's parts (sandgate.export.marks): for its span (export/otel.py)
     trace: TraceHeaders | None = None
     marks: dict[str, int] = field(default_factory=dict)
+    # the upstream connection this request may reuse: whose, from where, to what (s60_dial;
+    # addons/upstreampool.py says why that key is safe). None: dial as usual, never parked
+    reuse: tuple[str, str | None, str, tuple[str, int] | None, str, int, str] | None = None
 
     @property
     def refused(self) -> bool:

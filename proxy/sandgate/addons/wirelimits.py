@@ -453,6 +453,11 @@ def exempt(server_conn: connection.Server) -> None:
     _exempt.add(server_conn.id)
 
 
+def is_exempt(server_conn: connection.Server) -> bool:
+    """A WebSocket or passthrough relay ran on this connection (it is no HTTP exchange)."""
+    return server_conn.id in _exempt
+
+
 def dial_at(server_conn: connection.Server, address: tuple[str, int]) -> None:
     """Dial `address` (the checked IP) for this upstream connection while its `address` stays
     the name it was judged for. mitmproxy reuses a connection for any later request whose

@@ -114,6 +114,11 @@ def register(sub: Any) -> None:
                      help="504 upstream_timeout when the upstream sends nothing for this long "
                      "after the last byte either way: to the response head, between chunks "
                      "(default %(default)s)")
+    lim.add_argument("--upstream-reuse-idle", type=float, default=2.0, metavar="SECONDS",
+                     help="keep an idle upstream connection (HTTP/1.1 or HTTP/2) this long for "
+                     "the next client connection of the same caller to the same checked "
+                     "address and name (default %(default)s; 0: every client connection dials "
+                     "its own)")
     st = run.add_argument_group(
         "shared state", "one state for every worker and replica (docs/fleet-state.md)")
     st.add_argument("--state", default=None, metavar="URL",
@@ -344,6 +349,7 @@ def limits_config(args: argparse.Namespace) -> LimitsConfig:
         upstream_connect_timeout=seconds("--upstream-connect-timeout",
                                          args.upstream_connect_timeout),
         upstream_read_timeout=seconds("--upstream-read-timeout", args.upstream_read_timeout),
+        upstream_reuse_idle=seconds("--upstream-reuse-idle", args.upstream_reuse_idle),
         first_byte_timeout=seconds("--first-byte-timeout", args.first_byte_timeout),
         handshake_timeout=seconds("--handshake-timeout", args.handshake_timeout),
         identify_timeout=seconds("--identify-timeout", args.identify_timeout),

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from mitmproxy import http, tcp, tls
 from mitmproxy.proxy import server_hooks
 
-from sandgate.addons import relay, tunnels, wirelimits
-from sandgate.addons.state import FlowRecord
+from sandgate.addons import relay, tunnels, upstreampool, wirelimits
+from sandgate.addons.state import Conn, FlowRecord
 from sandgate.errors import Refused
 from sandgate.export.marks import FORWARDED, mark
 from sandgate.netguard import DialTarget, IPNetwork, choose_address, may_dial, resolve
@@ -51,7 +51,23 @@ async def pin(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         conn.approved[(str(target.ip), target.port)] = info.host
         # Dial exactly the checked address; the Host header and SNI keep the name.
         flow.request.data.host = str(target.ip)
+        rec.reuse = reuse_key(conn, flow, rec, str(target.ip), target.port, info.host)
     mark(rec, FORWARDED)
+
+
+def reuse_key(conn: Conn, flow: http.HTTPFlow, rec: FlowRecord, ip: str, port: int,
+              name: str) -> upstreampool.PoolKey | None:
+    """The key under which this request may take a parked upstream connection (and leave its
+    own): HTTPS inside an intercepted CONNECT of an identified caller. Not captured
+    connections, not gateway requests (dialled by name), not a passthrough or refused tunnel."""
+    if rec.caller is None or flow.request.scheme != "https" or conn.captured is not None:
+        return None
+    tunnel = tunnels.get(conn, flow.client_conn, flow.server_conn)
+    if tunnel is None or tunnel.passthrough or tunnel.refusal is not None:
+        return None
+    sockname = flow.client_conn.sockname
+    listener = (str(sockname[0]), int(sockname[1])) if sockname else None
+    return upstreampool.key_for(rec.caller, listener, ip, port, name)
 
 
 async def choose(st: GateState, host: str, port: int, private_cidrs: Iterable[IPNetwork],
