@@ -50,6 +50,10 @@ from sandgate.addons import admission, writes
 _MARK = "_sandgate_relay"
 _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport")  # noqa: B009
 _HIGH_WATER = 64 * 1024  # asyncio's default high-water mark for a transport's write buffer
+# Upstream reads: up to 256 KiB per read (mitmproxy: 64 KiB), so a bulk download crosses the
+# layers, the scrubber and the TLS records a quarter as often; wirelimits' upstream reader
+# buffers up to UPSTREAM_READ (2 x its 128 KiB limit) before it pauses the socket.
+UPSTREAM_READ = 256 * 1024
 # client connection id -> the context of its verified passthrough tunnel (its TLS layer's);
 # entries leave with the client (`forget`, from Gate.client_disconnected)
 _VERIFIED: dict[str, Context] = {}
@@ -163,7 +167,7 @@ async def handle_connection(self: Any, conn: connection.Connection) -> None:
     assert reader
     while True:
         try:
-            data = await reader.read(65535)
+            data = await reader.read(65535 if conn is self.client else UPSTREAM_READ)
             if not data:
                 raise OSError("Connection closed by peer.")
         except OSError:

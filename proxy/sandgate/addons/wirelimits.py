@@ -381,7 +381,7 @@ class _AsyncioForServer(types.ModuleType):
         return getattr(asyncio, name)
 
     async def open_connection(self, host: Any = None, port: Any = None, *,
-                              limit: int = 2**16, **kwargs: Any) -> tuple[Any, Any]:
+                              limit: int = 2**17, **kwargs: Any) -> tuple[Any, Any]:
         # asyncio.open_connection, with the reader that keeps the read timeout
         timeout = _state.limits.upstream_connect_timeout
         loop = asyncio.get_running_loop()
