@@ -225,3 +225,17 @@ def test_the_patches_are_in_place_once_and_only_once() -> None:
     upstreampool.install(2.0)  # idempotent: nothing wrapped twice
     assert http_layer.HttpLayer.get_connection is get
     assert server.ConnectionHandler.open_connection is open_
+
+
+def test_a_dead_connection_met_first_is_closed_and_the_next_idle_one_taken(
+        sockets: Any) -> None:
+    pool = Pool(idle=5)
+    key = key_for(AGENT, LISTENER, "192.0.2.1", 443, "api.test")
+    older, _a = parked(key, sockets)
+    newer, peer = parked(key, sockets)
+    pool.put(older)
+    pool.put(newer)
+    peer.close()  # the freshest one's upstream left while it was parked
+    assert pool.take(key) is older
+    assert newer.writer.closed and not older.writer.closed
+    assert (pool.size, pool.expired, pool.reused) == (0, 1, 1)

@@ -77,7 +77,7 @@ _FIELDS = ("peername", "sockname", "sni", "alpn", "alpn_offers", "cipher", "ciph
            "timestamp_tls_setup")
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: two parked connections are never "equal"
 class Parked:
     key: PoolKey
     reader: Any  # the StreamReader (wirelimits' timed reader)
@@ -130,32 +130,31 @@ class Pool:
         if len(q) > PER_KEY:
             self._drop(q.popleft())
         while self.size > TOTAL:
-            oldest = min(self.parked.values(), key=lambda d: d[0].since if d else float("inf"))
-            self._drop(oldest.popleft())
+            key = min(self.parked, key=lambda k: self.parked[k][0].since)
+            self._drop(self.parked[key].popleft())
+            if not self.parked[key]:
+                del self.parked[key]
         self._schedule_sweep()
 
     def take(self, key: PoolKey) -> Parked | None:
+        """The freshest ready connection of this key that is still idle; the dead ones met on
+        the way are closed."""
         q = self.parked.get(key)
-        if not q:
-            return None
         now = time.monotonic()
-        found: Parked | None = None
-        for p in reversed(q):  # the freshest first
-            if p.ready:
-                found = p
-                break
-        if found is None:
-            return None
-        q.remove(found)
-        self.size -= 1
-        if not q:
-            del self.parked[key]
-        if now - found.since > self.idle or not found.alive():
+        while q:
+            found = next((p for p in reversed(q) if p.ready), None)
+            if found is None:
+                return None
+            q.remove(found)
+            self.size -= 1
+            if not q:
+                del self.parked[key]
+            if now - found.since <= self.idle and found.alive():
+                self.reused += 1
+                return found
             self.expired += 1
             found.close()
-            return None
-        self.reused += 1
-        return found
+        return None
 
     def clear(self) -> None:
         for q in self.parked.values():
@@ -174,8 +173,10 @@ class Pool:
         now = time.monotonic()
         for key in list(self.parked):
             q = self.parked[key]
-            keep = collections.deque(p for p in q if p.ready is False or (
-                now - p.since <= self.idle and p.alive()))
+            # (a connection whose old read task has not ended within the idle time is given up
+            # too: closing it is always safe)
+            keep = collections.deque(p for p in q if now - p.since <= self.idle and (
+                not p.ready or p.alive()))
             for p in q:
                 if p not in keep:
                     self._drop(p)
