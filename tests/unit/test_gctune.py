@@ -1,12 +1,16 @@
-"""gctune.settle(): the startup heap frozen, young collections less often; the collector
-still collects what is built after it."""
+"""gctune.settle(): the startup heap frozen, the thresholds left alone; the collector still
+collects what is built after it."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
+import pytest
+
 from sandgate import gctune
+
+pytestmark = pytest.mark.unit
 
 
 def test_settle_freezes_the_heap_and_still_collects_new_cycles() -> None:
@@ -14,7 +18,7 @@ def test_settle_freezes_the_heap_and_still_collects_new_cycles() -> None:
     try:
         gctune.settle()
         assert gc.get_freeze_count() > 0
-        assert gc.get_threshold() == (gctune.YOUNG, saved[1], saved[2])
+        assert gc.get_threshold() == saved  # a larger young generation grew the RSS: not kept
 
         class Node:
             other: Node
