@@ -23,6 +23,7 @@ from sandgate.addons import (
     dialguard,
     dispatch,
     handshake,
+    headerlookup,
     patches,
     relay,
     socks5,
@@ -364,6 +365,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     writes.install()
     speed.install()
     handshake.install()
+    headerlookup.install()  # header lookups without mitmproxy's detours (~4% of the CPU)
     addons.set_inert(speed.inert_addons(m, values))
 
     tasks: set[asyncio.Task[Any]] = set()

@@ -35,6 +35,10 @@ INERT: dict[str, tuple[str, Any]] = {
     "save": ("save_stream_file", None),
     "blocklist": ("block_list", []),
     "serverplayback": ("server_replay", []),
+    # no validator, no upstream credentials, no mitm.it app: their hooks return at once
+    "proxyauth": ("proxyauth", None),
+    "upstreamauth": ("upstream_auth", None),
+    "onboarding": ("onboarding", False),
 }
 
 
