@@ -165,8 +165,18 @@ def scrub_fields(fields: dict[str, Any], secrets: SecretSet) -> dict[str, Any]:
     return fields
 
 
+_second: list[Any] = [None, ""]  # the last whole second formatted, and its text up to ':SS'
+
+
 def _timestamp() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Now, as ISO 8601 UTC with milliseconds ("2026-01-02T03:04:05.678Z"); the text up to the
+    seconds is formatted once per second (one call per audit event)."""
+    now = time.time()
+    sec = int(now)
+    if _second[0] != sec:
+        _second[0], _second[1] = sec, datetime.fromtimestamp(sec, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S")
+    return f"{_second[1]}.{int((now - sec) * 1000):03d}Z"
 
 
 FORMATS = ("json", "ocsf")

@@ -79,3 +79,12 @@ def test_install_puts_them_on_headers_once() -> None:
     assert h.get_all(b"X-a") == ["1", "\udcff"]
     assert "CONTENT-LENGTH" in h and "missing" not in h
     assert h.pop("x-a") == "1, \udcff" and "x-a" not in h
+
+
+def test_name_cache_is_bounded_and_answers_like_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(headerlookup, "_KEYS", {})
+    h = http.Headers([(b"X-0", b"a")])
+    for i in range(1100):
+        assert headerlookup.get(h, f"x-{i}") == ("a" if i == 0 else None)
+    assert len(headerlookup._KEYS) == 1024
+    assert headerlookup.get(h, "X-0") == "a" and headerlookup.contains(h, "x-1099") is False

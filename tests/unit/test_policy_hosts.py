@@ -125,3 +125,18 @@ def test_host_pattern_rejects(pattern, fragment):
     with pytest.raises(ValueError) as ei:
         compile_host_pattern(pattern)
     assert fragment in str(ei.value)
+
+
+def test_normalise_host_remembers_answers_not_failures() -> None:
+    from sandgate.policy import hosts
+
+    hosts._normalised.cache_clear()
+    assert normalise_host("API.Example.COM.") == "api.example.com"
+    assert normalise_host("API.Example.COM.") == "api.example.com"
+    assert hosts._normalised.cache_info().hits == 1
+    for _ in range(2):
+        with pytest.raises(ValueError, match="userinfo"):
+            normalise_host("u@example.com")
+    with pytest.raises(ValueError, match="must be a string"):
+        normalise_host(b"example.com")  # type: ignore[arg-type]
+    assert hosts._normalised.cache_info().currsize == 1

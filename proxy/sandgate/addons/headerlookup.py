@@ -24,8 +24,18 @@ ORIGINAL_GET = http.Headers.get
 ORIGINAL_CONTAINS = http.Headers.__contains__
 
 
+_KEYS: dict[str, bytes] = {}  # the names code asks for (constants): their bytes, lower case
+
+
 def _key(name: Any) -> bytes:
     # mitmproxy: _always_bytes(name) then _kconv (lower); None and other types fail as there
+    if type(name) is str:
+        k = _KEYS.get(name)
+        if k is None:
+            k = name.encode("utf-8", "surrogateescape").lower()
+            if len(_KEYS) < 1024:
+                _KEYS[name] = k
+        return k
     raw = name if type(name) is bytes else http._always_bytes(name)
     return raw.lower()
 

@@ -5,6 +5,7 @@ Pure functions; every failure is a ValueError whose message can be shown to a us
 
 from __future__ import annotations
 
+import functools
 import re
 
 from sandgate.netguard import is_numeric_label, parse_ip_literal
@@ -25,6 +26,18 @@ def normalise_host(raw: str) -> str:
     Raises ValueError for anything that is not a bare host: userinfo, a port, a path, spaces,
     empty labels, characters outside [a-z0-9-_.] after IDNA.
     """
+    if type(raw) is str:
+        return _normalised(raw)  # asked 3-4 times per request (target, Host, SNI, CONNECT)
+    return _normalise_host(raw)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalised(raw: str) -> str:
+    # A pure function of the string: remembered (bounded); a ValueError is not remembered.
+    return _normalise_host(raw)
+
+
+def _normalise_host(raw: str) -> str:
     if not isinstance(raw, str):
         raise ValueError("host must be a string")
     h = raw.strip()
