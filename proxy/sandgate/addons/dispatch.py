@@ -21,7 +21,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from mitmproxy import exceptions, hooks, master
+from mitmproxy import exceptions, flow, hooks, master
 from mitmproxy.addonmanager import AddonManager, safecall, traverse
 
 # mitmproxy's AddonManager is unannotated: calls into it carry no-untyped-call ignores.
@@ -87,6 +87,14 @@ class CachedAddons(AddonManager):
                     entries.append((top, tuple(funcs)))
             found = self._hooks[name] = tuple(entries)
         return found
+
+    async def handle_lifecycle(self, event: hooks.Hook) -> None:
+        """mitmproxy's: the hook, then `update` for a flow; no UpdateHook built when no addon
+        has an `update` hook (trigger_event would return at once)."""
+        message = event.args()[0]
+        await self.trigger_event(event)
+        if isinstance(message, flow.Flow) and self._entries("update"):
+            await self.trigger_event(hooks.UpdateHook([message]))
 
     async def trigger_event(self, event: hooks.Hook) -> None:
         entries = self._entries(event.name)
