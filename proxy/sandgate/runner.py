@@ -20,6 +20,7 @@ from mitmproxy.utils import human
 
 from sandgate import audit, audit_setup, confdir
 from sandgate.addons import (
+    coalesce,
     dialguard,
     dispatch,
     handshake,
@@ -366,6 +367,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     speed.install()
     handshake.install()
     headerlookup.install()  # header lookups without mitmproxy's detours (~4% of the CPU)
+    coalesce.install()  # a message's head and body: one piece of data, one TLS record
     addons.set_inert(speed.inert_addons(m, values))
 
     tasks: set[asyncio.Task[Any]] = set()
