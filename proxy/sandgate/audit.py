@@ -154,6 +154,10 @@ def scrub_fields(fields: dict[str, Any], secrets: SecretSet) -> dict[str, Any]:
     must not carry it on."""
     if secrets.empty:
         return fields
+    texts = [v for key in SCRUBBED if isinstance(v := fields.get(key), str)]
+    texts += [v for call in fields.get("rpc") or () for v in call.values() if isinstance(v, str)]
+    if not secrets.scrub_text("\n".join(texts))[1]:
+        return fields  # no value in their concatenation, so none in any of them: one scan
     for key in SCRUBBED:
         value = fields.get(key)
         if isinstance(value, str):
