@@ -406,3 +406,15 @@ def test_no_update_hook_built_without_an_update_addon() -> None:
 
     asyncio.run(go())
     assert [c.split(":")[0] for c in calls] == ["r", "--", "r", "update"]
+
+
+def test_speed_option_reads_copy_only_what_can_change() -> None:
+    from sandgate.addons import speed
+
+    speed.install()
+    o = options.Options()
+    o.update(listen_host="127.0.0.9", ignore_hosts=["example.com"])
+    assert o.listen_host == "127.0.0.9" and o.listen_port is None and o.showhost is False
+    first = o.ignore_hosts
+    first.append("mutated")  # a list is still a copy: the option itself is untouched
+    assert o.ignore_hosts == ["example.com"]

@@ -88,3 +88,28 @@ def test_name_cache_is_bounded_and_answers_like_without_it(monkeypatch: pytest.M
         assert headerlookup.get(h, f"x-{i}") == ("a" if i == 0 else None)
     assert len(headerlookup._KEYS) == 1024
     assert headerlookup.get(h, "X-0") == "a" and headerlookup.contains(h, "x-1099") is False
+
+
+edit = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from(NAMES), st.text(max_size=3)),
+    st.tuples(st.just("add"), st.sampled_from(NAMES), st.text(max_size=3)),
+    st.tuples(st.just("del"), st.sampled_from(NAMES), st.just("")),
+    st.tuples(st.just("fields"), st.just(""), st.just("")),
+)
+
+
+@given(fields, st.lists(st.tuples(edit, keys, st.sampled_from(["get", "in", "get_all"])),
+                        max_size=8))
+def test_remembered_names_follow_every_change(fs: list[tuple[bytes, bytes]],
+                                              steps: list[Any]) -> None:
+    h = http.Headers(fs)
+    for (change, name, value), key, op in steps:
+        if change == "set":
+            h[name] = value
+        elif change == "add":
+            h.add(name, value)
+        elif change == "del" and name in h:
+            del h[name]
+        elif change == "fields":
+            h.fields = (*h.fields, (b"X-New", b"v"))
+        assert _patched(op, h, key) == _original(op, h, key)

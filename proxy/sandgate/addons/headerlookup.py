@@ -4,8 +4,9 @@
 framing: content-length, transfer-encoding, connection, expect; Sandgate's stages). In
 mitmproxy 11.0.2 each goes `Mapping.get` -> `__getitem__` -> `Headers.get_all` (converting the
 name) -> `MultiDict.get_all` (a call to `_kconv` per field) -> `_reduce_values`, and a missing
-header (the common case) raises and catches a KeyError on the way. The replacements walk the
-fields once with the same comparison (the name as bytes, `bytes.lower()` on both sides), decode
+header (the common case) raises and catches a KeyError on the way. The replacements compare
+the same way (the name as bytes, `bytes.lower()` on both sides; the fields' lowered names are
+remembered until the fields change, so a missing header is one tuple membership test), decode
 values the same way (UTF-8, surrogateescape) and fold them with the same `_reduce_values`; a name
 that is neither str nor bytes fails as it did. `unit/test_headerlookup.py` checks them against
 the originals (hypothesis).
@@ -18,6 +19,7 @@ from typing import Any
 from mitmproxy import http
 
 _MARK = "_sandgate_headerlookup"
+_MEMO = "_sandgate_names"  # Headers.__dict__: (fields, their names in lower case)
 
 ORIGINAL_GET_ALL = http.Headers.get_all
 ORIGINAL_GET = http.Headers.get
@@ -40,25 +42,40 @@ def _key(name: Any) -> bytes:
     return raw.lower()
 
 
+def _names(self: http.Headers) -> tuple[bytes, ...]:
+    """The field names in lower case, remembered for this `fields` tuple (every change to the
+    headers replaces the tuple; the memo holds it, so its id cannot be reused meanwhile)."""
+    fields = self.fields
+    memo = self.__dict__.get(_MEMO)
+    if memo is not None and memo[0] is fields:
+        return memo[1]  # type: ignore[no-any-return]
+    names = tuple(f.lower() for f, _ in fields)
+    self.__dict__[_MEMO] = (fields, names)
+    return names
+
+
+def _values(self: http.Headers, k: bytes) -> list[str]:
+    names = _names(self)
+    if k not in names:
+        return []
+    fields = self.fields
+    return [fields[i][1].decode("utf-8", "surrogateescape")
+            for i, n in enumerate(names) if n == k]
+
+
 def get_all(self: http.Headers, name: str | bytes) -> list[str]:
-    k = _key(name)
-    return [v.decode("utf-8", "surrogateescape") for f, v in self.fields if f.lower() == k]
+    return _values(self, _key(name))
 
 
 def get(self: http.Headers, key: str | bytes, default: Any = None) -> Any:
-    k = _key(key)
-    values = [v.decode("utf-8", "surrogateescape") for f, v in self.fields if f.lower() == k]
+    values = _values(self, _key(key))
     if not values:
         return default
     return self._reduce_values(values)
 
 
 def contains(self: http.Headers, key: object) -> bool:
-    k = _key(key)
-    for f, _ in self.fields:
-        if f.lower() == k:
-            return True
-    return False
+    return _key(key) in _names(self)
 
 
 def install() -> None:

@@ -16,15 +16,19 @@
    four attributes straight away: the same context, without the object nobody sees.
 4. `Hook.args` walks `dataclasses.fields()` on every call (three times per hook). The field
    names of a hook class are fixed: they are looked up once per class.
+5. Every read of an option (`ctx.options.x`, `context.options.x`: several per request) returns
+   `copy.deepcopy` of its value. For a str, bytes, number, bool or None deepcopy returns the
+   object itself; such values are now returned without the call. Others are still copied.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from mitmproxy import hooks, http, master
+from mitmproxy import hooks, http, master, optmanager
 from mitmproxy.proxy import context
 
 _MARK = "_sandgate_speed"
@@ -78,6 +82,13 @@ def _fork(self: context.Context) -> context.Context:
 
 
 _HOOK_FIELDS: dict[type, tuple[str, ...]] = {}
+_ATOMS = frozenset({str, bytes, int, float, bool, type(None)})  # deepcopy(x) is x
+
+
+def _option_current(self: optmanager._Option) -> Any:
+    """mitmproxy's _Option.current: a deep copy of the value (the value itself for atoms)."""
+    v = self.default if self.value is optmanager.unset else self.value
+    return v if type(v) in _ATOMS else copy.deepcopy(v)
 
 
 def _hook_args(self: hooks.Hook) -> list[Any]:
@@ -95,6 +106,7 @@ def install() -> None:
     http.MessageData.__post_init__ = _no_type_checks  # type: ignore[method-assign]
     context.Context.fork = _fork  # type: ignore[method-assign]
     hooks.Hook.args = _hook_args  # type: ignore[method-assign]
+    optmanager._Option.current = _option_current  # type: ignore[method-assign]
     setattr(http.MessageData, _MARK, True)
 
 
