@@ -154,6 +154,10 @@ def scrub_fields(fields: dict[str, Any], secrets: SecretSet) -> dict[str, Any]:
     must not carry it on."""
     if secrets.empty:
         return fields
+    texts = [v for key in SCRUBBED if isinstance(v := fields.get(key), str)]
+    texts += [v for call in fields.get("rpc") or () for v in call.values() if isinstance(v, str)]
+    if not secrets.scrub_text("\n".join(texts))[1]:
+        return fields  # no value in their concatenation, so none in any of them: one scan
     for key in SCRUBBED:
         value = fields.get(key)
         if isinstance(value, str):
@@ -165,8 +169,18 @@ def scrub_fields(fields: dict[str, Any], secrets: SecretSet) -> dict[str, Any]:
     return fields
 
 
+_second: list[Any] = [None, ""]  # the last whole second formatted, and its text up to ':SS'
+
+
 def _timestamp() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Now, as ISO 8601 UTC with milliseconds ("2026-01-02T03:04:05.678Z"); the text up to the
+    seconds is formatted once per second (one call per audit event)."""
+    now = time.time()
+    sec = int(now)
+    if _second[0] != sec:
+        _second[0], _second[1] = sec, datetime.fromtimestamp(sec, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S")
+    return f"{_second[1]}.{int((now - sec) * 1000):03d}Z"
 
 
 FORMATS = ("json", "ocsf")

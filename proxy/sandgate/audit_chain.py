@@ -51,9 +51,12 @@ DEFAULT_CHECKPOINT_LINES = 1000
 DEFAULT_CHECKPOINT_SECONDS = 60.0
 
 
+_ENCODER = json.JSONEncoder(default=str)  # json.dumps(obj, default=str) built one per call
+
+
 def render(obj: MutableMapping[str, Any]) -> str:
     """The one rendering of an audit line (what structlog's JSONRenderer wrote before)."""
-    return json.dumps(obj, default=str)
+    return _ENCODER.encode(obj)
 
 
 def line_hash(line: str | bytes) -> str:

@@ -33,6 +33,7 @@ LIMIT_CODES = frozenset(str(c) for c in (
     Code.TOO_MANY_CONNECTIONS, Code.HEADER_TIMEOUT, Code.IDLE_TIMEOUT, Code.UPSTREAM_TIMEOUT))
 APPROVAL_ACTIONS = frozenset({"requested", "voted", "decided", "used", "timed_out", "withdrawn",
                               "webhook_sent", "webhook_failed"})
+_MAX_CHILDREN = 4096  # remembered label children (Metrics._child); past that, looked up
 _VAULT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -65,6 +66,7 @@ class Metrics:
     def __init__(self, policy: Callable[[], Policy], instance: str = "sandgate") -> None:
         self._policy = policy
         self._bounds: _Bounds | None = None
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # see _child
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "sandgate_requests", "Requests judged, by identity, rule, decision "
@@ -153,6 +155,18 @@ class Metrics:
 
     # ------------------------------------------------------------------ label bounds
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, remembered: prometheus_client validates and locks on each
+        call, several times per request. Only for metrics whose children are never removed
+        (none of these is cleared); label values are already bounded by the policy."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = metric.labels(*labels)
+            if len(self._children) < _MAX_CHILDREN:
+                self._children[key] = child
+        return child
+
     def _b(self) -> _Bounds:
         policy = self._policy()
         if self._bounds is None or self._bounds.policy is not policy:
@@ -201,15 +215,15 @@ class Metrics:
             rule = self._rule(identity, fields.get(A.RULE))
             decision = str(fields.get(A.DECISION) or UNKNOWN)
             code = str(fields.get(A.CODE) or NONE)
-            self.requests.labels(identity, rule, decision, code).inc()
+            self._child(self.requests, identity, rule, decision, code).inc()
             duration = fields.get(A.DURATION_MS)
             if isinstance(duration, int | float):
-                self.request_duration.labels(decision).observe(duration / 1000)
+                self._child(self.request_duration, decision).observe(duration / 1000)
             status = fields.get(A.UPSTREAM_STATUS)
             if isinstance(status, int) and 100 <= status < 600:
-                self.upstream_responses.labels(f"{status // 100}xx").inc()
+                self._child(self.upstream_responses, f"{status // 100}xx").inc()
             for s in fields.get(A.SECRETS) or ():
-                self.injections.labels(self.secret_label(str(s).partition("@")[0])).inc()
+                self._child(self.injections, self.secret_label(str(s).partition("@")[0])).inc()
             for c in fields.get("rpc") or ():
                 outcome = str(c.get("decision") or UNKNOWN)
                 self.calls.labels(identity, self._named(c.get("method"), self._b().method_globs),
@@ -239,7 +253,7 @@ class Metrics:
     # ------------------------------------------------------------------ the secret broker
 
     def secret_cache(self, name: str, hit: bool) -> None:
-        (self.cache_hits if hit else self.cache_misses).labels(self.secret_label(name)).inc()
+        self._child(self.cache_hits if hit else self.cache_misses, self.secret_label(name)).inc()
 
     def secret_fetch(self, name: str, outcome: str) -> None:
         self.secret_fetches.labels(self.secret_label(name), outcome).inc()

@@ -361,3 +361,60 @@ class _FakeTransport(asyncio.Transport):
 
     def close(self) -> None:
         self.log.append("close")
+
+
+def test_speed_fork_and_hook_args_are_mitmproxys() -> None:
+    from mitmproxy.proxy.context import Context
+    from mitmproxy.proxy.layers.http import HttpRequestHeadersHook
+
+    from sandgate.addons import speed
+
+    speed.install()
+    client = connection.Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2),
+                               timestamp_start=0.0)
+    parent = Context(client, options.Options())
+    parent.server.address = ("example.com", 443)
+    parent.layers = ["a", "b"]  # type: ignore[list-item]
+    child = parent.fork()
+    assert type(child) is Context and child is not parent
+    assert child.client is client and child.options is parent.options
+    assert child.server is parent.server  # the same server, no new one
+    assert child.layers == parent.layers and child.layers is not parent.layers
+    assert HttpRequestHeadersHook("f").args() == ["f"]  # type: ignore[arg-type]
+    assert hooks.UpdateHook(["x"]).args() == [["x"]]  # type: ignore[list-item]
+    assert hooks.RunningHook().args() == []
+
+
+def test_no_update_hook_built_without_an_update_addon() -> None:
+    calls: list[str] = []
+
+    class Updating:
+        def update(self, flows: list[Any]) -> None:
+            calls.append(f"update:{len(flows)}")
+
+    async def go() -> None:
+        m = master.Master(options.Options())
+        dispatch.install(m)
+        m.addons.add(Recorder("r", calls))
+        from mitmproxy.test import tflow
+
+        f = tflow.tflow()
+        await m.addons.handle_lifecycle(HttpRequestHook(f))
+        calls.append("--")
+        m.addons.add(Updating())  # the cache follows: update hooks run again
+        await m.addons.handle_lifecycle(HttpRequestHook(f))
+
+    asyncio.run(go())
+    assert [c.split(":")[0] for c in calls] == ["r", "--", "r", "update"]
+
+
+def test_speed_option_reads_copy_only_what_can_change() -> None:
+    from sandgate.addons import speed
+
+    speed.install()
+    o = options.Options()
+    o.update(listen_host="127.0.0.9", ignore_hosts=["example.com"])
+    assert o.listen_host == "127.0.0.9" and o.listen_port is None and o.showhost is False
+    first = o.ignore_hosts
+    first.append("mutated")  # a list is still a copy: the option itself is untouched
+    assert o.ignore_hosts == ["example.com"]

@@ -1,4 +1,4 @@
-"""addons/lookups.py: hook arguments and option reads without per-call reflection give
+"""addons/speed.py (4, 5): hook arguments and option reads without per-call reflection give
 exactly what mitmproxy's own code gives."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers.http import HttpConnectHook, HttpRequestHook
 from mitmproxy.test import tflow
 
-from sandgate.addons import lookups
+from sandgate.addons import speed
 
 
 def test_hook_args_are_mitmproxy_s_for_every_hook_class() -> None:
@@ -20,9 +20,9 @@ def test_hook_args_are_mitmproxy_s_for_every_hook_class() -> None:
             server_hooks.ServerConnectedHook(data), hooks.RunningHook(),
             hooks.ConfigureHook({"a", "b"})]
     for h in made:
-        want = lookups.ORIGINAL_ARGS(h)
-        assert lookups.args(h) == want
-        assert all(a is b for a, b in zip(lookups.args(h), want, strict=True))
+        want = [getattr(h, f.name) for f in dataclasses.fields(h)]  # mitmproxy's Hook.args
+        assert speed._hook_args(h) == want
+        assert all(a is b for a, b in zip(speed._hook_args(h), want, strict=True))
     # every hook mitmproxy knows, by class: the same field names in the same order
     for cls in hooks.all_hooks.values():
         if dataclasses.is_dataclass(cls):
@@ -30,15 +30,15 @@ def test_hook_args_are_mitmproxy_s_for_every_hook_class() -> None:
             obj = object.__new__(cls)
             for n in names:
                 object.__setattr__(obj, n, n)
-            assert lookups.args(obj) == names
+            assert speed._hook_args(obj) == names
 
 
 def test_option_reads_are_unchanged_and_containers_still_copied() -> None:
     opts = options.Options()
     before = {name: getattr(opts, name) for name in opts.keys()}
-    lookups.install()
-    lookups.install()
-    assert lookups.installed()
+    speed.install()
+    speed.install()
+    assert speed.installed()
     after = {name: getattr(opts, name) for name in opts.keys()}
     assert after == before
     opts.update(ignore_hosts=["a.example"], listen_host="127.0.0.1")

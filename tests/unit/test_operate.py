@@ -344,3 +344,27 @@ def test_same_address():
     assert same_address(("0.0.0.0", 8080), ("127.0.0.1", 8080))
     assert not same_address(("127.0.0.1", 8081), ("127.0.0.1", 8080))
     assert not same_address(("127.0.0.2", 8080), ("127.0.0.1", 8080))
+
+
+def test_remembered_label_children_count_like_labels(tmp_path, monkeypatch):
+    import sandgate.metrics as M
+
+    p = load_policy_dir(_dir(tmp_path))
+    m = Metrics(lambda: p)
+    event = {A.IDENTITY: "agent", A.RULE: "api", A.DECISION: "allow", A.CODE: None,
+             A.UPSTREAM_STATUS: 200, A.DURATION_MS: 1.0, A.SECRETS: ["k@1"]}
+    for _ in range(3):
+        m.on_audit("request", event)
+        m.secret_cache("k", hit=True)
+    s = _samples(m)
+    assert s[("sandgate_requests_total", (("code", "none"), ("decision", "allow"),
+                                          ("identity", "agent"), ("rule", "api")))] == 3
+    assert s[("sandgate_injections_total", (("secret", "k"),))] == 3
+    assert s[("sandgate_secret_cache_hits_total", (("secret", "k"),))] == 3
+    assert s[("sandgate_request_duration_seconds_count", (("decision", "allow"),))] == 3
+    # bounded: past the limit children are looked up each time, and still counted
+    monkeypatch.setattr(M, "_MAX_CHILDREN", len(m._children))
+    m.on_audit("request", {**event, A.UPSTREAM_STATUS: 404})
+    m.on_audit("request", {**event, A.UPSTREAM_STATUS: 404})
+    assert len(m._children) == M._MAX_CHILDREN
+    assert _samples(m)[("sandgate_upstream_responses_total", (("status_class", "4xx"),))] == 2

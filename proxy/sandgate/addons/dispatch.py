@@ -90,6 +90,14 @@ class CachedAddons(AddonManager):
             found = self._hooks[name] = tuple(entries)
         return found
 
+    async def handle_lifecycle(self, event: hooks.Hook) -> None:
+        """mitmproxy's: the hook, then `update` for a flow; no UpdateHook built when no addon
+        has an `update` hook (trigger_event would return at once)."""
+        message = event.args()[0]
+        await self.trigger_event(event)
+        if isinstance(message, flow.Flow) and self._entries("update"):
+            await self.trigger_event(hooks.UpdateHook([message]))
+
     async def trigger_event(self, event: hooks.Hook) -> None:
         entries = self._entries(event.name)
         if not entries:

@@ -361,6 +361,8 @@ class _SilenceReader(asyncio.StreamReader):
 
 
 class _TimedWriter:
+    BATCHED = True  # writes.Batched wraps it too: a StreamWriter underneath, one write per event
+
     def __init__(self, inner: asyncio.StreamWriter, reader: _SilenceReader) -> None:
         self._inner = inner
         self._reader = reader

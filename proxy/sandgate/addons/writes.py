@@ -49,8 +49,9 @@ class _Transports(dict[Any, Any]):
     """ConnectionHandler.transports, wrapping each StreamWriter as it is registered."""
 
     def __setitem__(self, conn: Any, io: Any) -> None:
-        if isinstance(io.writer, asyncio.StreamWriter):
-            io.writer = Batched(io.writer)
+        w = io.writer
+        if isinstance(w, asyncio.StreamWriter) or getattr(type(w), "BATCHED", False):
+            io.writer = Batched(w)  # the client's, and the upstream's (wirelimits._TimedWriter)
         super().__setitem__(conn, io)
 
 
