@@ -472,7 +472,12 @@ def _adopted(layer: Any, event: Any, p: Parked) -> Generator[Any, Any, None]:
 def _wrap_get_connection(original: Any) -> Any:
     def get_connection(self: Any, event: Any, *, reuse: bool = True
                        ) -> Generator[Any, Any, None]:
-        adopted = _adopt(self, event) if reuse else None
+        adopted = None
+        if reuse:
+            try:
+                adopted = _adopt(self, event)
+            except Exception:  # never fatal: the request dials as it would without a pool
+                log.exception("sandgate: taking a parked upstream connection failed; dialling")
         if adopted is None:
             yield from original(self, event, reuse=reuse)
         else:
