@@ -27,12 +27,23 @@ from tests.integration.conftest import curl, split_status, stop_proxy
 from tests.support.rawupstream import H2TrailerServer
 from tests.support.tunnel import open_tunnel, proxy_auth
 
+_TOKENS: dict[tuple[int, str, str | None], str] = {}
+
+
+def _token(proxy, identity: str, sandbox: str | None = None) -> str:
+    """One token per proxy, identity and sandbox: issuing one runs a subprocess (a second or
+    more on a loaded machine, which would age a parked connection between two steps)."""
+    key = (proxy.port, identity, sandbox)
+    if key not in _TOKENS:
+        _TOKENS[key] = proxy.token(identity, sandbox=sandbox)
+    return _TOKENS[key]
+
 
 class Client:
     """One client connection through the proxy: CONNECT, TLS, keep-alive requests."""
 
     def __init__(self, proxy, identity: str, sandbox: str | None = None) -> None:
-        token = proxy.token(identity, sandbox=sandbox)
+        token = _token(proxy, identity, sandbox)
         s, head = open_tunnel(proxy.host, proxy.port, "upstream.test:443",
                               proxy_auth(identity, token))
         assert b" 200 " in head.split(b"\r\n")[0], head[:200]
@@ -109,11 +120,11 @@ def test_an_upstream_connection_is_never_shared_across_identities_or_sandboxes(
 
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory, vault, pki, own_upstream) -> Iterator[Admin]:
-    """A proxy whose parked connections wait 10 s (a loaded machine must not expire them
+    """A proxy whose parked connections wait 60 s (a loaded machine must not expire them
     between two steps of a test), with its metrics."""
     tmp = tmp_path_factory.mktemp("pooled")
     admin = start_admin_proxy(tmp, copy_policies(tmp), vault, pki,
-                              "--upstream-reuse-idle", "10")
+                              "--upstream-reuse-idle", "60")
     yield admin
     stop_proxy(admin.proxy)
 
@@ -228,12 +239,13 @@ def test_curl_over_http2_reuses_the_upstream_session_of_its_own_caller_only(
     connection and the same caller's next curl process continues it; another caller's never."""
     server = H2TrailerServer("127.0.71.2", 8443, str(pki.cert), str(pki.key)).start()
     admin = start_admin_proxy(tmp_path, copy_policies(tmp_path, H2_POLICY), vault, pki,
-                              "--upstream-reuse-idle", "10",
+                              "--upstream-reuse-idle", "60",
                               "--resolve=h2.upstream.test=127.0.71.2")
     try:
         def run(identity: str) -> None:
             before = _count(admin, "parked")
-            r = curl(admin.proxy, identity, "https://h2.upstream.test:8443/x", "--http2")
+            r = curl(admin.proxy, identity, "https://h2.upstream.test:8443/x", "--http2",
+                     token=_token(admin.proxy, identity))
             body, status = split_status(r.stdout)
             assert status == 200 and "hello over h2" in body, (status, body, r.stderr[-500:])
             wait_for(lambda: _count(admin, "parked") > before, 10, "the h2 session parked")
