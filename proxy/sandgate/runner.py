@@ -25,6 +25,7 @@ from sandgate.addons import (
     dispatch,
     handshake,
     headerlookup,
+    parking,
     patches,
     relay,
     socks5,
@@ -276,7 +277,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
-    upstreampool.add_metrics(metrics.registry)
+    parking.add_metrics(metrics.registry)
     if cfg.transparent is not None:  # the capture tables' counters, read when scraped
         from sandgate.capture_metrics import add_metrics as add_capture_metrics
 

@@ -14,8 +14,8 @@ from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.test import tflow
 
 from sandgate.addons import tunnels, upstreampool
+from sandgate.addons.parking import PER_KEY, TOTAL, Parked, Pool, key_for
 from sandgate.addons.state import Captured, Conn, FlowRecord, Tunnel
-from sandgate.addons.upstreampool import PER_KEY, TOTAL, Parked, Pool, key_for
 from sandgate.identity.base import Caller
 from sandgate.stages.s60_dial import reuse_key
 

@@ -40,13 +40,10 @@ read loop. `install()` is idempotent; `installed()` lets a unit test pin the pat
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import socket
 import time
 import weakref
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import Any
 
 import h2.connection
@@ -59,144 +56,19 @@ from mitmproxy.proxy.layers import tls as tls_layer
 from mitmproxy.proxy.layers.http import _http1, _http2
 
 from sandgate.addons import wirelimits
+from sandgate.addons.parking import DEFAULT_IDLE, Parked, PoolKey
+from sandgate.addons.parking import POOL as POOL
 from sandgate.addons.state import METADATA_KEY
 
 log = logging.getLogger("sandgate")
 
 _MARK = "_sandgate_upstreampool"
-PER_KEY = 8
-TOTAL = 256
-DEFAULT_IDLE = 2.0
-
-# (identity, sandbox, source, listener (host, port), ip, port, verified name)
-PoolKey = tuple[str, str | None, str, tuple[str, int] | None, str, int, str]
-
 # What a server connection brings along: copied onto the adopting Server object.
 _FIELDS = ("peername", "sockname", "sni", "alpn", "alpn_offers", "cipher", "cipher_list",
            "tls_version", "certificate_list", "timestamp_start", "timestamp_tcp_setup",
            "timestamp_tls_setup")
 
 
-@dataclass(eq=False)  # compared by identity: two parked connections are never "equal"
-class Parked:
-    key: PoolKey
-    reader: Any  # the StreamReader (wirelimits' timed reader)
-    writer: Any  # the raw writer (not the per-handler batching wrapper)
-    ssl: Any  # OpenSSL.SSL.Connection, memory BIO, handshake done
-    fields: dict[str, Any]
-    since: float
-    ready: bool = False  # the old handler's read task has ended (it no longer reads)
-    h2: Any = None  # an HTTP/2 connection's client layer (its h2 session goes along)
-
-    def alive(self) -> bool:
-        r = self.reader
-        if r.exception() is not None or r.at_eof() or len(getattr(r, "_buffer", b"")):
-            return False
-        if self.writer.is_closing():
-            return False
-        sock = self.writer.get_extra_info("socket")
-        raw = getattr(sock, "_sock", sock)  # asyncio's TransportSocket hides recv
-        try:
-            raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return True  # nothing to read: still idle
-        except (OSError, AttributeError):
-            return False
-        return False  # an end of stream not yet seen by the loop, or bytes nobody asked for
-
-    def close(self) -> None:
-        try:
-            self.writer.close()
-        except Exception:  # noqa: S110 - closing a dead transport
-            pass
-
-
-@dataclass
-class Pool:
-    idle: float = DEFAULT_IDLE
-    parked: dict[PoolKey, collections.deque[Parked]] = field(
-        default_factory=lambda: collections.defaultdict(collections.deque))
-    size: int = 0
-    reused: int = 0  # connections adopted (counters for sandgate_upstream_reuse_total)
-    parked_total: int = 0
-    expired: int = 0  # parked, then closed unused (idle too long, or the upstream spoke/left)
-    _sweeping: bool = False
-
-    def put(self, p: Parked) -> None:
-        q = self.parked[p.key]
-        q.append(p)
-        self.size += 1
-        self.parked_total += 1
-        if len(q) > PER_KEY:
-            self._drop(q.popleft())
-        while self.size > TOTAL:
-            key = min(self.parked, key=lambda k: self.parked[k][0].since)
-            self._drop(self.parked[key].popleft())
-            if not self.parked[key]:
-                del self.parked[key]
-        self._schedule_sweep()
-
-    def take(self, key: PoolKey) -> Parked | None:
-        """The freshest ready connection of this key that is still idle; the dead ones met on
-        the way are closed."""
-        q = self.parked.get(key)
-        now = time.monotonic()
-        while q:
-            found = next((p for p in reversed(q) if p.ready), None)
-            if found is None:
-                return None
-            q.remove(found)
-            self.size -= 1
-            if not q:
-                del self.parked[key]
-            if now - found.since <= self.idle and found.alive():
-                self.reused += 1
-                return found
-            self.expired += 1
-            found.close()
-        return None
-
-    def clear(self) -> None:
-        for q in self.parked.values():
-            for p in q:
-                p.close()
-        self.parked.clear()
-        self.size = 0
-
-    def _drop(self, p: Parked) -> None:
-        self.size -= 1
-        self.expired += 1
-        p.close()
-
-    def sweep(self) -> None:
-        self._sweeping = False
-        now = time.monotonic()
-        for key in list(self.parked):
-            q = self.parked[key]
-            # (a connection whose old read task has not ended within the idle time is given up
-            # too: closing it is always safe)
-            keep = collections.deque(p for p in q if now - p.since <= self.idle and (
-                not p.ready or p.alive()))
-            for p in q:
-                if p not in keep:
-                    self._drop(p)
-            if keep:
-                self.parked[key] = keep
-            else:
-                del self.parked[key]
-        self._schedule_sweep()
-
-    def _schedule_sweep(self) -> None:
-        if self.size and not self._sweeping:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return
-            self._sweeping = True
-            loop.call_later(min(self.idle, 1.0), self.sweep)
-
-
-POOL = Pool()
 # client connection id -> its handler (to park its upstreams and register adopted ones)
 _HANDLERS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 # upstream Server id -> the context its TLS/HTTP client layers share (their stack)
@@ -205,11 +77,6 @@ _STACKS: dict[str, Any] = {}
 _KEYS: dict[str, PoolKey] = {}
 # upstream Server id -> the parked connection its OpenConnection is to be answered with
 _ADOPTING: dict[str, Parked] = {}
-
-
-def key_for(caller: Any, listener: tuple[str, int] | None, ip: str, port: int,
-            name: str) -> PoolKey:
-    return (caller.identity, caller.sandbox, caller.source, listener, ip, port, name)
 
 
 class _Detached:
@@ -525,32 +392,6 @@ class UpstreamPool:
 
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
         forget(data.server)
-
-
-class _Collector:
-    """`sandgate_upstream_reuse_total{event}` and `sandgate_upstream_parked`, read when
-    scraped."""
-
-    def collect(self) -> Any:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        events_ = CounterMetricFamily(
-            "sandgate_upstream_reuse", "Idle upstream connections parked at a client's end, "
-            "reused by the same caller's next client connection, or closed unused (expired)",
-            labels=["event"])
-        events_.add_metric(["parked"], POOL.parked_total)
-        events_.add_metric(["reused"], POOL.reused)
-        events_.add_metric(["expired"], POOL.expired)
-        yield events_
-        yield GaugeMetricFamily("sandgate_upstream_parked",
-                                "Idle upstream connections parked now", value=POOL.size)
-
-    def describe(self) -> Any:
-        return iter(())
-
-
-def add_metrics(registry: Any) -> None:
-    registry.register(_Collector())
 
 
 def configure(idle: float | None) -> None:

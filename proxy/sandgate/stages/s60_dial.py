@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from mitmproxy import http, tcp, tls
 from mitmproxy.proxy import server_hooks
 
-from sandgate.addons import relay, tunnels, upstreampool, wirelimits
+from sandgate.addons import parking, relay, tunnels, wirelimits
 from sandgate.addons.state import Conn, FlowRecord
 from sandgate.errors import Refused
 from sandgate.export.marks import FORWARDED, mark
@@ -56,7 +56,7 @@ async def pin(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
 
 
 def reuse_key(conn: Conn, flow: http.HTTPFlow, rec: FlowRecord, ip: str, port: int,
-              name: str) -> upstreampool.PoolKey | None:
+              name: str) -> parking.PoolKey | None:
     """The key under which this request may take a parked upstream connection (and leave its
     own): HTTPS inside an intercepted CONNECT of an identified caller. Not captured
     connections, not gateway requests (dialled by name), not a passthrough or refused tunnel."""
@@ -67,7 +67,7 @@ def reuse_key(conn: Conn, flow: http.HTTPFlow, rec: FlowRecord, ip: str, port: i
         return None
     sockname = flow.client_conn.sockname
     listener = (str(sockname[0]), int(sockname[1])) if sockname else None
-    return upstreampool.key_for(rec.caller, listener, ip, port, name)
+    return parking.key_for(rec.caller, listener, ip, port, name)
 
 
 async def choose(st: GateState, host: str, port: int, private_cidrs: Iterable[IPNetwork],
