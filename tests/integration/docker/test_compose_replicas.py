@@ -191,7 +191,11 @@ def test_stopping_a_replica_loses_at_most_what_it_was_serving(stack: Stack) -> N
     assert len(failed) <= 1, failed
     # after the stop, the two remaining replicas keep serving
     assert all(r["ok"] for r in results[-20:]), results[-20:]
-    survivors = {e["instance"] for e in _audit(stack)[-40:] if e.get("event") == "request"}
+    # in the order they happened: `docker compose logs` prints each replica's lines as a block
+    # of its own, so the last lines of its output are not the last events
+    requests = sorted((e for e in _audit(stack) if e.get("event") == "request"),
+                      key=lambda e: str(e.get("time", "")))
+    survivors = {e["instance"] for e in requests[-40:]}
     assert not any(victim.startswith(str(name)) for name in survivors)
     stopped = [e for e in _audit(stack) if e.get("event") == "shutdown"
                and victim.startswith(str(e.get("instance")))]
