@@ -19,6 +19,11 @@ DEFAULT_IDLE = 2.0
 # (identity, sandbox, source, listener (host, port), ip, port, verified name)
 PoolKey = tuple[str, str | None, str, tuple[str, int] | None, str, int, str]
 
+def reader_quiet(r: Any) -> bool:
+    """Nothing arrived on this StreamReader: no byte buffered, no end of stream, no error."""
+    return r.exception() is None and not r.at_eof() and not len(getattr(r, "_buffer", b""))
+
+
 @dataclass(eq=False)  # compared by identity: two parked connections are never "equal"
 class Parked:
     key: PoolKey
@@ -31,8 +36,7 @@ class Parked:
     h2: Any = None  # an HTTP/2 connection's client layer (its h2 session goes along)
 
     def alive(self) -> bool:
-        r = self.reader
-        if r.exception() is not None or r.at_eof() or len(getattr(r, "_buffer", b"")):
+        if not reader_quiet(self.reader):
             return False
         if self.writer.is_closing():
             return False

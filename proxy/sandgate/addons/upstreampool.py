@@ -55,8 +55,8 @@ from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import tls as tls_layer
 from mitmproxy.proxy.layers.http import _http1, _http2
 
-from sandgate.addons import wirelimits
-from sandgate.addons.parking import DEFAULT_IDLE, Parked, PoolKey
+from sandgate.addons import wirelimits, writes
+from sandgate.addons.parking import DEFAULT_IDLE, Parked, PoolKey, reader_quiet
 from sandgate.addons.parking import POOL as POOL
 from sandgate.addons.state import METADATA_KEY
 
@@ -212,13 +212,13 @@ def _idle(server_conn: connection.Server, io: Any) -> tuple[Any, Any, Any] | Non
             return None
     elif server_conn.alpn == b"h2" or not _h1_idle(client):
         return None
-    reader = io.reader
-    if reader.exception() is not None or reader.at_eof() or len(getattr(reader, "_buffer", b"")):
+    if not reader_quiet(io.reader):
         return None
     writer = io.writer
-    raw = getattr(writer, "raw", writer)  # addons/writes.py batches per handler
-    if type(writer).__name__ == "Batched":
+    raw = writer
+    if type(writer) is writes.Batched:  # per handler (addons/writes.py): send what it holds
         writer.flush()
+        raw = writer.raw
     if raw.is_closing():
         return None
     return tls, raw, client if isinstance(client, _http2.Http2Client) else None
