@@ -9,6 +9,10 @@ printed are medians of per-round ratios against the first variant named in --onl
 may be shared: absolute figures move, ratios within a round much less). With --profile DIR,
 `py-spy record` samples each proxy process during the phase and writes DIR/VARIANT.txt
 (collapsed stacks) and prints the top frames by own and by total time. Asserts nothing.
+
+`tunnel-floor` and `tunnel-floor-judged` (bench/tunnel_floor.py) are the floors of a
+passthrough path in Python, bare and with Sandgate's judging; their `-uvloop` twins run on
+uvloop's loop (uvloop importable, e.g. `pip install --target DIR uvloop`, DIR on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -66,6 +70,27 @@ def top(collapsed: Path, n: int = 25) -> str:
     return "\n".join(out)
 
 
+def floor_variant(b: run.Bench, judged: bool = False, uvloop: bool = False) -> run.Variant:
+    """bench/tunnel_floor.py: a bare asyncio CONNECT tunnel, the floor of a Python
+    passthrough path; `judged`: with Sandgate's own per-tunnel work (token, decision, address,
+    ClientHello SNI, chained audit line); `uvloop`: on uvloop's event loop (it must be
+    importable, e.g. `pip install --target DIR uvloop` and DIR on PYTHONPATH)."""
+    name = ("tunnel-floor-judged" if judged else "tunnel-floor") + ("-uvloop" if uvloop else "")
+    port = run.free_port(run.PROXY_IP)
+    cmd = [sys.executable, str(HERE / "tunnel_floor.py"), run.PROXY_IP, str(port)]
+    target = run.Target("", 0, run.NAME, str(b.certs.ca_cert), (run.PROXY_IP, port),
+                        f"{run.UPSTREAM_IP}:{b.up_port}")
+    if judged:
+        cmd += ["--sandgate", str(b.confdir), str(b.policies), str(b.work / f"{name}.jsonl"),
+                f"{run.TUNNEL_NAME}={run.UPSTREAM_IP}"]
+        target = run.Target("", 0, run.TUNNEL_NAME, str(b.certs.ca_cert), (run.PROXY_IP, port),
+                            f"{run.TUNNEL_NAME}:{b.up_port}", ("bench", b.token))
+    env = dict(b.env, FLOOR_UVLOOP="1") if uvloop else None
+    proc, log = b.spawn(name, cmd, env=env)
+    run.wait_listening(run.PROXY_IP, port, proc, log)
+    return run.Variant(name, target, proc)
+
+
 def rsa_variant(b: run.Bench, extra: list[str], checkout: Path | None = None,
                 passthrough: bool = False) -> run.Variant:
     """Sandgate with an RSA-2048 confdir CA (what confdirs made before ECDSA have); with
@@ -110,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         b.pki()
         b.upstream()
-        if any(n.startswith("sandgate") for n in names):
+        if any(n.startswith(("sandgate", "tunnel-floor-judged")) for n in names):
             b.sandgate_setup()
         extra = args.extra.split()
         makers = {
@@ -122,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             "sandgate-passthrough": lambda: b.sandgate("sandgate-passthrough", *extra,
                                                        passthrough=True),
         }
+        makers["tunnel-floor"] = lambda: floor_variant(b)
+        makers["tunnel-floor-judged"] = lambda: floor_variant(b, judged=True)
+        makers["tunnel-floor-uvloop"] = lambda: floor_variant(b, uvloop=True)
+        makers["tunnel-floor-judged-uvloop"] = lambda: floor_variant(b, True, True)
         makers["sandgate-rsa"] = lambda: rsa_variant(b, extra)
         makers["baseline"] = lambda: rsa_variant(b, extra, args.baseline)
         makers["baseline-passthrough"] = lambda: rsa_variant(b, extra, args.baseline, True)
