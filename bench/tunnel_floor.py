@@ -71,7 +71,10 @@ class Judged:
         self.key = cd.token_key(Path(confdir))
         self.policy = load_policy_dir(policies)
         self.pins = dict(p.split("=", 1) for p in pins)
-        chain = audit_chain.Chain(audit_chain.confdir_signing_key(Path(confdir)), 1000, 0)
+        # the proxy's defaults: a signed checkpoint every 1,000 lines or 60 s
+        chain = audit_chain.Chain(audit_chain.confdir_signing_key(Path(confdir)),
+                                  audit_chain.DEFAULT_CHECKPOINT_LINES,
+                                  audit_chain.DEFAULT_CHECKPOINT_SECONDS)
         self.log = AuditLog(audit, chain=chain)
 
     def connect(self, req: Any) -> tuple[bool, str]:
