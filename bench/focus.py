@@ -10,7 +10,9 @@ may be shared: absolute figures move, ratios within a round much less). With --p
 `py-spy record` samples each proxy process during the phase and writes DIR/VARIANT.txt
 (collapsed stacks) and prints the top frames by own and by total time. Asserts nothing.
 
-`tunnel-floor` and `tunnel-floor-judged` (bench/tunnel_floor.py) are the floors of a
+`mitm-floor` (bench/mitm_floor.py) is mitmproxy's core intercepting with no addon doing
+anything: what every addon on mitmproxy 11 pays. `tunnel-floor` and `tunnel-floor-judged`
+(bench/tunnel_floor.py) are the floors of a
 passthrough path in Python, bare and with Sandgate's judging; their `-uvloop` twins run on
 uvloop's loop (uvloop importable, e.g. `pip install --target DIR uvloop`, DIR on PYTHONPATH).
 """
@@ -91,6 +93,20 @@ def floor_variant(b: run.Bench, judged: bool = False, uvloop: bool = False) -> r
     return run.Variant(name, target, proc)
 
 
+def mitm_floor_variant(b: run.Bench) -> run.Variant:
+    """bench/mitm_floor.py: mitmproxy's core with no addon doing anything, intercepting."""
+    conf = b.work / "mitm-floor"
+    conf.mkdir()
+    port = run.free_port(run.PROXY_IP)
+    proc, log = b.spawn("mitm-floor", [sys.executable, str(HERE / "mitm_floor.py"), run.PROXY_IP,
+                                       str(port), str(conf), str(b.certs.ca_cert)])
+    run.wait_listening(run.PROXY_IP, port, proc, log)
+    return run.Variant("mitm-floor", run.Target("", 0, run.NAME,
+                                                str(conf / "mitmproxy-ca-cert.pem"),
+                                                (run.PROXY_IP, port),
+                                                f"{run.UPSTREAM_IP}:{b.up_port}"), proc)
+
+
 def rsa_variant(b: run.Bench, extra: list[str], checkout: Path | None = None,
                 passthrough: bool = False) -> run.Variant:
     """Sandgate with an RSA-2048 confdir CA (what confdirs made before ECDSA have); with
@@ -147,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             "sandgate-passthrough": lambda: b.sandgate("sandgate-passthrough", *extra,
                                                        passthrough=True),
         }
+        makers["mitm-floor"] = lambda: mitm_floor_variant(b)
         makers["tunnel-floor"] = lambda: floor_variant(b)
         makers["tunnel-floor-judged"] = lambda: floor_variant(b, judged=True)
         makers["tunnel-floor-uvloop"] = lambda: floor_variant(b, uvloop=True)
@@ -182,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         ratios = [x / y for x, y in zip(runs[n], runs[base], strict=True)]
         cpus = [x / y if y else 0.0 for x, y in zip(cpu[n], cpu[base], strict=True)]
-        print(f"{n:<22} {args.phase} median {statistics.median(runs[n]):9.1f}  "
+        print(f"{n:<22} {args.phase} median {statistics.median(runs[n]):9.4g}  "
               f"/{base} {statistics.median(ratios):5.2f} "
               f"({min(ratios):.2f}-{max(ratios):.2f})  CPU s/phase "
               f"{statistics.median(cpu[n]):6.2f} (/{base} {statistics.median(cpus):5.2f})")

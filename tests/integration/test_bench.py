@@ -54,16 +54,16 @@ def test_bench_tiny_load_reports_every_figure(tmp_path: Path) -> None:
         assert f"| {name} |" in run.stdout
 
 
-def test_focus_runs_the_tunnel_floors(tmp_path: Path) -> None:
-    """bench/focus.py's floors (bench/tunnel_floor.py: a bare asyncio CONNECT tunnel, and one
-    doing Sandgate's per-tunnel judging with Sandgate's functions) carry real tunnels: the judged
-    one is reached with the bench's proxy token and the passthrough host, so a token, decision,
-    address or SNI check that refused would fail the run."""
+def test_focus_runs_the_floors(tmp_path: Path) -> None:
+    """bench/focus.py's floors carry real traffic: bench/tunnel_floor.py (a bare asyncio CONNECT
+    tunnel, and one doing Sandgate's per-tunnel judging with Sandgate's functions, reached with
+    the bench's proxy token and the passthrough host, so a token, decision, address or SNI check
+    that refused would fail the run) and bench/mitm_floor.py (mitmproxy's core intercepting)."""
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "focus.py"), "--phase", "new_conn", "--only",
-         "tunnel-floor,tunnel-floor-judged", "--rounds", "1", "-n", "6"],
+         "tunnel-floor,tunnel-floor-judged,mitm-floor", "--rounds", "1", "-n", "6"],
         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    for name in ("tunnel-floor", "tunnel-floor-judged"):
+    for name in ("tunnel-floor", "tunnel-floor-judged", "mitm-floor"):
         assert any(line.split()[:2] == [name, "new_conn"] for line in lines), run.stdout
