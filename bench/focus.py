@@ -12,9 +12,9 @@ may be shared: absolute figures move, ratios within a round much less). With --p
 
 `mitm-floor` (bench/mitm_floor.py) is mitmproxy's core intercepting with no addon doing
 anything: what every addon on mitmproxy 11 pays. `tunnel-floor` and `tunnel-floor-judged`
-(bench/tunnel_floor.py) are the floors of a
-passthrough path in Python, bare and with Sandgate's judging; their `-uvloop` twins run on
-uvloop's loop (uvloop importable, e.g. `pip install --target DIR uvloop`, DIR on PYTHONPATH).
+(bench/tunnel_floor.py) are the floors of a passthrough path in Python, bare and with
+Sandgate's judging; their `-uvloop` twins run on uvloop's loop (uvloop importable, e.g.
+`pip install --target DIR uvloop`, DIR on PYTHONPATH).
 """
 
 from __future__ import annotations

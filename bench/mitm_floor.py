@@ -5,9 +5,9 @@
 Not Sandgate: mitmproxy 11's Master with only the addons an intercepting HTTP proxy cannot run
 without (core, the proxy server, next_layer, tlsconfig), none of mitmdump's other ~30 default
 addons, and no Sandgate. Every flow still goes through mitmproxy's connection handler, layers
-and hooks, which is the part any addon built on mitmproxy pays. `bench/focus.py` runs it as the
-`mitm-floor` variant: if it is not 1.5x plain mitmdump's keep-alive rate, no addon on mitmproxy
-11 is (docs/performance.md, issue 29).
+and hooks, which is the part any addon built on mitmproxy pays: its CPU per request and its
+added latency bound Sandgate's from below. `bench/focus.py` runs it as the `mitm-floor` variant
+(docs/performance.md, "The unmet targets", issue 29).
 """
 
 from __future__ import annotations
