@@ -4,16 +4,16 @@
     python bench/tunnel_floor.py HOST PORT --sandgate CONFDIR POLICIES AUDIT NAME=IP...
 
 Not Sandgate: a bare asyncio CONNECT proxy doing the least a passthrough path must do (read a
-bounded head, parse it with mitmproxy's own parser, check a Proxy-Authorization token by
-HMAC, look the target up, dial, answer 200, relay through protocol callbacks, write one JSON
-audit line per tunnel) and nothing else: no policy files, no ClientHello check, no limits, no
-metrics. `bench/focus.py --only squid,tunnel-floor,sandgate-passthrough --phase new_conn`
-compares its CPU per new tunnel with squid's and Sandgate's: if even this floor is above
-twice squid's, no Python passthrough path built on asyncio's selector loop reaches that
-target (docs/performance.md, issue 29).
+bounded head, parse it with mitmproxy's own parser, compute an HMAC over the Proxy-Authorization
+value as a token check would, dial, answer 200, relay through protocol callbacks, write one
+JSON line per tunnel) and nothing else: no policy, no ClientHello check, no limits, no metrics.
+`bench/focus.py --only squid,tunnel-floor,tunnel-floor-judged,sandgate-passthrough --phase
+new_conn` compares its CPU per new tunnel with squid's and Sandgate's: if even the judged floor
+is at twice squid's, no passthrough path built on that loop reaches that target
+(docs/performance.md, issue 29).
 
-With `--sandgate` (the `tunnel-floor-judged` variant) it also does Sandgate's own per-tunnel
-work with Sandgate's own functions, in the least code: the proxy token checked
+With `--sandgate` (the `tunnel-floor-judged` variant) it does Sandgate's own per-tunnel work
+instead, with Sandgate's own functions, in the least code: the proxy token checked
 (`tokens.authenticate_basic` with the confdir's key), the CONNECT judged (`decide_connect` over
 the policy directory) and its address (`judge_address` over the --resolve pins), the
 ClientHello read and parsed (mitmproxy's parser) and its SNI compared with the CONNECT host,
