@@ -30,9 +30,16 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from mitmproxy.net.http.http1 import read_request_head
+from mitmproxy.proxy.layers.tls import parse_client_hello
+
+from sandgate import audit_chain, decision, tokens
+from sandgate import confdir as cd
+from sandgate.audit import AuditLog
+from sandgate.policy.loader import load_policy_dir
 
 KEY = os.urandom(32)
 MAX_HEAD = 8192
@@ -61,13 +68,6 @@ class Judged:
     """Sandgate's per-tunnel work, by Sandgate's functions."""
 
     def __init__(self, confdir: str, policies: str, audit: str, pins: list[str]) -> None:
-        from pathlib import Path
-
-        from sandgate import audit_chain
-        from sandgate import confdir as cd
-        from sandgate.audit import AuditLog
-        from sandgate.policy.loader import load_policy_dir
-
         self.key = cd.token_key(Path(confdir))
         self.policy = load_policy_dir(policies)
         self.pins = dict(p.split("=", 1) for p in pins)
@@ -78,8 +78,6 @@ class Judged:
         self.log = AuditLog(audit, chain=chain)
 
     def connect(self, req: Any) -> tuple[bool, str]:
-        from sandgate import decision, tokens
-
         caller = tokens.authenticate_basic(req.headers.get("proxy-authorization"), self.key)
         d = decision.decide_connect(self.policy, caller.identity, req.host, req.port)
         d, _why = decision.judge_address(d, req.host, req.port, self.pins)
@@ -166,8 +164,6 @@ class Client(asyncio.Protocol):
     def check_hello(self, raw: bytes) -> bool:
         """The whole ClientHello is here and its SNI is the CONNECT host (else: not yet, or
         closed)."""
-        from mitmproxy.proxy.layers.tls import parse_client_hello
-
         try:
             hello = parse_client_hello(raw)
         except ValueError:
