@@ -22,6 +22,7 @@ from sandgate import audit, audit_setup, confdir, gctune
 from sandgate.addons import (
     coalesce,
     dialguard,
+    dialorigin,
     dispatch,
     handshake,
     headerlookup,
@@ -369,6 +370,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     dialguard.install()  # after wirelimits: outermost, it also sees what that wrapper raises
     relay.install()
     tunnels.install()  # one tunnel record (and upstream) per CONNECT stream
+    dialorigin.install()  # each dial knows its flow: server_connect reads no shared state
     writes.install()
     synchooks.install()  # hooks nothing awaits in: no task each (inside writes' flush)
     speed.install()

@@ -48,6 +48,10 @@ RESPONDERS = {
     "/both": lambda _r: (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
                          b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n" + FINAL),
     "/host": _echo_host,
+    # a chunk size past any index (h11 0.14 reads any number of hex digits)
+    "/overflowing-chunk": lambda _r: (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                                      b"Content-Type: text/plain\r\n\r\n"
+                                      b"10000000000000005\r\nabc\r\n"),
 }
 
 
@@ -176,6 +180,33 @@ def test_huge_request_header_gets_a_readable_431(wire_proxy, pki, raw, url, vers
     assert status == 431, (status, r.stderr)
     assert refusal_doc(body)["code"] == "headers_too_large"
     assert len(raw.requests) == before
+
+
+@pytest.mark.parametrize("size", [b"10000000000000005", b"ffffffffffffffffffff"])
+def test_overflowing_chunk_size_gets_a_readable_400(wire_proxy, raw, size):
+    """A request body whose chunk size does not fit an index: 400 `bad_request` with the JSON
+    body, and nothing reaches the upstream (before: no answer at all, the connection died)."""
+    before = len(raw.requests)
+    out = h1_in_tunnel(wire_proxy, "coding-agent", token(wire_proxy), "raw.wire.test:443",
+                       b"POST /host HTTP/1.1\r\nHost: raw.wire.test\r\n"
+                       b"Transfer-Encoding: chunked\r\n\r\n" + size + b"\r\nabc\r\n")
+    assert out.split(b"\r\n", 1)[0] == b"HTTP/1.1 400 Bad Request", out[:300]
+    assert refusal_doc(out.split(b"\r\n\r\n", 1)[1].decode())["code"] == "bad_request"
+    assert len(raw.requests) == before
+
+
+def test_overflowing_chunk_size_from_the_upstream_ends_the_stream_at_once(wire_proxy, pki):
+    """The head has gone out (a chunked body streams), so the body can only be cut: at once,
+    with nothing of it relayed, and the audit names the error (before: the bytes after the
+    size line were relayed and the client waited for the rest of 2**64 bytes)."""
+    mark = len(wire_proxy.audit())
+    r = _curl(wire_proxy, pki, "https://raw.wire.test/overflowing-chunk", "--http1.1")
+    body, _status = split_status(r.stdout)
+    assert r.returncode not in (0, 28), (r.returncode, r.stderr)  # cut, not a timeout
+    assert "abc" not in body
+    ev = wait_new_audit(wire_proxy, mark, lambda e: e.get("event") == "request"
+                        and e.get("path") == "/overflowing-chunk")
+    assert "chunk size" in (ev.get("error") or ""), ev.get("error")
 
 
 def test_huge_http2_header_block_gets_a_readable_431_on_its_stream(wire_proxy, raw):

@@ -10,6 +10,7 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.test import taddons, tflow
 
 from sandgate import audit
+from sandgate.addons import dialorigin
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.identity.resolve import Identifier
 from sandgate.policy.loader import load_policy_dir
@@ -107,6 +108,7 @@ async def test_server_connect_allows_only_what_request_approved(gate):
         f = plain_flow()
         await gate.request(f)
         f.server_conn.address = (f.request.host, f.request.port)
+        dialorigin.note(f.server_conn, f)  # the dial this request asked for (HttpLayer)
         data = server_hooks.ServerConnectionHookData(server=f.server_conn, client=f.client_conn)
         await gate.server_connect(data)
         assert not data.server.error

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 
@@ -38,3 +40,28 @@ def test_http2_refusal_is_answered_now_without_connection_header():
     f = _flow([(b"content-length", b"10")], b"HTTP/2.0")
     assert readable.answer_early(f)
     assert f.response is not None and "connection" not in f.response.headers
+
+
+def _chunked(data: bytes) -> list[object]:
+    from h11._readers import ChunkedReader
+    from h11._receivebuffer import ReceiveBuffer
+
+    readable.install()
+    reader, buf = ChunkedReader(), ReceiveBuffer()
+    buf += data
+    return [reader(buf), reader(buf)]
+
+
+@given(st.integers(min_value=readable.MAX_CHUNK + 1, max_value=16**40),
+       st.sampled_from(["{:x}", "{:X}", "000{:x}"]))
+def test_a_chunk_size_past_any_length_is_a_protocol_error(size: int, spelling: str):
+    import h11
+
+    with pytest.raises(h11.ProtocolError):  # (past 20 digits: h11's own refusal)
+        _chunked(spelling.format(size).encode() + b"\r\nabc\r\n")
+
+
+@given(st.integers(min_value=1, max_value=readable.MAX_CHUNK))
+def test_a_chunk_size_within_bounds_reads_as_before(size: int):
+    first, _ = _chunked(f"{size:x}\r\nabc".encode())
+    assert bytes(first.data) == b"abc"[:size]  # type: ignore[attr-defined]

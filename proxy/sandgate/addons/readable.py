@@ -11,7 +11,11 @@ mitmproxy 11.0.2 (HTTP/1 clients) loses Sandgate's answer in three places:
    (no 100 for a refused request) and the body is not kept: HTTP/1 with `Connection: close`
    and a graceful close, HTTP/2 as a complete response on the stream.
 3. A body whose chunked framing h11 refuses (a quoted CR LF in a chunk extension) closed the
-   connection without any answer. Now it is answered 400 `bad_request` first.
+   connection without any answer. Now it is answered 400 `bad_request` first. h11 0.14 takes a
+   chunk size of any number of hex digits (`10000000000000005`, past 2**64) and waits for that
+   many bytes: the request got no answer until the idle timeout. A size past what any length
+   can be (2**63 - 1, nginx's bound, an `off_t`) is now h11's protocol error: a client gets
+   the 400 at once, and an upstream's answer becomes a 502.
 
 After such an answer the connection is closed gracefully: our side is half-closed (FIN after
 the answer; not inside a CONNECT tunnel, see `close_gracefully`), and what the client still
@@ -26,6 +30,8 @@ import time
 from collections.abc import Generator
 from typing import Any
 
+import h11
+from h11 import _readers as h11_readers
 from mitmproxy import http
 from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.layers import http as http_layer
@@ -173,7 +179,26 @@ def _wrap_request_headers(original: Any) -> Any:
     return state_wait_for_request_headers
 
 
+MAX_CHUNK = 2**63 - 1
+
+
+def _wrap_chunked(original: Any) -> Any:
+    def __call__(self: Any, buf: Any) -> Any:
+        out = original(self, buf)
+        # a size line read just now: its size is what is left plus what this call returned
+        if (isinstance(out, h11.Data) and out.chunk_start
+                and self._bytes_in_chunk + len(out.data) > MAX_CHUNK):
+            raise h11.RemoteProtocolError("chunk size larger than any body can be")
+        return out
+
+    return __call__
+
+
 def install() -> None:
+    reader = h11_readers.ChunkedReader
+    if not getattr(reader, _MARK, False):
+        reader.__call__ = _wrap_chunked(reader.__call__)  # type: ignore[method-assign]
+        setattr(reader, _MARK, True)
     srv = _http1.Http1Server
     if getattr(srv, _MARK, False):
         return
@@ -187,4 +212,5 @@ def install() -> None:
 
 
 def installed() -> bool:
-    return bool(getattr(_http1.Http1Server, _MARK, False))
+    return bool(getattr(_http1.Http1Server, _MARK, False)) and bool(
+        getattr(h11_readers.ChunkedReader, _MARK, False))

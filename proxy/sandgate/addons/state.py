@@ -61,16 +61,12 @@ class Conn:
     # CONNECT stream -> its tunnel (addons/tunnels.py: keyed by the stream's Server id; HTTP/2
     # carries several CONNECT streams on one connection)
     tunnels: dict[str | None, Tunnel] = field(default_factory=dict)
-    # (ip, port) this client may dial -> the host name it was checked for (the upstream SNI)
-    approved: dict[tuple[str, int], str] = field(default_factory=dict)
     # host -> the address chosen for it on this connection: keep-alive reuses one checked answer
+    # (re-checked against each request's rule when reused: s60_dial.pin)
     pinned: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
     # SOCKS5 listener: the username/password it authenticated with, as the Proxy-Authorization
     # value they stand for (addons/socks5.py), so its CONNECT is identified like an HTTP one
     socks_auth: str | None = field(default=None, repr=False)
-    # gateway connections: (host, port) a request was approved for -> the checked address;
-    # server_connect dials that address with the host as SNI (see stages/s60_dial.py)
-    by_name: dict[tuple[str, int], DialTarget] = field(default_factory=dict)
     # transparent capture (stages/s15_capture.py): the connection's judgement at its ClientHello
     captured: Captured | None = None
 
@@ -78,6 +74,15 @@ class Conn:
     def tunnel(self) -> Tunnel | None:
         """The latest tunnel of the connection (for counting; hooks use tunnels.get)."""
         return next(reversed(self.tunnels.values()), None)
+
+
+@dataclass(frozen=True, slots=True)
+class DialApproval:
+    """The dial one request was judged for (s60_dial)."""
+
+    address: tuple[str, int]  # as the request names it once pinned: the IP, or the gateway name
+    target: DialTarget  # the checked address to connect to
+    name: str  # the host name the request was judged for: the upstream's SNI
 
 
 @dataclass
@@ -93,6 +98,10 @@ class FlowRecord:
     # the values injected into this flow: always scrubbed from its response (flowsecrets)
     owned: Owned = field(default_factory=Owned, repr=False)
     dialed: str | None = None
+    # what this request may dial: the address as the request now names it, the checked address
+    # and the name TLS verifies (s60_dial.pin); server_connect reads it from the dial's own flow
+    # (addons/dialorigin.py), never from per-connection state another tunnel could overwrite
+    dial: DialApproval | None = None
     exfiltration: list[str] = field(default_factory=list)
     redactions: int = 0
     bytes_out: int = 0

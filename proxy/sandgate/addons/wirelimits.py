@@ -60,7 +60,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
 from sandgate import audit as A
-from sandgate.addons import admission, readable
+from sandgate.addons import admission, dialorigin, readable
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.refusal import Refusal
@@ -479,6 +479,7 @@ class WireLimits:
         _exempt.discard(data.server.id)
         _timed_out.discard(data.server.id)
         _dial_at.pop(data.server.id, None)
+        dialorigin.forget(data.server)  # a dial cancelled before its server_connect hook
 
 
 # ------------------------------------------------------------------------ idle timeout

@@ -15,13 +15,13 @@ from collections.abc import Iterable
 from mitmproxy import http, tcp, tls
 from mitmproxy.proxy import server_hooks
 
-from sandgate.addons import parking, relay, tunnels, wirelimits
-from sandgate.addons.state import Conn, FlowRecord
+from sandgate.addons import dialorigin, parking, relay, tunnels, wirelimits
+from sandgate.addons.state import Conn, DialApproval, FlowRecord
 from sandgate.errors import Refused
 from sandgate.export.marks import FORWARDED, mark
 from sandgate.netguard import DialTarget, IPNetwork, choose_address, may_dial, resolve
 from sandgate.request import same_host
-from sandgate.stages.context import GateState, allowing_rule, via_gateway
+from sandgate.stages.context import GateState, allowing_rule, record, via_gateway
 
 log = logging.getLogger("sandgate")
 
@@ -46,10 +46,10 @@ async def pin(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         # connection for any request to the same address, so two names sharing an IP would
         # share a TLS connection verified for one of them: the dial is keyed by name, and
         # server_connect dials the checked address with that name as SNI.
-        conn.by_name[(info.host, info.port)] = target
+        rec.dial = DialApproval((info.host, info.port), target, info.host)
     else:
-        conn.approved[(str(target.ip), target.port)] = info.host
         # Dial exactly the checked address; the Host header and SNI keep the name.
+        rec.dial = DialApproval((str(target.ip), target.port), target, info.host)
         flow.request.data.host = str(target.ip)
         rec.reuse = reuse_key(conn, flow, rec, str(target.ip), target.port, info.host)
     mark(rec, FORWARDED)
@@ -99,14 +99,15 @@ async def server_connect(st: GateState, data: server_hooks.ServerConnectionHookD
         server.error = "sandgate: no address"
         return
     key = (str(address[0]), int(address[1]))
-    named = conn.by_name.get(key)
-    if named is not None:  # a gateway request: dial the checked address, verify the name
-        wirelimits.dial_at(server, named.address)  # the address stays the name (no rename)
-        server.sni = key[0]
-        return
-    if key in conn.approved:
-        # We dial the checked IP; TLS must still verify the name the request was judged for.
-        server.sni = conn.approved[key]
+    asker = dialorigin.take(server)
+    approval = record(asker).dial if asker is not None else None
+    if approval is not None and approval.address == key:
+        if approval.address != approval.target.address:
+            # a gateway request: dial the checked address, the connection's address stays the
+            # name (mitmproxy keys reuse by it; no rename once open)
+            wirelimits.dial_at(server, approval.target.address)
+        # TLS verifies the name the request was judged for (we dial an IP)
+        server.sni = approval.name
         return
     tunnel = tunnels.get(conn, data.client, server)
     if tunnel is not None and tunnel.passthrough and tunnel.rule is not None:
