@@ -599,7 +599,9 @@ def test_redis_store_against_a_real_redis(redis_server):
         now = time.time()
         a = Approval(id="ap_r1", identity="agent", sandbox="sb", method="POST",
                      url="https://x/a", host="x", tool=None, rule="r", rule_source="p:1",
-                     body_sha256="0" * 64, body_size=0, created=now, expires=now + 60,
+                     body_sha256="0" * 64, body_size=0, headers_sha256="a" * 64,
+                     headers=(("x-target-env", "staging"),), headers_injected=(),
+                     created=now, expires=now + 60,
                      mode="hold", require_approvers=3, approvers=None,
                      remember=("request", "sandbox"), max_remember_ttl=600, fingerprint="fp1")
         sub = await s2.subscribe()
@@ -619,8 +621,9 @@ def test_redis_store_against_a_real_redis(redis_server):
         g = grant_for(got)
         assert g is not None
         await s1.add_grant(g)
-        assert await s2.grant("r", "agent", "sb", time.time()) == g
-        assert await s2.grant("r", "agent", "other", time.time()) is None
+        assert await s2.grant("r", "agent", "sb", "a" * 64, time.time()) == g
+        assert await s2.grant("r", "agent", "other", "a" * 64, time.time()) is None
+        assert await s2.grant("r", "agent", "sb", "b" * 64, time.time()) is None  # headers
         ttl = await s1.r.pttl(f"{prefix}:grant:{g.key}")
         assert 0 < ttl <= 60_000
         expired = Approval.from_dict({**a.as_dict(), "id": "ap_r3", "expires": now - 1,
