@@ -259,3 +259,25 @@ async def test_a_remembered_grant_binds_the_headers(tmp_path):
             await held
         assert e.value.code == Code.APPROVAL_DENIED
     await svc.aclose()
+
+
+async def test_a_worker_takes_the_grant_of_an_approval_with_many_headers(tmp_path):
+    """`--workers`: the front copies a remembered decision to every worker as the approval's
+    document, which with its headers is larger than a vote's body."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from sandgate.approvals import api as approvals_api
+
+    many = tuple((f"x-h{i:03d}", "\u00e9" * H.MAX_SHOWN) for i in range(100))
+    a = vote(vote(approval(headers=many), "alice", "approve", Scope("sandbox", 60), None,
+                  1001), "bob", "approve", Scope("sandbox", 60), None, 1002)
+    body = json.dumps(a.as_dict()).encode()
+    assert len(body) > 16 * 1024
+    store = MemoryStore()
+    app = web.Application()
+    approvals_api.register(app, Approvals(store), internal=True)
+    async with TestClient(TestServer(app)) as client:
+        r = await client.post(f"/v1/approvals/{a.id}/grant", data=body)
+        assert r.status == 200, await r.text()
+    assert await store.grant("deletes", "agent", "sb-1", "a" * 64, 1003) == grant_for(a)
