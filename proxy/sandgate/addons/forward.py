@@ -113,8 +113,8 @@ def prepare(req: http.Request, websocket: bool, info: RequestInfo | None = None)
     """Make the head the upstream receives exactly the one that was judged.
 
     Called after the decision and before injection: origin form, hop-by-hop headers (and the
-    ones `Connection` nominates) and reserved `X-Sandgate-*` headers removed, trailers dropped,
-    framing recomputed from the buffered body.
+    ones `Connection` nominates), `Proxy-*` and reserved `X-Sandgate-*` headers removed
+    (`forwarded_fields`), trailers dropped, framing recomputed from the buffered body.
     """
     nominated = _nominated(req.headers.fields)
     keep = frozenset({b"connection", b"upgrade"}) if websocket else frozenset()

@@ -73,7 +73,7 @@ def bound_fields(fields: Iterable[tuple[bytes, bytes]],
     of one name in the order sent. `dropped`: lower-case names Sandgate replaces (`replaced`)."""
     out: list[Field] = []
     for name, value in forwarded_fields(fields):
-        low = name.decode("latin-1").lower()
+        low = name.lower().decode("latin-1")  # ASCII case only, as HTTP compares names
         if low in FRAMING or low in dropped:
             continue
         out.append((low, bytes(value)))
