@@ -159,6 +159,21 @@ def test_approvers_see_the_headers_scrubbed():
     assert FAKE_SECRET not in json.dumps(shown) and PLACEHOLDER not in json.dumps(shown)
 
 
+_SECRET_SET = SecretSet({"gh": FAKE_SECRET})
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30)
+
+
+@given(st.lists(st.tuples(_text, _text, st.sampled_from(["", FAKE_SECRET, PLACEHOLDER])),
+                max_size=6), st.integers(0, 700))
+def test_no_secret_value_or_placeholder_is_ever_shown(parts, pad):
+    """Whatever surrounds them, and however long the value (the cut comes after the scrub)."""
+    fields = [(f"x-h{i}".encode(), (a + s + b + "v" * pad).encode())
+              for i, (a, b, s) in enumerate(parts)]
+    shown = json.dumps(H.shown(H.bound_fields(fields), H.scrubber(_SECRET_SET,
+                                                                    {PLACEHOLDER: "gh"})))
+    assert FAKE_SECRET not in shown and PLACEHOLDER not in shown
+
+
 def test_the_approval_document_webhook_and_cli_show_the_headers():
     a = approval(headers=(("x-target-env", "production"), ("x-note", "<!channel> \x1b[2J")),
                  headers_injected=("authorization",))
