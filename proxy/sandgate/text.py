@@ -17,6 +17,15 @@ def has_control_chars(text: str) -> bool:
     return _CONTROL.search(text) is not None
 
 
+_TERMINAL_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal: each control character (C0, DEL and C1, whose escape sequences a
+    terminal would act on) written as \\xNN."""
+    return _TERMINAL_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def breaks_header(text: str) -> bool:
     """Would this value, put into a header, end the line or truncate it (CR, LF, NUL)?"""
     return _HEADER_BREAKING.search(text) is not None

@@ -446,6 +446,126 @@ def test_async_mode_202_then_the_identical_request_passes(proxy, upstream):
     assert code == 202  # one grant, one use
 
 
+def _202(text: str) -> str:
+    """The approval id of a 202 approval_pending answer."""
+    doc = json.loads(text.rpartition("\n\n")[2])
+    assert doc["code"] == "approval_pending", doc
+    return str(doc["approval"])
+
+
+def test_an_approval_covers_the_headers_it_was_asked_with(proxy, upstream):
+    """Issue 34: approved once, the "identical" request must not go out with another method
+    override, another Content-Type or another target header under that approval: each is a new
+    pending approval, shown to approvers with its headers. The same headers (in another order
+    and case, with other hop-by-hop headers) are covered."""
+    url, path = "https://upstream.test/async/headers?env=prod", "/async/headers"
+    base = ["-X", "POST", "--data", "v1", "-H", "content-type: application/json",
+            "-H", "x-target-env: staging"]
+    text, code = finish(start_curl(proxy.proxy, url, *base))
+    assert code == 202, text
+    aid = _202(text)
+    assert decide(proxy, aid, "alice")[0] == 200
+    others = []
+    for what, extra in [
+        ("method override", [*base, "-H", "X-HTTP-Method-Override: DELETE"]),
+        ("content type", [*base[:4], "-H", "content-type: text/plain", *base[6:]]),
+        ("target env", [*base[:6], "-H", "x-target-env: production"]),
+    ]:
+        text, code = finish(start_curl(proxy.proxy, url, *extra))
+        assert code == 202, (what, text)  # not sent under the approval
+        others.append(_202(text))
+        assert others[-1] != aid, what
+        assert seen(upstream, path) == 0, what
+    # what approvers see: the headers each one binds
+    status, ap = proxy.get(f"/v1/approvals/{aid}", token=TOKENS["vic"])
+    assert status == 200 and ["x-target-env", "staging"] in ap["headers"], ap
+    assert ["content-type", "application/json"] in ap["headers"]
+    assert not [h for h in ap["headers"] if h[0] in ("proxy-authorization", "host")]
+    shown = [proxy.get(f"/v1/approvals/{o}", token=TOKENS["vic"])[1] for o in others]
+    assert all(o["state"] == "pending" and o["headers_sha256"] != ap["headers_sha256"]
+               for o in shown)
+    assert ["x-http-method-override", "DELETE"] in shown[0]["headers"]
+    assert ["content-type", "text/plain"] in shown[1]["headers"]
+    assert ["x-target-env", "production"] in shown[2]["headers"]
+    # the approved headers, in another order and case, with a hop-by-hop one: covered, once
+    same = ["-X", "POST", "--data", "v1", "-H", "X-Target-Env: staging",
+            "-H", "Content-Type: application/json", "-H", "TE: trailers"]
+    text, code = finish(start_curl(proxy.proxy, url, *same))
+    assert code == 200, text
+    assert seen(upstream, path) == 1
+    sent = [s for s in upstream.upstream.seen if s.path == path][-1]
+    assert sent.headers["x-target-env"] == "staging"
+    assert "x-http-method-override" not in sent.headers
+    text, code = finish(start_curl(proxy.proxy, url, *same))
+    assert code == 202 and _202(text) != aid  # one approval, one use
+
+
+def test_approvers_see_the_headers_scrubbed(proxy, receiver):
+    """The headers shown in the admin API, the webhook and the CLI: a placeholder is named, a
+    header the rule injects a credential into is shown by name only."""
+    c = start_curl(proxy.proxy, "https://api.anthropic.com/v1/messages?shown=1", "-X", "POST",
+                   "--data", "{}", "-H", "x-api-key: sandgate-placeholder-anthropic",
+                   "-H", "x-note: key sandgate-placeholder-anthropic",
+                   "-H", "x-target-env: production")
+    ap = pending_for(proxy, "/v1/messages?shown=REDACTED")
+    assert ["x-note", "key [PLACEHOLDER:anthropic]"] in ap["headers"], ap["headers"]
+    assert ["x-target-env", "production"] in ap["headers"]
+    assert ap["headers_injected"] == ["x-api-key"]
+    assert not [h for h in ap["headers"] if h[0] == "x-api-key"]  # replaced by Sandgate
+    post = wait_for(lambda: next((p for p in receiver.posts if ap["id"] in p["raw"]), None), 10,
+                    "the webhook post")
+    assert "x-note: key [PLACEHOLDER:anthropic]" in post["raw"]
+    assert "x-api-key: [injected by Sandgate]" in post["raw"]
+    r = cli(proxy, "vic", "list")
+    assert r.returncode == 0 and "    x-target-env: production" in r.stdout, r.stderr
+    raw = json.dumps(ap) + post["raw"] + r.stdout
+    assert "sandgate-placeholder-anthropic" not in raw and ANTHROPIC_KEY not in raw
+    decide(proxy, ap["id"], "alice", "deny")
+    assert finish(c)[1] == 403
+
+
+def test_a_remembered_grant_covers_only_the_approved_headers(proxy, upstream):
+    """A decision remembered for the sandbox covers its requests with the approved headers;
+    another header asks anew, never under the grant."""
+    url = "https://api.anthropic.com/v1/messages?grant=1"
+
+    def granted() -> int:
+        return sum(1 for s in upstream.upstream.seen
+                   if s.path == "/v1/messages" and "grant=1" in s.query)
+    hdrs = ["-H", "content-type: application/json", "-H", "x-target-env: staging"]
+    c = start_curl(proxy.proxy, url, "-X", "POST", "--data", '{"n": 1}', *hdrs,
+                   sandbox="sb-headers")
+    ap = pending_for(proxy, "/v1/messages?grant=REDACTED")
+    status, doc = decide(proxy, ap["id"], "alice", scope={"kind": "sandbox", "ttl": 600})
+    assert status == 200 and doc["state"] == "approved", doc
+    assert finish(c)[1] == 200
+    # another body, the same headers: remembered
+    c = start_curl(proxy.proxy, url, "-X", "POST", "--data", '{"n": 2}', *hdrs,
+                   sandbox="sb-headers")
+    assert finish(c)[1] == 200
+    before = granted()
+    c = start_curl(proxy.proxy, url, "-X", "POST", "--data", '{"n": 3}', *hdrs,
+                   "-H", "X-HTTP-Method-Override: DELETE", sandbox="sb-headers")
+
+    def held_or_done() -> dict[str, Any] | bool:
+        if c.poll() is not None:
+            return True  # went through: the grant covered it
+        docs = proxy.get("/v1/approvals", token=TOKENS["vic"])[1]["approvals"]
+        return next((a for a in docs if a["sandbox"] == "sb-headers"
+                     and ["x-http-method-override", "DELETE"] in a.get("headers", [])), False)
+    other = wait_for(held_or_done, 30, "the request held anew")
+    assert isinstance(other, dict), finish(c)
+    assert other["id"] != ap["id"] and c.poll() is None
+    decide(proxy, other["id"], "alice", "deny")
+    assert finish(c)[1] == 403
+    assert granted() == before
+    # the grant says what it binds: the rule's requests from the sandbox with those headers
+    assert doc["binds"] == {
+        "kind": "sandbox", "rule": "messages", "identity": "agent", "sandbox": "sb-headers",
+        "headers_sha256": ap["headers_sha256"], "until": doc["binds"]["until"]}, doc
+    assert doc["binds"]["until"] > time.time()
+
+
 def test_a_client_that_leaves_withdraws_its_approval(proxy, upstream):
     c = start_curl(proxy.proxy, "https://upstream.test/two/gone")
     ap = pending_for(proxy, "/two/gone")
@@ -599,7 +719,9 @@ def test_redis_store_against_a_real_redis(redis_server):
         now = time.time()
         a = Approval(id="ap_r1", identity="agent", sandbox="sb", method="POST",
                      url="https://x/a", host="x", tool=None, rule="r", rule_source="p:1",
-                     body_sha256="0" * 64, body_size=0, created=now, expires=now + 60,
+                     body_sha256="0" * 64, body_size=0, headers_sha256="a" * 64,
+                     headers=(("x-target-env", "staging"),), headers_injected=(),
+                     created=now, expires=now + 60,
                      mode="hold", require_approvers=3, approvers=None,
                      remember=("request", "sandbox"), max_remember_ttl=600, fingerprint="fp1")
         sub = await s2.subscribe()
@@ -619,8 +741,9 @@ def test_redis_store_against_a_real_redis(redis_server):
         g = grant_for(got)
         assert g is not None
         await s1.add_grant(g)
-        assert await s2.grant("r", "agent", "sb", time.time()) == g
-        assert await s2.grant("r", "agent", "other", time.time()) is None
+        assert await s2.grant("r", "agent", "sb", "a" * 64, time.time()) == g
+        assert await s2.grant("r", "agent", "other", "a" * 64, time.time()) is None
+        assert await s2.grant("r", "agent", "sb", "b" * 64, time.time()) is None  # headers
         ttl = await s1.r.pttl(f"{prefix}:grant:{g.key}")
         assert 0 < ttl <= 60_000
         expired = Approval.from_dict({**a.as_dict(), "id": "ap_r3", "expires": now - 1,

@@ -103,12 +103,14 @@ def _login(driver: Any, base: str, token: str) -> None:
     wait(driver, lambda d: css(d, "#policy-version"), "the overview after login")
 
 
-def _hold(p: Proxy, body: str, sandbox: str | None = None) -> subprocess.Popen[str]:
+def _hold(p: Proxy, body: str, sandbox: str | None = None, *headers: str
+          ) -> subprocess.Popen[str]:
     token = p.token("agent", sandbox=sandbox)
     return subprocess.Popen(
         ["curl", "-sS", "--max-time", "40", "--proxy", p.url, "--proxy-user",
          f"agent:{token}", "--cacert", str(p.ca), "-w", "\n%{http_code}",
-         "https://api.anthropic.com/v1/messages", "-d", body],
+         "https://api.anthropic.com/v1/messages", "-d", body,
+         *[a for h in headers for a in ("-H", h)]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -125,12 +127,19 @@ def test_a_viewer_sees_a_held_request_but_cannot_decide_it(held, driver):
     driver.get(f"{base}/console/approvals")
     wait(driver, lambda d: css(d, "#no-approvals"), "the empty approvals page")
     driver.execute_script("window.consoleMarker = 'same-page'")
-    c = _hold(p, '{"n": 1}')
+    c = _hold(p, '{"n": 1}', None, "x-target-env: <production>",
+              "x-note: sandgate-placeholder-anthropic", "x-api-key: sandgate-placeholder-x")
     try:
         section = wait(driver, lambda d: css(d, "section.approval"), "the held request")[0]
         assert driver.execute_script("return window.consoleMarker") == "same-page"  # live
         assert "POST https://api.anthropic.com" in section.text and "agent" in section.text
         assert "messages" in section.text and "model calls need a human" in section.text
+        # the headers the approval binds, as text (escaped); placeholders named; the injected
+        # header by name only
+        assert "x-target-env <production>" in section.text, section.text
+        assert "x-note [PLACEHOLDER:anthropic]" in section.text
+        assert "x-api-key injected by Sandgate" in section.text
+        assert "sandgate-placeholder" not in driver.page_source
         assert not css(driver, "form.decide button")  # a viewer gets no form
         shot(driver, "10-approvals-viewer.png")
         approval = section.get_attribute("id").removeprefix("ap-")

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from sandgate.admin_auth import auth_middleware, load_admin_users
 from sandgate.approvals import api as approvals_api
+from sandgate.approvals import headers as H
 from sandgate.approvals.model import (
     Approval,
     Scope,
@@ -288,7 +289,9 @@ def approval(**kw: Any) -> Approval:
         id="ap_1", identity="agent", sandbox="sb-1", method="DELETE",
         url="https://api.example.com/repos/x", host="api.example.com", tool=None,
         rule="deletes", rule_source="p.yaml:9", body_sha256="0" * 64, body_size=0,
-        created=1000.0, expires=1120.0, mode="hold", require_approvers=2,
+        headers_sha256="a" * 64, headers=(("content-type", "application/json"),),
+        headers_injected=("authorization",), created=1000.0, expires=1120.0, mode="hold",
+        require_approvers=2,
         approvers=("alice", "bob"), remember=("request", "sandbox"), max_remember_ttl=7200,
         fingerprint="f")
     base.update(kw)
@@ -372,13 +375,13 @@ def test_approval_round_trips_through_json():
 
 
 def test_fingerprint_separates_every_part():
-    base = ("agent", "sb", "POST", "https://x/", "0" * 64)
+    base = ("agent", "sb", "POST", "https://x/", "0" * 64, "a" * 64)
     fps = {fingerprint(*base)}
-    for i, v in enumerate(("agent2", None, "PUT", "https://x/?a", "1" * 64)):
+    for i, v in enumerate(("agent2", None, "PUT", "https://x/?a", "1" * 64, "b" * 64)):
         parts = list(base)
         parts[i] = v  # type: ignore[call-overload]
         fps.add(fingerprint(*parts))  # type: ignore[arg-type]
-    assert len(fps) == 6
+    assert len(fps) == 7
 
 
 # --------------------------------------------------------------------------- service
@@ -397,10 +400,13 @@ def ask_rule(tmp_path: Path, approval_yaml: str) -> tuple[Policy, Rule]:
     return p, p.identities["agent"].rules[0]
 
 
-def req(sandbox: str | None = "sb-1", body: bytes = b"{}", url: str = "https://x.example.com/a"
+def req(sandbox: str | None = "sb-1", body: bytes = b"{}", url: str = "https://x.example.com/a",
+        headers: tuple[tuple[bytes, bytes], ...] = ((b"content-type", b"application/json"),)
         ) -> Request:
+    fields = H.bound_fields(headers)
     return Request("agent", sandbox, "POST", url, url, "x.example.com", None,
-                   hashlib.sha256(body).hexdigest(), len(body))
+                   hashlib.sha256(body).hexdigest(), len(body), H.digest(fields, False),
+                   H.shown(fields, str), ())
 
 
 async def pending_one(svc: Approvals) -> Approval:
@@ -504,13 +510,13 @@ async def test_pending_limits(tmp_path):
     with pytest.raises(ApprovalRefused) as e:
         await svc.ask(p, r, req(body=b"3"), "why")
     assert e.value.code == Code.TOO_MANY_PENDING and e.value.status == 429
-    other = Request("agent2", None, "POST", "u", "u", "x", None, "0" * 64, 0)
+    other = Request("agent2", None, "POST", "u", "u", "x", None, "0" * 64, 0, "a" * 64, (), ())
     with pytest.raises(ApprovalRefused) as e:
         await svc.ask(p, r, other, "why")
     assert e.value.code == Code.APPROVAL_PENDING
     with pytest.raises(ApprovalRefused) as e:
-        await svc.ask(p, r, Request("agent3", None, "GET", "u", "u", "x", None, "0" * 64, 0),
-                      "why")
+        await svc.ask(p, r, Request("agent3", None, "GET", "u", "u", "x", None, "0" * 64, 0,
+                                    "a" * 64, (), ()), "why")
     assert e.value.code == Code.APPROVALS_FULL and e.value.status == 503
     await svc.aclose()
 
@@ -526,9 +532,10 @@ async def test_memory_store_expires_pending_and_grants():
                        "bob", "approve", Scope("sandbox", 10), None, 1000))
     assert g is not None
     await store.add_grant(g)
-    assert await store.grant("deletes", "agent", "sb-1", 1005) == g
-    assert await store.grant("deletes", "agent", "sb-2", 1005) is None
-    assert await store.grant("deletes", "agent", "sb-1", 1010) is None
+    assert await store.grant("deletes", "agent", "sb-1", "a" * 64, 1005) == g
+    assert await store.grant("deletes", "agent", "sb-2", "a" * 64, 1005) is None
+    assert await store.grant("deletes", "agent", "sb-1", "b" * 64, 1005) is None  # headers
+    assert await store.grant("deletes", "agent", "sb-1", "a" * 64, 1010) is None
 
 
 # --------------------------------------------------------------------------- webhook

@@ -298,7 +298,11 @@ class FakeApproval:
         self.d = {"id": "ap_1", "identity": "agent", "sandbox": "sb-1", "method": "POST",
                   "url": "https://docs.example.com/x", "host": "docs.example.com",
                   "tool": None, "rule": "r", "rule_source": "p.yaml:3", "body_sha256": "ab" * 32,
-                  "body_size": 2, "created": 0.0, "expires": 9e9, "mode": "hold",
+                  "body_size": 2, "headers_sha256": "cd" * 32,
+                  "headers": [["x-target-env", "<production>"],
+                              ["authorization", "Bearer [PLACEHOLDER:gh]"]],
+                  "headers_injected": ["x-api-key"],
+                  "created": 0.0, "expires": 9e9, "mode": "hold",
                   "require_approvers": 1, "approvers": None,
                   "remember": ["request", "sandbox"], "max_remember_ttl": 3600,
                   "reason": "<b>why</b>", "state": "pending", "votes": [], "scope": None,
@@ -469,6 +473,10 @@ async def test_approvals_viewer_reads_approver_decides_as_herself(tmp_path):
         csrf = await _login(c, "vic-tok")
         page = await (await c.get("/console/approvals")).text()
         assert 'id="ap-ap_1"' in page and "&lt;b&gt;why&lt;/b&gt;" in page
+        # the headers the approval binds, escaped; the injected one by name only
+        assert "<code>x-target-env</code></td><td><code>&lt;production&gt;</code>" in page
+        assert "Bearer [PLACEHOLDER:gh]" in page and "<code>cdcdcdcdcdcdcdcd</code>" in page
+        assert "<code>x-api-key</code></td><td class=\"meta\">injected by Sandgate" in page
         assert "button" not in page.split('id="ap-ap_1"')[1]  # no form for a viewer
         r = await c.post("/console/approvals/ap_1", data={"csrf": csrf, "decision": "approve"})
         assert r.status == 403 and "cannot decide" in await r.text()
@@ -490,6 +498,7 @@ async def test_approvals_viewer_reads_approver_decides_as_herself(tmp_path):
         assert len(svc.calls) == 2  # type: ignore[union-attr]
         detail = await (await c.get("/console/approvals/ap_1")).text()
         assert 'id="state">approved<' in detail
+        assert "<code>x-target-env</code></td><td><code>&lt;production&gt;</code>" in detail
         assert (await c.get("/console/approvals/nope")).status == 404
         overview = await (await c.get("/console/")).text()
         assert 'id="pending">1<' in overview

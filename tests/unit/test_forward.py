@@ -35,6 +35,16 @@ def test_prepare_removes_what_was_not_judged():
     assert req.headers["content-length"] == "5" and req.trailers is None
 
 
+def test_prepare_removes_every_proxy_header():
+    """Proxy-* headers are for the proxy (Sandgate's token among them): none reaches the
+    upstream, whatever its name, so none escapes what an approval binds either."""
+    req = tutils.treq(headers=[(b"host", b"api.example"), (b"Proxy-Authorization", b"t"),
+                               (b"proxy-foo", b"x"), (b"PROXY-STATUS", b"y"), (b"x-keep", b"1")],
+                      content=b"")
+    prepare(req, websocket=False)
+    assert {k.lower() for k, _ in req.headers.fields} == {b"host", b"x-keep"}
+
+
 def test_prepare_keeps_a_websocket_upgrade():
     req = tutils.treq(method=b"GET", headers=[(b"host", b"h"), (b"connection", b"Upgrade"),
                                               (b"upgrade", b"websocket"),

@@ -9,6 +9,7 @@ was inspected, no trailers, and only the protocol switch that is judged (WebSock
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterable
 
 from mitmproxy import http
 from mitmproxy.net.http import url
@@ -19,9 +20,11 @@ from sandgate.request import RequestInfo, split_authority
 RESERVED_PREFIX = b"x-sandgate-"
 
 # RFC 9110 7.6.1: meaningful for one connection only; never forwarded as the client sent them.
-_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te",
-                         b"transfer-encoding", b"upgrade", b"http2-settings", b"trailer",
-                         b"proxy-authorization", b"proxy-authenticate"})
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"te", b"transfer-encoding",
+                         b"upgrade", b"http2-settings", b"trailer"})
+# Proxy-Authorization, Proxy-Connection...: meant for the proxy (Sandgate's own credentials
+# among them), never for the upstream.
+_PROXY_PREFIX = b"proxy-"
 
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -82,24 +85,40 @@ def inspectable_body(req: http.Request, limit: int) -> bytes:
     return out
 
 
+def _nominated(fields: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The header names every Connection header nominates as hop-by-hop."""
+    return frozenset(t.strip().lower() for name, value in fields
+                     if name.lower() == b"connection" for t in value.split(b","))
+
+
+def forwarded_fields(fields: Iterable[tuple[bytes, bytes]],
+                     keep: frozenset[bytes] = frozenset()) -> tuple[tuple[bytes, bytes], ...]:
+    """The header fields that go on to the upstream, in order: without reserved
+    `X-Sandgate-*`, `Proxy-*` and hop-by-hop ones (and those `Connection` nominates), except
+    the lowercase names in `keep`. Pure: also what an approval binds (sandgate.approvals)."""
+    fields = tuple(fields)
+    nominated = _nominated(fields)
+    out = []
+    for name, value in fields:
+        low = name.lower()
+        if low.startswith((RESERVED_PREFIX, _PROXY_PREFIX)):
+            continue
+        if (low in _HOP_BY_HOP or low in nominated) and low not in keep:
+            continue
+        out.append((name, value))
+    return tuple(out)
+
+
 def prepare(req: http.Request, websocket: bool, info: RequestInfo | None = None) -> None:
     """Make the head the upstream receives exactly the one that was judged.
 
     Called after the decision and before injection: origin form, hop-by-hop headers (and the
-    ones `Connection` nominates) and reserved `X-Sandgate-*` headers removed, trailers dropped,
-    framing recomputed from the buffered body.
+    ones `Connection` nominates), `Proxy-*` and reserved `X-Sandgate-*` headers removed
+    (`forwarded_fields`), trailers dropped, framing recomputed from the buffered body.
     """
-    nominated = {t.strip().lower().encode() for t in req.headers.get("connection", "").split(",")}
-    keep = {b"connection", b"upgrade"} if websocket else set()
-    fields = []
-    for name, value in req.headers.fields:
-        low = name.lower()
-        if low.startswith(RESERVED_PREFIX):
-            continue
-        if (low in _HOP_BY_HOP or low in nominated) and low not in keep:
-            continue
-        fields.append((name, value))
-    req.headers.fields = tuple(fields)
+    nominated = _nominated(req.headers.fields)
+    keep = frozenset({b"connection", b"upgrade"}) if websocket else frozenset()
+    req.headers.fields = forwarded_fields(req.headers.fields, keep)
     if websocket:
         req.headers["connection"] = "Upgrade"
     elif b"close" in nominated:

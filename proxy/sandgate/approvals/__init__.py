@@ -1,6 +1,7 @@
 """`action: ask`: requests held for people to approve (docs/approvals.md).
 
     model.py        Approval, Vote, Scope, Grant and the pure rules of a vote
+    headers.py      the forwarded headers an approval binds (digest) and shows (scrubbed)
     store.py        the ApprovalStore protocol and the in-process store
     redis_store.py  the same over Redis (hashes with a TTL, pub/sub), shared by replicas
     service.py      Approvals: ask (the proxy's s38_ask stage), decide (admin API), remember

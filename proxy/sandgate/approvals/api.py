@@ -22,6 +22,9 @@ from sandgate.text import has_control_chars
 
 MAX_BODY = 16 * 1024
 MAX_NOTE = 500
+# a whole approval document (its headers: up to --max-headers values of up to 512 characters,
+# JSON-escaped), from the front over a worker's control socket
+MAX_GRANT_COPY = 4 * 1024 * 1024
 
 
 def _json(status: int, body: Any) -> web.Response:
@@ -31,6 +34,18 @@ def _json(status: int, body: Any) -> web.Response:
 
 def _error(status: int, code: str, reason: str) -> web.Response:
     return _json(status, {"error": code, "reason": reason})
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes:
+    """The body, or its first `limit` + 1 bytes: one read returns only what has arrived, and an
+    approval's document with its headers spans many chunks."""
+    out = bytearray()
+    while len(out) <= limit:
+        chunk = await request.content.read(limit + 1 - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
 
 
 def parse_vote(doc: object) -> tuple[str, object, str | None]:
@@ -93,7 +108,10 @@ def register(app: web.Application, approvals: Approvals | None, internal: bool =
         if approvals is None:
             return _error(404, "not_found", "no approvals here")
         try:
-            a = Approval.from_dict(json.loads(await request.content.read(MAX_BODY)))
+            raw = await _read_at_most(request, MAX_GRANT_COPY)
+            if len(raw) > MAX_GRANT_COPY:
+                return _error(413, "too_large", f"the body is over {MAX_GRANT_COPY} bytes")
+            a = Approval.from_dict(json.loads(raw))
         except (ValueError, KeyError, TypeError):
             return _error(400, "bad_request", "the body must be an approved approval")
         g = grant_for(a)

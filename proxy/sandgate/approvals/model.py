@@ -1,12 +1,13 @@
 """Approval requests, votes and remembered grants: plain data, and the pure rules for a vote.
 
 An `Approval` says who asks for what and why (identity, sandbox, method, redacted URL, tool,
-rule, the body's sha256 and size), never a secret or the body itself. Votes come from
+rule, the body's sha256 and size, the forwarded headers scrubbed and their sha256: see
+approvals/headers.py), never a secret or the body itself. Votes come from
 authenticated admin users (sandgate.admin_auth): a user's name counts once, one deny refuses, and
 `require_approvers` distinct approvals approve. What an approval is remembered for is its
-`Scope`; a remembered approval is a `Grant`, matched by rule, identity and (scope sandbox) the
-sandbox. Everything here is JSON-serialisable (`as_dict`/`from_dict`) so a store can keep it in
-Redis and the admin API can show it as it is.
+`Scope`; a remembered approval is a `Grant`, matched by rule, identity, (scope sandbox) the
+sandbox and the forwarded headers' digest. Everything here is JSON-serialisable
+(`as_dict`/`from_dict`) so a store can keep it in Redis and the admin API can show it as it is.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class VoteError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Scope:
     """What an approval is remembered for: this request only, or every request the rule matches
-    from the caller's sandbox / identity for `ttl` seconds."""
+    from the caller's sandbox / identity with the same forwarded headers for `ttl` seconds."""
 
     kind: ApprovalScope = "request"
     ttl: int | None = None  # seconds; None for kind request
@@ -124,6 +125,11 @@ class Approval:
     rule_source: str
     body_sha256: str
     body_size: int
+    # the forwarded headers the sandbox sent (approvals/headers.py): their digest, what
+    # approvers see of them (scrubbed), and the names Sandgate injects credentials into
+    headers_sha256: str
+    headers: tuple[tuple[str, str], ...]
+    headers_injected: tuple[str, ...]
     created: float
     expires: float  # past it: timeout
     mode: Literal["hold", "async"]
@@ -131,8 +137,8 @@ class Approval:
     approvers: tuple[str, ...] | None
     remember: tuple[ApprovalScope, ...]
     max_remember_ttl: int
-    # identity, sandbox, method, full URL and body digest hashed together: the async mode's
-    # "identical request" (the full URL is never stored, only this digest)
+    # identity, sandbox, method, full URL, body and headers digests hashed together: the
+    # async mode's "identical request" (the full URL is never stored, only this digest)
     fingerprint: str
     reason: str = ""  # why it is asked: the rule's description, or the decision's reason
     state: State = "pending"
@@ -157,12 +163,37 @@ class Approval:
         d["approvers"] = list(self.approvers) if self.approvers is not None else None
         d["remember"] = list(self.remember)
         d["approved_by"] = list(self.approved_by)
+        d["headers"] = [list(h) for h in self.headers]
+        d["headers_injected"] = list(self.headers_injected)
+        d["binds"] = self.binds
         return d
+
+    @property
+    def binds(self) -> dict[str, Any]:
+        """What the approval lets through: while pending, and scope request, this one request
+        (its method, URL, body and headers); scope sandbox / identity, the rule's requests from
+        that caller with the same forwarded headers, until the grant expires."""
+        kind = self.scope.kind if self.scope is not None else "request"
+        if kind == "request":
+            return {"kind": "request", "identity": self.identity, "sandbox": self.sandbox,
+                    "method": self.method, "url": self.url, "body_sha256": self.body_sha256,
+                    "headers_sha256": self.headers_sha256}
+        assert self.scope is not None
+        until = (self.decided_at + self.scope.ttl
+                 if self.decided_at is not None and self.scope.ttl is not None else None)
+        return {"kind": kind, "rule": self.rule, "identity": self.identity,
+                "sandbox": self.sandbox if kind == "sandbox" else None,
+                "headers_sha256": self.headers_sha256, "until": until}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Approval:
         d = dict(d)
         d.pop("approved_by", None)
+        d.pop("binds", None)
+        # stored before headers were bound: a digest no request has, so nothing matches it
+        d.setdefault("headers_sha256", "")
+        d["headers"] = tuple((str(n), str(v)) for n, v in d.get("headers", ()))
+        d["headers_injected"] = tuple(d.get("headers_injected", ()))
         d["votes"] = tuple(Vote(v["approver"], v["decision"], v["at"], Scope(**v["scope"]),
                                 v.get("note")) for v in d.get("votes", ()))
         d["scope"] = Scope(**d["scope"]) if d.get("scope") else None
@@ -177,9 +208,9 @@ def new_id() -> str:
 
 
 def fingerprint(identity: str, sandbox: str | None, method: str, url: str,
-                body_sha256: str) -> str:
+                body_sha256: str, headers_sha256: str) -> str:
     h = hashlib.sha256()
-    for part in (identity, sandbox or "", method.upper(), url, body_sha256):
+    for part in (identity, sandbox or "", method.upper(), url, body_sha256, headers_sha256):
         h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     return h.hexdigest()
 
@@ -216,18 +247,20 @@ def vote(a: Approval, user: str, verdict: Verdict, scope: Scope, note: str | Non
 @dataclass(frozen=True, slots=True)
 class Grant:
     """A remembered approval: every request rule `rule` matches from `identity` (and, scope
-    sandbox, from `sandbox`) passes without asking until `expires`."""
+    sandbox, from `sandbox`) with the forwarded headers of digest `headers_sha256` (those of
+    the approved request) passes without asking until `expires`."""
 
     rule: str
     identity: str
     sandbox: str | None  # None: scope identity
+    headers_sha256: str
     expires: float
     approval: str  # the approval it came from
     approvers: tuple[str, ...] = field(default=())
 
     @property
     def key(self) -> str:
-        return grant_key(self.rule, self.identity, self.sandbox)
+        return grant_key(self.rule, self.identity, self.sandbox, self.headers_sha256)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -236,13 +269,14 @@ class Grant:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Grant:
-        return cls(d["rule"], d["identity"], d.get("sandbox"), float(d["expires"]),
-                   d["approval"], tuple(d.get("approvers", ())))
+        return cls(d["rule"], d["identity"], d.get("sandbox"), str(d.get("headers_sha256", "")),
+                   float(d["expires"]), d["approval"], tuple(d.get("approvers", ())))
 
 
-def grant_key(rule: str, identity: str, sandbox: str | None) -> str:
-    """Rule names, identities and sandbox ids use no '|' (sandgate.policy, secrets/scope.py)."""
-    return f"{identity}|{rule}|{sandbox if sandbox is not None else '*'}"
+def grant_key(rule: str, identity: str, sandbox: str | None, headers_sha256: str) -> str:
+    """Rule names, identities and sandbox ids use no '|' (sandgate.policy, secrets/scope.py);
+    the headers digest is hex."""
+    return f"{identity}|{rule}|{sandbox if sandbox is not None else '*'}|{headers_sha256}"
 
 
 def grant_for(a: Approval) -> Grant | None:
@@ -251,4 +285,4 @@ def grant_for(a: Approval) -> Grant | None:
         return None
     assert a.scope.ttl is not None and a.decided_at is not None
     return Grant(a.rule, a.identity, a.sandbox if a.scope.kind == "sandbox" else None,
-                 a.decided_at + a.scope.ttl, a.id, a.approved_by)
+                 a.headers_sha256, a.decided_at + a.scope.ttl, a.id, a.approved_by)

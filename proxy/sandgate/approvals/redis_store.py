@@ -6,7 +6,8 @@ Keys (under `PREFIX`, default "sandgate"):
                             approval does
     {p}:approvals:pending   sorted set of pending ids by creation time (the listing)
     {p}:approval-fp:{fp}    the newest approval id of an identical request (mode async)
-    {p}:grant:{key}         hash: doc (a remembered grant); expires with the grant
+    {p}:grant:{key}         hash: doc (a remembered grant); expires with the grant; the key
+                            is identity|rule|sandbox (or *)|headers sha256
     {p}:approvals:changes   pub/sub channel: each created or changed approval, as JSON
 
 A change is read-modify-write under WATCH (optimistic, retried), so two approvers deciding at
@@ -134,10 +135,10 @@ class RedisStore:
             await pipe.execute()
 
     async def grant(self, rule: str, identity: str, sandbox: str | None,
-                    now: float) -> Grant | None:
+                    headers_sha256: str, now: float) -> Grant | None:
         for sb in ((sandbox, None) if sandbox is not None else (None,)):
-            raw = await cast(Awaitable[Any],
-                             self.r.hget(self._g(grant_key(rule, identity, sb)), "doc"))
+            key = self._g(grant_key(rule, identity, sb, headers_sha256))
+            raw = await cast(Awaitable[Any], self.r.hget(key, "doc"))
             if raw:
                 g = Grant.from_dict(json.loads(raw))
                 if g.expires > now:

@@ -51,8 +51,8 @@ class AskLimits:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What is asked about, as the ask stage read it (nothing secret: the URL is redacted; the
-    full URL goes only into the fingerprint's hash)."""
+    """What is asked about, as the ask stage read it (nothing secret: the URL is redacted, the
+    headers scrubbed; the full URL goes only into the fingerprint's hash)."""
 
     identity: str
     sandbox: str | None
@@ -63,6 +63,9 @@ class Request:
     tool: str | None
     body_sha256: str
     body_size: int
+    headers_sha256: str  # the forwarded headers the sandbox sent (approvals/headers.py)
+    headers: tuple[tuple[str, str], ...]  # the same, scrubbed: what approvers see
+    headers_injected: tuple[str, ...]  # where the rule injects credentials (names only)
 
 
 class Approvals:
@@ -137,7 +140,8 @@ class Approvals:
             return
         self.audit(AUDIT_EVENT, action=action, approval=a.id, identity=a.identity,
                    sandbox=a.sandbox, method=a.method, url=a.url, rule=a.rule, tool=a.tool,
-                   body_sha256=a.body_sha256, body_size=a.body_size, **fields)
+                   body_sha256=a.body_sha256, body_size=a.body_size,
+                   headers_sha256=a.headers_sha256, **fields)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         t = asyncio.ensure_future(coro)
@@ -156,17 +160,21 @@ class Approvals:
         assert ask is not None
         await self.start()  # the change stream is up before any waiter registers
         now = self.clock()
-        g = await self.store.grant(rule.name, req.identity, req.sandbox, now)
+        # a remembered grant covers the rule's requests with the headers that were approved
+        g = await self.store.grant(rule.name, req.identity, req.sandbox, req.headers_sha256,
+                                   now)
         if g is not None:
             if self.audit is not None:
                 self.audit(AUDIT_EVENT, action="used", approval=g.approval,
                            identity=req.identity, sandbox=req.sandbox, method=req.method,
                            url=req.url, rule=rule.name, tool=req.tool,
                            body_sha256=req.body_sha256, body_size=req.body_size,
+                           headers_sha256=req.headers_sha256,
                            grant="sandbox" if g.sandbox is not None else "identity",
                            approvers=list(g.approvers), grant_expires=g.expires)
             return f"remembered approval {g.approval}"
-        fp = fingerprint(req.identity, req.sandbox, req.method, req.full_url, req.body_sha256)
+        fp = fingerprint(req.identity, req.sandbox, req.method, req.full_url, req.body_sha256,
+                         req.headers_sha256)
         if ask.mode == "async":
             seen = await self.store.find(fp)
             if seen is not None:
@@ -178,7 +186,9 @@ class Approvals:
             id=new_id(), identity=req.identity, sandbox=req.sandbox, method=req.method,
             url=req.url, host=req.host, tool=req.tool, rule=rule.name,
             rule_source=str(rule.source), body_sha256=req.body_sha256, body_size=req.body_size,
-            created=now, expires=now + ask.timeout, mode=ask.mode,
+            headers_sha256=req.headers_sha256, headers=req.headers,
+            headers_injected=req.headers_injected, created=now, expires=now + ask.timeout,
+            mode=ask.mode,
             require_approvers=ask.require_approvers, approvers=ask.approvers,
             remember=ask.remember, max_remember_ttl=ask.max_remember_ttl, fingerprint=fp,
             reason=(rule.meta.description if rule.meta and rule.meta.description else reason),
@@ -197,7 +207,7 @@ class Approvals:
                     Code.APPROVAL_PENDING, f"the request awaits approval {a.id} (rule "
                     f"'{rule.name}'); it was not sent",
                     hint="send the identical request again once it is approved (same method, "
-                    "URL and body)", approval=a.id, retry_after=min(ASYNC_RETRY_AFTER,
+                    "URL, body and headers)", approval=a.id, retry_after=min(ASYNC_RETRY_AFTER,
                                                                     ask.timeout))
             return await self._hold(a, fut, gone)
         finally:

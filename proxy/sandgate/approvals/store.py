@@ -46,8 +46,9 @@ class ApprovalStore(Protocol):
     async def add_grant(self, g: Grant) -> None: ...
 
     async def grant(self, rule: str, identity: str, sandbox: str | None,
-                    now: float) -> Grant | None:
-        """A remembered grant for this rule and caller (sandbox scope first), if unexpired."""
+                    headers_sha256: str, now: float) -> Grant | None:
+        """A remembered grant for this rule, caller (sandbox scope first) and forwarded headers'
+        digest, if unexpired."""
 
     async def subscribe(self) -> Subscription:
         """Every approval created or changed from now on (on any replica, for shared stores):
@@ -117,9 +118,9 @@ class MemoryStore:
         self._grants[g.key] = g
 
     async def grant(self, rule: str, identity: str, sandbox: str | None,
-                    now: float) -> Grant | None:
+                    headers_sha256: str, now: float) -> Grant | None:
         for sb in ((sandbox, None) if sandbox is not None else (None,)):
-            g = self._grants.get(grant_key(rule, identity, sb))
+            g = self._grants.get(grant_key(rule, identity, sb, headers_sha256))
             if g is not None and g.expires > now:
                 return g
         return None

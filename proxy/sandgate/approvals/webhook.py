@@ -46,12 +46,34 @@ def verify(key: bytes, timestamp: str, body: bytes, signature: str,
     return hmac.compare_digest(sign(key, timestamp, body), signature)
 
 
+SLACK_FIELD_MAX = 1900  # Slack refuses a section field over 2000 characters
+
+
 def _summary(a: Approval) -> str:
     who = a.identity + (f" (sandbox {a.sandbox})" if a.sandbox else "")
     tool = f", tool {a.tool}" if a.tool else ""
     need = f"; needs {a.require_approvers} approvers" if a.require_approvers > 1 else ""
     return (f"Sandgate approval {a.id}: {who} asks {a.method} {a.url} (rule {a.rule}{tool}, "
-            f"body {a.body_size} bytes){need}. Decide: sandgate approvals approve {a.id}")
+            f"body {a.body_size} bytes, {len(a.headers)} headers){need}. "
+            f"Decide: sandgate approvals approve {a.id}")
+
+
+def _slack_escape(text: str) -> str:
+    """The sandbox chose these headers: no Slack mention or link of its making (`<!channel>`,
+    `<https://...|Approve>`) is read as markup."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def headers_text(a: Approval, limit: int = SLACK_FIELD_MAX) -> str:
+    """The approval's headers (already scrubbed) one per line, and the injected ones by name;
+    cut at `limit` characters, saying so (the admin API shows them all)."""
+    lines = [f"{_slack_escape(n)}: {_slack_escape(v)}" for n, v in a.headers] or ["(none)"]
+    lines += [f"{n}: [injected by Sandgate]" for n in a.headers_injected]
+    lines.append(f"sha256 {a.headers_sha256[:16]}...")
+    text = "\n".join(lines)
+    if len(text) > limit:
+        text = text[:limit] + f"\n... (cut: `sandgate approvals show {a.id}` shows them all)"
+    return text
 
 
 def body_for(hook: Webhook, a: Approval) -> dict[str, Any]:
@@ -60,7 +82,8 @@ def body_for(hook: Webhook, a: Approval) -> dict[str, Any]:
     text = _summary(a)
     fields = [("Identity", a.identity), ("Sandbox", a.sandbox or "-"),
               ("Request", f"{a.method} {a.url}"), ("Rule", a.rule), ("Tool", a.tool or "-"),
-              ("Body", f"{a.body_size} bytes, sha256 {a.body_sha256[:16]}...")]
+              ("Body", f"{a.body_size} bytes, sha256 {a.body_sha256[:16]}..."),
+              ("Headers", headers_text(a))]
     return {
         "text": text,
         "blocks": [

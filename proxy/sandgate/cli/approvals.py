@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.cli.common import err
+from sandgate.text import printable
 
 SCOPES = ("request", "sandbox", "identity")
 
@@ -104,12 +105,25 @@ def line(a: dict[str, Any]) -> str:
     votes = f" {len(a.get('approved_by', []))}/{a['require_approvers']}"
     left = max(0, round(a["expires"] - time.time()))
     state = a["state"] if a["state"] != "pending" else f"pending {left}s"
-    return (f"{a['id']}  {who}  {a['method']} {a['url']}  rule={a['rule']}{tool}  "
-            f"body={a['body_size']}B{votes}  {state}")
+    return printable(f"{a['id']}  {who}  {a['method']} {a['url']}  rule={a['rule']}{tool}  "
+                     f"body={a['body_size']}B{votes}  {state}")
+
+
+def header_lines(a: dict[str, Any]) -> list[str]:
+    """The headers the approval binds (scrubbed by Sandgate), one per indented line, and the
+    ones Sandgate injects by name only; control characters escaped for the terminal."""
+    out = [printable(f"    {n}: {v}") for n, v in a.get("headers", [])]
+    out += [printable(f"    {n}: [injected by Sandgate]") for n in a.get("headers_injected", [])]
+    if a.get("headers_sha256"):
+        out.append(f"    (headers sha256 {a['headers_sha256'][:16]}...)")
+    return out
 
 
 def _print(args: argparse.Namespace, a: dict[str, Any]) -> None:
-    print(json.dumps(a) if args.json else line(a), flush=True)
+    if args.json:
+        print(json.dumps(a), flush=True)
+        return
+    print("\n".join([line(a), *header_lines(a)]), flush=True)
 
 
 def _ttl(text: str | None) -> int | None:

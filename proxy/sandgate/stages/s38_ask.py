@@ -8,7 +8,11 @@ dialled: nothing is sent upstream and no secret is read while a request waits, a
 approved is exactly what was judged. The body waits buffered, within the body limits s20/s30
 already applied. The approval request carries who, what and why (identity, sandbox, method, the
 URL with query values redacted as the audit redacts them, the tool, the rule, the body's sha256
-and size), never a secret or the body.
+and size, the forwarded headers scrubbed and their sha256), never a secret or the body.
+
+The headers are bound as they stand here, before s40-s70 change them: those stages only remove
+what `approvals.headers.bound_fields` leaves out and set what `approvals.headers.replaced`
+names, so a retry that sends the same headers gets the same digest (approvals/headers.py).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import hashlib
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
+from sandgate.addons.forward import is_websocket_upgrade
 from sandgate.addons.state import FlowRecord
+from sandgate.approvals import headers as H
 from sandgate.approvals.service import Request
 from sandgate.audit import redact_path
 from sandgate.policy.query_audit import kept_query_names
@@ -37,11 +43,16 @@ async def hold(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     body = req.raw_content or b""
     origin = f"{info.scheme}://{_authority(info.host, info.port, info.scheme)}"
     # as the audit shows a path: query values redacted, any known secret value scrubbed
-    shown = st.secrets(rec).scrub_text(origin + redact_path(req.path, kept_query_names(policy)))[0]
+    secrets = st.secrets(rec)
+    shown = secrets.scrub_text(origin + redact_path(req.path, kept_query_names(policy)))[0]
+    fields = H.bound_fields(req.headers.fields, H.replaced(rule))
+    scrub = H.scrubber(secrets, rec.placeholders)
     how = await st.cfg.approvals.ask(policy, rule, Request(
         identity=caller.identity, sandbox=caller.sandbox, method=info.method, url=shown,
         full_url=origin + req.path, host=info.host, tool=_tool(rec),
-        body_sha256=hashlib.sha256(body).hexdigest(), body_size=len(body)), d.reason,
+        body_sha256=hashlib.sha256(body).hexdigest(), body_size=len(body),
+        headers_sha256=H.digest(fields, is_websocket_upgrade(req)),
+        headers=H.shown(fields, scrub), headers_injected=H.injected(rule)), d.reason,
         gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ)
     rec.approval = how
 
