@@ -145,6 +145,7 @@ def verify(files: list[Path], public_key: str | None = None, live: bool = False,
     linked: set[str] = set()  # what the first lines (seq 0) of chains link to
     run_workers: dict[str, tuple[int, str, int]] = {}  # run -> (N, where a checkpoint says so)
     anchored = anchor.chains if anchor is not None else {}
+    gap: Incomplete | None = None
     last_hash = GENESIS
     prev_name: str | None = None
     for path in files:
@@ -203,10 +204,12 @@ def verify(files: list[Path], public_key: str | None = None, live: bool = False,
                 elif first_rotate is not None:
                     pass  # after a rotated file not given: checked below (retention, --after)
                 elif seq == 0 and seen:
-                    raise Incomplete(name, n, f"a gap: chain {cid} begins here linking to a "
-                                     f"line that is not in the files (sha256 {prev}): the "
-                                     "lines before it (the end of the run before, or whole "
-                                     "runs) were deleted")
+                    # reported after the pass, unless a missing worker explains it better
+                    gap = gap or Incomplete(name, n, f"a gap: chain {cid} begins here linking "
+                                            "to a line that is not in the files (sha256 "
+                                            f"{prev}): the lines before it were deleted (the "
+                                            "end of the run before, whole runs, or another "
+                                            "worker's share)")
                 elif seq != 0 and report.files > 1:
                     raise Broken(name, n, f"chain {cid} starts at seq {seq}, not 0: its "
                                  "earlier lines are missing")
@@ -288,8 +291,10 @@ def verify(files: list[Path], public_key: str | None = None, live: bool = False,
                              f"{pl}")
     if stated and report.begins is None:
         report.begins = "begins after " + ", ".join(sorted(stated)) + " (as stated by --after)"
-    _check_tails(chains, linked, live, report)
     _check_workers(chains, run_workers, live, report)
+    if gap is not None:
+        raise gap
+    _check_tails(chains, linked, live, report)
     if anchor is not None:
         _check_anchor(anchor, chains, live, report)
     return report
