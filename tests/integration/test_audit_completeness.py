@@ -28,10 +28,10 @@ LISTEN = "127.0.66.3"
 class History:
     audit: Path
     public: Path
-    anchor: Path
+    anchor: Path | None  # the confdir's anchor of the file (None: the proxy kept none)
     lines: list[tuple[bytes, dict[str, object]]]
-    runs: list[str]  # oldest first
-    run_of: dict[str, str]  # chain -> run
+    spans: list[range]  # the line numbers (0-based) of each run, oldest first
+    runs: list[str]  # their run ids, as their checkpoints name them
 
 
 def _wait_for_workers(audit: Path, run_start: int, n: int) -> None:
@@ -50,9 +50,11 @@ def _wait_for_workers(audit: Path, run_start: int, n: int) -> None:
 def history(tmp_path_factory, vault, upstream, plain_upstream, pki) -> History:
     tmp = tmp_path_factory.mktemp("audit-history")
     env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}
+    starts = []
     for extra in ((), ("--workers", "2"), ()):
         audit = tmp / "audit.jsonl"  # start_proxy's --audit: every run appends to it
         start = len(audit.read_bytes().splitlines()) if audit.exists() else 0
+        starts.append(start)
         p = start_proxy(tmp, HERE / "policies", env, pki, "--audit-checkpoint-lines", "3",
                         *extra, listen_host=LISTEN)
         try:
@@ -69,15 +71,13 @@ def history(tmp_path_factory, vault, upstream, plain_upstream, pki) -> History:
     out = subprocess.run([*SANDGATE, "audit", "public-key", "--confdir", str(p.confdir)],
                          capture_output=True, text=True, check=True)
     public.write_text(out.stdout)
-    (anchor,) = p.confdir.glob("audit-anchor.*.json")
+    anchors = list(p.confdir.glob("audit-anchor.*.json"))  # one: there is one audit file
+    anchor = anchors[0] if len(anchors) == 1 else None
     lines = [(x, json.loads(x)) for x in p.audit_file.read_bytes().splitlines(keepends=True)]
-    run_of = {str(d["chain"]): str(d["run"]) for _, d in lines if "run" in d}
-    runs: list[str] = []
-    for _, d in lines:
-        r = run_of.get(str(d["chain"]))
-        if r is not None and r not in runs:
-            runs.append(r)
-    return History(p.audit_file, public, anchor, lines, runs, run_of)
+    spans = [range(a, b) for a, b in zip(starts, [*starts[1:], len(lines)], strict=True)]
+    runs = [str(next((d["run"] for _, d in lines[s.start:s.stop] if "run" in d), None))
+            for s in spans]
+    return History(p.audit_file, public, anchor, lines, spans, runs)
 
 
 def _verify(h: History, path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -86,16 +86,18 @@ def _verify(h: History, path: Path, *extra: str) -> subprocess.CompletedProcess[
 
 
 def _without(h: History, tmp_path: Path, drop: object) -> Path:
+    """A copy of the file without the lines for which drop(index, record) is true."""
     out = tmp_path / "audit.jsonl"
-    out.write_bytes(b"".join(x for x, d in h.lines if not drop(d)))  # type: ignore[operator]
+    out.write_bytes(b"".join(x for i, (x, d) in enumerate(h.lines)
+                             if not drop(i, d)))  # type: ignore[operator]
     return out
 
 
 def test_the_intact_history_verifies_against_the_anchor(history):
-    assert len(history.runs) == 3
-    workers = {d.get("worker") for _, d in history.lines
-               if history.run_of[str(d["chain"])] == history.runs[1]}
+    assert len(set(history.runs)) == 3, history.runs  # each run names itself
+    workers = {history.lines[i][1].get("worker") for i in history.spans[1]}
     assert workers == {0, 1}
+    assert history.anchor is not None, "the proxy kept no anchor in its confdir"
     r = _verify(history, history.audit, "--anchor", str(history.anchor))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "4 chain(s)" in r.stdout and "3 run(s)" in r.stdout, r.stdout
@@ -103,18 +105,19 @@ def test_the_intact_history_verifies_against_the_anchor(history):
 
 
 def test_deleting_the_earliest_run_is_reported(history, tmp_path):
-    cut = _without(history, tmp_path,
-                   lambda d: history.run_of[str(d["chain"])] == history.runs[0])
-    r = _verify(history, cut, "--anchor", str(history.anchor))
+    cut = _without(history, tmp_path, lambda i, d: i in history.spans[0])
+    r = _verify(history, cut)  # no anchor needed for this one
     assert r.returncode == 3, r.stdout + r.stderr
     assert r.stdout.startswith(f"INCOMPLETE: {cut}:1: the files begin mid-history"), r.stdout
-    r = _verify(history, cut)  # the anchor is not needed for this one
+    assert history.anchor is not None
+    r = _verify(history, cut, "--anchor", str(history.anchor))
     assert r.returncode == 3, r.stdout + r.stderr
 
 
 def test_deleting_the_latest_run_is_reported(history, tmp_path):
     last = history.runs[-1]
-    cut = _without(history, tmp_path, lambda d: history.run_of[str(d["chain"])] == last)
+    cut = _without(history, tmp_path, lambda i, d: i in history.spans[2])
+    assert history.anchor is not None, "the proxy kept no anchor: nothing names the last run"
     r = _verify(history, cut, "--anchor", str(history.anchor))
     assert r.returncode == 3, r.stdout + r.stderr
     assert r.stdout.startswith(f"INCOMPLETE: {history.anchor}:1: chain "), r.stdout
@@ -123,10 +126,11 @@ def test_deleting_the_latest_run_is_reported(history, tmp_path):
 
 def test_deleting_one_workers_share_is_reported(history, tmp_path):
     run = history.runs[1]
-    cut = _without(history, tmp_path, lambda d: d.get("worker") == 1)
-    r = _verify(history, cut, "--anchor", str(history.anchor))
+    cut = _without(history, tmp_path, lambda i, d: d.get("worker") == 1)
+    r = _verify(history, cut)  # no anchor needed: the run's checkpoints say 2 workers
     assert r.returncode == 3, r.stdout + r.stderr
     assert r.stdout.startswith("INCOMPLETE: "), r.stdout
     assert f"run {run} had 2 workers" in r.stdout and "worker(s) 1 " in r.stdout, r.stdout
-    r = _verify(history, cut)  # the anchor is not needed for this one
+    assert history.anchor is not None
+    r = _verify(history, cut, "--anchor", str(history.anchor))
     assert r.returncode == 3 and "worker(s) 1 " in r.stdout, r.stdout + r.stderr
