@@ -338,9 +338,11 @@ def _check_tails(chains: dict[str, _Chain], linked: set[str], live: bool,
 def _check_workers(chains: dict[str, _Chain], run_workers: dict[str, tuple[int, str, int]],
                    live: bool, report: Report) -> None:
     """Each of a run's N workers (its checkpoints say N) has a chain in the files."""
+    have: dict[str | None, set[int | None]] = {}
+    for ch in chains.values():  # one pass: a file of many runs stays linear
+        have.setdefault(ch.run, set()).add(ch.worker)
     for run, (n, fname, fline) in run_workers.items():
-        have = {ch.worker for ch in chains.values() if ch.run == run}
-        missing = [k for k in range(n) if k not in have]
+        missing = [k for k in range(n) if k not in have.get(run, set())]
         if not missing:
             continue
         names = ", ".join(map(str, missing))
@@ -348,8 +350,9 @@ def _check_workers(chains: dict[str, _Chain], run_workers: dict[str, tuple[int, 
             report.notes.append(f"run {run}: no signed line of worker(s) {names} yet")
             continue
         raise Incomplete(fname, fline, f"run {run} had {n} workers (its signed checkpoints say "
-                         f"so), but no line of worker(s) {names} is in the files: that share "
-                         "of the run was deleted, or is in a file not given")
+                         f"so), but no signed line of worker(s) {names} of this run is in the "
+                         "files: that share of the run (or its end) was deleted, or is in a "
+                         "file not given")
 
 
 def _check_anchor(anchor: AnchorDoc, chains: dict[str, _Chain], live: bool,

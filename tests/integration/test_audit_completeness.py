@@ -130,7 +130,8 @@ def test_deleting_one_workers_share_is_reported(history, tmp_path):
     r = _verify(history, cut)  # no anchor needed: the run's checkpoints say 2 workers
     assert r.returncode == 3, r.stdout + r.stderr
     assert r.stdout.startswith("INCOMPLETE: "), r.stdout
-    assert f"run {run} had 2 workers" in r.stdout and "worker(s) 1 " in r.stdout, r.stdout
+    assert f"run {run} had 2 workers" in r.stdout, r.stdout
+    assert "worker(s) 1 of this run" in r.stdout, r.stdout
     assert history.anchor is not None
     r = _verify(history, cut, "--anchor", str(history.anchor))
-    assert r.returncode == 3 and "worker(s) 1 " in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 3 and "worker(s) 1 of this run" in r.stdout, r.stdout + r.stderr

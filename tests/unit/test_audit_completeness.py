@@ -160,9 +160,9 @@ def test_deleting_one_workers_share_is_reported(history, tmp_path, capsys):
     cut = keep(history.path, tmp_path / "cut.jsonl", lambda d: d.get("worker") == 1)
     e = _broken([cut], PUBLIC)  # no anchor needed: the run's own checkpoints say 2 workers
     assert isinstance(e, Incomplete)
-    assert f"run {run} had 2 workers" in e.what and "worker(s) 1 " in e.what
+    assert f"run {run} had 2 workers" in e.what and "worker(s) 1 of this run" in e.what
     assert main(["audit", "verify", str(cut), "--public-key", _pub(tmp_path)]) == 3
-    assert "that share of the run was deleted" in capsys.readouterr().out
+    assert "that share of the run (or its end) was deleted" in capsys.readouterr().out
 
 
 def test_deleting_the_only_run_of_a_workers_file_is_reported_by_the_anchor(tmp_path):
@@ -248,6 +248,31 @@ def test_rotated_files_beginning_after_one_not_given_must_be_stated(tmp_path):
     start = str(records(files[1])[0][1]["previous_last"])
     report = verify(files[1:], PUBLIC, after=[start], anchor=anchor_of(conf, path))
     assert report.begins is not None and "as stated by --after" in report.begins
+
+
+def test_workers_rotating_with_retention_verify_against_their_anchor(tmp_path):
+    path, conf = tmp_path / "audit.jsonl", tmp_path / "conf"
+    conf.mkdir()
+    run, rot = "r" * 16, Rotation(max_bytes=3000, keep=2)
+    logs = [WorkerAuditLog(path, w, instance="t", rotation=rot, anchor=Anchor(conf, path, KEY),
+                           chain=Chain(KEY, 5, 3600, run=run, workers=2)) for w in (0, 1)]
+    for i in range(80):
+        request(logs[i % 2], i)
+    for log in logs:
+        log.close()
+    files = [*rotated_files(path), path]
+    anchor = anchor_of(conf, path)
+    assert len(anchor.chains) == 2 and all(c.final for c in anchor.chains.values())
+    report = verify(files, PUBLIC, anchor=anchor)
+    assert report.begins is not None and "deleted by retention" in report.begins
+    assert report.runs == {run}
+    # worker 1's lines of the current file deleted (its rotate and retention lines kept)
+    cut = [*files[:-1], tmp_path / "current.jsonl"]
+    keep(path, cut[-1],
+         lambda d: d.get("worker") == 1 and d["event"] in ("request", "checkpoint"))
+    with pytest.raises(Broken) as e:
+        verify(cut, PUBLIC, anchor=anchor)
+    assert "signed line of worker(s) 1 of this run" in e.value.what, e.value.what
 
 
 def test_a_forged_or_foreign_anchor_is_refused(history, tmp_path):
