@@ -376,3 +376,30 @@ def test_truncating_any_chain_is_reported(sample, data):
     with pytest.raises(Broken):
         verify([_write(tmp, [r for i, r in enumerate(lines) if i not in cut])], PUBLIC,
                anchor=anchor)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(runs=st.lists(st.tuples(st.sampled_from([None, 2, 3]), st.integers(1, 7)), min_size=1,
+                     max_size=4),
+       data=st.data())
+def test_any_history_verifies_whole_and_is_incomplete_without_any_of_its_runs(
+        tmp_path_factory, runs, data):
+    """Histories of 1 to 4 runs, each one process or 2 or 3 workers: intact they verify
+    against their anchor; without any non-empty set of their runs they are incomplete."""
+    tmp = tmp_path_factory.mktemp("any-history")
+    path, conf = tmp / "audit.jsonl", tmp / "conf"
+    conf.mkdir()
+    for workers, n in runs:
+        if workers is None:
+            single_run(path, conf, n=n)
+        else:
+            workers_run(path, conf, n=n, workers=workers)
+    lines = records(path)
+    anchor = anchor_of(conf, path)
+    assert verify([path], PUBLIC, anchor=anchor).runs == set(runs_of(path))
+    run_of = chain_run(path)
+    gone = data.draw(st.sets(st.sampled_from(runs_of(path)), min_size=1))
+    with pytest.raises(Incomplete):
+        verify([_write(tmp, [r for r in lines if run_of[str(r[1]["chain"])] not in gone])],
+               PUBLIC, anchor=anchor)
