@@ -86,7 +86,6 @@ class _Chain:
     signed_at: tuple[str, int] | None = None
     unsigned: int = 0  # lines after the last checkpoint
     closed: bool = False
-    first_seq: int = 0  # its first line in the files
     run: str | None = None  # from its checkpoints
     worker: int | None = None  # from its lines (--workers)
 
@@ -214,14 +213,14 @@ def verify(files: list[Path], public_key: str | None = None, live: bool = False,
                     raise Broken(name, n, f"chain {cid} starts at seq {seq}, not 0: its "
                                  "earlier lines are missing")
                 else:
-                    what = "begins" if seq == 0 else f"is at seq {seq}, not 0,"
+                    at = f"seq {seq}" + (", not 0" if seq else "")
                     raise Incomplete(name, n, f"the files begin mid-history: chain {cid}'s "
-                                     f"first line here {what} following a line that is not "
-                                     f"in the files (sha256 {prev}): an earlier run or this "
+                                     f"first line here ({at}) follows a line that is not in "
+                                     f"the files (sha256 {prev}): an earlier run or this "
                                      "writer's first lines were deleted, or the files given "
                                      "begin after one not given. If they legitimately begin "
                                      f"there (an export, a cut), state it: --after {prev}")
-                ch = chains[cid] = _Chain(prev, seq, (name, n), first_seq=seq)
+                ch = chains[cid] = _Chain(prev, seq, (name, n))
                 report.chains += 1
             elif ch.closed:
                 raise Broken(name, n, f"chain {cid} was closed at {ch.where[0]}:{ch.where[1]} "

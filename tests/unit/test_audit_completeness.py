@@ -231,7 +231,7 @@ def test_a_file_cut_at_its_start_is_reported_not_skipped(tmp_path):
     cut = tmp_path / "cut.jsonl"
     cut.write_bytes(b"".join(x for x, _ in lines[2:]))
     e = _broken([cut], PUBLIC)
-    assert isinstance(e, Incomplete) and "is at seq 2, not 0" in e.what
+    assert isinstance(e, Incomplete) and "first line here (seq 2, not 0) follows" in e.what
     assert verify([cut], PUBLIC, after=[str(lines[2][1]["prev"])]).lines == len(lines) - 2
 
 
