@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mitmproxy import http
 
     from sandgate.addons.state import FlowRecord
+    from sandgate.audit_anchor import Anchor
     from sandgate.scrub import SecretSet
 
 _logger = logging.getLogger("sandgate")
@@ -191,12 +192,14 @@ class AuditLog:
 
     `format` "ocsf" writes each event as an OCSF event (sandgate.audit_ocsf); `chain` adds the
     hash chain and signed checkpoints (sandgate.audit_chain); `rotation` rotates a file sink
-    (sandgate.audit_file).
+    (sandgate.audit_file); `anchor` records each checkpoint's head in the confdir
+    (sandgate.audit_anchor).
     """
 
     def __init__(self, sink: TextIO | str | Path | None = None, *,
                  instance: str | None = None, format: str = "json",
-                 chain: Chain | None = None, rotation: Rotation | None = None) -> None:
+                 chain: Chain | None = None, rotation: Rotation | None = None,
+                 anchor: Anchor | None = None) -> None:
         if format not in FORMATS:
             raise ValueError(f"audit format {format!r}: expected one of {', '.join(FORMATS)}")
         self._owned: IO[str] | AuditFile | None = None
@@ -223,6 +226,7 @@ class AuditLog:
         self._stream = stream
         self._format = format
         self._chain = chain
+        self._anchor = anchor if chain is not None and chain.key is not None else None
         if chain is not None and self._file is not None and chain.seq == 0:
             chain.prev = last_line_hash(self._file.path)  # runs of one file link up
         self._lock = threading.Lock()
@@ -314,6 +318,8 @@ class AuditLog:
         chain = self._chain
         if chain is not None:
             chain.commit(line, checkpoint)
+            if checkpoint and self._anchor is not None:  # the head, outside the file
+                self._anchor.update(chain, self._context.get("worker"), final)
             if not checkpoint and chain.checkpoint_due():
                 self._put(self.record(CHECKPOINT, {}), checkpoint=True)
 

@@ -11,6 +11,13 @@ Ed25519 over its own canonical bytes without `sig` (so over `seq`, `prev`, the s
 the time), the public key written in the line for a verifier to check (and pin with
 `sandgate audit verify --public-key`).
 
+Completeness: every checkpoint also names its `run` (one `sandgate run`: with --workers N, the
+supervisor's run id shared by every worker) and, with workers, `workers` (N), so that a verifier
+knows which writers a run had and notices a worker's share deleted whole. Each checkpoint of a
+file sink also updates the confdir's signed anchor (`Anchor`: the head, seq and closing state
+of every chain of the latest run), which lies outside the audit file: a run deleted whole from
+the end of the file, or a chain cut back, falls short of it (`audit verify --anchor`).
+
 With --audit-format ocsf the chain fields live under `unmapped` (`metadata.sequence` repeats
 `seq`). A line is rendered as `json.dumps(obj, default=str)` (ASCII, the separators the JSON
 format always had); the verifier re-renders every parsed line and requires the same bytes, so
@@ -45,7 +52,11 @@ SIG = "sig"  # checkpoint: the signature, 64 bytes hex (lower case: one spelling
 FINAL = "final"  # checkpoint written when the log closes: the chain ends here
 LINES = "lines"  # checkpoint: lines of this chain so far (the checkpoint included)
 CHECKPOINT = "checkpoint"
+RUN = "run"  # checkpoint: the run (one `sandgate run`, all its workers) the chain belongs to
+WORKERS = "workers"  # checkpoint: how many workers the run has (--workers N; absent: one)
+WORKER = "worker"  # the worker that wrote a line (sandgate.workers.auditlog)
 SIGNING_KEY_FILE = "audit-signing.key"
+ANCHOR_PREFIX = "audit-anchor."  # CONFDIR/audit-anchor.<hash of the audit file's path>.json
 
 DEFAULT_CHECKPOINT_LINES = 1000
 DEFAULT_CHECKPOINT_SECONDS = 60.0
@@ -172,6 +183,8 @@ class Chain:
     unsigned: int = 0  # lines since the last checkpoint
     clock: Callable[[], float] = time.monotonic
     last_checkpoint: float = field(default=0.0)
+    run: str | None = None  # the run this writer belongs to (named in every checkpoint)
+    workers: int | None = None  # --workers N: how many chains the run has at once
 
     def __post_init__(self) -> None:
         self.last_checkpoint = self.clock()
@@ -210,6 +223,10 @@ class Chain:
         place = slot(obj)
         place[LINES] = self.seq + 1
         place[KEY] = self.public
+        if self.run is not None:
+            place[RUN] = self.run
+        if self.workers is not None:
+            place[WORKERS] = self.workers
         if final:
             place[FINAL] = True
         self.seal(obj)

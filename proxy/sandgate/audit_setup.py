@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from sandgate.secrets.vault import VaultConfig
+    from sandgate.workers.control import WorkerRole
 
 
 @dataclass(frozen=True)
@@ -154,14 +155,22 @@ def signing_key(settings: AuditSettings, confdir: Path,
 
 def open_log(settings: AuditSettings, audit_file: Path | None, confdir: Path,
              vault: VaultConfig | None, instance: str | None,
-             worker: int | None = None) -> AuditLog:
-    """The audit log of this process: chained, its checkpoints signed, in the format asked."""
-    chain = Chain(signing_key(settings, confdir, vault), settings.checkpoint_lines,
-                  settings.checkpoint_seconds)
+             worker: WorkerRole | None = None) -> AuditLog:
+    """The audit log of this process: chained, its checkpoints signed (each naming the run, and
+    with --workers how many workers it has) and anchored in the confdir, in the format asked."""
+    import secrets
+
+    from sandgate.audit_anchor import Anchor
+
+    key = signing_key(settings, confdir, vault)
+    chain = Chain(key, settings.checkpoint_lines, settings.checkpoint_seconds,
+                  run=worker.run if worker is not None else secrets.token_hex(8),
+                  workers=worker.workers if worker is not None else None)
+    anchor = Anchor(confdir, audit_file, key) if audit_file is not None else None
     if worker is None:
         return AuditLog(audit_file, instance=instance, format=settings.format, chain=chain,
-                        rotation=settings.rotation)
+                        rotation=settings.rotation, anchor=anchor)
     from sandgate.workers.auditlog import WorkerAuditLog
 
-    return WorkerAuditLog(audit_file, worker, instance=instance, format=settings.format,
-                          chain=chain, rotation=settings.rotation)
+    return WorkerAuditLog(audit_file, worker.id, instance=instance, format=settings.format,
+                          chain=chain, rotation=settings.rotation, anchor=anchor)

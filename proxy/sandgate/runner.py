@@ -214,7 +214,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
                     type(e).__name__)
     sink = await asyncio.to_thread(  # a key from Vault is read here: off the loop
         audit_setup.open_log, cfg.audit, cfg.audit_file, conf, cfg.vault, cfg.instance,
-        cfg.worker.id if cfg.worker is not None else None)
+        cfg.worker)
     broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
     loop = asyncio.get_running_loop()
 

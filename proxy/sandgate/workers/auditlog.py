@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from sandgate.audit import AuditLog
 from sandgate.audit_chain import Chain
 from sandgate.audit_file import AuditFile, Rotation
+
+if TYPE_CHECKING:
+    from sandgate.audit_anchor import Anchor
 
 WORKER = "worker"
 
@@ -31,10 +34,12 @@ class WorkerAuditLog(AuditLog):
 
     def __init__(self, audit_file: Path | None, worker: int, *,
                  instance: str | None = None, format: str = "json",
-                 chain: Chain | None = None, rotation: Rotation | None = None) -> None:
+                 chain: Chain | None = None, rotation: Rotation | None = None,
+                 anchor: Anchor | None = None) -> None:
         self._append = AuditFile(audit_file, rotation) if audit_file is not None else None
         stream: TextIO = self._append if self._append is not None else sys.stdout  # type: ignore[assignment]
-        super().__init__(stream, instance=instance, format=format, chain=chain)
+        super().__init__(stream, instance=instance, format=format, chain=chain,
+                         anchor=anchor)
         self.worker = worker
         self._context[WORKER] = worker  # the audit log's own lines (checkpoints) too
 

@@ -22,6 +22,7 @@ from aiohttp import web
 
 TOKEN_ENV = "SANDGATE_WORKER_TOKEN"
 SUPERVISOR_ENV = "SANDGATE_SUPERVISOR_PID"
+RUN_ENV = "SANDGATE_AUDIT_RUN"  # the run's id and worker count, "RUN/N": in every checkpoint
 _PR_SET_PDEATHSIG = 1
 
 
@@ -30,6 +31,8 @@ class WorkerRole:
     id: int
     socket: Path
     token: str = field(repr=False)
+    run: str | None = None  # the supervisor's run id (the workers' checkpoints name it)
+    workers: int | None = None  # how many workers the run has
 
 
 def socket_path(run_dir: Path, worker: int) -> Path:
@@ -40,7 +43,9 @@ def role_from(worker_id: int, run_dir: Path) -> WorkerRole:
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         raise ValueError("--worker-id is for the processes `sandgate run --workers N` starts")
-    return WorkerRole(worker_id, socket_path(run_dir, worker_id), token)
+    run, _, n = os.environ.get(RUN_ENV, "").partition("/")
+    return WorkerRole(worker_id, socket_path(run_dir, worker_id), token, run or None,
+                      int(n) if n.isdigit() else None)
 
 
 def die_with_supervisor() -> None:

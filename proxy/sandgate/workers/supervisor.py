@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from sandgate import confdir
 from sandgate.runner import RunConfig
 from sandgate.workers import aggregate, listen
-from sandgate.workers.control import SUPERVISOR_ENV, TOKEN_ENV, socket_path
+from sandgate.workers.control import RUN_ENV, SUPERVISOR_ENV, TOKEN_ENV, socket_path
 
 log = logging.getLogger("sandgate")
 
@@ -94,6 +94,7 @@ class Supervisor:
         self.env = dict(env or {})
         self.out = out if out is not None else sys.stdout.buffer
         self.token = secrets.token_urlsafe(32)
+        self.run_id = secrets.token_hex(8)  # the audit run: every worker's checkpoints name it
         self.run_dir = Path(tempfile.mkdtemp(prefix="sandgate-workers-"))
         self.workers = [_Worker(i, socket_path(self.run_dir, i)) for i in range(n)]
         self.stopping = False
@@ -117,7 +118,8 @@ class Supervisor:
     def _spawn(self, w: _Worker) -> None:
         cmd = [sys.executable, "-m", "sandgate.cli", *self.argv, "--worker-id", str(w.id),
                "--worker-dir", str(self.run_dir), "--log-format", self.log_format]
-        env = {**os.environ, **self.env, TOKEN_ENV: self.token, SUPERVISOR_ENV: str(os.getpid())}
+        env = {**os.environ, **self.env, TOKEN_ENV: self.token, SUPERVISOR_ENV: str(os.getpid()),
+               RUN_ENV: f"{self.run_id}/{self.n}"}
         relay = self.cfg.audit_file is None
         w.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE if relay else None)
