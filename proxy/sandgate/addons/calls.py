@@ -27,10 +27,12 @@ from typing import Any
 
 from mitmproxy import http
 
+from sandgate import mcpheaders
 from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
-from sandgate.jsonrpc import Call, CallError, Message, id_key, loads, parse
+from sandgate.jsonrpc import Call, CallError, Id, Message, id_key, loads, parse
+from sandgate.mcpheaders import HEADER_MISMATCH_CODE, HeaderMismatch
 from sandgate.mcpsession import SessionIdError, unwrap, wrap
 from sandgate.policy.model import Policy
 from sandgate.refusal import REASON_HEADER, Refusal
@@ -102,8 +104,8 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     open_session(req, session_key, identity, info)
     state = rec.call = CallState(policy, identity, info)
     body = req.raw_content or b""
-    if not body:
-        return None  # nothing to act on: a GET stream, a DELETE of the session
+    if not body:  # nothing to act on (a GET stream, a DELETE of the session): its headers?
+        return _headers_agree(req, state)
     encoding = req.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise BadRequest(Code.BAD_REQUEST, f"a JSON-RPC body must not be {encoding!r}-encoded: "
@@ -119,6 +121,9 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
         raise BadRequest(Code.BAD_REQUEST, f"the body is not a JSON-RPC call Sandgate can "
                          f"judge: {e}") from None
     state.call = call
+    mismatch = _headers_agree(req, state)
+    if mismatch is not None:
+        return mismatch
     final = rec.decision = decide(policy, identity, info, call)
     state.outcomes = _outcomes(state, call, final.allowed)
     for m in call.messages:
@@ -154,6 +159,18 @@ def open_session(req: http.Request, key: bytes, identity: str, info: RequestInfo
     req.headers[SESSION_HEADER] = sid.decode("utf-8", "surrogateescape")
 
 
+def _headers_agree(req: http.Request, state: CallState) -> Refused | None:
+    """MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version against the body (mcpheaders): the
+    refusal to answer as a JSON-RPC error when they disagree, whatever the policy says."""
+    try:
+        mcpheaders.check(req.headers.get_all, state.call)
+    except HeaderMismatch as e:
+        state.outcomes = ["deny"] * (len(state.call.messages) if state.call else 0)
+        return Refused(Code.HEADER_MISMATCH, f"the MCP request's headers do not agree with "
+                       f"its body: {e}", hint=mcpheaders.HINT)
+    return None
+
+
 def _outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
     if allowed:
         return ["allow"] * len(call.messages)
@@ -165,21 +182,32 @@ def _outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
 
 def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
     """Answer a refused call as JSON-RPC errors, one per request id (all of a batch): JSON, or
-    server-sent events when the client accepts only those."""
+    server-sent events when the client accepts only those. Headers that disagree with the body
+    are answered `400` with MCP's HeaderMismatch error (as the spec has servers and
+    intermediaries answer them), in JSON, for each id (no id: one error with a null id)."""
     call = rec.call.call if rec.call is not None else None
-    assert call is not None
+    mismatch = refusal.code == Code.HEADER_MISMATCH
+    assert call is not None or mismatch
     rec.refusal = refusal
+    ids: tuple[Id | None, ...] = call.ids if call is not None else ()
     errors = [{"jsonrpc": "2.0", "id": i,
-               "error": {"code": REFUSED_CODE, "message": refusal.reason,
-                         "data": {"sandgate": refusal.doc()}}} for i in call.ids]
+               "error": {"code": HEADER_MISMATCH_CODE if mismatch else REFUSED_CODE,
+                         "message": refusal.reason,
+                         "data": {"sandgate": refusal.doc()}}} for i in ids or (None,)]
     accept = flow.request.headers.get("accept", "").lower()
     headers = {REASON_HEADER: str(refusal.code)}
+    batch = call is not None and call.batch
+    if mismatch:
+        body = json.dumps(errors if batch else errors[0]).encode()
+        headers["Content-Type"] = "application/json"
+        flow.response = http.Response.make(refusal.status, body, headers)
+        return
     if "text/event-stream" in accept and "application/json" not in accept and "*/*" not in accept:
         body = b"".join(b"event: message\ndata: " + json.dumps(e).encode() + b"\n\n"
                         for e in errors)
         headers["Content-Type"] = "text/event-stream"
     else:
-        body = json.dumps(errors if call.batch else errors[0]).encode()
+        body = json.dumps(errors if batch else errors[0]).encode()
         headers["Content-Type"] = "application/json"
     flow.response = http.Response.make(200, body, headers)
 
