@@ -45,12 +45,26 @@ REFUSED_CODE = -32003
 # A list answer is parsed whole (JSON) or per event (SSE): at most this much at once.
 MAX_LIST_BODY = 8 * 1024 * 1024
 
-# list method -> (the result member, the member naming an entry, the call that uses an entry)
+# A list in a result: (the result member, the member naming an entry, the call that uses an
+# entry). A resource template is kept when resources/read of the template itself (its text,
+# placeholders and all) would be allowed: the policy's globs must cover it.
+_TOOLS = ("tools", "name", "tools/call")
+_RESOURCES = ("resources", "uri", "resources/read")
+_TEMPLATES = ("resourceTemplates", "uriTemplate", "resources/read")
+_PROMPTS = ("prompts", "name", "prompts/get")
+# list method -> the lists its result may carry (server/discover, of the 2026-07-28 revision,
+# names none in the spec; any it carries is filtered all the same)
 LISTS = {
-    "tools/list": ("tools", "name", "tools/call"),
-    "resources/list": ("resources", "uri", "resources/read"),
-    "prompts/list": ("prompts", "name", "prompts/get"),
+    "tools/list": (_TOOLS,),
+    "resources/list": (_RESOURCES,),
+    "resources/templates/list": (_TEMPLATES,),
+    "prompts/list": (_PROMPTS,),
+    "server/discover": (_TOOLS, _RESOURCES, _TEMPLATES, _PROMPTS),
 }
+# A filtered result is this identity's view: cacheable at most by this caller (MCP's
+# `cacheScope`: "public" lets any cache serve it to anyone; "private" only within the same
+# authorization context, which behind Sandgate is the identity's own).
+PRIVATE = "private"
 
 
 @dataclass
@@ -388,16 +402,30 @@ def _filter_doc(state: CallState, data: bytes) -> bytes | None:
         method = state.lists.get(id_key(mid))
         if method is None:
             continue
-        member, key, use = LISTS[method]
-        entries = msg["result"].get(member)
-        if not isinstance(entries, list):
+        changed = _filter_result(state, msg["result"], LISTS[method]) or changed
+    return json.dumps(doc, ensure_ascii=False).encode() if changed else None
+
+
+def _filter_result(state: CallState, result: dict[str, Any],
+                   lists: tuple[tuple[str, str, str], ...]) -> bool:
+    """One list result (one page: each page is an answer of its own, cursor or not) filtered
+    in place, its cache scope narrowed to the caller; False if it carries no list."""
+    filtered = False
+    for member, key, use in lists:
+        if member not in result:
             continue
+        entries = result[member]
+        if not isinstance(entries, list):  # not readable as a list: not passed on
+            raise ValueError(f"the list answer's {member} is not a list")
         kept = [e for e in entries if isinstance(e, dict) and isinstance(e.get(key), str)
                 and state.may(use, e[key])]
         state.removed += len(entries) - len(kept)
-        msg["result"][member] = kept
-        changed = True
-    return json.dumps(doc, ensure_ascii=False).encode() if changed else None
+        result[member] = kept
+        filtered = True
+    if filtered and ("cacheScope" in result or "ttlMs" in result):
+        # ttlMs (how long it stays fresh) holds; who may reuse it narrows to this caller
+        result["cacheScope"] = PRIVATE
+    return filtered
 
 
 def _answers_list(state: CallState, data: bytes) -> bool:
