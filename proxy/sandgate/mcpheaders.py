@@ -113,6 +113,9 @@ def check(lookup: Lookup, call: Call | None, session_version: str | None = None
     if version is not None and version not in KNOWN_VERSIONS:
         raise HeaderMismatch(f"MCP-Protocol-Version {_shown(version)} is not a protocol "
                              f"revision Sandgate knows ({', '.join(KNOWN_VERSIONS)})")
+    if session_version is not None and version is not None and version != session_version:
+        raise HeaderMismatch(f"MCP-Protocol-Version {_shown(version)} is not the version "
+                             f"negotiated for this session ({session_version})")
     body_versions = {m.version for m in calls if m.version is not None}
     for v in sorted(body_versions):
         if version is None:
@@ -129,9 +132,6 @@ def check(lookup: Lookup, call: Call | None, session_version: str | None = None
             raise HeaderMismatch(f"MCP-Protocol-Version {declared} needs "
                                  f"{VERSION_META} in params._meta of every request; "
                                  f"{missing[0].shown} has none")
-    if session_version is not None and declared is not None and declared != session_version:
-        raise HeaderMismatch(f"MCP-Protocol-Version {_shown(declared)} is not the version "
-                             f"negotiated for this session ({session_version})")
 
     if method is not None:
         if not messages:

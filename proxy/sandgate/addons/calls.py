@@ -33,7 +33,7 @@ from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.jsonrpc import Call, CallError, Id, Message, id_key, loads, parse
 from sandgate.mcpheaders import HEADER_MISMATCH_CODE, HeaderMismatch
-from sandgate.mcpsession import SessionIdError, unwrap, wrap
+from sandgate.mcpsession import SessionIdError, unwrap_bound, wrap
 from sandgate.policy.model import Policy
 from sandgate.refusal import REASON_HEADER, Refusal
 from sandgate.request import RequestInfo
@@ -79,6 +79,12 @@ class CallState:
     outcomes: list[str] = field(default_factory=list)
     lists: dict[str, str] = field(default_factory=dict)  # id_key -> list method
     removed: int = 0  # list entries filtered out of the answers
+    # the MCP protocol version the request's session id was bound to (None: none, or unbound)
+    session_version: str | None = None
+    init_id: str | None = None  # id_key of an initialize request: its answer names the version
+    negotiated: str | None = None  # the protocol version that answer named
+    # the session ids of an initialize answer, held back until its version is read
+    pending: tuple[bytes, list[str]] | None = None
 
     def may(self, method: str, name: str) -> bool:
         return decide(self.policy, self.identity, self.info,
@@ -115,8 +121,8 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     if d is None or d.call_limit is None or rec.caller is None or rec.info is None:
         return None
     identity, info = rec.caller.identity, rec.info
-    open_session(req, session_key, identity, info)
-    state = rec.call = CallState(policy, identity, info)
+    bound = open_session(req, session_key, identity, info)
+    state = rec.call = CallState(policy, identity, info, session_version=bound)
     body = req.raw_content or b""
     if not body:  # nothing to act on (a GET stream, a DELETE of the session): its headers?
         return _headers_agree(req, state)
@@ -143,6 +149,8 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     for m in call.messages:
         if m.kind == "request" and m.method in LISTS and m.id is not None:
             state.lists[id_key(m.id)] = m.method
+        if m.kind == "request" and m.method == "initialize" and m.id is not None:
+            state.init_id = id_key(m.id)
     if final.allowed:
         return None
     if reported(policy, identity, final):
@@ -153,31 +161,36 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     return final.refused()
 
 
-def open_session(req: http.Request, key: bytes, identity: str, info: RequestInfo) -> None:
+def open_session(req: http.Request, key: bytes, identity: str, info: RequestInfo
+                 ) -> str | None:
     """The Mcp-Session-Id the request carries (a GET stream, a call, the DELETE that ends the
     session: all alike) replaced by the upstream's own id, if Sandgate issued it to this
-    identity for this host:port; refused otherwise, so no id reaches the upstream unverified."""
+    identity for this host:port; refused otherwise, so no id reaches the upstream unverified.
+    Returns the protocol version the session was bound to, if any (MCP-Protocol-Version must
+    then be that one: mcpheaders)."""
     values = req.headers.get_all(SESSION_HEADER)
     if not values:
-        return
+        return None
     if len(values) > 1:
         raise BadRequest(Code.BAD_REQUEST, f"the Mcp-Session-Id header is given {len(values)} "
                          "times; send the session id once")
     try:
-        sid = unwrap(key, identity, info.host, info.port, values[0])
+        sid, version = unwrap_bound(key, identity, info.host, info.port, values[0],
+                                    mcpheaders.KNOWN_VERSIONS)
     except SessionIdError as e:
         raise Refused(Code.SESSION_MISMATCH, f"this MCP session id cannot be used by "
                       f"{identity}: {e}",
                       hint="open a session of your own through Sandgate (initialize without "
                       "Mcp-Session-Id) and send back the id Sandgate answers with") from None
     req.headers[SESSION_HEADER] = sid.decode("utf-8", "surrogateescape")
+    return version
 
 
 def _headers_agree(req: http.Request, state: CallState) -> Refused | None:
     """MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version against the body (mcpheaders): the
     refusal to answer as a JSON-RPC error when they disagree, whatever the policy says."""
     try:
-        mcpheaders.check(req.headers.get_all, state.call)
+        mcpheaders.check(req.headers.get_all, state.call, state.session_version)
     except HeaderMismatch as e:
         state.outcomes = ["deny"] * (len(state.call.messages) if state.call else 0)
         return Refused(Code.HEADER_MISMATCH, f"the MCP request's headers do not agree with "
@@ -228,26 +241,40 @@ def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
 
 # ------------------------------------------------------------------------ the response side
 
-def response_headers(rec: FlowRecord, resp: http.Response, session_key: bytes) -> None:
+def response_headers(rec: FlowRecord, resp: http.Response, session_key: bytes) -> bool:
     """The session id the upstream hands out, wrapped: bound to the identity it answered and
-    to the server (sandgate.mcpsession)."""
+    to the server (sandgate.mcpsession), and to the protocol version of the session: the one
+    the request's own session id was bound to or, on the answer to initialize, the one that
+    answer names. That answer's ids are held back (no raw id goes out) until its body is read:
+    True means the response must be read whole (s70_scrub), and filter_whole issues them."""
     state: CallState | None = rec.call
     if state is None:
-        return
+        return False
     values = resp.headers.get_all(SESSION_HEADER)
     if not values:
-        return
+        return False
     if not all(values):
         raise Refused(Code.UPSTREAM_ERROR, "the upstream answered with an empty MCP session id")
+    if state.session_version is None and state.init_id is not None and \
+            200 <= resp.status_code < 300 and resp.status_code not in (204, 205):
+        resp.headers.pop(SESSION_HEADER)
+        state.pending = (session_key, values)
+        return True
+    _issue(state, resp, session_key, values, state.session_version)
+    return False
+
+
+def _issue(state: CallState, resp: http.Response, key: bytes, values: list[str],
+           version: str | None) -> None:
     info = state.info
     resp.headers.set_all(SESSION_HEADER, [
-        wrap(session_key, state.identity, info.host, info.port,
-             v.encode("utf-8", "surrogateescape")) for v in values])
+        wrap(key, state.identity, info.host, info.port, v.encode("utf-8", "surrogateescape"),
+             version) for v in values])
 
 
 def _filtering(rec: FlowRecord, resp: http.Response) -> CallState | None:
     state: CallState | None = rec.call
-    if state is None or not state.lists or not 200 <= resp.status_code < 300:
+    if state is None or not (state.lists or state.pending) or not 200 <= resp.status_code < 300:
         return None
     return state
 
@@ -257,7 +284,8 @@ def _sse(resp: http.Response) -> bool:
 
 
 def filter_whole(rec: FlowRecord, resp: http.Response) -> None:
-    """A buffered answer (already scrubbed) with list results: filtered in place."""
+    """A buffered answer (already scrubbed) with list results: filtered in place; the answer
+    to initialize: its session ids issued, bound to the version it names."""
     state = _filtering(rec, resp)
     if state is None:
         return
@@ -267,6 +295,11 @@ def filter_whole(rec: FlowRecord, resp: http.Response) -> None:
         resp.content = b"".join([f.feed(body), f.feed(b"")])
     else:
         resp.content = _filter_json(state, body)
+    if state.pending is not None:
+        key, values = state.pending
+        state.pending = None
+        version = state.negotiated if state.negotiated in mcpheaders.KNOWN_VERSIONS else None
+        _issue(state, resp, key, values, version)
 
 
 def wrap_stream(rec: FlowRecord, flow: http.HTTPFlow,
@@ -399,6 +432,9 @@ def _filter_doc(state: CallState, data: bytes) -> bytes | None:
         mid = msg["id"]
         if isinstance(mid, bool) or not isinstance(mid, int | str):
             continue
+        if state.pending is not None and id_key(mid) == state.init_id:
+            version = msg["result"].get("protocolVersion")
+            state.negotiated = version if isinstance(version, str) else None
         method = state.lists.get(id_key(mid))
         if method is None:
             continue

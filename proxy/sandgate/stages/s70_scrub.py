@@ -58,8 +58,12 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         return
     secrets = st.secrets(rec)
     rec.redactions += clean_head(resp, secrets)
-    # the MCP session id, already scrubbed, wrapped: bound to its identity and server
-    calls.response_headers(rec, resp, st.session_key)
+    # the MCP session id, already scrubbed, wrapped: bound to its identity and server (and
+    # its protocol version: the answer to initialize is read whole to learn it)
+    if calls.response_headers(rec, resp, st.session_key):
+        resp.headers.pop("transfer-encoding", None)  # buffered: sent with its length
+        rec.scrub_whole = True
+        return
     if flow.request.method == "HEAD" or resp.status_code in (204, 304) or (
         resp.status_code < 200
     ):
