@@ -12,9 +12,14 @@ Response side: the `Mcp-Session-Id` a response carries is handed to the client w
 a MAC to the identity whose request it answered and the server (sandgate.mcpsession: no state,
 so it holds across workers, replicas and restarts); a request presents it back and is forwarded
 with the upstream's own id only if the MAC verifies for its identity and host:port (another
-identity's id, or any id Sandgate did not issue, is refused). Answers to tools/list,
-resources/list and prompts/list (JSON or server-sent events) keep only the entries the identity
-may call, judged by the same decide().
+identity's id, or any id Sandgate did not issue, is refused); the id is also bound to the
+protocol version the initialize answer names. Answers to tools/list, resources/list,
+resources/templates/list, prompts/list and server/discover (JSON or server-sent events, every
+page) keep only the entries the identity may call, judged by the same decide(), and are
+cacheable by their caller only (cacheScope private).
+
+MCP's metadata headers (Mcp-Method, Mcp-Name, MCP-Protocol-Version) must agree with the body
+(sandgate.mcpheaders): a disagreement is answered 400 with MCP's HeaderMismatch error.
 """
 
 from __future__ import annotations
