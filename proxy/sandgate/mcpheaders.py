@@ -16,8 +16,8 @@ the body would let the request judged differ from the request acted on, so it is
   targets; on a method that names nothing it is refused;
 - `MCP-Protocol-Version` is a revision Sandgate knows, equals the body's `_meta` version where
   the body has one, and the version negotiated for the session where Sandgate bound one;
-- in the stateless revision `Mcp-Method` (every request) and `Mcp-Name` (named methods) are
-  required, as the spec requires them.
+- in the stateless revision `Mcp-Method` (every request) and `Mcp-Name` (tools/call,
+  prompts/get, resources/read) are required, as the spec requires them.
 
 Pure: no I/O, no policy. Messages quote header values only shortened, for the reason text.
 """
@@ -42,6 +42,9 @@ SHOWN = {VERSION_HEADER: "MCP-Protocol-Version", METHOD_HEADER: "Mcp-Method",
 # in every request body and require the mirrored headers.
 KNOWN_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28")
 STATELESS_VERSIONS = frozenset({"2026-07-28"})
+# The methods whose Mcp-Name the stateless revision requires (the spec's table); the resource
+# subscriptions of 2025 name a uri too, checked when a client sends the header.
+NAME_REQUIRED = frozenset({"tools/call", "prompts/get", "resources/read"})
 
 # The JSON-RPC error code of a header that disagrees with the body (MCP's HeaderMismatch),
 # answered with HTTP 400 as the spec requires of servers and intermediaries alike.
@@ -162,7 +165,7 @@ def check(lookup: Lookup, call: Call | None, session_version: str | None = None
                                      f"params.{NAMED[m.method]} of the body's {m.method}, "
                                      f"{_shown(m.name)}")
     elif stateless:
-        named = [m for m in calls if m.kind == "request" and m.method in NAMED]
+        named = [m for m in calls if m.kind == "request" and m.method in NAME_REQUIRED]
         if named:
             raise HeaderMismatch(f"MCP-Protocol-Version {declared} requires the Mcp-Name "
                                  f"header on {named[0].method}")

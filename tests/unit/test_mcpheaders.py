@@ -70,9 +70,11 @@ MODERN_TOOL = body("tools/call", version=MODERN, name="get_me", arguments={})
     ({"Mcp-Method": "tools/call"}, [TOOL, body("tools/call", 2, name="list_issues")]),
     ({"MCP-Protocol-Version": MODERN}, [body("notifications/initialized", None)]),
     ({"MCP-Protocol-Version": "2025-11-25"}, []),  # the GET stream, the DELETE
+    ({"MCP-Protocol-Version": MODERN, "Mcp-Method": "resources/subscribe"},  # not required
+     [body("resources/subscribe", version=MODERN, uri="file:///x")]),
 ], ids=["none", "2025-with-headers", "version-only", "modern-call", "modern-list-page",
         "base64-name", "case-blind-names", "subscribe", "batch-all-agree",
-        "modern-notification", "no-body"])
+        "modern-notification", "no-body", "modern-subscribe-without-name"])
 def test_headers_that_agree_with_the_body_pass(headers: dict[str, str],
                                                msgs: list[dict[str, Any]]) -> None:
     check(lookup(headers), call(*msgs) if msgs else None)
