@@ -65,6 +65,8 @@ class Code(StrEnum):
     # --identify-timeout (sandgate/addons/admission.py)
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     SESSION_MISMATCH = "session_mismatch"  # an MCP session id not issued to this identity
+    # MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version disagree with the body (mcpheaders.py)
+    HEADER_MISMATCH = "header_mismatch"
     # `action: ask` rules (sandgate/approvals/)
     APPROVAL_PENDING = "approval_pending"  # mode async: asked; retry the identical request
     APPROVAL_DENIED = "approval_denied"  # an approver denied it
@@ -104,6 +106,7 @@ STATUS: dict[Code, int] = {
     Code.IDLE_TIMEOUT: 408,  # audited only: an idle connection is closed without an answer
     Code.HANDSHAKE_TIMEOUT: 408,  # audited only: closed without an answer
     Code.SESSION_MISMATCH: 403,
+    Code.HEADER_MISMATCH: 400,
     Code.APPROVAL_PENDING: 202,
     Code.APPROVAL_DENIED: 403,
     Code.APPROVAL_TIMEOUT: 403,

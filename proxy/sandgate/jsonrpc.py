@@ -15,8 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# What a tools/call, resources/read or prompts/get names: (method, the params member).
-NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+# What a tools/call, resources/read or prompts/get names: (method, the params member). The
+# subscriptions name their resource too (MCP's Mcp-Name header mirrors it: sandgate.mcpheaders).
+NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+         "resources/subscribe": "uri", "resources/unsubscribe": "uri"}
+# MCP 2026-07-28 (stateless): each request carries its protocol version in params._meta.
+VERSION_META = "io.modelcontextprotocol/protocolVersion"
 
 _REQUEST_KEYS = frozenset({"jsonrpc", "method", "params", "id"})
 _RESPONSE_KEYS = frozenset({"jsonrpc", "id", "result", "error"})
@@ -41,6 +45,8 @@ class Message:
     arguments: Mapping[str, Any] | None = None
     args_bytes: int = 0  # size of the arguments as sent (audit: never the arguments)
     args_sha256: str | None = None
+    # params._meta's MCP protocol version (2026-07-28 requests carry one), else None
+    version: str | None = None
 
     @property
     def tool(self) -> str | None:
@@ -191,6 +197,12 @@ def _message(doc: Any, index: int | None) -> Message:
     name: str | None = None
     arguments: Mapping[str, Any] | None = None
     size, digest = 0, None
+    version: str | None = None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and VERSION_META in meta:
+        version = meta[VERSION_META]
+        if not isinstance(version, str):
+            raise CallError(f"{where}: params._meta {VERSION_META} must be a string")
     member = NAMED.get(method)
     if member is not None:
         if not isinstance(params, dict):
@@ -206,4 +218,4 @@ def _message(doc: Any, index: int | None) -> Message:
         arguments = args
         raw = json.dumps(args, sort_keys=True, separators=(",", ":")).encode()
         size, digest = len(raw), hashlib.sha256(raw).hexdigest()
-    return Message(kind, method, msg_id, name, arguments, size, digest)
+    return Message(kind, method, msg_id, name, arguments, size, digest, version)

@@ -15,6 +15,11 @@ worker and replica already shares (the token key in the confdir, sandgate.confdi
 the session key is derived from it under its own label, so a session MAC is never a valid
 token signature or canary and the reverse.
 
+The MCP protocol version negotiated for the session can be bound too (`wrap(..., version=V)`),
+where Sandgate read it from the server's initialize answer: the MAC is then taken under a key
+of its own (so a bound id is never a valid unbound one, or the reverse) over the version as
+well, and `unwrap_bound` says which version an id was bound to. The id's form is the same.
+
 The wrapped id is visible ASCII only (base64url and dots), as the MCP transport requires. Its
 prefix is not the token's (`sg1.`) so the gateway never mistakes it for a Sandgate token. No
 message here contains the id or the SID.
@@ -32,6 +37,8 @@ PREFIX = "sgs1"
 MAC_CHARS = 22  # 132 bits of the HMAC
 MAX_WRAPPED = 4096  # far above any real session id; refused before any work
 _LABEL = b"sandgate mcp-session-id v1"
+_VERSION_LABEL = b"sandgate mcp-session-id protocol version v1"
+_VERSION = re.compile(r"[0-9A-Za-z._-]{1,64}")  # MCP revisions are dates; never a NUL
 _B64URL = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -60,16 +67,41 @@ def _mac(key: bytes, identity: str, host: str, port: int, sid: bytes) -> str:
     return _b64(hmac.new(key, msg, hashlib.sha256).digest())[:MAC_CHARS]
 
 
-def wrap(key: bytes, identity: str, host: str, port: int, sid: bytes) -> str:
-    """The id the client is given for the upstream's `sid`, bound to identity and host:port."""
+def _version_mac(key: bytes, version: str, identity: str, host: str, port: int,
+                 sid: bytes) -> str:
+    if not _VERSION.fullmatch(version):
+        raise ValueError("a protocol version to bind must be a short token")
+    if "\0" in identity or "\0" in host:
+        raise ValueError("an identity or host with a NUL cannot be bound")
+    vkey = hmac.new(key, _VERSION_LABEL, hashlib.sha256).digest()
+    msg = b"\0".join([version.encode(), identity.encode(), f"{host}:{port}".encode(), sid])
+    return _b64(hmac.new(vkey, msg, hashlib.sha256).digest())[:MAC_CHARS]
+
+
+def wrap(key: bytes, identity: str, host: str, port: int, sid: bytes,
+         version: str | None = None) -> str:
+    """The id the client is given for the upstream's `sid`, bound to identity and host:port
+    (and to the session's protocol `version`, when given)."""
     if not sid:
         raise ValueError("an empty session id cannot be bound")
-    return f"{PREFIX}.{_b64(sid)}.{_mac(key, identity, host, port, sid)}"
+    mac = (_mac(key, identity, host, port, sid) if version is None
+           else _version_mac(key, version, identity, host, port, sid))
+    return f"{PREFIX}.{_b64(sid)}.{mac}"
 
 
 def unwrap(key: bytes, identity: str, host: str, port: int, wrapped: str) -> bytes:
     """The upstream's session id inside `wrapped`, if Sandgate issued it to `identity` for
-    host:port. Raises SessionIdError otherwise (the message says why, never the id)."""
+    host:port without a protocol version. Raises SessionIdError otherwise (the message says
+    why, never the id)."""
+    sid, _ = unwrap_bound(key, identity, host, port, wrapped, ())
+    return sid
+
+
+def unwrap_bound(key: bytes, identity: str, host: str, port: int, wrapped: str,
+                 versions: tuple[str, ...]) -> tuple[bytes, str | None]:
+    """The upstream's session id inside `wrapped` and the protocol version it was bound to
+    (None: bound to none), if Sandgate issued it to `identity` for host:port, unbound or bound
+    to one of `versions`. Raises SessionIdError otherwise (never quoting the id)."""
     if len(wrapped) > MAX_WRAPPED:
         raise SessionIdError("it is longer than any session id Sandgate issues")
     parts = wrapped.strip().split(".")
@@ -86,8 +118,10 @@ def unwrap(key: bytes, identity: str, host: str, port: int, wrapped: str) -> byt
         raise SessionIdError("it is not a well-formed Sandgate session id") from None
     if _b64(sid) != body:  # one spelling per id: lenient decoding ignores unused low bits
         raise SessionIdError("it is not a well-formed Sandgate session id")
-    expected = _mac(key, identity, host, port, sid)
-    if not hmac.compare_digest(mac.encode("ascii"), expected.encode("ascii")):
-        raise SessionIdError(f"it was not issued through Sandgate to {identity} for "
-                             f"{host}:{port} (another identity's session, or another server's)")
-    return sid
+    candidates: list[tuple[str | None, str]] = [(None, _mac(key, identity, host, port, sid))]
+    candidates += [(v, _version_mac(key, v, identity, host, port, sid)) for v in versions]
+    for version, expected in candidates:
+        if hmac.compare_digest(mac.encode("ascii"), expected.encode("ascii")):
+            return sid, version
+    raise SessionIdError(f"it was not issued through Sandgate to {identity} for "
+                         f"{host}:{port} (another identity's session, or another server's)")

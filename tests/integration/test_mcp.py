@@ -164,7 +164,7 @@ def test_python_sdk_tools_per_identity(mcp_proxy: Proxy, url: str) -> None:
                               ["call", "delete_repo", {"repo": "acme/app"}],
                               ["call", "get_me", {}]]
     agent = py_client(mcp_proxy, "agent", url, steps)
-    assert agent[0] == {"tools": ["get_issue", "get_me", "list_issues"]}
+    assert agent[0] == {"tools": ["get_issue", "get_me", "list_issues"], "pages": 1}
     assert agent[1]["text"] == "issues of acme/app: #1, #2"  # the injected bearer was right
     assert agent[2]["text"] == "acme/app#1: it is broken"
     assert agent[3]["code"] == -32003
@@ -174,7 +174,7 @@ def test_python_sdk_tools_per_identity(mcp_proxy: Proxy, url: str) -> None:
     assert agent[4]["text"].startswith("you are octo, authorised with Bearer ")
     assert GITHUB_TOKEN not in agent[4]["text"]
     bash = py_client(mcp_proxy, "bash-tool", url, steps)
-    assert bash[0] == {"tools": ["get_me", "list_issues"]}
+    assert bash[0] == {"tools": ["get_me", "list_issues"], "pages": 1}
     assert bash[1]["text"] == "issues of acme/app: #1, #2"
     assert bash[2]["error"].startswith("tool get_issue is not permitted for bash-tool")
     assert bash[2]["data"]["sandgate"]["code"] == "no_rule"

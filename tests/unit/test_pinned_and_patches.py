@@ -9,7 +9,7 @@ import pytest
 from mitmproxy import exceptions, options
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http import _http1, _http2, _http3
-from mitmproxy.test import taddons
+from mitmproxy.test import taddons, tflow
 
 from sandgate.addons import patches
 from sandgate.addons.pinned import _PINNED, Pinned, check_sets, pinned
@@ -92,9 +92,46 @@ def test_body_size_limit_is_for_requests_only():
     patches.install()
 
     class Stream:
-        pass
+        flow = tflow.tflow(resp=True)
 
     gen = http_layer.HttpStream.check_body_size(Stream(), False)
     with pytest.raises(StopIteration) as stop:
         next(gen)
     assert stop.value.value is False
+
+
+def test_a_response_read_whole_is_held_to_the_body_size_limit():
+    """The answer to an MCP initialize is buffered whole (addons/calls.py) although its length
+    is not known: past body_size_limit it is ended with an error, never buffered on."""
+    patches.install()
+
+    class Options:
+        stream_large_bodies = None
+        body_size_limit = "16"
+
+    class Context:
+        options = Options()
+        client = server = None
+
+    class Stream:
+        context = Context()
+        flow = tflow.tflow(resp=True)
+        stream_id = 1
+        request_body_buf = bytearray()
+        response_body_buf = bytearray(b"x" * 10)
+        state_errored = None
+
+    def run(stream: Stream) -> bool:
+        gen = http_layer.HttpStream.check_body_size(stream, False)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as stop:
+            return bool(stop.value)
+
+    Stream.flow.metadata[patches.READ_WHOLE] = True
+    assert run(Stream()) is False  # within the limit
+    Stream.response_body_buf += b"x" * 10
+    assert run(Stream()) is True and Stream.flow.error is not None
+    del Stream.flow.metadata[patches.READ_WHOLE]
+    assert run(Stream()) is False  # any other response is streamed: no limit

@@ -12,9 +12,14 @@ Response side: the `Mcp-Session-Id` a response carries is handed to the client w
 a MAC to the identity whose request it answered and the server (sandgate.mcpsession: no state,
 so it holds across workers, replicas and restarts); a request presents it back and is forwarded
 with the upstream's own id only if the MAC verifies for its identity and host:port (another
-identity's id, or any id Sandgate did not issue, is refused). Answers to tools/list,
-resources/list and prompts/list (JSON or server-sent events) keep only the entries the identity
-may call, judged by the same decide().
+identity's id, or any id Sandgate did not issue, is refused); the id is also bound to the
+protocol version the initialize answer names. Answers to tools/list, resources/list,
+resources/templates/list, prompts/list and server/discover (JSON or server-sent events, every
+page) keep only the entries the identity may call, judged by the same decide(), and are
+cacheable by their caller only (cacheScope private).
+
+MCP's metadata headers (Mcp-Method, Mcp-Name, MCP-Protocol-Version) must agree with the body
+(sandgate.mcpheaders): a disagreement is answered 400 with MCP's HeaderMismatch error.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from typing import Any
 
 from mitmproxy import http
 
+from sandgate import mcpheaders
 from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
-from sandgate.jsonrpc import Call, CallError, Message, id_key, loads, parse
-from sandgate.mcpsession import SessionIdError, unwrap, wrap
+from sandgate.jsonrpc import Call, CallError, Id, Message, id_key, loads, parse
+from sandgate.mcpheaders import HEADER_MISMATCH_CODE, HeaderMismatch
+from sandgate.mcpsession import SessionIdError, unwrap_bound, wrap
 from sandgate.policy.model import Policy
 from sandgate.refusal import REASON_HEADER, Refusal
 from sandgate.request import RequestInfo
@@ -43,12 +50,26 @@ REFUSED_CODE = -32003
 # A list answer is parsed whole (JSON) or per event (SSE): at most this much at once.
 MAX_LIST_BODY = 8 * 1024 * 1024
 
-# list method -> (the result member, the member naming an entry, the call that uses an entry)
+# A list in a result: (the result member, the member naming an entry, the call that uses an
+# entry). A resource template is kept when resources/read of the template itself (its text,
+# placeholders and all) would be allowed: the policy's globs must cover it.
+_TOOLS = ("tools", "name", "tools/call")
+_RESOURCES = ("resources", "uri", "resources/read")
+_TEMPLATES = ("resourceTemplates", "uriTemplate", "resources/read")
+_PROMPTS = ("prompts", "name", "prompts/get")
+# list method -> the lists its result may carry (server/discover, of the 2026-07-28 revision,
+# names none in the spec; any it carries is filtered all the same)
 LISTS = {
-    "tools/list": ("tools", "name", "tools/call"),
-    "resources/list": ("resources", "uri", "resources/read"),
-    "prompts/list": ("prompts", "name", "prompts/get"),
+    "tools/list": (_TOOLS,),
+    "resources/list": (_RESOURCES,),
+    "resources/templates/list": (_TEMPLATES,),
+    "prompts/list": (_PROMPTS,),
+    "server/discover": (_TOOLS, _RESOURCES, _TEMPLATES, _PROMPTS),
 }
+# A filtered result is this identity's view: cacheable at most by this caller (MCP's
+# `cacheScope`: "public" lets any cache serve it to anyone; "private" only within the same
+# authorization context, which behind Sandgate is the identity's own).
+PRIVATE = "private"
 
 
 @dataclass
@@ -63,6 +84,12 @@ class CallState:
     outcomes: list[str] = field(default_factory=list)
     lists: dict[str, str] = field(default_factory=dict)  # id_key -> list method
     removed: int = 0  # list entries filtered out of the answers
+    # the MCP protocol version the request's session id was bound to (None: none, or unbound)
+    session_version: str | None = None
+    init_id: str | None = None  # id_key of an initialize request: its answer names the version
+    negotiated: str | None = None  # the protocol version that answer named
+    # the session ids of an initialize answer, held back until its version is read
+    pending: tuple[bytes, list[str]] | None = None
 
     def may(self, method: str, name: str) -> bool:
         return decide(self.policy, self.identity, self.info,
@@ -99,11 +126,11 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     if d is None or d.call_limit is None or rec.caller is None or rec.info is None:
         return None
     identity, info = rec.caller.identity, rec.info
-    open_session(req, session_key, identity, info)
-    state = rec.call = CallState(policy, identity, info)
+    bound = open_session(req, session_key, identity, info)
+    state = rec.call = CallState(policy, identity, info, session_version=bound)
     body = req.raw_content or b""
-    if not body:
-        return None  # nothing to act on: a GET stream, a DELETE of the session
+    if not body:  # nothing to act on (a GET stream, a DELETE of the session): its headers?
+        return _headers_agree(req, state)
     encoding = req.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise BadRequest(Code.BAD_REQUEST, f"a JSON-RPC body must not be {encoding!r}-encoded: "
@@ -119,11 +146,16 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
         raise BadRequest(Code.BAD_REQUEST, f"the body is not a JSON-RPC call Sandgate can "
                          f"judge: {e}") from None
     state.call = call
+    mismatch = _headers_agree(req, state)
+    if mismatch is not None:
+        return mismatch
     final = rec.decision = decide(policy, identity, info, call)
     state.outcomes = _outcomes(state, call, final.allowed)
     for m in call.messages:
         if m.kind == "request" and m.method in LISTS and m.id is not None:
             state.lists[id_key(m.id)] = m.method
+        if m.kind == "request" and m.method == "initialize" and m.id is not None:
+            state.init_id = id_key(m.id)
     if final.allowed:
         return None
     if reported(policy, identity, final):
@@ -134,24 +166,41 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     return final.refused()
 
 
-def open_session(req: http.Request, key: bytes, identity: str, info: RequestInfo) -> None:
+def open_session(req: http.Request, key: bytes, identity: str, info: RequestInfo
+                 ) -> str | None:
     """The Mcp-Session-Id the request carries (a GET stream, a call, the DELETE that ends the
     session: all alike) replaced by the upstream's own id, if Sandgate issued it to this
-    identity for this host:port; refused otherwise, so no id reaches the upstream unverified."""
+    identity for this host:port; refused otherwise, so no id reaches the upstream unverified.
+    Returns the protocol version the session was bound to, if any (MCP-Protocol-Version must
+    then be that one: mcpheaders)."""
     values = req.headers.get_all(SESSION_HEADER)
     if not values:
-        return
+        return None
     if len(values) > 1:
         raise BadRequest(Code.BAD_REQUEST, f"the Mcp-Session-Id header is given {len(values)} "
                          "times; send the session id once")
     try:
-        sid = unwrap(key, identity, info.host, info.port, values[0])
+        sid, version = unwrap_bound(key, identity, info.host, info.port, values[0],
+                                    mcpheaders.KNOWN_VERSIONS)
     except SessionIdError as e:
         raise Refused(Code.SESSION_MISMATCH, f"this MCP session id cannot be used by "
                       f"{identity}: {e}",
                       hint="open a session of your own through Sandgate (initialize without "
                       "Mcp-Session-Id) and send back the id Sandgate answers with") from None
     req.headers[SESSION_HEADER] = sid.decode("utf-8", "surrogateescape")
+    return version
+
+
+def _headers_agree(req: http.Request, state: CallState) -> Refused | None:
+    """MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version against the body (mcpheaders): the
+    refusal to answer as a JSON-RPC error when they disagree, whatever the policy says."""
+    try:
+        mcpheaders.check(req.headers.get_all, state.call, state.session_version)
+    except HeaderMismatch as e:
+        state.outcomes = ["deny"] * (len(state.call.messages) if state.call else 0)
+        return Refused(Code.HEADER_MISMATCH, f"the MCP request's headers do not agree with "
+                       f"its body: {e}", hint=mcpheaders.HINT)
+    return None
 
 
 def _outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
@@ -165,47 +214,72 @@ def _outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
 
 def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
     """Answer a refused call as JSON-RPC errors, one per request id (all of a batch): JSON, or
-    server-sent events when the client accepts only those."""
+    server-sent events when the client accepts only those. Headers that disagree with the body
+    are answered `400` with MCP's HeaderMismatch error (as the spec has servers and
+    intermediaries answer them), in JSON, for each id (no id: one error with a null id)."""
     call = rec.call.call if rec.call is not None else None
-    assert call is not None
+    mismatch = refusal.code == Code.HEADER_MISMATCH
+    assert call is not None or mismatch
     rec.refusal = refusal
+    ids: tuple[Id | None, ...] = call.ids if call is not None else ()
     errors = [{"jsonrpc": "2.0", "id": i,
-               "error": {"code": REFUSED_CODE, "message": refusal.reason,
-                         "data": {"sandgate": refusal.doc()}}} for i in call.ids]
+               "error": {"code": HEADER_MISMATCH_CODE if mismatch else REFUSED_CODE,
+                         "message": refusal.reason,
+                         "data": {"sandgate": refusal.doc()}}} for i in ids or (None,)]
     accept = flow.request.headers.get("accept", "").lower()
     headers = {REASON_HEADER: str(refusal.code)}
+    batch = call is not None and call.batch
+    if mismatch:
+        body = json.dumps(errors if batch else errors[0]).encode()
+        headers["Content-Type"] = "application/json"
+        flow.response = http.Response.make(refusal.status, body, headers)
+        return
     if "text/event-stream" in accept and "application/json" not in accept and "*/*" not in accept:
         body = b"".join(b"event: message\ndata: " + json.dumps(e).encode() + b"\n\n"
                         for e in errors)
         headers["Content-Type"] = "text/event-stream"
     else:
-        body = json.dumps(errors if call.batch else errors[0]).encode()
+        body = json.dumps(errors if batch else errors[0]).encode()
         headers["Content-Type"] = "application/json"
     flow.response = http.Response.make(200, body, headers)
 
 
 # ------------------------------------------------------------------------ the response side
 
-def response_headers(rec: FlowRecord, resp: http.Response, session_key: bytes) -> None:
+def response_headers(rec: FlowRecord, resp: http.Response, session_key: bytes) -> bool:
     """The session id the upstream hands out, wrapped: bound to the identity it answered and
-    to the server (sandgate.mcpsession)."""
+    to the server (sandgate.mcpsession), and to the protocol version of the session: the one
+    the request's own session id was bound to or, on the answer to initialize, the one that
+    answer names. That answer's ids are held back (no raw id goes out) until its body is read:
+    True means the response must be read whole (s70_scrub), and filter_whole issues them."""
     state: CallState | None = rec.call
     if state is None:
-        return
+        return False
     values = resp.headers.get_all(SESSION_HEADER)
     if not values:
-        return
+        return False
     if not all(values):
         raise Refused(Code.UPSTREAM_ERROR, "the upstream answered with an empty MCP session id")
+    if state.session_version is None and state.init_id is not None and \
+            200 <= resp.status_code < 300 and resp.status_code not in (204, 205):
+        resp.headers.pop(SESSION_HEADER)
+        state.pending = (session_key, values)
+        return True
+    _issue(state, resp, session_key, values, state.session_version)
+    return False
+
+
+def _issue(state: CallState, resp: http.Response, key: bytes, values: list[str],
+           version: str | None) -> None:
     info = state.info
     resp.headers.set_all(SESSION_HEADER, [
-        wrap(session_key, state.identity, info.host, info.port,
-             v.encode("utf-8", "surrogateescape")) for v in values])
+        wrap(key, state.identity, info.host, info.port, v.encode("utf-8", "surrogateescape"),
+             version) for v in values])
 
 
 def _filtering(rec: FlowRecord, resp: http.Response) -> CallState | None:
     state: CallState | None = rec.call
-    if state is None or not state.lists or not 200 <= resp.status_code < 300:
+    if state is None or not (state.lists or state.pending) or not 200 <= resp.status_code < 300:
         return None
     return state
 
@@ -215,7 +289,8 @@ def _sse(resp: http.Response) -> bool:
 
 
 def filter_whole(rec: FlowRecord, resp: http.Response) -> None:
-    """A buffered answer (already scrubbed) with list results: filtered in place."""
+    """A buffered answer (already scrubbed) with list results: filtered in place; the answer
+    to initialize: its session ids issued, bound to the version it names."""
     state = _filtering(rec, resp)
     if state is None:
         return
@@ -225,6 +300,11 @@ def filter_whole(rec: FlowRecord, resp: http.Response) -> None:
         resp.content = b"".join([f.feed(body), f.feed(b"")])
     else:
         resp.content = _filter_json(state, body)
+    if state.pending is not None:
+        key, values = state.pending
+        state.pending = None
+        version = state.negotiated if state.negotiated in mcpheaders.KNOWN_VERSIONS else None
+        _issue(state, resp, key, values, version)
 
 
 def wrap_stream(rec: FlowRecord, flow: http.HTTPFlow,
@@ -357,19 +437,36 @@ def _filter_doc(state: CallState, data: bytes) -> bytes | None:
         mid = msg["id"]
         if isinstance(mid, bool) or not isinstance(mid, int | str):
             continue
+        if state.pending is not None and id_key(mid) == state.init_id:
+            version = msg["result"].get("protocolVersion")
+            state.negotiated = version if isinstance(version, str) else None
         method = state.lists.get(id_key(mid))
         if method is None:
             continue
-        member, key, use = LISTS[method]
-        entries = msg["result"].get(member)
-        if not isinstance(entries, list):
+        changed = _filter_result(state, msg["result"], LISTS[method]) or changed
+    return json.dumps(doc, ensure_ascii=False).encode() if changed else None
+
+
+def _filter_result(state: CallState, result: dict[str, Any],
+                   lists: tuple[tuple[str, str, str], ...]) -> bool:
+    """One list result (one page: each page is an answer of its own, cursor or not) filtered
+    in place, its cache scope narrowed to the caller; False if it carries no list."""
+    filtered = False
+    for member, key, use in lists:
+        if member not in result:
             continue
+        entries = result[member]
+        if not isinstance(entries, list):  # not readable as a list: not passed on
+            raise ValueError(f"the list answer's {member} is not a list")
         kept = [e for e in entries if isinstance(e, dict) and isinstance(e.get(key), str)
                 and state.may(use, e[key])]
         state.removed += len(entries) - len(kept)
-        msg["result"][member] = kept
-        changed = True
-    return json.dumps(doc, ensure_ascii=False).encode() if changed else None
+        result[member] = kept
+        filtered = True
+    if filtered and ("cacheScope" in result or "ttlMs" in result):
+        # ttlMs (how long it stays fresh) holds; who may reuse it narrows to this caller
+        result["cacheScope"] = PRIVATE
+    return filtered
 
 
 def _answers_list(state: CallState, data: bytes) -> bool:

@@ -11,7 +11,9 @@
 3. The body size limit applies to requests only. mitmproxy's `body_size_limit` also turns a
    large response with a known length into a 502; Sandgate never buffers responses (they are
    streamed through the scrubber), so the limit only has to bound what is buffered before a
-   request is judged.
+   request is judged. The exception, a response an addon reads whole although its length is
+   not known in advance (the answer to an MCP initialize: addons/calls.py), is marked
+   `READ_WHOLE` in the flow's metadata and held to the same limit (past it: a 502).
 
 `install()` is idempotent; `installed()` lets a test pin that these attributes still exist, so
 a mitmproxy upgrade that moves them fails loudly instead of silently reopening a channel.
@@ -33,6 +35,8 @@ from sandgate.errors import Code
 from sandgate.refusal import REASON_HEADER, Refusal
 
 _MARK = "_sandgate_patched"
+# flow.metadata key: this response is buffered whole, so body_size_limit bounds it (patch 3)
+READ_WHOLE = "sandgate_read_whole"
 
 _CODE_FOR_STATUS = {400: Code.BAD_REQUEST, 413: Code.TOO_LARGE, 504: Code.UPSTREAM_TIMEOUT}
 _REASONS = {
@@ -111,7 +115,7 @@ def install() -> None:
     original_check = stream_cls.check_body_size
 
     def check_body_size(self: Any, request: bool) -> Generator[Any, Any, bool]:
-        if not request:
+        if not request and not self.flow.metadata.get(READ_WHOLE):
             return False
         return (yield from original_check(self, request))
 

@@ -264,8 +264,9 @@ def query_matches(constraints: QueryConstraint,
 
 # The MCP methods a rule with `mcp:` allows when it lists no `methods`: the protocol's own
 # housekeeping, the list calls and tools/call (each tool then judged by `tools`/`deny_tools`).
-MCP_DEFAULT_METHODS = ("initialize", "notifications/*", "ping", "tools/list", "resources/list",
-                       "prompts/list", "tools/call")
+# server/discover is the 2026-07-28 revision's counterpart of initialize.
+MCP_DEFAULT_METHODS = ("initialize", "server/discover", "notifications/*", "ping", "tools/list",
+                       "resources/list", "prompts/list", "tools/call")
 DEFAULT_CALL_BODY = 64 * 1024  # the bounded body of a JSON-RPC rule (OpenShell's limit too)
 
 

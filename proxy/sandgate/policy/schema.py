@@ -205,14 +205,16 @@ class JsonRpcSpec(_Strict):
 
 class McpSpec(JsonRpcSpec):
     """An MCP server (streamable HTTP): each JSON-RPC message POSTed is judged, tools/call by
-    the tool's name, and the server's tools/list (resources/list, prompts/list) answers are
-    filtered to what the identity may call."""
+    the tool's name, and the server's list answers (tools/list, resources/list,
+    resources/templates/list, prompts/list, server/discover) are filtered to what the identity
+    may call."""
 
     methods: list[str] | None = Field(
         default=None, min_length=1, description="MCP methods allowed (names or globs). "
-        "Default: initialize, notifications/*, ping, tools/list, resources/list, prompts/list "
-        "and tools/call (plus resources/read and prompts/get when `resources`/`prompts` are "
-        "set). Listing methods replaces the default: list only what you allow.")
+        "Default: initialize, server/discover, notifications/*, ping, tools/list, "
+        "resources/list, prompts/list and tools/call (plus resources/read and prompts/get when "
+        "`resources`/`prompts` are set). Listing methods replaces the default: list only what "
+        "you allow.")
     tools: list[str] | None = Field(
         default=None, min_length=1, description="Tools that tools/call may name (exact names "
         "or globs such as 'get_*'). Default: any tool.")

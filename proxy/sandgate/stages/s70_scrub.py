@@ -17,6 +17,7 @@ from mitmproxy import http
 
 from sandgate.addons import calls, wscontrol
 from sandgate.addons.forward import is_websocket_upgrade
+from sandgate.addons.patches import READ_WHOLE
 from sandgate.addons.state import FlowRecord
 from sandgate.addons.stream import (
     ResponseScrubber,
@@ -58,8 +59,13 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         return
     secrets = st.secrets(rec)
     rec.redactions += clean_head(resp, secrets)
-    # the MCP session id, already scrubbed, wrapped: bound to its identity and server
-    calls.response_headers(rec, resp, st.session_key)
+    # the MCP session id, already scrubbed, wrapped: bound to its identity and server (and
+    # its protocol version: the answer to initialize is read whole to learn it)
+    if calls.response_headers(rec, resp, st.session_key):
+        flow.metadata[READ_WHOLE] = True  # buffered, so held to the body size limit
+        resp.headers.pop("transfer-encoding", None)  # sent with its length
+        rec.scrub_whole = True
+        return
     if flow.request.method == "HEAD" or resp.status_code in (204, 304) or (
         resp.status_code < 200
     ):

@@ -1,7 +1,11 @@
 """A GitHub-like MCP server (the official Python SDK, streamable HTTP) for the MCP tests.
 
 Run from the clients' venv (.venv-clients: the SDK needs newer h11/httpx than mitmproxy):
-    python server.py HOST PORT CERT KEY json|sse
+    python server.py HOST PORT CERT KEY json|sse [PAGE_SIZE]
+It speaks both protocol eras (2025's initialize sessions, 2026-07-28's stateless requests).
+With PAGE_SIZE, tools/list answers in pages of that many tools (nextCursor: the next offset),
+and every tools/list result is marked cacheable by anyone (ttlMs 60000, cacheScope public), as
+a server that lists the same tools to every caller may: Sandgate narrows what it filtered.
 Every tool checks the bearer token Sandgate injects (MCP_EXPECTED_TOKEN); `get_me` reflects the
 Authorization header it received, so the tests can see that Sandgate scrubs it from the result.
 """
@@ -10,12 +14,32 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import uvicorn
+from mcp.server.caching import CacheHint
 from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import ListToolsResult
 
 EXPECTED = "Bearer " + os.environ["MCP_EXPECTED_TOKEN"]
-server = MCPServer("github-like")
+PAGE = int(sys.argv[6]) if __name__ == "__main__" and len(sys.argv) > 6 else 0
+
+
+class PagedServer(MCPServer):
+    """tools/list in pages of PAGE tools (0: all at once); the cursor is the next offset."""
+
+    async def _handle_list_tools(self, ctx: Any, params: Any) -> ListToolsResult:
+        tools = await self.list_tools()
+        if not PAGE:
+            return ListToolsResult(tools=tools)
+        start = int(params.cursor) if params is not None and params.cursor else 0
+        end = start + PAGE
+        return ListToolsResult(tools=tools[start:end],
+                               next_cursor=str(end) if end < len(tools) else None)
+
+
+server = PagedServer("github-like",
+                     cache_hints={"tools/list": CacheHint(ttl_ms=60000, scope="public")})
 
 
 def _check(ctx: Context) -> None:
