@@ -6,7 +6,8 @@ GitHub for an installation token restricted to the repositories and permissions 
 rule names (`GitHubScope`). A token is minted per (secret, sandbox, restrictions), so one
 identity's narrow token is never handed to another and each sandbox's tokens can be revoked
 (DELETE /installation/token) when it ends; at shutdown the rest are revoked too. A token is
-used until five minutes before its `expires_at` (GitHub's are valid an hour). Failures are
+used until five minutes (`MARGIN`) before its `expires_at` and never after (GitHub's are valid
+an hour; one minted with less left is refused: a clock that far off is wrong). Failures are
 `SecretError` (503 secret_unavailable) naming GitHub's status, never a token or the key.
 
 GitHub is dialled through the `Dial` the proxy gives: the calling identity's rules must allow
@@ -150,8 +151,13 @@ class GitHubApps:
             "%Y-%m-%dT%H:%M:%SZ")
         what = scope.describe() if scope is not None else "the installation's grants"
         note = (f"github-app installation {g.installation_id} ({what}), expires {expires}")
-        margin = min(MARGIN, left / 2)
-        m = Minted(token, self._clock() + left - margin, version, note, address, g)
+        if left <= MARGIN:  # never used within the margin: not even once, freshly minted
+            log.warning("secret '%s': GitHub minted a token that expires in %.0fs", name, left)
+            raise SecretError(name, f"secret '{name}' unavailable: GitHub's installation token "
+                              f"expires in {left:.0f}s, within the {MARGIN:.0f}s margin before "
+                              "expiry in which Sandgate no longer uses a token (is this host's "
+                              "clock right?)")
+        m = Minted(token, self._clock() + left - MARGIN, version, note, address, g)
         old = self._tokens.get(key)
         if old is not None:
             self._retire(key[0], old)
