@@ -31,6 +31,7 @@ import jwt
 from sandgate.errors import SecretError
 from sandgate.policy.model import GitHubAppRef, GitHubScope, SecretRef
 from sandgate.secrets.flight import Flights
+from sandgate.secrets.keyforms import pem_values
 from sandgate.secrets.tokenhttp import Dial, TokenFailure, call
 
 log = logging.getLogger("sandgate.github_app")
@@ -102,14 +103,30 @@ class GitHubApps:
         self._tokens: dict[Key, Minted] = {}
         self._flights: Flights[Key, Minted] = Flights()
         self.retired: list[tuple[str, str]] = []  # (name, value): still scrubbed
+        # name -> (PEM, its values): the app's private key is a credential Sandgate holds too
+        self.keys: dict[str, list[tuple[str, list[str | bytes]]]] = {}
         self.generation = 0
         self.ssl_ctx: ssl.SSLContext = ssl.create_default_context()
         self.mints = 0
         self.revoked = 0
         self._revocations: set[asyncio.Task[None]] = set()
 
-    def values(self) -> list[tuple[str, str]]:
-        return [(k[0], m.value) for k, m in self._tokens.items()] + self.retired
+    def values(self) -> list[tuple[str, str | bytes]]:
+        """(name, value) of every token held or retired, and of every private key read with
+        the pieces of it a client could reassemble (`sandgate.secrets.keyforms`)."""
+        out: list[tuple[str, str | bytes]] = [(k[0], m.value) for k, m in self._tokens.items()]
+        out += self.retired
+        out += [(name, v) for name, held in self.keys.items() for _, vs in held for v in vs]
+        return out
+
+    def _remember(self, name: str, pem: str) -> None:
+        """Hold the key's values for scrubbing; a rotated key's stay (the newest few)."""
+        held = self.keys.setdefault(name, [])
+        if any(p == pem for p, _ in held):
+            return
+        held.append((pem, pem_values(pem)))
+        del held[:-4]
+        self.generation += 1
 
     async def get(self, ref: SecretRef, sandbox: str | None, scope: GitHubScope | None,
                   dial: Dial) -> Minted:
@@ -129,6 +146,7 @@ class GitHubApps:
         if not isinstance(pem, str) or "PRIVATE KEY" not in pem:
             raise SecretError(name, f"secret '{name}' unavailable: no private key (PEM) in "
                               f"field '{ref.field}'")
+        self._remember(name, pem)
         try:
             signed = app_jwt(g.app_id, pem, self._wall())
         except (ValueError, TypeError, jwt.PyJWTError):
