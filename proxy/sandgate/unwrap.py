@@ -62,12 +62,21 @@ class _View:
         self._s: list[int] = [0]  # view offset of each kept segment
         self._d: list[int] = [0]  # its data offset
         self._esc: set[int] = set()  # view offsets of decoded escapes (three data bytes each)
+        self._lazy = False  # escapes decoded, offsets not mapped yet (`_map`)
         self._token = _TOKEN if escapes else _RUN
         escapes = escapes and b"=" in data and _ESCAPE.search(data) is not None
-        if b"\n" not in data and b"\r" not in data and not escapes:
+        breaks = b"\n" in data or b"\r" in data
+        if not breaks and not escapes:
             self.text = data
             return
-        sep = b"" if escapes else _uniform_break(data)
+        sep = _uniform_break(data) if breaks else b""
+        if escapes and (sep or not breaks):
+            # Decoded line by line at C speed (an escape never spans a break); the offsets are
+            # mapped only if a match or a stop needs them, which for most bodies none does.
+            lines = data.split(sep) if sep else [data]
+            self.text = b"".join(_ESCAPE.sub(_decode_escape, line) for line in lines)
+            self._lazy = True
+            return
         if sep:
             self._sep, self._s, self._d = sep, [], []  # segments listed on demand
             self.text = data.replace(sep, b"")
@@ -104,6 +113,8 @@ class _View:
 
     def origin(self, i: int) -> int:
         """The offset in `data` of the view's byte `i`."""
+        if self._lazy:
+            self._map()
         if self._sep and not self._s:
             if len(self.text) - i <= _TAIL:
                 return self._origin_near_end(i)
@@ -114,7 +125,12 @@ class _View:
     @property
     def decoded(self) -> bool:
         """Did the view decode an escape (so that it may read a value differently)?"""
-        return bool(self._esc)
+        return self._lazy or bool(self._esc)
+
+    def _map(self) -> None:
+        """The segments of a view decoded the fast way (the general loop gives the same text)."""
+        self._lazy = False
+        self.text = self._general(self.data)
 
     def end(self, i: int) -> int:
         """The offset in `data` just after the view's byte `i` (past all of an escape)."""
@@ -146,6 +162,15 @@ class _View:
 
 # A stop or a match this close to the view's end is mapped back by walking the last lines.
 _TAIL = 4096
+
+
+_ESCAPED = {f"={b:02{case}}".encode(): bytes((b,)) for b in range(256) for case in "Xx"}
+_ESCAPED.update({f"={b >> 4:X}{b & 15:x}".encode(): bytes((b,)) for b in range(256)})
+_ESCAPED.update({f"={b >> 4:x}{b & 15:X}".encode(): bytes((b,)) for b in range(256)})
+
+
+def _decode_escape(m: re.Match[bytes]) -> bytes:
+    return _ESCAPED[m.group()]
 
 
 def _uniform_break(data: bytes) -> bytes:

@@ -18,7 +18,7 @@ from mitmproxy.test import tutils
 
 from sandgate.inject import find_leaks
 from sandgate.scrub import SecretSet
-from sandgate.unwrap import scrub_unwrapped, unwrapping_scrubber
+from sandgate.unwrap import _View, scrub_unwrapped, unwrapping_scrubber
 
 KEY = "FAKE/qp+probe/value=0123+abcdef/XYZ"
 SECRETS = SecretSet({"qp": KEY})
@@ -105,3 +105,17 @@ def test_a_secret_holding_an_escape_is_matched_as_written():
     s = SecretSet({"odd": "FAKE=4Avalue=2Fwith-escapes"})
     out, n = scrub_unwrapped(s, b"x FAKE=4Avalue=2Fwith-escapes y")
     assert (out, n) == (b"x [REDACTED:odd] y", 1)
+
+
+@given(st.lists(st.sampled_from([b"=", b"a", b"F", b"0", b"9", b" ", b"\n", b"\r\n", b"=0A",
+                                 b"=3d", b"=C3", b"==", b"x"]), max_size=30))
+def test_the_fast_view_reads_as_the_general_loop(parts):
+    """Escapes decoded line by line (offsets mapped on demand) give the general loop's view."""
+    data = b"".join(parts)
+    fast = _View(data)
+    text = fast.text
+    general = _View(data)
+    assert general._general(data) == text  # the loop itself, whatever path __init__ took
+    for i in range(len(text)):  # mapping back (forces the lazy map): same bytes of the data
+        start, end = fast.origin(i), fast.end(i)
+        assert _View(data[start:end]).text == text[i:i + 1] or data[start:end] == text[i:i + 1]
