@@ -11,6 +11,7 @@ import base64
 import email
 import email.policy
 import gzip
+import json
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 import brotli
 import pytest
 import zstandard
+from cryptography.hazmat.primitives import serialization
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -336,6 +338,28 @@ def test_a_quoted_printable_echo_with_any_escapes_is_scrubbed(proxy, upstream):
     decoded = b"".join(p.get_payload(decode=True) or b"" for p in part.iter_parts())
     assert decoded.startswith(b"key: ")
     assert_no_secret([decoded.decode("latin-1"), text], [ANTHROPIC_KEY], "the MIME answer")
+
+
+def test_the_audit_signing_key_is_exfiltration(proxy, upstream, tmp_path):
+    """Issue 34: the audit chain's private key is a credential Sandgate holds; a sandbox that
+    got hold of it (whole, or its seed in hex) cannot send it out."""
+    key_file = proxy.confdir / "audit-signing.key"
+    assert key_file.exists()  # the session proxy's chain signs with the confdir key
+    pem = key_file.read_text()
+    seed = serialization.load_pem_private_key(pem.encode(), None).private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+        serialization.NoEncryption())
+    for body in (json.dumps({"k": pem}).encode(), b"seed=" + seed.hex().encode()):
+        f = tmp_path / "body"
+        f.write_bytes(body)
+        before = seen_count(upstream)
+        r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
+                 "--data-binary", f"@{f}", "-H", "content-type: application/json")
+        text, status = split_status(r.stdout)
+        assert seen_count(upstream) == before, "the request reached the upstream"
+        assert status == 403
+        doc = refusal_doc(text)
+        assert doc["code"] == "exfiltration" and "audit-signing-key" in doc["reason"]
 
 
 # ---------------------------------------------------------------- 7. body limits

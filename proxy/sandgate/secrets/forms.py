@@ -13,8 +13,8 @@ anyway. The raw form is always kept: the operator chose that value, however shor
 Quoted-printable (MIME) escapes ``=`` and non-printable bytes as ``=XX``: those spellings are
 forms too (for the plain scrub of a binary body). Any other subset of escaped bytes, in either
 hex case, and line breaks inside a form (base64 wrapped at 76 columns, a quoted-printable soft
-break) are handled by the scrubber's view, not here: `sandgate.unwrap`. Compressed bodies are decoded
-before scrubbing (`sandgate.addons.decoding`).
+break) are handled by the scrubber's view, not here: `sandgate.unwrap`. Compressed bodies are
+decoded before scrubbing (`sandgate.addons.decoding`).
 
 Not covered (documented so nobody assumes otherwise): other encodings layered on top of these
 (base64 of hex, ...), and mixed-case hex or ``%xX`` escapes (`SecretSet.find` matches
