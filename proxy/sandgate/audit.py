@@ -227,6 +227,8 @@ class AuditLog:
         self._format = format
         self._chain = chain
         self._anchor = anchor if chain is not None and chain.key is not None else None
+        # the checkpoints' private key: a credential Sandgate holds, scrubbed like the others
+        self.signing_key = chain.key if chain is not None else None
         if chain is not None and self._file is not None and chain.seq == 0:
             chain.prev = last_line_hash(self._file.path)  # runs of one file link up
         self._lock = threading.Lock()

@@ -167,8 +167,9 @@ def find_leaks_in(blob: bytes, where: str, placeholders: Mapping[str, str], secr
     hits: dict[str, None] = {}
     if values:
         hits.update(dict.fromkeys(hit.name for hit in secrets.find(blob)))
-    if values and (b"\n" in blob or b"\r" in blob):  # a value cut by line breaks (MIME)
-        hits.update(dict.fromkeys(hit.name for hit in secrets.find(unwrapped_view(blob))))
+    view = unwrapped_view(blob) if values else blob
+    if view is not blob:  # a value cut by line breaks or written with =XX escapes (MIME)
+        hits.update(dict.fromkeys(hit.name for hit in secrets.find(view)))
     leaks = [Leak(name, "value", where) for name in hits]
     # A bound placeholder may contain an unbound one ("...-openai-admin" holds "...-openai"):
     # take the bound ones out before looking for the others.

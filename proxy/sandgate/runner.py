@@ -55,6 +55,7 @@ from sandgate.metrics import Metrics
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy import live as livepolicy
 from sandgate.policy.model import Policy
+from sandgate.secrets.keyforms import held_key_values
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
 
@@ -269,6 +270,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
         audit_best_effort=cfg.audit_best_effort,
         canaries=canaries(policy),
+        own=own_keys(sink),
         socks5_allow=tuple(cfg.socks5_allow),
         gateway_tls=cfg.gateway_tls_name is not None,
         limiter=limiter,
@@ -478,6 +480,14 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         await broker.aclose()
         exports.close()  # after the shutdown event: syslog gets it too
         sink.close()
+
+
+def own_keys(sink: audit.AuditLog) -> tuple[tuple[str, str | bytes], ...]:
+    """Sandgate's own credentials, scrubbed and detected like the secrets it holds: the audit
+    checkpoints' signing key (a webhook's signing secret is a policy secret: the broker's)."""
+    if sink.signing_key is None:
+        return ()
+    return tuple(("audit-signing-key", v) for v in held_key_values(sink.signing_key))
 
 
 def make_approvals(cfg: RunConfig, broker: SecretBroker,

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from sandgate.literals import LiteralSet
-from sandgate.secrets.forms import FormKind, classified_forms
+from sandgate.secrets.forms import MIN_DERIVED_LEN, FormKind, classified_forms
 
 REDACTED_TEMPLATE = "[REDACTED:{name}]"
 
@@ -75,6 +75,10 @@ class SecretSet:
         secrets: Mapping[str, str | bytes] | Iterable[tuple[str, str | bytes]],
         extra: Mapping[str, Iterable[bytes]] = _NO_EXTRA,
     ) -> None:
+        # The unwrapping view (sandgate.unwrap) imports this module: its spelling of a needle
+        # is imported here, when a set is built.
+        from sandgate.unwrap import view_text
+
         exact: dict[bytes, _Needle] = {}
         folded: dict[bytes, Hit] = {}
 
@@ -84,6 +88,14 @@ class SecretSet:
             marker = REDACTED_TEMPLATE.format(name=name).encode("utf-8", "backslashreplace")
             exact[form] = _Needle(len(form), marker)
             folded.setdefault(form.lower(), Hit(name, kind))
+            # A form holding "=XX" or a line break (a PEM) reads differently in the view, which
+            # decodes and joins them: match it there as the view spells it. Not when that
+            # spelling is too short to be worth the false positives (a tiny raw value).
+            seen = view_text(form)
+            if (seen != form and seen not in exact
+                    and len(seen) >= min(len(form), MIN_DERIVED_LEN)):
+                exact[seen] = _Needle(len(seen), marker)
+                folded.setdefault(seen.lower(), Hit(name, kind))
 
         # (name, value) pairs as well as a mapping: per-sandbox secrets have one value per
         # sandbox under one name, and every one of them is scrubbed

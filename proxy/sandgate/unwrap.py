@@ -11,11 +11,22 @@ match replaced in the real bytes together with the breaks inside it. Two or more
 row (a blank line: the end of a server-sent event, a MIME boundary's surroundings) are kept in
 the view, so they still end every candidate match and nothing is held back across them.
 
-Streaming stays bounded and linear: one automaton pass over the view, and what is held back is
-what could still become a needle in the view (fewer than max_len view bytes, plus the single
-breaks between them; a run of breaks ends a candidate) plus a trailing ``=`` that may begin a
-soft break. Quoted-printable's ``=XX`` escapes are forms of their own
-(`sandgate.secrets.forms`, kind "qp").
+Quoted-printable may escape any byte as ``=XX`` (RFC 2045 6.7 rule 1: "any octet"), in
+either hex case as decoders take it, so a key with only its ``/`` written ``=2F`` is one of
+3^n spellings: no list of forms covers them. The view decodes every ``=XX`` escape to its byte
+instead, and a match maps back to the three bytes of each escape it covers. A secret whose own
+text holds ``=XX`` or line breaks (a PEM key) is matched in the view by its view spelling,
+which `SecretSet` adds to its needles (`view_text`). A literal ``=`` before a value that starts
+with two hex digits (``token=ab12...``) reads as an escape to that view, so when it decoded an
+escape the view that only joins lines is matched as well, and the leftmost, longest match of
+the two wins.
+
+Streaming stays bounded and linear: at most two automaton passes over the views, and what is
+held back is what could still become a needle in a view (fewer than max_len view bytes, plus
+the single breaks and escapes between them; a run of breaks ends a candidate) plus a trailing
+``=`` or ``=X`` that may begin a soft break or an escape; a stop never splits an escape.
+Quoted-printable forms with the usual escapes are listed as forms too
+(`sandgate.secrets.forms`, kind "qp"): the plain scrub of a binary body has no view.
 """
 
 from __future__ import annotations
@@ -26,30 +37,46 @@ import re
 
 from sandgate.scrub import SecretSet, StreamScrubber
 
-# A run of line-break bytes (the "=" of a soft break before it is looked at by hand: a pattern
-# that may start with "=" cannot use the regex engine's fast scan for its first character).
+# A run of line-break bytes (the "=" of a soft break before it is looked at by hand); the view
+# that decodes escapes looks for a quoted-printable escape too.
 _RUN = re.compile(rb"[\r\n]+")
+_TOKEN = re.compile(rb"[\r\n]+|=[0-9A-Fa-f]{2}")
+_ESCAPE = re.compile(rb"=[0-9A-Fa-f]{2}")
 _SINGLE = (b"\n", b"\r\n", b"\r")
+_HEX = frozenset(b"0123456789ABCDEFabcdef")
 
 
 class _View:
-    """`data` without its lone line breaks, and the way back to `data`'s offsets.
+    """`data` without its lone line breaks and (`escapes`) with its ``=XX`` escapes decoded,
+    and the way back to `data`'s offsets.
 
     Text wrapped the usual way (every break the same `\n` or `\r\n`, no blank line, no soft
-    break) is joined with one `bytes.replace` and mapped back lazily: a match or a stop near
-    the end walks back over the last few lines; only a match elsewhere lists every break.
-    Anything else goes through the general loop. Both give the same view and offsets.
+    break, no escape) is joined with one `bytes.replace` and mapped back lazily: a match or a
+    stop near the end walks back over the last few lines; only a match elsewhere lists every
+    break. Anything else goes through the general loop. Both give the same view and offsets.
     """
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, escapes: bool = True) -> None:
         self.data = data
         self._sep = b""
         self._s: list[int] = [0]  # view offset of each kept segment
         self._d: list[int] = [0]  # its data offset
-        if b"\n" not in data and b"\r" not in data:
+        self._esc: set[int] = set()  # view offsets of decoded escapes (three data bytes each)
+        self._lazy = False  # escapes decoded, offsets not mapped yet (`_map`)
+        self._token = _TOKEN if escapes else _RUN
+        escapes = escapes and b"=" in data and _ESCAPE.search(data) is not None
+        breaks = b"\n" in data or b"\r" in data
+        if not breaks and not escapes:
             self.text = data
             return
-        sep = _uniform_break(data)
+        sep = _uniform_break(data) if breaks else b""
+        if escapes and (sep or not breaks):
+            # Decoded line by line at C speed (an escape never spans a break); the offsets are
+            # mapped only if a match or a stop needs them, which for most bodies none does.
+            lines = data.split(sep) if sep else [data]
+            self.text = b"".join(_ESCAPE.sub(_decode_escape, line) for line in lines)
+            self._lazy = True
+            return
         if sep:
             self._sep, self._s, self._d = sep, [], []  # segments listed on demand
             self.text = data.replace(sep, b"")
@@ -60,17 +87,24 @@ class _View:
         kept: list[bytes] = []
         self._s, self._d = [], []
         pos = size = 0
-        for m in _RUN.finditer(data):
-            if m.group() not in _SINGLE:
-                continue
+        for m in self._token.finditer(data):
             a, b = m.span()
-            if a - 1 >= pos and data[a - 1] == 0x3D:  # "=": a quoted-printable soft break
+            escape = data[a] == 0x3D  # "=XX"
+            if not escape and m.group() not in _SINGLE:
+                continue  # a run of breaks stays: it ends every candidate match
+            if not escape and a - 1 >= pos and data[a - 1] == 0x3D:  # "=": a soft break
                 a -= 1
             if a > pos:
                 self._s.append(size)
                 self._d.append(pos)
                 kept.append(data[pos:a])
                 size += a - pos
+            if escape:  # one view byte for the three of the escape
+                self._s.append(size)
+                self._d.append(a)
+                self._esc.add(size)
+                kept.append(bytes((int(data[a + 1:b], 16),)))
+                size += 1
             pos = b
         self._s.append(size)
         self._d.append(pos)
@@ -79,12 +113,28 @@ class _View:
 
     def origin(self, i: int) -> int:
         """The offset in `data` of the view's byte `i`."""
+        if self._lazy:
+            self._map()
         if self._sep and not self._s:
             if len(self.text) - i <= _TAIL:
                 return self._origin_near_end(i)
             self._list_segments()
         k = bisect.bisect_right(self._s, i) - 1
         return self._d[k] + (i - self._s[k])
+
+    @property
+    def decoded(self) -> bool:
+        """Did the view decode an escape (so that it may read a value differently)?"""
+        return self._lazy or bool(self._esc)
+
+    def _map(self) -> None:
+        """The segments of a view decoded the fast way (the general loop gives the same text)."""
+        self._lazy = False
+        self.text = self._general(self.data)
+
+    def end(self, i: int) -> int:
+        """The offset in `data` just after the view's byte `i` (past all of an escape)."""
+        return self.origin(i) + (3 if i in self._esc else 1)
 
     def _origin_near_end(self, i: int) -> int:
         sep, data = self._sep, self.data
@@ -114,6 +164,15 @@ class _View:
 _TAIL = 4096
 
 
+_ESCAPED = {f"={b:02{case}}".encode(): bytes((b,)) for b in range(256) for case in "Xx"}
+_ESCAPED.update({f"={b >> 4:X}{b & 15:x}".encode(): bytes((b,)) for b in range(256)})
+_ESCAPED.update({f"={b >> 4:x}{b & 15:X}".encode(): bytes((b,)) for b in range(256)})
+
+
+def _decode_escape(m: re.Match[bytes]) -> bytes:
+    return _ESCAPED[m.group()]
+
+
 def _uniform_break(data: bytes) -> bytes:
     """The one line break `data` uses when every break in it is that one, no two are adjacent
     and none follows "=" (the usual base64 or text wrapping); else b"" (the general loop)."""
@@ -132,20 +191,57 @@ def _scan(secrets: SecretSet, data: bytes, *, final: bool) -> tuple[list[bytes],
     """`SecretSet._scan` over the view: (pieces of `data`, replacements, stop in `data`)."""
     cut = len(data)
     if not final and data.endswith(b"="):
-        cut -= 1  # may be the start of a soft break: decide with the next byte
+        cut -= 1  # may be the start of a soft break or an escape: decide with what follows
+    elif not final and len(data) >= 2 and data[-2] == 0x3D and data[-1] in _HEX:
+        cut -= 2  # may be an escape
     head = data[:cut]
     view = _View(head)
-    matches, stop = secrets.matches(view.text, final=final)
+    spans, end = _spans(secrets, view, cut, final)
+    if view.decoded:
+        # A value right after a literal "=" reads as an escape to the view when it starts with
+        # two hex digits ("token=ab12...", "=" then a wrapped base64 line): the view that only
+        # joins lines is matched too, and the leftmost, longest match wins.
+        lines, lines_end = _spans(secrets, _View(head, escapes=False), cut, final)
+        end = min(end, lines_end)
+        for back in (1, 2):  # never stop inside an escape: the held rest would read otherwise
+            q = end - back
+            if q >= 0 and head[q] == 0x3D and _ESCAPE.match(head, q):
+                end = q
+                break
+        spans = _leftmost(spans + lines, end)
     pieces: list[bytes] = []
     pos = 0
-    for start, length, replacement in matches:
-        begin = view.origin(start)
+    for begin, finish, replacement in spans:
         pieces.append(head[pos:begin])
         pieces.append(replacement)
-        pos = view.origin(start + length - 1) + 1
-    end = view.origin(stop) if stop < len(view.text) else cut
+        pos = finish
+    end = max(end, pos)  # a match decided before the stop may reach past it
     pieces.append(head[pos:end])
-    return pieces, len(matches), end
+    return pieces, len(spans), end
+
+
+def _spans(secrets: SecretSet, view: _View, cut: int, final: bool
+           ) -> tuple[list[tuple[int, int, bytes]], int]:
+    """What a scrub of the view replaces, as (begin, end, replacement) in the data, and where
+    it stops deciding, in the data."""
+    found, stop = secrets.matches(view.text, final=final)
+    spans = [(view.origin(at), view.end(at + n - 1), r) for at, n, r in found]
+    return spans, view.origin(stop) if stop < len(view.text) else cut
+
+
+def _leftmost(spans: list[tuple[int, int, bytes]], stop: int) -> list[tuple[int, int, bytes]]:
+    """The replacements a scrub makes from two lists of matches (each already leftmost, longest
+    and final before its own stop): leftmost first, the longest at one start, none overlapping,
+    none starting at or after `stop` (undecided there)."""
+    out: list[tuple[int, int, bytes]] = []
+    pos = 0
+    for span in sorted(spans, key=lambda m: (m[0], -m[1])):
+        if span[0] >= stop:
+            break
+        if span[0] >= pos:
+            out.append(span)
+            pos = span[1]
+    return out
 
 
 # Media types that are binary by definition: no MIME part or wrapped text is expected inside,
@@ -173,8 +269,15 @@ def scrub_unwrapped(secrets: SecretSet, data: bytes) -> tuple[bytes, int]:
 
 
 def unwrapped_view(data: bytes) -> bytes:
-    """`data` with its lone line breaks taken out (for detection: `SecretSet.find` of it)."""
+    """`data` with its lone line breaks taken out and its ``=XX`` escapes decoded (for
+    detection: `SecretSet.find` of it); `data` itself (the same object) when that changes
+    nothing."""
     return _View(data).text
+
+
+def view_text(needle: bytes) -> bytes:
+    """A needle as the view spells it (`SecretSet` matches that spelling in the view too)."""
+    return _View(needle).text
 
 
 def unwrapping_scrubber(secrets: SecretSet) -> StreamScrubber:

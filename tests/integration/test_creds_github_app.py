@@ -84,6 +84,7 @@ identities:
 class Stack:
     proxy: Proxy
     gh: GitHubApp
+    pem: str  # the app's private key, as in OpenBao
 
     def call(self, identity: str, path: str, token: str | None = None) -> tuple[str, int]:
         r = curl(self.proxy, identity, f"https://{HOST}{path}", token=token)
@@ -110,7 +111,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
                                                 "VAULT_TOKEN": vault.root_token}, pki,
                         f"--resolve={HOST}={GH_IP}")
     try:
-        yield Stack(proxy, gh)
+        yield Stack(proxy, gh, _pem(app_key))
     finally:
         stop_proxy(proxy)
         logs = proxy.logs() + (proxy.audit_file.read_text() if proxy.audit_file.exists() else "")
@@ -166,3 +167,62 @@ def test_token_revoked_when_the_sandbox_ends(stack):
     while not mine.revoked and time.monotonic() < deadline:
         time.sleep(0.2)
     assert mine.revoked
+
+
+def _lines(pem: str) -> list[str]:
+    return pem.strip().splitlines()[1:-1]
+
+
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(text[i:i + width] for i in range(0, len(text), width))
+
+
+def test_the_app_private_key_is_refused_in_requests(stack, tmp_path):
+    """The key is a credential Sandgate holds (read to mint): a sandbox sending it anywhere,
+    whole, in a JSON string or as its base64 lines at any width, is refused (issue 34)."""
+    assert stack.call("agent", "/repos/acme/api/contents/pem")[1] == 200  # key read, token minted
+    body = "".join(_lines(stack.pem))
+    forms = {"pem": (stack.pem, "text/plain"),
+             "json": (json.dumps({"note": "x", "key": stack.pem}), "application/json"),
+             "lines": ("\n".join(_lines(stack.pem)), "text/plain"),
+             "lines-76": (_wrap(body, 76), "text/plain"),
+             "one-line": (json.dumps({"k": body}), "application/json"),
+             "second-half": (_wrap(body[len(body) // 2:], 70), "text/plain")}
+    rejected, minted = stack.gh.rejected_jwts, len(stack.gh.issued)
+    for name, (data, ctype) in forms.items():
+        f = tmp_path / name
+        f.write_text(data)
+        r = curl(stack.proxy, "agent",
+                 f"https://{HOST}/app/installations/{INSTALLATION}/access_tokens",
+                 "-X", "POST", "--data-binary", f"@{f}", "-H", f"content-type: {ctype}")
+        out, status = split_status(r.stdout)
+        assert status == 403, (name, status)
+        doc = json.loads(out)
+        assert doc["code"] == "exfiltration" and "gh" in doc["reason"], name
+        assert_no_secret([out], [*_lines(stack.pem)], "the refusal")
+    assert stack.gh.rejected_jwts == rejected and len(stack.gh.issued) == minted  # none sent
+    ev = stack.proxy.wait_audit(lambda e: any(x.startswith("gh:value:body")
+                                              for x in e.get("exfiltration") or []))
+    assert ev["decision"] == "deny"
+
+
+def test_an_answer_holding_the_app_private_key_is_scrubbed(stack):
+    """An upstream answering with the key (JSON-escaped, its base64 lines at any width, the
+    PEM as text) reaches the sandbox without it."""
+    body = "".join(_lines(stack.pem))
+    pieces = [*_lines(stack.pem), body[:60], body[-200:-140]]
+    try:
+        stack.gh.also = {"key": stack.pem, "one_line": body}
+        out, status = stack.call("agent", "/repos/acme/api/contents/leak")
+        assert status == 200, out
+        assert "[REDACTED:gh]" in out
+        assert_no_secret([out, json.loads(out)["key"]], pieces, "the JSON answer")
+        stack.gh.also = {}
+        for text in (stack.pem, _wrap(body, 76), "key:\n" + _wrap(body, 50) + "\nend\n"):
+            stack.gh.text = text
+            out, status = stack.call("agent", "/repos/acme/api/contents/leak")
+            assert status == 200, out
+            assert "[REDACTED:gh]" in out
+            assert_no_secret([out, out.replace("\n", "")], pieces, "the text answer")
+    finally:
+        stack.gh.also, stack.gh.text = {}, None

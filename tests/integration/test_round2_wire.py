@@ -8,7 +8,10 @@ run`, HTTP/2 with the `h2` library over real TLS inside a real CONNECT tunnel, D
 from __future__ import annotations
 
 import base64
+import email
+import email.policy
 import gzip
+import json
 import socket
 import threading
 import time
@@ -16,7 +19,10 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
+import brotli
 import pytest
+import zstandard
+from cryptography.hazmat.primitives import serialization
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -277,6 +283,83 @@ def test_gzip_body_with_cached_value_is_exfiltration(proxy, upstream, tmp_path):
     assert seen_count(upstream) == before, "the request reached the upstream"
     assert status == 403
     assert refusal_doc(text)["code"] == "exfiltration"
+
+
+def _post_encoded(proxy, tmp_path, body: bytes, coding: str) -> tuple[str, int]:
+    f = tmp_path / "body.bin"
+    f.write_bytes(body)
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
+             "--data-binary", f"@{f}", "-H", f"content-encoding: {coding}",
+             "-H", "content-type: application/json")
+    return split_status(r.stdout)
+
+
+def test_a_value_in_any_gzip_member_or_stacked_coding_is_exfiltration(proxy, upstream,
+                                                                       tmp_path):
+    """Issue 34: the check read the first gzip member only; an upstream decoding the body
+    reads every member (and undoes `gzip, br` layer by layer)."""
+    _warm_cache(proxy)
+    leak = b'{"content":"' + ANTHROPIC_KEY.encode() + b'"}'
+    bodies = {"second member": (gzip.compress(b'{"x": 1}') + gzip.compress(leak), "gzip"),
+              "gzip, br": (brotli.compress(gzip.compress(leak)), "gzip, br"),
+              "zstd": (zstandard.ZstdCompressor().compress(leak), "zstd")}
+    for name, (body, coding) in bodies.items():
+        before = seen_count(upstream)
+        text, status = _post_encoded(proxy, tmp_path, body, coding)
+        assert seen_count(upstream) == before, f"{name}: the request reached the upstream"
+        assert status == 403, name
+        assert refusal_doc(text)["code"] == "exfiltration", name
+
+
+@pytest.mark.parametrize("body,coding,code", [
+    (b"plain", "compress", "bad_request"),  # a coding Sandgate cannot decode
+    (gzip.compress(b'{"a": 1}')[:-6], "gzip", "bad_request"),  # cut short
+    (gzip.compress(b"\0" * (40 << 20)), "gzip", "too_large"),  # over --max-request-body
+])
+def test_a_body_sandgate_cannot_decode_is_refused(proxy, upstream, tmp_path, body, coding,
+                                                  code):
+    before = seen_count(upstream)
+    text, status = _post_encoded(proxy, tmp_path, body, coding)
+    assert seen_count(upstream) == before, "the request reached the upstream"
+    assert status in (400, 413)
+    assert refusal_doc(text)["code"] == code
+
+
+def test_a_quoted_printable_echo_with_any_escapes_is_scrubbed(proxy, upstream):
+    """Issue 34: a MIME part with the key's bytes escaped (=2D, =6b, ...) and soft breaks
+    reached the client."""
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/echo-key?as=qp")
+    text, status = split_status(r.stdout)
+    assert status == 200, r.stderr
+    scrubbed = "[REDACTED:anthropic]" in text
+    assert scrubbed, "the quoted-printable key was not scrubbed"  # (no body: it holds the key)
+    part = email.message_from_bytes(b'Content-Type: multipart/mixed; boundary="b1"\r\n\r\n'
+                                    + text.encode(), policy=email.policy.default)
+    decoded = b"".join(p.get_payload(decode=True) or b"" for p in part.iter_parts())
+    assert decoded.startswith(b"key: ")
+    assert_no_secret([decoded.decode("latin-1"), text], [ANTHROPIC_KEY], "the MIME answer")
+
+
+def test_the_audit_signing_key_is_exfiltration(proxy, upstream, tmp_path):
+    """Issue 34: the audit chain's private key is a credential Sandgate holds; a sandbox that
+    got hold of it (whole, or its seed in hex) cannot send it out."""
+    key_file = proxy.confdir / "audit-signing.key"
+    assert key_file.exists()  # the session proxy's chain signs with the confdir key
+    pem = key_file.read_text()
+    seed = serialization.load_pem_private_key(pem.encode(), None).private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+        serialization.NoEncryption())
+    for body in (json.dumps({"k": pem}).encode(), b"seed=" + seed.hex().encode()):
+        f = tmp_path / "body"
+        f.write_bytes(body)
+        before = seen_count(upstream)
+        r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
+                 "--data-binary", f"@{f}", "-H", "content-type: application/json")
+        text, status = split_status(r.stdout)
+        assert seen_count(upstream) == before, "the request reached the upstream"
+        assert status == 403
+        doc = refusal_doc(text)
+        assert doc["code"] == "exfiltration" and "audit-signing-key" in doc["reason"]
 
 
 # ---------------------------------------------------------------- 7. body limits

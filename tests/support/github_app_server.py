@@ -43,6 +43,9 @@ class GitHubApp:
     issued: list[Issued] = field(default_factory=list)
     rejected_jwts: int = 0
     served: int = 0
+    # a leaky upstream: more for the contents answer to say (JSON), or a text/plain answer
+    also: dict[str, Any] = field(default_factory=dict)
+    text: str | None = None
     _server: ThreadedApp | None = None
 
     def _live(self, request: web.Request) -> Issued | None:
@@ -91,7 +94,10 @@ class GitHubApp:
         if live.repositories is not None and repo not in live.repositories:
             return _error("Not Found", 404)
         self.served += 1
-        return web.json_response({"token": live.token, "permissions": live.permissions})
+        if self.text is not None:
+            return web.Response(text=self.text, content_type="text/plain")
+        return web.json_response({"token": live.token, "permissions": live.permissions,
+                                  **self.also})
 
     def start(self) -> GitHubApp:
         app = web.Application()

@@ -75,9 +75,12 @@ class Upstream:
         key = request.headers.get("x-api-key", "") or request.headers.get("authorization", "")
         resp = web.StreamResponse(headers={"X-Echo-Key": key, "X-Sandgate-Reason": "forged"})
         resp.content_type = "text/plain"
-        await resp.prepare(request)
         # The key split across writes, so a scrubber that looks chunk by chunk would miss it.
         blob = f"your key is {key} and again {key}.".encode()
+        if request.query.get("as") == "qp":  # in a MIME part, quoted-printable, bytes escaped
+            resp.headers["Content-Type"] = 'multipart/mixed; boundary="b1"'
+            blob = _qp_mime(key.encode())
+        await resp.prepare(request)
         mid = len(blob) // 3
         for part in (blob[:mid], blob[mid:2 * mid], blob[2 * mid:]):
             await resp.write(part)
@@ -203,3 +206,20 @@ class AppThread:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+def _qp_mime(key: bytes) -> bytes:
+    """A multipart body whose quoted-printable part holds `key` with every other byte escaped
+    (any octet may be: RFC 2045 6.7), lower-case hex on some, and a soft break every 7 bytes;
+    any MIME library gives the key back."""
+    out = bytearray()
+    for i, byte in enumerate(key):
+        if i and i % 7 == 0:
+            out += b"=\r\n"
+        if i % 2 or byte == 0x3D:
+            out += (f"={byte:02X}" if i % 4 == 1 else f"={byte:02x}").encode()
+        else:
+            out.append(byte)
+    return b"\r\n".join([b"--b1", b"Content-Type: text/plain",
+                          b"Content-Transfer-Encoding: quoted-printable", b"",
+                          b"key: " + bytes(out), b"--b1--", b""])

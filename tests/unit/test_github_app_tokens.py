@@ -6,6 +6,8 @@ tests/integration/test_creds_github_app.py runs them against a GitHub-shaped end
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
 from typing import Any
 
 import jwt
@@ -125,3 +127,52 @@ async def test_unusable_key_is_secret_unavailable(fake):
     with pytest.raises(SecretError, match="cannot sign an RS256 JWT"):
         await apps.get(REF, None, None, _dial)
     assert fake.minted == []
+
+
+class ShortLived(Fake):
+    """GitHub answering tokens that expire `life` seconds after the (fake) wall clock's now."""
+
+    def __init__(self, life: float) -> None:
+        super().__init__()
+        self.life = life
+
+    async def call(self, method: str, url: str, address: Any, ctx: Any, timeout: float,
+                   headers: dict[str, str], body: bytes | None, what: str) -> tuple[int, bytes]:
+        self.minted.append({"url": url, "body": body})
+        when = dt.datetime.fromtimestamp(WALL + self.now + self.life, dt.UTC)
+        return 201, json.dumps({"token": f"tok-{len(self.minted)}",
+                                "expires_at": when.strftime("%Y-%m-%dT%H:%M:%SZ")}).encode()
+
+
+WALL = 1_800_000_000.0  # the fake wall clock is WALL + the fake monotonic clock
+
+
+async def test_a_token_is_never_used_within_five_minutes_of_its_expiry(monkeypatch):
+    """docs/credentials.md: cached until five minutes before expires_at (not half the life)."""
+    f = ShortLived(303)
+    monkeypatch.setattr(github_app, "call", f.call)
+    apps = GitHubApps(f.read, clock=lambda: f.now, wall=lambda: WALL + f.now)
+    first = await apps.get(REF, None, None, _dial)
+    f.now += 2.5  # 300.5 s left: still outside the margin
+    assert (await apps.get(REF, None, None, _dial)).value == first.value
+    f.now += 2.0  # 298.5 s left: inside it; a fresh token is minted
+    again = await apps.get(REF, None, None, _dial)
+    assert again.value != first.value and len(f.minted) == 2
+
+    hour = ShortLived(3600)
+    monkeypatch.setattr(github_app, "call", hour.call)
+    apps = GitHubApps(hour.read, clock=lambda: hour.now, wall=lambda: WALL + hour.now)
+    token = await apps.get(REF, None, None, _dial)
+    hour.now += 3600 - 300 - 0.5  # an hour's token is used for 55 minutes
+    assert (await apps.get(REF, None, None, _dial)).value == token.value
+    hour.now += 1.0
+    assert (await apps.get(REF, None, None, _dial)).value != token.value
+
+
+async def test_a_token_minted_inside_the_margin_is_refused(monkeypatch):
+    f = ShortLived(299)
+    monkeypatch.setattr(github_app, "call", f.call)
+    apps = GitHubApps(f.read, clock=lambda: f.now, wall=lambda: WALL + f.now)
+    with pytest.raises(SecretError, match="within the 300s margin") as e:
+        await apps.get(REF, None, None, _dial)
+    assert "tok-" not in str(e.value)

@@ -1,4 +1,5 @@
-"""Undo a response's content codings so that its body can be scrubbed.
+"""Undo a body's content codings: a response's so that it can be scrubbed, a request's so that
+the exfiltration check reads what the upstream will decode (`sandgate.addons.forward`).
 
 Sandgate asks every upstream for `Accept-Encoding: identity`; some answer compressed anyway.
 What a well-kept library decodes is decoded here, streaming, layer by layer in the reverse of
@@ -17,7 +18,7 @@ past `limit` decoded bytes. Time is linear in the input and output.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import brotli
 import zstandard
@@ -72,31 +73,65 @@ class _Zlib:
         if out:
             yield out
 
+    @property
+    def finished(self) -> bool:
+        """The last stream (gzip member) ended: the body is not cut short."""
+        return self.d.eof
+
 
 class _Sliced:
-    """br or zstd: the compressed input goes in `_SLICE`-byte slices (see the module)."""
+    """br or zstd: the compressed input goes in `_SLICE`-byte slices (see the module). zstd's
+    frames are decoded one after the other (a body may hold several), each by its own object,
+    so that whether the last one ended is known (`finished`)."""
 
     def __init__(self, coding: str) -> None:
         self.coding = coding
+        self._br: brotli.Decompressor | None = None
+        self._zstd: zstandard.ZstdDecompressionObj | None = None
+        self._fresh = True  # nothing of the current br stream or zstd frame read yet
         if coding == "br":
-            self.step: Callable[[bytes], bytes] = brotli.Decompressor().process
+            self._br = brotli.Decompressor()
             self.errors: tuple[type[Exception], ...] = (brotli.error,)
         else:
-            d = zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW).decompressobj(
-                read_across_frames=True)
-            self.step, self.errors = d.decompress, (zstandard.ZstdError,)
+            self._zstd = _zstd_frame()
+            self.errors = (zstandard.ZstdError,)
+
+    def _step(self, data: bytes) -> Iterator[bytes]:
+        if self._br is not None:
+            self._fresh = False
+            yield self._br.process(data)
+            return
+        while data:
+            assert self._zstd is not None
+            self._fresh = False
+            yield self._zstd.decompress(data)
+            if not self._zstd.eof:
+                return
+            data = self._zstd.unused_data  # another frame follows
+            self._zstd, self._fresh = _zstd_frame(), True
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         for i in range(0, len(data), _SLICE):
             try:
-                out = self.step(data[i:i + _SLICE])
+                for out in self._step(data[i:i + _SLICE]):
+                    if out:
+                        yield out
             except self.errors:
                 raise ValueError(f"the upstream's {self.coding} body is corrupt") from None
-            if out:
-                yield out
 
     def end(self) -> Iterator[bytes]:
         return iter(())
+
+    @property
+    def finished(self) -> bool:
+        """The body is not cut short: the br stream ended, or no zstd frame is half read."""
+        if self._br is not None:
+            return bool(self._br.is_finished())
+        return self._fresh
+
+
+def _zstd_frame() -> zstandard.ZstdDecompressionObj:
+    return zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW).decompressobj()
 
 
 def _layer(coding: str) -> _Zlib | _Sliced:
@@ -117,6 +152,11 @@ class Decoder:
     def end(self) -> Iterator[bytes]:
         return self._through(0, [], final=True)
 
+    @property
+    def finished(self) -> bool:
+        """Every layer's stream ended (after `end`): the body was not cut short."""
+        return all(layer.finished for layer in self._layers)
+
     def _through(self, i: int, pieces: list[bytes] | Iterator[bytes],
                  final: bool) -> Iterator[bytes]:
         if i == len(self._layers):
@@ -133,14 +173,22 @@ class Decoder:
         yield from self._through(i + 1, out(), final)
 
 
-def decode_all(data: bytes, chain: list[str], limit: int) -> bytes:
-    """A whole body decoded; ValueError when corrupt or when it decodes to more than `limit`."""
+class TooLarge(ValueError):
+    """`decode_all`: the body decodes to more than the limit (a ValueError, as corrupt is)."""
+
+
+def decode_all(data: bytes, chain: list[str], limit: int, *, whole: bool = False) -> bytes:
+    """A whole body decoded; ValueError when corrupt, `TooLarge` when it decodes to more than
+    `limit` (decoding stops there: a decompression bomb costs `limit` bytes at most). `whole`:
+    a body cut short (a stream that does not end) is corrupt too."""
     decoder = Decoder(chain)
     out = bytearray()
     for part in (decoder.feed(data), decoder.end()):
         for piece in part:
             out += piece
             if len(out) > limit:
-                raise ValueError(f"the upstream's {', '.join(chain)} body decodes to more "
-                                 "than Sandgate inspects")
+                raise TooLarge(f"the upstream's {', '.join(chain)} body decodes to more "
+                               "than Sandgate inspects")
+    if whole and not decoder.finished:
+        raise ValueError(f"the {', '.join(chain)} body is cut short")
     return bytes(out)

@@ -2,7 +2,9 @@
 value that was injected into that flow, whatever the cache did since.
 
 The shared set (`ScrubSets.current`) is compiled from the broker's values when they change:
-the cache, the leases, the retired values (`sandgate.secrets.retired`) and the canaries. It
+the cache, the leases, the minted tokens with the client secrets and private keys they are
+minted with, the retired values (`sandgate.secrets.retired`), the canaries and Sandgate's own
+keys (the audit signing key). It
 follows the cache, so on its own it can lose a value while a request carrying it is still in
 flight: Vault rotates the secret and another request refreshes the cache, the sandbox ends
 (token expiry, `DELETE /v1/sandboxes/{id}`), a reload drops the secret. The retired window
@@ -18,7 +20,7 @@ set's version and the flow's values, so a long stream costs one compilation, not
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -57,7 +59,7 @@ class Broker(Protocol):
 
     @property
     def generation(self) -> int: ...
-    def cached_pairs(self) -> list[tuple[str, str]]: ...
+    def cached_pairs(self) -> list[tuple[str, str | bytes]]: ...
     def value_views(self) -> list[dict[str, str]]: ...
 
 
@@ -68,9 +70,9 @@ class ScrubSets:
         self._shared = SecretSet({})
         self._generation = -1
         self._version = 0  # bumps with every rebuild: keys the unions
-        self._pairs: list[tuple[str, str]] = []
+        self._pairs: list[tuple[str, str | bytes]] = []
         self._extra: dict[str, list[bytes]] = {}
-        self._have_pairs: frozenset[tuple[str, str]] = frozenset()
+        self._have_pairs: frozenset[tuple[str, str | bytes]] = frozenset()
         self._have_forms: frozenset[bytes] = frozenset()
         self._unions: OrderedDict[tuple[int, Owned], SecretSet] = OrderedDict()
 
@@ -78,13 +80,15 @@ class ScrubSets:
         """Rebuild at the next use (a reload: the policy's own forms and the canaries)."""
         self._generation = -1
 
-    def current(self, broker: Broker, canaries: Mapping[str, str], policy: Policy) -> SecretSet:
-        """Every value the broker holds or retired, every canary, and Sandgate's own
-        encodings of them, compiled once per change of the broker's values."""
+    def current(self, broker: Broker, canaries: Mapping[str, str], policy: Policy,
+                own: Sequence[tuple[str, str | bytes]] = ()) -> SecretSet:
+        """Every value the broker holds or retired, every canary, Sandgate's own credentials
+        (`own`: the audit signing key) and Sandgate's own encodings of them, compiled once per
+        change of the broker's values (`own` is fixed for the process)."""
         if broker.generation != self._generation:
             generation = broker.generation
             # Every value of every sandbox: a sandbox must not receive another's value either.
-            pairs = [*canaries.items(), *broker.cached_pairs()]
+            pairs = [*canaries.items(), *own, *broker.cached_pairs()]
             extra: dict[str, list[bytes]] = {}
             for view in broker.value_views():  # one caller's values together (a Basic pair)
                 for name, forms in own_forms(policy, view).items():
@@ -99,9 +103,9 @@ class ScrubSets:
         return self._shared
 
     def for_flow(self, broker: Broker, canaries: Mapping[str, str], policy: Policy,
-                 mine: Owned | None) -> SecretSet:
+                 mine: Owned | None, own: Sequence[tuple[str, str | bytes]] = ()) -> SecretSet:
         """The shared set, plus every value injected into the flow (`mine`)."""
-        shared = self.current(broker, canaries, policy)
+        shared = self.current(broker, canaries, policy, own)
         if not mine or (self._have_pairs.issuperset(mine.pairs)
                         and self._have_forms.issuperset(f for _, f in mine.forms)):
             return shared

@@ -8,12 +8,12 @@ was inspected, no trailers, and only the protocol switch that is judged (WebSock
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable
 
 from mitmproxy import http
 from mitmproxy.net.http import url
 
+from sandgate.addons.decoding import TooLarge, codings, decode_all, unsupported
 from sandgate.errors import BadRequest, Code
 from sandgate.request import RequestInfo, split_authority
 
@@ -25,9 +25,6 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"te", b"transfer-encodin
 # Proxy-Authorization, Proxy-Connection...: meant for the proxy (Sandgate's own credentials
 # among them), never for the upstream.
 _PROXY_PREFIX = b"proxy-"
-
-_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-
 
 def is_websocket_upgrade(req: http.Request) -> bool:
     return (req.method == "GET"
@@ -63,26 +60,32 @@ def check_authority(req: http.Request, info: RequestInfo) -> None:
 def inspectable_body(req: http.Request, limit: int) -> bytes:
     """The request body as the upstream will interpret it, decoded for the leak scan.
 
-    gzip and deflate are decoded (at most `limit` bytes of output: no decompression bomb);
-    any other content-encoding cannot be inspected and is refused.
+    Every coding the upstream may undo is undone here, with the same decoders as a response's
+    (`sandgate.addons.decoding`): stacked codings (``gzip, br``) layer by layer, every member
+    of a multi-member gzip body (a server reading one member only would be the exception, and a
+    key in the second member must not pass unseen), deflate, br and zstd. What cannot be
+    decoded is refused, never forwarded unread: an unknown coding or a corrupt or truncated
+    body (400 bad_request), more than `limit` decoded bytes (413 too_large: no decompression bomb).
     """
     raw = req.raw_content or b""
-    encoding = req.headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("", "identity") or not raw:
+    header = req.headers.get("content-encoding", "")
+    chain = codings(header)
+    if not chain or not raw:
         return raw
-    wbits = _DECODERS.get(encoding)
-    if wbits is None:
-        raise BadRequest(Code.BAD_REQUEST, f"request bodies with content-encoding {encoding!r} "
-                         "cannot be inspected; send identity, gzip or deflate")
-    decoder = zlib.decompressobj(wbits)
+    named = ", ".join(chain)
+    if unsupported(chain) is not None:
+        raise BadRequest(Code.BAD_REQUEST, f"request bodies with content-encoding {named} "
+                         "cannot be inspected; send identity, gzip, deflate, br or zstd "
+                         "(or a stack of them)")
     try:
-        out = decoder.decompress(raw, limit + 1)
-    except zlib.error:
-        raise BadRequest(Code.BAD_REQUEST, f"the {encoding} request body is corrupt") from None
-    if len(out) > limit or decoder.unconsumed_tail:
-        raise BadRequest(Code.TOO_LARGE, "the decoded request body is larger than this proxy "
-                         "accepts")
-    return out
+        return decode_all(raw, chain, limit, whole=True)
+    except TooLarge:
+        raise BadRequest(Code.TOO_LARGE, f"the request body decodes ({named}) to more than "
+                         f"this proxy accepts ({limit} bytes); send it smaller or "
+                         "uncompressed") from None
+    except ValueError:
+        raise BadRequest(Code.BAD_REQUEST, f"the {named} request body is corrupt (it does not "
+                         "decode as its Content-Encoding says); nothing was sent") from None
 
 
 def _nominated(fields: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:

@@ -11,9 +11,10 @@ innocent requests as exfiltration) while protecting a value too short to be a cr
 anyway. The raw form is always kept: the operator chose that value, however short.
 
 Quoted-printable (MIME) escapes ``=`` and non-printable bytes as ``=XX``: those spellings are
-forms too. Line breaks inside a form (base64 wrapped at 76 columns, a quoted-printable soft
-break) are handled by the scrubber, not here: `sandgate.unwrap`. Compressed bodies are decoded
-before scrubbing (`sandgate.addons.decoding`).
+forms too (for the plain scrub of a binary body). Any other subset of escaped bytes, in either
+hex case, and line breaks inside a form (base64 wrapped at 76 columns, a quoted-printable soft
+break) are handled by the scrubber's view, not here: `sandgate.unwrap`. Compressed bodies are
+decoded before scrubbing (`sandgate.addons.decoding`).
 
 Not covered (documented so nobody assumes otherwise): other encodings layered on top of these
 (base64 of hex, ...), and mixed-case hex or ``%xX`` escapes (`SecretSet.find` matches

@@ -6,7 +6,8 @@ GitHub for an installation token restricted to the repositories and permissions 
 rule names (`GitHubScope`). A token is minted per (secret, sandbox, restrictions), so one
 identity's narrow token is never handed to another and each sandbox's tokens can be revoked
 (DELETE /installation/token) when it ends; at shutdown the rest are revoked too. A token is
-used until five minutes before its `expires_at` (GitHub's are valid an hour). Failures are
+used until five minutes (`MARGIN`) before its `expires_at` and never after (GitHub's are valid
+an hour; one minted with less left is refused: a clock that far off is wrong). Failures are
 `SecretError` (503 secret_unavailable) naming GitHub's status, never a token or the key.
 
 GitHub is dialled through the `Dial` the proxy gives: the calling identity's rules must allow
@@ -30,6 +31,7 @@ import jwt
 from sandgate.errors import SecretError
 from sandgate.policy.model import GitHubAppRef, GitHubScope, SecretRef
 from sandgate.secrets.flight import Flights
+from sandgate.secrets.keyforms import pem_values
 from sandgate.secrets.tokenhttp import Dial, TokenFailure, call
 
 log = logging.getLogger("sandgate.github_app")
@@ -101,14 +103,30 @@ class GitHubApps:
         self._tokens: dict[Key, Minted] = {}
         self._flights: Flights[Key, Minted] = Flights()
         self.retired: list[tuple[str, str]] = []  # (name, value): still scrubbed
+        # name -> (PEM, its values): the app's private key is a credential Sandgate holds too
+        self.keys: dict[str, list[tuple[str, list[str | bytes]]]] = {}
         self.generation = 0
         self.ssl_ctx: ssl.SSLContext = ssl.create_default_context()
         self.mints = 0
         self.revoked = 0
         self._revocations: set[asyncio.Task[None]] = set()
 
-    def values(self) -> list[tuple[str, str]]:
-        return [(k[0], m.value) for k, m in self._tokens.items()] + self.retired
+    def values(self) -> list[tuple[str, str | bytes]]:
+        """(name, value) of every token held or retired, and of every private key read with
+        the pieces of it a client could reassemble (`sandgate.secrets.keyforms`)."""
+        out: list[tuple[str, str | bytes]] = [(k[0], m.value) for k, m in self._tokens.items()]
+        out += self.retired
+        out += [(name, v) for name, held in self.keys.items() for _, vs in held for v in vs]
+        return out
+
+    def _remember(self, name: str, pem: str) -> None:
+        """Hold the key's values for scrubbing; a rotated key's stay (the newest few)."""
+        held = self.keys.setdefault(name, [])
+        if any(p == pem for p, _ in held):
+            return
+        held.append((pem, pem_values(pem)))
+        del held[:-4]
+        self.generation += 1
 
     async def get(self, ref: SecretRef, sandbox: str | None, scope: GitHubScope | None,
                   dial: Dial) -> Minted:
@@ -128,6 +146,7 @@ class GitHubApps:
         if not isinstance(pem, str) or "PRIVATE KEY" not in pem:
             raise SecretError(name, f"secret '{name}' unavailable: no private key (PEM) in "
                               f"field '{ref.field}'")
+        self._remember(name, pem)
         try:
             signed = app_jwt(g.app_id, pem, self._wall())
         except (ValueError, TypeError, jwt.PyJWTError):
@@ -150,8 +169,13 @@ class GitHubApps:
             "%Y-%m-%dT%H:%M:%SZ")
         what = scope.describe() if scope is not None else "the installation's grants"
         note = (f"github-app installation {g.installation_id} ({what}), expires {expires}")
-        margin = min(MARGIN, left / 2)
-        m = Minted(token, self._clock() + left - margin, version, note, address, g)
+        if left <= MARGIN:  # never used within the margin: not even once, freshly minted
+            log.warning("secret '%s': GitHub minted a token that expires in %.0fs", name, left)
+            raise SecretError(name, f"secret '{name}' unavailable: GitHub's installation token "
+                              f"expires in {left:.0f}s, within the {MARGIN:.0f}s margin before "
+                              "expiry in which Sandgate no longer uses a token (is this host's "
+                              "clock right?)")
+        m = Minted(token, self._clock() + left - MARGIN, version, note, address, g)
         old = self._tokens.get(key)
         if old is not None:
             self._retire(key[0], old)

@@ -484,18 +484,23 @@ class SecretBroker:
         """A value leaves the cache: it stays scrubbed and detected for the retired window
         (a flow it was injected into keeps it anyway, see sandgate.addons.flowsecrets)."""
         self.retired.add(entry.value.name, entry.value.value)
+        for _, part in entry.value.extra:  # an aws secret's session token goes with its key
+            self.retired.add(entry.value.name, part)
 
     def cached_values(self) -> dict[str, str]:
         """name -> value of every cached value shared by all callers (no per-identity or
         per-sandbox path), expired ones included (no I/O). `cached_pairs` has them all."""
         return {ck[0]: e.value.value for ck, e in self._cache.items() if e.scope == GLOBAL}
 
-    def cached_pairs(self) -> list[tuple[str, str]]:
+    def cached_pairs(self) -> list[tuple[str, str | bytes]]:
         """(name, value) of every value held, of every sandbox: KV entries (expired ones
         included: never served, but still real credentials until replaced or dropped), leases,
-        and the retired values (rotated, forgotten, revoked: `sandgate.secrets.retired`). For
-        response scrubbing and exfiltration checks."""
-        pairs = [(ck[0], e.value.value) for ck, e in self._cache.items()]
+        and the retired values (rotated, forgotten, revoked: `sandgate.secrets.retired`), the
+        parts of a multi-part credential (an aws secret's session token), minted tokens and
+        the client records and private keys they are minted with. For response scrubbing and
+        exfiltration checks."""
+        pairs: list[tuple[str, str | bytes]] = [
+            (ck[0], e.value.value) for ck, e in self._cache.items()]
         pairs += [(ck[0], v) for ck, e in self._cache.items() for _, v in e.value.extra]
         pairs += [(name, value) for _, name, value, _ in self.leases.values()]
         pairs += self.retired.pairs()
@@ -634,7 +639,7 @@ class SecretBroker:
             if old is not None and old.value.value != value:
                 self._retire(old)  # rotated in Vault: the old value may still be in flight
         else:  # a reload moved the secret while it was read: handed out once, never cached
-            self.retired.add(name, value)
+            self._retire(_Entry(_ref_key(ref), sv, 0.0, scope))
         log.debug("fetched secret '%s' from %s (version %s)", name, where, version)
         return sv
 

@@ -45,6 +45,9 @@ class GateConfig:
     max_request_body: int = 32 * 1024 * 1024
     # secret-like name -> decoy value (`sandgate run --canary`): refused in requests, scrubbed
     canaries: dict[str, str] = field(default_factory=dict)
+    # Sandgate's own credentials (the audit checkpoints' signing key, as the values of
+    # `sandgate.secrets.keyforms`): never sent by a sandbox, never shown to one
+    own: tuple[tuple[str, str | bytes], ...] = ()
     # forward even while the audit log cannot be written (--audit-best-effort); off: fail closed
     audit_best_effort: bool = False
     # rates, budgets, connection counts and head limits (sandgate.limits, `sandgate run` flags)
@@ -110,7 +113,7 @@ class GateState:
         """Every held and retired secret value and its encodings, plus every value injected
         into `rec`'s flow (the flow owns its secrets: sandgate.addons.flowsecrets)."""
         return self._scrub_sets.for_flow(self.cfg.broker, self.cfg.canaries, self.policy,
-                                         rec.owned if rec is not None else None)
+                                         rec.owned if rec is not None else None, self.cfg.own)
 
     def conn(self, client: connection.Client) -> Conn:
         c = self.conns.get(client.id)
