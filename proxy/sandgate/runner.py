@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cryptography.hazmat.primitives import serialization
 from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
@@ -55,7 +56,7 @@ from sandgate.metrics import Metrics
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy import live as livepolicy
 from sandgate.policy.model import Policy
-from sandgate.secrets.keyforms import held_key_values
+from sandgate.secrets.keyforms import PrivateKey, held_key_values
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import canary
 
@@ -270,7 +271,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
         audit_best_effort=cfg.audit_best_effort,
         canaries=canaries(policy),
-        own=own_keys(sink),
+        own=own_keys(sink, conf,
+                     cfg.worker.token if cfg.worker is not None else cfg.admin_token),
         socks5_allow=tuple(cfg.socks5_allow),
         gateway_tls=cfg.gateway_tls_name is not None,
         limiter=limiter,
@@ -482,12 +484,26 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         sink.close()
 
 
-def own_keys(sink: audit.AuditLog) -> tuple[tuple[str, str | bytes], ...]:
-    """Sandgate's own credentials, scrubbed and detected like the secrets it holds: the audit
-    checkpoints' signing key (a webhook's signing secret is a policy secret: the broker's)."""
-    if sink.signing_key is None:
-        return ()
-    return tuple(("audit-signing-key", v) for v in held_key_values(sink.signing_key))
+def own_keys(sink: audit.AuditLog, conf: Path, admin_token: str | None
+             ) -> tuple[tuple[str, str | bytes], ...]:
+    """Sandgate's own credentials, scrubbed and detected like the secrets it holds (a
+    webhook's signing secret is a policy secret: the broker's):
+
+    - the audit checkpoints' signing key;
+    - the CA's private key: it signs every certificate the sandboxes trust (the certificate
+      beside it in the same file is public and is not included);
+    - the proxy-token key: it mints a token for any identity;
+    - the admin API's token (or a worker's control token)."""
+    own: list[tuple[str, str | bytes]] = []
+    if sink.signing_key is not None:
+        own += [("audit-signing-key", v) for v in held_key_values(sink.signing_key)]
+    ca = serialization.load_pem_private_key((conf / confdir.CA_KEY_FILE).read_bytes(), None)
+    if isinstance(ca, PrivateKey):
+        own += [("ca-private-key", v) for v in held_key_values(ca)]
+    own.append(("proxy-token-key", confdir.token_key(conf)))
+    if admin_token:
+        own.append(("admin-token", admin_token))
+    return tuple(own)
 
 
 def make_approvals(cfg: RunConfig, broker: SecretBroker,

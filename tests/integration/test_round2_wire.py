@@ -362,6 +362,34 @@ def test_the_audit_signing_key_is_exfiltration(proxy, upstream, tmp_path):
         assert doc["code"] == "exfiltration" and "audit-signing-key" in doc["reason"]
 
 
+@pytest.mark.parametrize("which", ["ca-private-key", "proxy-token-key"])
+def test_the_ca_key_and_the_token_key_are_exfiltration(proxy, upstream, tmp_path, which):
+    """Issue 34: the CA's private key (it signs every certificate a sandbox trusts) and the
+    proxy-token key (it mints any identity's token) are credentials Sandgate holds: a sandbox
+    that got hold of one cannot send it out. The CA certificate is public and goes through."""
+    if which == "ca-private-key":
+        text = (proxy.confdir / "mitmproxy-ca.pem").read_text()
+        body = json.dumps({"k": text[:text.index("-----END")]}).encode()
+    else:
+        body = b"key=" + (proxy.confdir / "sandgate-token.key").read_bytes().strip()
+    f = tmp_path / "body"
+    f.write_bytes(body)
+    before = seen_count(upstream)
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
+             "--data-binary", f"@{f}", "-H", "content-type: application/json")
+    text, status = split_status(r.stdout)
+    assert seen_count(upstream) == before, "the request reached the upstream"
+    assert status == 403
+    doc = refusal_doc(text)
+    assert doc["code"] == "exfiltration" and which in doc["reason"]
+    cert = tmp_path / "cert"
+    cert.write_bytes(json.dumps({"ca": (proxy.confdir / "mitmproxy-ca-cert.pem").read_text()})
+                     .encode())
+    r = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
+             "--data-binary", f"@{cert}", "-H", "content-type: application/json")
+    assert split_status(r.stdout)[1] != 403, r.stdout[:300]
+
+
 # ---------------------------------------------------------------- 7. body limits
 
 def _rss_kb(pid: int) -> int:

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sandgate import confdir
 from sandgate.addons.flowsecrets import ScrubSets
 from sandgate.audit import AuditLog
 from sandgate.audit_chain import Chain
@@ -136,22 +137,56 @@ async def test_the_github_app_key_is_held_once_read(monkeypatch):
     assert {h.name for h in s.find(key.encode())} == {"gh"}
 
 
+def _confdir(tmp_path: Path) -> Path:
+    conf = confdir.ensure_confdir(tmp_path / "conf")
+    confdir.ensure_ca(conf)
+    return conf
+
+
 def test_the_audit_signing_key_is_scrubbed_and_detected(tmp_path: Path):
     key = ed25519.Ed25519PrivateKey.generate()
     sink = AuditLog(tmp_path / "audit.jsonl", chain=Chain(key))
     try:
-        own = own_keys(sink)
+        own = own_keys(sink, _confdir(tmp_path), None)
     finally:
         sink.close()
-    assert own and {n for n, _ in own} == {"audit-signing-key"}
-    s = SecretSet(list(own))
+    assert {n for n, _ in own} == {"audit-signing-key", "ca-private-key", "proxy-token-key"}
+    s = SecretSet([(n, v) for n, v in own if n == "audit-signing-key"])
     text = pem(key, serialization.PrivateFormat.PKCS8)
     seed = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                              serialization.NoEncryption())
     for data in (text.encode(), seed.hex().encode(), base64.b64encode(seed),
                  json.dumps({"k": text}).encode()):
         assert_leaks(s, data, "the audit signing key")
-    assert own_keys(AuditLog(None)) == ()
+
+
+def test_the_ca_key_token_key_and_admin_token_are_scrubbed_and_detected(tmp_path: Path):
+    """Issue 34: every credential Sandgate holds. The CA's private key signs every certificate
+    a sandbox trusts; the token key mints any identity's proxy token; the admin token runs the
+    admin API. The CA certificate beside the key is public: never refused."""
+    conf = _confdir(tmp_path)
+    own = own_keys(AuditLog(None), conf, "admin-token-for-this-test-31")
+    assert {n for n, _ in own} == {"ca-private-key", "proxy-token-key", "admin-token"}
+    s = SecretSet(list(own))
+    ca_file = (conf / confdir.CA_KEY_FILE).read_text()
+    ca_key = serialization.load_pem_private_key(ca_file.encode(), None)
+    key_pem = pem(ca_key, serialization.PrivateFormat.PKCS8)
+    key_file_pem = ca_file[:ca_file.index("-----END")]  # the key block as the file holds it
+    token_key = confdir.token_key(conf)
+    for data, what in ((key_pem.encode(), "the CA key"),
+                       (json.dumps({"k": key_file_pem}).encode(), "the CA key JSON-escaped"),
+                       (wrap(body_of(key_pem), 64).encode(), "the CA key's body"),
+                       (base64.b64encode(token_key), "the token key as stored"),
+                       (token_key.hex().encode(), "the token key in hex"),
+                       (b"x-admin: admin-token-for-this-test-31", "the admin token")):
+        assert_leaks(s, data, what)
+    cert = (conf / confdir.CA_CERT_FILE).read_bytes()
+    assert s.find(cert) == []
+
+
+def test_no_audit_chain_no_admin_token(tmp_path: Path):
+    own = own_keys(AuditLog(None), _confdir(tmp_path), None)
+    assert {n for n, _ in own} == {"ca-private-key", "proxy-token-key"}
 
 
 AWS_POLICY = """
