@@ -47,7 +47,7 @@ def register(sub: Any) -> None:
     explain.add_argument("--sandbox", default=None, metavar="ID",
                          help="the caller's sandbox id (as in its token or Docker label); "
                          "without it, a rule needing a per-sandbox secret is sandbox_required")
-    add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method (sandgate.call_cli)
+    add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method, --websocket (call_cli)
     explain.add_argument("--dns", default=None, metavar="NAME",
                          help="instead of a request: what the policy DNS (run --dns) answers "
                          "the identity for NAME (resolve or refuse)")
@@ -233,7 +233,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 1
     try:
         out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
-                                       args.sandbox, args.gateway, call_from_args(args))
+                                       args.sandbox, args.gateway, call_from_args(args),
+                                       args.websocket)
     except ValueError as e:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))
