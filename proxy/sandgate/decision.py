@@ -205,10 +205,11 @@ def _upgrade_refused(identity: str, rule: Rule, upgrade: str, target: str) -> De
     else:
         hint = ("only WebSocket can be judged message by message (with `websocket: true` on "
                 "the rule); send the calls as POST requests")
+    what = "a WebSocket" if upgrade == "websocket" else f"a switch to {upgrade[:40]!r}"
     return Decision(
         False, Code.UPGRADE_REFUSED,
-        f"rule '{rule.name}' of identity '{identity}' judges the {key} calls on {target}; a "
-        f"switch to {upgrade[:40]!r} would carry calls it never judges",
+        f"rule '{rule.name}' of identity '{identity}' judges the {key} calls on {target}; "
+        f"{what} would carry calls it never judges",
         rule=rule, hint=hint, detail=f"rule '{rule.name}' is defined at {rule.source}")
 
 

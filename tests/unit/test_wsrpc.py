@@ -391,3 +391,55 @@ def test_fragments_are_noted_and_a_close_is_sent_on_request() -> None:
     assert isinstance(close, ws_events.CloseConnection) and close.code == 1008
     assert len((close.reason or "").encode()) <= wscontrol.REASON_MAX
     assert list(events) == []
+
+
+# ---------------------------------------------------------------- narrower_than proofs
+
+PAIR = """
+version: v1
+identities:
+  agent:
+    rules:
+      - {{name: gh, hosts: [mcp.example.com], paths: [/mcp], {agent}}}
+  bash-tool:
+    narrower_than: agent
+    rules:
+      - {{name: gh, hosts: [mcp.example.com], paths: [/mcp], {bash}}}
+"""
+
+
+@pytest.mark.parametrize(("agent", "bash", "counter"), [
+    ("websocket: true, mcp: {}", "mcp: {}", None),
+    ("websocket: true, mcp: {}", "websocket: true, mcp: {}", None),
+    ("mcp: {}", "websocket: true, mcp: {}", "GET https://mcp.example.com:443/mcp opening a "
+     "WebSocket"),
+    # a WebSocket the other identity allows only without judging it is still narrower: the
+    # narrow one judges every message, but the other forwards every message
+    ("max_request_bytes: 64k", "websocket: true, mcp: {}", None),
+    # the narrow one judges nothing (the first gap found: a body that is no call)
+    ("mcp: {}", "max_request_bytes: 64k", "a body that is not a JSON-RPC call"),
+    ("websocket: true, mcp: {tools: [a]}", "websocket: true, mcp: {tools: [a, b]}",
+     "tool b"),
+])
+def test_narrower_than_covers_websockets(tmp_path: Path, agent: str, bash: str,
+                                         counter: str | None) -> None:
+    from sandgate.policy.proofs import prove
+
+    (tmp_path / "p.yaml").write_text(PAIR.format(agent=agent, bash=bash))
+    (result,) = prove(load_policy_dir(tmp_path))
+    assert result.ok == (counter is None), str(result)
+    if counter is not None:
+        assert result.counterexample is not None and counter in result.counterexample, result
+
+
+def test_the_reach_diff_names_a_websocket_gained_or_lost() -> None:
+    from sandgate.policy.callproofs import calls_gained
+
+    pol = _policy()
+    rule = pol.identities["agent"].rules[1]  # chain-post: jsonrpc: without websocket
+    assert rule.call is not None and not rule.call.websocket
+    opened = dataclasses.replace(rule, call=dataclasses.replace(rule.call, websocket=True))
+    assert calls_gained(rule, opened) == ["a WebSocket"]
+    assert calls_gained(opened, rule) == []
+    plain = dataclasses.replace(rule, call=None)
+    assert "a WebSocket" not in (calls_gained(plain, opened) or [])
