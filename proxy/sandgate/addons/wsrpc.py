@@ -209,8 +209,9 @@ def inject_to_client(flow: http.HTTPFlow, text: bytes) -> None:
 
 
 def client_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRpc,
-                   message: WebSocketMessage, inject: Inject = inject_to_client) -> None:
-    """Judge a client's message (already checked for leaks); drop it unless it may go on."""
+                   message: WebSocketMessage, inject: Inject | None = None) -> None:
+    """Judge a client's message (already checked for leaks); drop it unless it may go on.
+    `inject`: how an answer reaches the client (default: inject_to_client)."""
     assert rec.decision is not None
     v = judge_client(ws, message.content, message.is_text,
                      wscontrol.fragmented(flow, True), rec.decision.call_limit or 0)
@@ -224,7 +225,8 @@ def client_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRp
     assert v.call is not None and v.refused is not None
     if v.call.ids:
         errors = rpc_errors(v.call, refusal_for(st, flow, v.refused))
-        inject(flow, json.dumps(errors if v.call.batch else errors[0]).encode())
+        (inject or inject_to_client)(flow,
+                                     json.dumps(errors if v.call.batch else errors[0]).encode())
 
 
 def server_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRpc,

@@ -123,8 +123,11 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
     carries a credential. Messages arrive whole (mitmproxy reassembles fragments)."""
     assert flow.websocket is not None
     message = flow.websocket.messages[-1]
-    ws = wsrpc.state(flow)  # a rule with mcp:/jsonrpc: (websocket: true): messages are judged
+    ws = None
     try:
+        # a rule with mcp:/jsonrpc: (websocket: true): messages are judged. Started here if
+        # websocket_start did not (a hook mitmproxy only logs the failure of): never unjudged
+        ws = wsrpc.state(flow) or wsrpc.start(rec, flow)
         if rec.websocket_closed:
             message.drop()
             return
@@ -146,7 +149,7 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
         log.exception("sandgate: websocket_message failed; dropping the stream")
         rec.websocket_closed = True
         message.drop()
-        if ws is not None:
+        if ws is not None or rec.call is not None:  # a WebSocket on a rule judging calls
             wscontrol.close(flow, wsrpc.POLICY_VIOLATION, "sandgate: internal_error")
 
 
