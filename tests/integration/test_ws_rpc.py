@@ -28,11 +28,12 @@ import aiohttp
 import pytest
 import wsproto.events as ev
 
-from tests.integration.admin_support import wait_for
+from tests.integration.admin_support import ADMIN_TOKEN, Admin, wait_for
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
     SECRET_VALUES,
     Proxy,
+    free_port,
     start_proxy,
     stop_proxy,
 )
@@ -73,24 +74,35 @@ tests:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, vault) -> Iterator[tuple[Proxy,
-                                                                            WsRpcServer]]:
+def stack(tmp_path_factory: pytest.TempPathFactory, vault) -> Iterator[tuple[Proxy, WsRpcServer,
+                                                                            Admin]]:
     tmp = tmp_path_factory.mktemp("wsrpc")
     pki = make_pki(tmp / "pki", [HOST])
     server = WsRpcServer(IP, 443, str(pki.cert), str(pki.key)).start()
     policies = tmp / "policies"
     policies.mkdir()
     (policies / "wsrpc.yaml").write_text(POLICY)
+    aport = free_port()
     proxy = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr,
-                                        "VAULT_TOKEN": vault.root_token}, pki,
-                        f"--resolve={HOST}={IP}")
+                                        "VAULT_TOKEN": vault.root_token,
+                                        "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}, pki,
+                        f"--resolve={HOST}={IP}", "--admin", f"127.0.0.1:{aport}")
+    admin = Admin(proxy, f"http://127.0.0.1:{aport}", policies)
+    wait_for(lambda: _up(admin), 15, "the admin listener")
     try:
-        yield proxy, server
+        yield proxy, server, admin
     finally:
         stop_proxy(proxy)
         server.stop()
         logs = proxy.logs() + proxy.audit_file.read_text()
         assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+
+
+def _up(admin: Admin) -> bool:
+    try:
+        return admin.get("/healthz", token=None, timeout=2)[0] == 200
+    except OSError:
+        return False
 
 
 def _rpc(i: int | None, method: str, params: Any = None) -> dict[str, Any]:
@@ -134,7 +146,7 @@ def _ws_events(proxy: Proxy, path: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("path", ["/closed", "/mcp-closed"])
 def test_websocket_on_a_call_rule_without_opt_in_is_refused_readably(stack, path: str) -> None:
-    proxy, server = stack
+    proxy, server, _ = stack
     before = len(server.upgrades)
     raw = h1_in_tunnel(proxy, "agent", proxy.token("agent"), f"{HOST}:443", (
         f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
@@ -153,7 +165,7 @@ def test_websocket_on_a_call_rule_without_opt_in_is_refused_readably(stack, path
 
 
 def test_other_upgrades_are_refused_even_with_websocket_true(stack) -> None:
-    proxy, server = stack
+    proxy, server, _ = stack
     before = len(server.upgrades)
     raw = h1_in_tunnel(proxy, "agent", proxy.token("agent"), f"{HOST}:443", (
         f"GET /rpc HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade, HTTP2-Settings\r\n"
@@ -167,7 +179,7 @@ def test_other_upgrades_are_refused_even_with_websocket_true(stack) -> None:
 
 
 def test_allowed_calls_go_through_and_a_denied_one_never_reaches_the_server(stack) -> None:
-    proxy, server = stack
+    proxy, server, _ = stack
     got = exchange(proxy, "/rpc", [
         _rpc(1, "eth_blockNumber"),
         _rpc(2, "eth_sendRawTransaction", ["0xf86c0a8502540be400"]),
@@ -196,8 +208,31 @@ def test_allowed_calls_go_through_and_a_denied_one_never_reaches_the_server(stac
     assert sum(1 for r in rpc if r[0] == "eth_sendRawTransaction") == 2
 
 
+def test_messages_are_counted_and_explained_by_the_admin_api(stack) -> None:
+    proxy, _, admin = stack
+    key = ("sandgate_rpc_calls_total", (("decision", "deny"), ("identity", "agent"),
+                                        ("method", "eth_sendRawTransaction"), ("tool", "none")))
+    before = wait_for(lambda: admin.metrics() or None, 10, "metrics").get(key, 0)
+    got = exchange(proxy, "/rpc", [_rpc(30, "eth_sendRawTransaction", ["0x02"])], answers=1)
+    assert got[0]["error"]["data"]["sandgate"]["code"] == "denied_by_rule"
+    wait_for(lambda: admin.metrics().get(key, 0) == before + 1, 10, "the message counted")
+    for path, body, code in [
+        ("/closed", {}, "upgrade_refused"),
+        ("/rpc", {"rpc_method": "eth_sendRawTransaction"}, "denied_by_rule"),
+        ("/rpc", {"rpc_method": "eth_chainId"}, None),
+    ]:
+        status, doc = admin.post("/v1/explain", {"identity": "agent", "method": "GET",
+                                                 "url": f"https://{HOST}{path}",
+                                                 "websocket": True, **body})
+        assert status == 200 and doc["code"] == code, doc
+        assert doc["request"].endswith("(opening a WebSocket)")
+    status, doc = admin.post("/v1/explain", {"identity": "agent", "method": "GET",
+                                             "url": f"https://{HOST}/rpc", "websocket": "yes"})
+    assert status == 400 and doc["error"] == "bad_request"
+
+
 def test_a_batch_is_judged_whole(stack) -> None:
-    proxy, server = stack
+    proxy, server, _ = stack
     before = list(server.methods)
     got = exchange(proxy, "/rpc", [
         [_rpc(10, "eth_blockNumber"), _rpc(11, "eth_sendRawTransaction", ["0x01"])],
@@ -214,7 +249,7 @@ def test_a_batch_is_judged_whole(stack) -> None:
 
 
 def test_server_notifications_pass(stack) -> None:
-    proxy, _ = stack
+    proxy, _, _ = stack
     got = exchange(proxy, "/rpc", [_rpc(20, "eth_subscribe", ["newHeads"])], answers=2)
     assert got[0] == {"jsonrpc": "2.0", "id": 20, "result": "0x1"}
     assert got[1]["method"] == "eth_subscription"
@@ -224,7 +259,7 @@ def test_server_notifications_pass(stack) -> None:
 
 
 def test_mcp_over_websocket_lists_filtered_tools_and_refuses_a_denied_tool(stack) -> None:
-    proxy, server = stack
+    proxy, server, _ = stack
     got = exchange(proxy, "/mcp", [
         _rpc(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
                                "clientInfo": {"name": "t", "version": "1"}}),
@@ -266,7 +301,7 @@ UNJUDGEABLE = {
 
 @pytest.mark.parametrize("kind", sorted(UNJUDGEABLE))
 def test_what_cannot_be_judged_closes_the_websocket_with_1008(stack, kind: str) -> None:
-    proxy, server = stack
+    proxy, server, _ = stack
     client = _judged_client(proxy)
     before = len(server.frames)
     try:
