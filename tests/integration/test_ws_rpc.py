@@ -63,13 +63,6 @@ identities:
       - {{name: mcp-post-only, paths: [/mcp-closed], {RULE}, {MCP}}}
       - {{name: chain, paths: [/rpc], websocket: true, {RULE}, {CHAIN}}}
       - {{name: mcp, paths: [/mcp], websocket: true, {RULE}, {MCP}}}
-tests:
-  - {{identity: agent, request: GET https://{HOST}/closed, websocket: true, expect: deny,
-     code: upgrade_refused}}
-  - {{identity: agent, request: GET https://{HOST}/rpc, websocket: true, expect: allow,
-     rule: chain}}
-  - {{identity: agent, request: GET https://{HOST}/rpc, websocket: true,
-     jsonrpc: {{method: eth_sendRawTransaction}}, expect: deny, code: denied_by_rule}}
 """
 
 
@@ -162,6 +155,19 @@ def test_websocket_on_a_call_rule_without_opt_in_is_refused_readably(stack, path
     event = proxy.wait_audit(lambda e: e.get("event") == "request" and e.get("path") == path
                              and e.get("code") == "upgrade_refused")
     assert event["decision"] == "deny"
+
+
+def test_the_handshake_is_bound_to_the_mcp_session_as_a_post_is(stack) -> None:
+    proxy, server, _ = stack
+    before = len(server.upgrades)
+    raw = h1_in_tunnel(proxy, "agent", proxy.token("agent"), f"{HOST}:443", (
+        f"GET /mcp HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Mcp-Session-Id: sgs1.c2Vzc2lvbi1vZi1hbm90aGVy.AAAAAAAAAAAAAAAAAAAAAA\r\n\r\n"
+    ).encode(), timeout=5)
+    status, headers, _ = split_response(raw)
+    assert b" 403 " in status and headers["x-sandgate-reason"] == "session_mismatch", raw[:300]
+    assert len(server.upgrades) == before
 
 
 def test_other_upgrades_are_refused_even_with_websocket_true(stack) -> None:
