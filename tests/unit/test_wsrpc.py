@@ -178,6 +178,8 @@ def test_the_upgrade_asked_for(method: str, headers: dict[str, str], want: str |
     ("{name: r, hosts: [a.example.com], action: ask, websocket: true, mcp: {}}",
      "cannot take `websocket: true`"),
     ("{name: r, hosts: [a.example.com], websocket: yes please, mcp: {}}", "websocket"),
+    ("{name: r, hosts: [a.example.com], methods: [POST], websocket: true, jsonrpc: {}}",
+     "a WebSocket is opened by a GET"),
 ])
 def test_the_websocket_key_is_checked(tmp_path: Path, rule: str, fragment: str) -> None:
     (tmp_path / "p.yaml").write_text(f"version: v1\nidentities:\n  a:\n    rules:\n"

@@ -62,6 +62,10 @@ def compile_call(rs: RuleSpec, loc: Loc, rep: Report,
         rep((*loc, "websocket"), "an `action: ask` rule cannot take `websocket: true`: an "
             "approval holds one HTTP request, and a WebSocket's messages cannot be held",
             "remove `websocket` (calls then go as POSTs, each held for approval)")
+    elif websocket and rs.methods is not None and "GET" not in {m.upper() for m in rs.methods}:
+        rep((*loc, "websocket"), "`websocket: true` has no effect: a WebSocket is opened by a "
+            "GET, and the rule's `methods` does not list GET", "add GET to `methods`, or "
+            "remove `websocket`")
     max_body = DEFAULT_CALL_BODY
     if spec.max_body is not None:
         size = parse_size(spec.max_body)
