@@ -560,3 +560,16 @@ def test_the_hook_filters_list_answers(gate: Gate) -> None:
                                            "result": {"tools": tools}}).encode(),
                    from_client=False)
     assert [t["name"] for t in json.loads(answer.content)["result"]["tools"]] == ["get_me"]
+
+
+def test_check_names_websocket_fixtures(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                        ) -> None:
+    from sandgate.cli import main
+
+    (tmp_path / "p.yaml").write_text(POLICY + FIXTURES)
+    assert main(["check", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "agent GET https://rpc.example.com/post [WebSocket] -> deny" in out
+    assert ("agent GET https://rpc.example.com/ws [WebSocket: method eth_sendRawTransaction] "
+            "-> deny") in out
+    assert "agent GET https://rpc.example.com/post [method eth_call] -> allow" in out

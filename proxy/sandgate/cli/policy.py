@@ -181,10 +181,13 @@ def _got(r: FixtureResult) -> str:
 
 
 def _call(r: FixtureResult) -> str:
-    """A fixture's JSON-RPC call (mcp:/jsonrpc:), as check prints it after the request."""
+    """A fixture's JSON-RPC call (mcp:/jsonrpc:) and WebSocket, as check prints them after the
+    request: " [WebSocket: method eth_call]"."""
     from sandgate.policy.calls import describe
 
-    return f" [{describe(r.test.call)}]" if r.test.call is not None else ""
+    parts = [*(["WebSocket"] if r.test.websocket else []),
+             *([describe(r.test.call)] if r.test.call is not None else [])]
+    return f" [{': '.join(parts)}]" if parts else ""
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
