@@ -200,9 +200,12 @@ def build_app(state: AdminState) -> web.Application:
                 raise ValueError("`gateway` must be true or false")
             call = call_from_values(doc.get("mcp_tool"), doc.get("mcp_args"),
                                     doc.get("rpc_method"))
+            websocket = doc.get("websocket", False)
+            if not isinstance(websocket, bool):
+                raise ValueError("`websocket` must be true or false")
             out, _allowed = explain_request(state.live.policy, identity, method, url,
                                             state.resolve, _str(doc, "sandbox", required=False),
-                                            gateway, call)
+                                            gateway, call, websocket)
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)

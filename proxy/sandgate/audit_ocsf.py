@@ -12,8 +12,8 @@ Which class:
   request): Network Activity (4001), Open or Refuse;
 - any of these refused for the proxy token (auth_required, auth_invalid, unknown_identity):
   Authentication (3002), Logon failed;
-- a `request` carrying MCP / JSON-RPC messages (`rpc`): API Activity (6003), `api.operation`
-  the (first) method, `api.service.name` the tool;
+- a `request` (or a `websocket` message) carrying MCP / JSON-RPC messages (`rpc`): API
+  Activity (6003), `api.operation` the (first) method, `api.service.name` the tool;
 - `admin_login` (the web console's logins, logouts, expired sessions, a wrong admin API
   token: sandgate.admin_login): Authentication (3002), Logon / Logoff;
 - `dns` (a query to the policy DNS): DNS Activity (4003), Query;
@@ -94,7 +94,7 @@ def classify(rec: Mapping[str, Any]) -> tuple[int, tuple[int, str]]:
     event = str(rec.get("event"))
     if event in ("request", "connect", "websocket") and rec.get("code") in AUTH_CODES:
         return 3002, (1, "Logon")
-    if event == "request" and rec.get("rpc"):
+    if event in ("request", "websocket") and rec.get("rpc"):
         return 6003, OTHER
     if event in ("request", "websocket"):
         method = str(rec.get("method") or "").upper()
@@ -399,10 +399,12 @@ def to_ocsf(rec: Mapping[str, Any]) -> dict[str, Any]:
 ROUTES: tuple[tuple[str, str, str], ...] = (
     ("request", "intercepted HTTP (proxy, gateway, SOCKS5)", "HTTP Activity 4002, by method: "
      "Get 3, Post 6, Put 7, Delete 2, Patch 9, Head 4, Options 5, Trace 8, else Other 99"),
-    ("request", "with MCP / JSON-RPC messages (`rpc`)", "API Activity 6003, Other 99"),
+    ("request, websocket", "with MCP / JSON-RPC messages (`rpc`)",
+     "API Activity 6003, Other 99"),
     ("request, connect, websocket", "code auth_required, auth_invalid or unknown_identity",
      "Authentication 3002, Logon 1 (status Failure)"),
-    ("websocket", "a frame refused (exfiltration)", "HTTP Activity 4002, Other 99"),
+    ("websocket", "a frame refused (exfiltration); a WebSocket closed as unjudgeable on a "
+     "rule with mcp:/jsonrpc:", "HTTP Activity 4002, Other 99"),
     ("connect", "a CONNECT tunnel or passthrough", "Network Activity 4001, Open 1 "
      "(allowed) or Refuse 5"),
     ("limit", "a connection refused before any request", "Network Activity 4001, Refuse 5"),

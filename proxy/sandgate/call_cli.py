@@ -22,6 +22,10 @@ def add_call_args(parser: argparse.ArgumentParser) -> None:
                         "proxy would see a call without them)")
     parser.add_argument("--rpc-method", metavar="METHOD", default=None,
                         help="the request carries a JSON-RPC (or MCP) request of this method")
+    parser.add_argument("--websocket", action="store_true",
+                        help="the request (a GET) opens a WebSocket, refused by a rule with "
+                        "mcp:/jsonrpc: unless it says websocket: true; with --mcp-tool or "
+                        "--rpc-method, the call is a message on that WebSocket")
 
 
 def call_from_args(args: argparse.Namespace) -> Call | None:

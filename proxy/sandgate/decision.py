@@ -115,7 +115,10 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
     """Judge a request; with `call`, also the JSON-RPC messages of its body (sandgate.jsonrpc)
     against the `mcp:`/`jsonrpc:` of the rules that match it: an allow rule with such a filter
     matches only when it allows every message, and a deny entry (deny_tools, deny_methods) of
-    any matching rule refuses the whole call (a batch included)."""
+    any matching rule refuses the whole call (a batch included). A protocol upgrade
+    (`req.upgrade`) is refused by any matching rule with such a filter unless the rule says
+    `websocket: true` and the upgrade is to WebSocket (upgrade_refused), like a deny entry:
+    whichever rule would have allowed it."""
     ident = policy.identities.get(identity)
     if ident is None:
         return _unknown_identity(policy, identity)
@@ -146,6 +149,9 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
                 "if this request should pass",
                 detail=f"rule '{rule.name}' is defined at {rule.source}",
             )
+        if rule.call is not None and req.upgrade is not None and not (
+                rule.call.websocket and req.upgrade == "websocket"):
+            return _upgrade_refused(identity, rule, req.upgrade, target)
         if rule.call is not None:
             if call is None:
                 limits.append(rule.call.max_body)
@@ -185,6 +191,26 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
         f"identity '{identity}' has no rule allowing {target}",
         hint=_no_rule_hint(ident, scheme, host, req.port, method, path, req.query),
     )
+
+
+def _upgrade_refused(identity: str, rule: Rule, upgrade: str, target: str) -> Decision:
+    """A protocol upgrade on a rule that judges calls: its stream would carry calls no rule
+    judged, so it is refused unless the rule opts in (`websocket: true`, WebSocket only)."""
+    assert rule.call is not None
+    key = rule.call.protocol
+    if upgrade == "websocket":
+        hint = (f"add `websocket: true` to rule '{rule.name}' if a WebSocket is meant (each of "
+                "its messages is then judged as a request body is), or send the calls as POST "
+                "requests")
+    else:
+        hint = ("only WebSocket can be judged message by message (with `websocket: true` on "
+                "the rule); send the calls as POST requests")
+    what = "a WebSocket" if upgrade == "websocket" else f"a switch to {upgrade[:40]!r}"
+    return Decision(
+        False, Code.UPGRADE_REFUSED,
+        f"rule '{rule.name}' of identity '{identity}' judges the {key} calls on {target}; "
+        f"{what} would carry calls it never judges",
+        rule=rule, hint=hint, detail=f"rule '{rule.name}' is defined at {rule.source}")
 
 
 def _call_key(msg: Message) -> str:
@@ -498,14 +524,16 @@ class Verdict:
 
 def judge(policy: Policy, identity: str, method: str, target: str,
           overrides: Mapping[str, str], sandbox: str | None = None,
-          gateway: bool = False, call: Call | None = None) -> Verdict:
+          gateway: bool = False, call: Call | None = None,
+          upgrade: str | None = None) -> Verdict:
     """`METHOD URL` (or `CONNECT host:port`) through the proxy's request parser, decision
     (`decide_request`: the tunnel first), sandbox step and, where the address is known, its
     address step. Raises ValueError for a bad request. `sandbox` is the caller's sandbox id
     (None: a caller without one, refused on a rule needing a per-sandbox secret); `gateway`:
     the URL is the upstream request a gateway path maps to (no CONNECT precedes it); `call`:
     the JSON-RPC call its body carries (judged by the rules' mcp:/jsonrpc: as the proxy judges
-    the body; a tunnelled request's body is never seen).
+    the body; a tunnelled request's body is never seen); `upgrade`: the protocol the request
+    asks to switch to ("websocket"; with `call`, a message on that WebSocket).
 
     A passthrough tunnel is dialled at CONNECT; an intercepted one dials per request inside it,
     so a CONNECT verdict checks the address only for passthrough.
@@ -519,7 +547,7 @@ def judge(policy: Policy, identity: str, method: str, target: str,
         else:
             d, note = judge_address(d, host, port, overrides)
         return Verdict(f"CONNECT {shown}", d, note, True)
-    req = parse_url(method, target)
+    req = dataclasses.replace(parse_url(method, target), upgrade=upgrade)
     d = decide_request(policy, identity, req, gateway, call)
     d = judge_sandbox(policy, identity, d, sandbox)
     d, note = judge_address(d, req.host, req.port, overrides, reported(policy, identity, d))

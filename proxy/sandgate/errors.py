@@ -21,10 +21,10 @@ and a reason and hint that are safe to show the sandbox::
     │   └── StateUnavailable             state_unavailable                (state/)
     └── PolicyError                      policy files are broken          (policy/loader.py)
 
-Policy refusals (`unknown_identity`, `no_rule`, `denied_by_rule`) are not exceptions: `decide()`
-returns them as a Decision. The addon turns a `Refused` or a refusing Decision into the answer a
-sandbox sees in one place (`sandgate.refusal.Refusal`); any other exception inside a hook is
-`internal_error` (fail closed).
+Policy refusals (`unknown_identity`, `no_rule`, `denied_by_rule`, `upgrade_refused`) are not
+exceptions: `decide()` returns them as a Decision. The addon turns a `Refused` or a refusing
+Decision into the answer a sandbox sees in one place (`sandgate.refusal.Refusal`); any other
+exception inside a hook is `internal_error` (fail closed).
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ class Code(StrEnum):
     SESSION_MISMATCH = "session_mismatch"  # an MCP session id not issued to this identity
     # MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version disagree with the body (mcpheaders.py)
     HEADER_MISMATCH = "header_mismatch"
+    # a protocol upgrade (WebSocket...) on a rule with mcp:/jsonrpc: and no `websocket: true`
+    UPGRADE_REFUSED = "upgrade_refused"
     # `action: ask` rules (sandgate/approvals/)
     APPROVAL_PENDING = "approval_pending"  # mode async: asked; retry the identical request
     APPROVAL_DENIED = "approval_denied"  # an approver denied it
@@ -107,6 +109,7 @@ STATUS: dict[Code, int] = {
     Code.HANDSHAKE_TIMEOUT: 408,  # audited only: closed without an answer
     Code.SESSION_MISMATCH: 403,
     Code.HEADER_MISMATCH: 400,
+    Code.UPGRADE_REFUSED: 403,
     Code.APPROVAL_PENDING: 202,
     Code.APPROVAL_DENIED: 403,
     Code.APPROVAL_TIMEOUT: 403,

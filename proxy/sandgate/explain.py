@@ -20,15 +20,18 @@ _NO_OVERRIDES: Mapping[str, str] = {}
 
 def explain(policy: Policy, identity: str, method: str, url: str,
             resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
-            gateway: bool = False, call: Call | None = None) -> tuple[dict[str, Any], bool]:
+            gateway: bool = False, call: Call | None = None,
+            websocket: bool = False) -> tuple[dict[str, Any], bool]:
     """(the explanation, allowed). Raises ValueError (a BadRequest) for a request that cannot
     be judged. Secrets appear by name only. `resolve` pins names as `sandgate run --resolve`
     does, so that the address step can be shown; `sandbox` is the caller's sandbox id (None: a
     caller without one); `gateway`: the URL is what a gateway path maps to (no CONNECT);
     `call`: the JSON-RPC call the body carries (judged by the rules' mcp:/jsonrpc:, as the
-    proxy judges the body). A tunnelled request is "allowed" (it is forwarded) with decision
+    proxy judges the body); `websocket`: the request opens a WebSocket (with `call`: the call
+    is a message on it). A tunnelled request is "allowed" (it is forwarded) with decision
     `tunnel`."""
-    v = judge(policy, identity, method, url, resolve, sandbox, gateway, call)
+    v = judge(policy, identity, method, url, resolve, sandbox, gateway, call,
+              "websocket" if websocket else None)
     d = v.decision
     decision = shown_outcome(policy, identity, d)
     report = decision == "report"
@@ -36,7 +39,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
     out: dict[str, Any] = {
         "identity": identity,
         "sandbox": sandbox,
-        "request": v.request,
+        "request": v.request + (" (opening a WebSocket)" if websocket else ""),
         "decision": decision,
         **_why(d),
         "address": v.address,
@@ -91,19 +94,21 @@ def explain(policy: Policy, identity: str, method: str, url: str,
 
 def explain_request(policy: Policy, identity: str, method: str, url: str,
                     resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
-                    gateway: bool = False, call: Call | None = None
+                    gateway: bool = False, call: Call | None = None, websocket: bool = False
                     ) -> tuple[dict[str, Any], bool]:
     """`explain`, where with `gateway` the URL is a gateway path (e.g. /anthropic/v1/messages):
     mapped to its upstream request by the gateway listener's own `route`, then judged as the
     gateway judges it (no CONNECT precedes it). Raises ValueError for a path no gateway serves
-    and for a bad request. `call`: the JSON-RPC call the body carries (see `explain`)."""
+    and for a bad request. `call`: the JSON-RPC call the body carries, `websocket`: the
+    request opens a WebSocket (see `explain`)."""
     if not gateway:
-        return explain(policy, identity, method, url, resolve, sandbox, call=call)
+        return explain(policy, identity, method, url, resolve, sandbox, call=call,
+                       websocket=websocket)
     from sandgate.gateway import gateway_url
 
     upstream, gw = gateway_url(policy.gateways, method, url)
     out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True,
-                           call=call)
+                           call=call, websocket=websocket)
     return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed
 
 

@@ -206,6 +206,13 @@ class Metrics:
 
     # ------------------------------------------------------------------ the audit point
 
+    def _count_calls(self, identity: str, decision: str, fields: Mapping[str, Any]) -> None:
+        for c in fields.get("rpc") or ():
+            outcome = str(c.get("decision") or UNKNOWN)
+            self.calls.labels(identity, self._named(c.get("method"), self._b().method_globs),
+                              self._named(c.get("tool"), self._b().tool_globs),
+                              "report" if decision == "report" else outcome).inc()
+
     def on_audit(self, event: str, fields: Mapping[str, Any]) -> None:
         code = fields.get(A.CODE)
         if event in ("request", "connect", "limit") and code in LIMIT_CODES:
@@ -224,11 +231,7 @@ class Metrics:
                 self._child(self.upstream_responses, f"{status // 100}xx").inc()
             for s in fields.get(A.SECRETS) or ():
                 self._child(self.injections, self.secret_label(str(s).partition("@")[0])).inc()
-            for c in fields.get("rpc") or ():
-                outcome = str(c.get("decision") or UNKNOWN)
-                self.calls.labels(identity, self._named(c.get("method"), self._b().method_globs),
-                                  self._named(c.get("tool"), self._b().tool_globs),
-                                  "report" if decision == "report" else outcome).inc()
+            self._count_calls(identity, decision, fields)
         elif event == "approval":
             action = str(fields.get("action") or UNKNOWN)
             self.approvals.labels(action if action in APPROVAL_ACTIONS else UNKNOWN).inc()
@@ -242,6 +245,9 @@ class Metrics:
         else:
             if event != "websocket":
                 return
+            if fields.get("rpc"):  # a message judged on a WebSocket (addons/wsrpc)
+                self._count_calls(self._identity(fields.get(A.IDENTITY)),
+                                  str(fields.get(A.DECISION) or UNKNOWN), fields)
         for entry in fields.get(A.EXFIL) or ():
             text = str(entry)
             name = "canary:" if text.startswith("canary:") else text.partition(":")[0]

@@ -49,6 +49,10 @@ class RequestInfo:
     method: str  # upper case
     path: str
     query: tuple[tuple[str, str], ...] | None = ()
+    # the protocol the request asks to switch to, lower case ("websocket", "h2c"...), or None;
+    # set from the head by the proxy (sandgate.addons.forward.upgrade_asked), by explain and
+    # fixtures from their `websocket` flag: a rule with mcp:/jsonrpc: judges it
+    upgrade: str | None = None
 
     @property
     def target(self) -> str:

@@ -283,6 +283,10 @@ def test_explain_args_of_events():
                                  {"method": "tools/call", "tool": "other"}]))
     assert call["mcp_tool"] == "search"
     assert explain_args(_ev(rpc=[{"method": "ping"}]))["rpc_method"] == "ping"
+    ws = explain_args({**_ev(rpc=[{"method": "eth_call"}]), "event": "websocket"})
+    assert ws["websocket"] is True and ws["rpc_method"] == "eth_call"
+    assert explain_args(_ev(code="upgrade_refused"))["websocket"] is True
+    assert "websocket" not in explain_args(_ev())
     assert explain_args({"event": "dns", "identity": "agent", "host": "docs.example.com",
                          "qtype": "AAAA", "decision": "allow"}) == \
         {"identity": "agent", "dns": "docs.example.com", "type": "AAAA"}

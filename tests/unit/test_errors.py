@@ -55,6 +55,7 @@ CASES = [
     (Refused(Code.HANDSHAKE_TIMEOUT, "r"), 408),
     (Refused(Code.SESSION_MISMATCH, "r"), 403),
     (Refused(Code.HEADER_MISMATCH, "r"), 400),
+    (Refused(Code.UPGRADE_REFUSED, "r"), 403),
     (ApprovalRefused(Code.APPROVAL_PENDING, "r", approval="ap_x", retry_after=30), 202),
     (ApprovalRefused(Code.APPROVAL_DENIED, "r", approval="ap_x"), 403),
     (ApprovalRefused(Code.APPROVAL_TIMEOUT, "r", approval="ap_x"), 403),

@@ -150,7 +150,7 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     if mismatch is not None:
         return mismatch
     final = rec.decision = decide(policy, identity, info, call)
-    state.outcomes = _outcomes(state, call, final.allowed)
+    state.outcomes = outcomes(state, call, final.allowed)
     for m in call.messages:
         if m.kind == "request" and m.method in LISTS and m.id is not None:
             state.lists[id_key(m.id)] = m.method
@@ -203,13 +203,25 @@ def _headers_agree(req: http.Request, state: CallState) -> Refused | None:
     return None
 
 
-def _outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
+def outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:
+    """Per message of a judged call: allow, deny, or batch (the audit's `rpc[].decision`)."""
     if allowed:
         return ["allow"] * len(call.messages)
     if not call.batch:
         return ["deny"]
     return ["batch" if decide(state.policy, state.identity, state.info,
                               Call((m,))).allowed else "deny" for m in call.messages]
+
+
+def rpc_errors(call: Call | None, refusal: Refusal) -> list[dict[str, Any]]:
+    """The JSON-RPC error answering each request id of a refused call (over HTTP or on a
+    WebSocket, sandgate.addons.wsrpc: the same shape); no id: one error with a null id."""
+    mismatch = refusal.code == Code.HEADER_MISMATCH
+    ids: tuple[Id | None, ...] = call.ids if call is not None else ()
+    return [{"jsonrpc": "2.0", "id": i,
+             "error": {"code": HEADER_MISMATCH_CODE if mismatch else REFUSED_CODE,
+                       "message": refusal.reason,
+                       "data": {"sandgate": refusal.doc()}}} for i in ids or (None,)]
 
 
 def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
@@ -221,11 +233,7 @@ def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
     mismatch = refusal.code == Code.HEADER_MISMATCH
     assert call is not None or mismatch
     rec.refusal = refusal
-    ids: tuple[Id | None, ...] = call.ids if call is not None else ()
-    errors = [{"jsonrpc": "2.0", "id": i,
-               "error": {"code": HEADER_MISMATCH_CODE if mismatch else REFUSED_CODE,
-                         "message": refusal.reason,
-                         "data": {"sandgate": refusal.doc()}}} for i in ids or (None,)]
+    errors = rpc_errors(call, refusal)
     accept = flow.request.headers.get("accept", "").lower()
     headers = {REASON_HEADER: str(refusal.code)}
     batch = call is not None and call.batch
@@ -413,6 +421,13 @@ class _SseFilter:
                 lines = [ln for ln in lines if not ln.startswith(b"data:")]
                 lines.append(b"data: " + new)
         return b"".join(ln + b"\n" for ln in lines) + b"\n"
+
+
+def filter_message(state: CallState, data: bytes) -> bytes | None:
+    """One JSON text (a WebSocket message from the server) with its list results filtered;
+    None when nothing in it answers a list call. Raises CallError for an unreadable list
+    answer (sandgate.addons.wsrpc)."""
+    return _filter_doc(state, data)
 
 
 def _filter_json(state: CallState, body: bytes) -> bytes:

@@ -32,6 +32,18 @@ def is_websocket_upgrade(req: http.Request) -> bool:
             and "upgrade" in req.headers.get("connection", "").lower())
 
 
+def upgrade_asked(req: http.Request) -> str | None:
+    """The protocol the request asks to switch to, lower case, for the decision (a rule with
+    mcp:/jsonrpc: judges it): "websocket" for a WebSocket handshake, else the first token of
+    `Upgrade` ("h2c"...), "h2c" for an HTTP2-Settings alone; None when it asks for none."""
+    if is_websocket_upgrade(req):
+        return "websocket"
+    if "upgrade" not in req.headers and "http2-settings" not in req.headers:
+        return None
+    first = req.headers.get("upgrade", "").split(",")[0].strip().lower()
+    return first[:64] or "h2c"
+
+
 def check_upgrade(req: http.Request) -> None:
     """Only WebSocket may switch protocols: its messages are scrubbed and checked; h2c and any
     other protocol would be a raw relay to the upstream that no hook judges."""

@@ -15,7 +15,15 @@ the WebSocket starts) before the layer sees it, logs it or relays it:
   stream, as for a message.
 
 With no handler (a flow the addon never saw start) every control payload is emptied: fail
-closed. The patch touches two functions whose exact source is pinned (`SOURCE_SHA256`); a test
+closed.
+
+Two more things ride on the same patch, for WebSockets whose messages are judged one by one
+(sandgate.addons.wsrpc): a data message that arrives in more than one frame is noted
+(`fragmented`: mitmproxy hands the hook the reassembled message only), and the addon may ask
+for the WebSocket to be closed (`close`): the next event read is then a close with that code,
+which the layer sends to both sides before it ends the flow.
+
+The patch touches two functions whose exact source is pinned (`SOURCE_SHA256`); a test
 fails when mitmproxy's or wsproto's code changes, so an upgrade is looked at, not trusted.
 """
 
@@ -35,6 +43,8 @@ from wsproto.connection import Connection
 log = logging.getLogger("sandgate")
 
 HANDLER_KEY = "sandgate.websocket_control"
+FRAGMENTED_KEY = "sandgate.websocket_fragmented"  # sides (from_client) whose message had frames
+CLOSE_KEY = "sandgate.websocket_close"  # (code, reason) the addon closes the WebSocket with
 _TAG = "_sandgate_side"  # on each WebsocketConnection: (flow, from_client)
 _MARK = "_sandgate_control_patched"
 
@@ -100,17 +110,40 @@ def judged(event: ws_events.Event, from_client: bool,
 _CONTROL = (ws_events.Ping, ws_events.Pong, ws_events.CloseConnection)
 
 
+def fragmented(flow: http.HTTPFlow, from_client: bool) -> bool:
+    """Did the message the hook now holds from this side arrive in more than one frame? (The
+    note is taken: the next message starts afresh.)"""
+    sides: set[bool] | None = flow.metadata.get(FRAGMENTED_KEY)
+    if not sides or from_client not in sides:
+        return False
+    sides.discard(from_client)
+    return True
+
+
+def close(flow: http.HTTPFlow, code: int, reason: str) -> None:
+    """Close the WebSocket both ways with `code` as soon as the layer reads on (right after the
+    message hook that asks for it); the first request wins."""
+    flow.metadata.setdefault(CLOSE_KEY, (code, _cut_utf8(reason.encode(), REASON_MAX)))
+
+
 def _events(self: Any) -> Generator[ws_events.Event, None, None]:
     side = getattr(self, _TAG, None)
+    flow, from_client = side if side is not None else (None, False)
     for event in Connection.events(self):
         if isinstance(event, _CONTROL):
-            flow, from_client = side if side is not None else (None, False)
             handler = flow.metadata.get(HANDLER_KEY) if flow is not None else None
             replaced = judged(event, from_client, handler)
             if replaced is None:
                 continue
             event = replaced
+        elif (isinstance(event, ws_events.Message) and flow is not None
+              and event.frame_finished and not event.message_finished):
+            flow.metadata.setdefault(FRAGMENTED_KEY, set()).add(from_client)
         yield event
+        asked = flow.metadata.get(CLOSE_KEY) if flow is not None else None
+        if asked is not None:  # relay_messages sends it to both sides and ends the flow
+            yield ws_events.CloseConnection(code=asked[0], reason=asked[1] or None)
+            return
 
 
 def install() -> None:

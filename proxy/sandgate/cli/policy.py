@@ -47,7 +47,7 @@ def register(sub: Any) -> None:
     explain.add_argument("--sandbox", default=None, metavar="ID",
                          help="the caller's sandbox id (as in its token or Docker label); "
                          "without it, a rule needing a per-sandbox secret is sandbox_required")
-    add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method (sandgate.call_cli)
+    add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method, --websocket (call_cli)
     explain.add_argument("--dns", default=None, metavar="NAME",
                          help="instead of a request: what the policy DNS (run --dns) answers "
                          "the identity for NAME (resolve or refuse)")
@@ -181,10 +181,13 @@ def _got(r: FixtureResult) -> str:
 
 
 def _call(r: FixtureResult) -> str:
-    """A fixture's JSON-RPC call (mcp:/jsonrpc:), as check prints it after the request."""
+    """A fixture's JSON-RPC call (mcp:/jsonrpc:) and WebSocket, as check prints them after the
+    request: " [WebSocket: method eth_call]"."""
     from sandgate.policy.calls import describe
 
-    return f" [{describe(r.test.call)}]" if r.test.call is not None else ""
+    parts = [*(["WebSocket"] if r.test.websocket else []),
+             *([describe(r.test.call)] if r.test.call is not None else [])]
+    return f" [{': '.join(parts)}]" if parts else ""
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -233,7 +236,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 1
     try:
         out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
-                                       args.sandbox, args.gateway, call_from_args(args))
+                                       args.sandbox, args.gateway, call_from_args(args),
+                                       args.websocket)
     except ValueError as e:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))

@@ -92,6 +92,8 @@ def explain_args(ev: Mapping[str, Any]) -> dict[str, Any] | str:
         args.update(url=f"{ev[A.GATEWAY]}{path}", gateway=True)
     if ev.get(A.SANDBOX):
         args["sandbox"] = ev[A.SANDBOX]
+    if ev.get(A.EVENT) == "websocket" or ev.get(A.CODE) == "upgrade_refused":
+        args["websocket"] = True  # a WebSocket's message, or its refused handshake
     for call in ev.get("rpc") or ():
         if not isinstance(call, Mapping):
             continue
@@ -166,7 +168,8 @@ class LocalSource:
             call = call_from_values(args.get("mcp_tool"), None, args.get("rpc_method"))
             out, _ = explain_request(self.state.live.policy, str(args["identity"]),
                                      str(args["method"]), str(args["url"]), self.state.resolve,
-                                     args.get("sandbox"), bool(args.get("gateway")), call)
+                                     args.get("sandbox"), bool(args.get("gateway")), call,
+                                     bool(args.get("websocket")))
         except ValueError as e:
             return 400, {"error": "bad_request", "reason": str(e)}
         return 200, out

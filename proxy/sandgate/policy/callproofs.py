@@ -12,6 +12,10 @@ JSON-RPC, refused wherever a rule with mcp:/jsonrpc: matches). Per witness every
 allow rule (its filter allows the call, or it has none), a deny rule (a deny entry matches:
 the request is refused), or not at all; the path search of proofs.py then runs unchanged.
 
+A WebSocket is one more witness on GET: its handshake and each message on it, judged as the
+same call on the same request except that a rule with a filter and without `websocket: true`
+refuses it (`acting`'s `upgrade`).
+
 Batches are covered message by message only: a batch is allowed when ONE rule allows all of
 its entries, so an identity that allows two tools by two different rules refuses a batch of
 both that another identity allows by one rule. MCP clients send no batches since protocol
@@ -156,11 +160,17 @@ def _argument_witnesses(filters: Iterable[object]) -> list[dict[str, str]] | Non
     return cells
 
 
-def acting(rules: Sequence[Rule], call: Call | None) -> list[Rule]:
+def acting(rules: Sequence[Rule], call: Call | None, upgrade: str | None = None) -> list[Rule]:
     """The rules as they act on this call: unchanged (no filter, no call, or the filter allows
-    it), as a deny rule (a deny entry matches), or left out (the filter does not allow it)."""
+    it), as a deny rule (a deny entry matches), or left out (the filter does not allow it).
+    `upgrade`: the request opens a WebSocket ("websocket"; the call is a message on it), which
+    a rule with a filter refuses unless it says `websocket: true` (decide(): upgrade_refused)."""
     out: list[Rule] = []
     for r in rules:
+        if upgrade is not None and r.call is not None and not (
+                r.call.websocket and upgrade == "websocket"):
+            out.append(dataclasses.replace(r, action="deny"))
+            continue
         if call is NOT_A_CALL and r.call is not None:
             out.append(dataclasses.replace(r, action="deny"))  # the body is refused (400)
             continue
@@ -199,15 +209,25 @@ def _passes(f: CallFilter | None, call: Call) -> bool:
 
 def calls_gained(old: Rule, new: Rule) -> list[str] | None:
     """The calls (one per witness class, as `shown` writes them) the new rule forwards and the
-    old one does not, judged by the two rules' filters alone; None when the witnesses are too
-    many to tell."""
+    old one does not, judged by the two rules' filters alone, and "a WebSocket" when only the
+    new one lets one be opened; None when the witnesses are too many to tell."""
     if old.call == new.call:
         return []
     calls = call_witnesses([old, new])
     if calls is None:
         return None
+    websocket = [WEBSOCKET] if _opens_websocket(new.call) and not _opens_websocket(
+        old.call) else []
     return [shown(c).removeprefix(" carrying ") for c in calls if c is not None
-            and _passes(new.call, c) and not _passes(old.call, c)]
+            and _passes(new.call, c) and not _passes(old.call, c)] + websocket
+
+
+WEBSOCKET = "a WebSocket"
+
+
+def _opens_websocket(f: CallFilter | None) -> bool:
+    """Does a rule with this filter (None: none) let a WebSocket be opened? (decide())"""
+    return f is None or f.websocket
 
 
 def shown(call: Call | None) -> str:

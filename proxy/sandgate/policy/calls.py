@@ -42,6 +42,10 @@ def compile_call(rs: RuleSpec, loc: Loc, rep: Report,
     """The rule's call filter, or None when it has neither `mcp:` nor `jsonrpc:`."""
     spec: JsonRpcSpec | None = rs.mcp if rs.mcp is not None else rs.jsonrpc
     if spec is None:
+        if rs.websocket is not None:
+            rep((*loc, "websocket"), "`websocket` goes with `mcp:` or `jsonrpc:`: a rule "
+                "without them relays a WebSocket's messages unjudged (scrubbed) anyway",
+                "remove `websocket`, or add the rule's `mcp:`/`jsonrpc:`")
         return None
     key = "mcp" if rs.mcp is not None else "jsonrpc"
     cloc: Loc = (*loc, key)
@@ -53,6 +57,15 @@ def compile_call(rs: RuleSpec, loc: Loc, rep: Report,
             "describes and let others of the same request through unread",
             f"put deny_methods{' / deny_tools' if key == 'mcp' else ''} in the `{key}:` of "
             "the allow rule for this server (deny entries win over every allow)")
+    websocket = bool(rs.websocket)
+    if websocket and rs.action == "ask":
+        rep((*loc, "websocket"), "an `action: ask` rule cannot take `websocket: true`: an "
+            "approval holds one HTTP request, and a WebSocket's messages cannot be held",
+            "remove `websocket` (calls then go as POSTs, each held for approval)")
+    elif websocket and rs.methods is not None and "GET" not in {m.upper() for m in rs.methods}:
+        rep((*loc, "websocket"), "`websocket: true` has no effect: a WebSocket is opened by a "
+            "GET, and the rule's `methods` does not list GET", "add GET to `methods`, or "
+            "remove `websocket`")
     max_body = DEFAULT_CALL_BODY
     if spec.max_body is not None:
         size = parse_size(spec.max_body)
@@ -64,7 +77,8 @@ def compile_call(rs: RuleSpec, loc: Loc, rep: Report,
     methods = _globs(spec.methods, (*cloc, "methods"), rep, "method")
     deny_methods = _globs(spec.deny_methods, (*cloc, "deny_methods"), rep, "method") or ()
     if not isinstance(spec, McpSpec):
-        return CallFilter("jsonrpc", methods, deny_methods, max_body=max_body)
+        return CallFilter("jsonrpc", methods, deny_methods, max_body=max_body,
+                          websocket=websocket)
     tools = _globs(spec.tools, (*cloc, "tools"), rep, "tool")
     deny_tools = _globs(spec.deny_tools, (*cloc, "deny_tools"), rep, "tool") or ()
     arguments: list[tuple[str, str]] = []
@@ -77,7 +91,7 @@ def compile_call(rs: RuleSpec, loc: Loc, rep: Report,
     f = CallFilter(
         "mcp", methods, deny_methods, tools, deny_tools, tuple(arguments),
         _globs(spec.resources, (*cloc, "resources"), rep, "resource"),
-        _globs(spec.prompts, (*cloc, "prompts"), rep, "prompt"), max_body)
+        _globs(spec.prompts, (*cloc, "prompts"), rep, "prompt"), max_body, websocket)
     allowed = f.allowed_methods
     calls_tools = allowed is None or any(glob_matches(m, "tools/call") for m in allowed)
     if not calls_tools and (spec.tools is not None or spec.arguments is not None):
@@ -139,7 +153,8 @@ def describe_filter(f: CallFilter) -> str:
     args = "".join(f", argument {n} {g}" for n, g in f.arguments) if f.protocol == "mcp" else ""
     return (f"{f.protocol}: methods "
             f"{', '.join(f.allowed_methods) if f.allowed_methods is not None else 'any'}"
-            f"{tools}{args}{', never ' + ', '.join(deny) if deny else ''}")
+            f"{tools}{args}{', never ' + ', '.join(deny) if deny else ''}"
+            f"{', WebSocket too' if f.websocket else ''}")
 
 
 def call_fields(d: Decision, call: Call | None) -> dict[str, Any]:
@@ -167,5 +182,16 @@ def call_fields(d: Decision, call: Call | None) -> dict[str, Any]:
                 "deny_tools": list(f.deny_tools),
                 "arguments": dict(f.arguments)} if f.protocol == "mcp" else {}),
             "max_body": f.max_body,
+            "websocket": websocket_text(f),
         }
     return out
+
+
+def websocket_text(f: CallFilter) -> str:
+    """What the rule does with a protocol upgrade, for explain."""
+    if f.websocket:
+        return ("websocket: true: a WebSocket may be opened; each message on it is judged as "
+                "a body is (a refused call answered with a JSON-RPC error on the WebSocket), "
+                "and each answer filtered and scrubbed")
+    return ("a WebSocket or any other protocol upgrade is refused (upgrade_refused); "
+            "`websocket: true` allows a WebSocket whose messages are judged one by one")

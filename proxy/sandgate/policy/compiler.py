@@ -972,10 +972,14 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
         report((*loc, "passthrough"), "`passthrough: true` with expect: deny asserts nothing",
                "remove `passthrough`, or expect allow")
         ok = False
+    if spec.websocket and method.upper() != "GET":
+        report((*loc, "websocket"), "a WebSocket is opened by a GET request",
+               "write e.g. `request: GET https://rpc.example.com/ws`, or remove `websocket`")
+        ok = False
     call_ok, call = compile_test_call(spec, loc, report)
     if not ok or not call_ok:
         return None
     return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
                       expect=spec.expect, rule=spec.rule, source=src, inject=inject,
                       code=spec.code, passthrough=spec.passthrough, sandbox=spec.sandbox,
-                      gateway=spec.gateway, call=call)
+                      gateway=spec.gateway, call=call, websocket=spec.websocket)

@@ -85,9 +85,10 @@ def compile_dns_test(spec: TestSpec, loc: Loc, src: Source, report: Report) -> P
             report((*loc, key), f"`{key}` is for request fixtures; a `dns` fixture asserts "
                    "only whether the name resolves", f"remove `{key}`")
             ok = False
-    if spec.gateway:
-        report((*loc, "gateway"), "`gateway` is for request fixtures", "remove `gateway`")
-        ok = False
+    for flag in ("gateway", "websocket"):
+        if getattr(spec, flag):
+            report((*loc, flag), f"`{flag}` is for request fixtures", f"remove `{flag}`")
+            ok = False
     try:
         name = normalise_host(spec.dns)
     except ValueError as e:

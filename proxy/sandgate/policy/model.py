@@ -291,6 +291,10 @@ class CallFilter:
     and no `deny_methods`; a tools/call also needs its tool in `tools` (None: any) and not in
     `deny_tools`, and its `arguments` constraints met; resources/read and prompts/get their uri
     or name in `resources`/`prompts` (None: any). Deny entries win over every allow.
+
+    `websocket`: the rule's `websocket: true`. Without it a protocol upgrade (WebSocket or any
+    other) on the rule's requests is refused (upgrade_refused); with it a WebSocket is allowed
+    and each of its messages is judged as a body is (sandgate.addons.wsrpc).
     """
 
     protocol: Literal["mcp", "jsonrpc"]
@@ -302,6 +306,7 @@ class CallFilter:
     resources: tuple[str, ...] | None = None
     prompts: tuple[str, ...] | None = None
     max_body: int = DEFAULT_CALL_BODY
+    websocket: bool = False
 
     @property
     def allowed_methods(self) -> tuple[str, ...] | None:
@@ -452,6 +457,7 @@ class PolicyTest:
     sandbox: str | None = None  # the caller's sandbox id (None: the caller has none)
     gateway: bool = False  # url is a gateway path, judged as the gateway listener judges it
     call: Call | None = None  # `mcp:` / `jsonrpc:`: the JSON-RPC call its body carries
+    websocket: bool = False  # the request opens a WebSocket (the call: a message on it)
     # a `dns:` fixture (method "DNS", url the name): the query type looked up
     qtype: str | None = None
 

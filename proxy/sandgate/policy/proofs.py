@@ -41,6 +41,8 @@ the proxy cannot disagree silently.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -534,8 +536,14 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
     ports = sorted({p for r in rules for p in r.ports})
     named = {m for r in rules if r.methods is not None for m in r.methods}
     methods = [*sorted(named), _fresh_method(named)]
+    # A WebSocket (a GET) on a rule with mcp:/jsonrpc: is refused unless it opts in: one
+    # more witness, on GET (named explicitly: the fresh method stands for it otherwise).
+    upgrades: list[str | None] = [None]
     if any(r.call is not None for r in rules):
         methods.sort(key=lambda m: m != "POST")  # JSON-RPC calls are POSTed: shown first
+        upgrades.append("websocket")
+        if "GET" not in methods:
+            methods.append("GET")
     queries = query_cells(rules)
     if queries is None:
         return ProofResult("narrower_than", claim, False, src, details=(
@@ -579,8 +587,10 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                         o_base = [o_tunnel] if o_tunnel is not None else [
                             r for r in o_ident.rules
                             if _applies(r, scheme, host, port, method, query)]
-                        for call in calls:
-                            n_app, o_app = acting(n_base, call), acting(o_base, call)
+                        for upgrade, call in itertools.product(
+                                upgrades if method == "GET" else [None], calls):
+                            n_app = acting(n_base, call, upgrade)
+                            o_app = acting(o_base, call, upgrade)
                             if not any(r.action == "allow" for r in n_app):
                                 continue
                             key = (tuple(_shape(r) for r in n_app), (),
@@ -591,7 +601,7 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                             if gap is not None:
                                 return _l7_counterexample(
                                     policy, narrow, other, claim, src, scheme, host, port,
-                                    method, n_app[gap[0]], gap[1], query, call)
+                                    method, n_app[gap[0]], gap[1], query, call, upgrade)
 
     # CONNECT: every tunnel decide_connect() passes through without interception.
     for host in hosts:
@@ -616,17 +626,20 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
 
 def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src: Source | None,
                        scheme: str, host: str, port: int, method: str, rule: Rule,
-                       path: str, query: QueryCell = (), call: Call | None = None
-                       ) -> ProofResult:
+                       path: str, query: QueryCell = (), call: Call | None = None,
+                       upgrade: str | None = None) -> ProofResult:
     raw = raw_path(path)
     req = RequestInfo(scheme, host, port, method, raw, query)
     qs = f"?{query_string(query)}" if query else ""
     url = f"{scheme}://{_url_host(host)}:{port}{raw}{qs}"
     if parse_url(method, url) != req:
         raise ProofError(f"counter-example {method} {url} does not parse back to itself")
+    req = dataclasses.replace(req, upgrade=upgrade)
     judged = None if call is NOT_A_CALL else call
     dn = decide_request(policy, narrow, req, call=judged)
     do = decide_request(policy, other, req, call=judged)
+    if upgrade is not None:
+        url += " opening a WebSocket" + (" and sending a message" if call is not None else "")
     url += shown(call)
     _agree(passes(dn, call) and dn.rule == rule, f"{narrow} should allow {method} {url} by "
            f"rule '{rule.name}'", dn)

@@ -394,6 +394,12 @@ class RuleSpec(_Strict):
     jsonrpc: JsonRpcSpec | None = Field(
         default=None, description="The rule carries generic JSON-RPC 2.0: the messages of "
         "every request body are judged by method.")
+    websocket: bool | None = Field(
+        default=None, description="With `mcp:` or `jsonrpc:` only: true lets a WebSocket be "
+        "opened on the rule's URLs, and every message on it, both ways, is judged and "
+        "filtered as a request body and its answer are. Without it such a rule refuses any "
+        "protocol upgrade (403 upgrade_refused): a WebSocket would carry calls no rule "
+        "judged.")
     dns: DnsSpec | None = Field(
         default=None, description="The policy DNS also answers these query types for the "
         "rule's hosts (A and AAAA always are), e.g. {types: [TXT]}.")
@@ -488,12 +494,13 @@ class TestSpec(_Strict):
         "(whitespace and the order of key=value pairs do not matter), which must equal the "
         "form of what the proxy would inject.")
     code: Literal["no_rule", "denied_by_rule", "internal_address",
-                  "sandbox_required"] | None = Field(
+                  "sandbox_required", "upgrade_refused"] | None = Field(
         default=None, description="For expect: deny, why: no_rule (nothing allows it), "
         "denied_by_rule (a deny rule matches), internal_address (allowed, but the address "
         "is non-public and not in private_cidrs; known for IP literals and --resolve names), "
         "sandbox_required (the allowing rule binds a per-sandbox secret and the fixture gives "
-        "no `sandbox:`).")
+        "no `sandbox:`), upgrade_refused (a `websocket: true` fixture on a rule with mcp:/"
+        "jsonrpc: that does not say `websocket: true`).")
     sandbox: str | None = Field(
         default=None, description="The caller's sandbox id (as in its token or Docker label). "
         "Without it the caller has none: a rule binding a per-sandbox secret (a "
@@ -512,6 +519,11 @@ class TestSpec(_Strict):
         "delete_repo}: judged by the rules' `mcp:` as the proxy judges the body.")
     jsonrpc: CallTestSpec | None = Field(
         default=None, description="The request carries this JSON-RPC call ({method: NAME}).")
+    websocket: bool = Field(
+        default=False, description="The request (a GET) opens a WebSocket: a rule with "
+        "`mcp:`/`jsonrpc:` refuses it (upgrade_refused) unless the rule says `websocket: "
+        "true`. With `mcp:`/`jsonrpc:` in the fixture, the call is a message sent on that "
+        "WebSocket, judged as the proxy judges each message.")
 
 
 class CallTestSpec(_Strict):

@@ -10,11 +10,13 @@ tunnel is the state every request inside is held to.
 
 from __future__ import annotations
 
+import dataclasses
+
 from mitmproxy import http
 from mitmproxy.net.http import url
 
 from sandgate.addons import tunnels, wirelimits
-from sandgate.addons.forward import check_authority, check_upgrade
+from sandgate.addons.forward import check_authority, check_upgrade, upgrade_asked
 from sandgate.addons.state import FlowRecord, Tunnel
 from sandgate.decision import decide, decide_connect, reported
 from sandgate.errors import BadRequest, Code, LimitExceeded
@@ -49,6 +51,9 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         if tunnel is not None and tunnel.policy is not policy:
             rejudge_tunnel(tunnel, policy)
         info = rec.info = parse(flow, rec, tunnel)
+    upgrade = upgrade_asked(req)
+    if upgrade is not None:  # a rule judging calls refuses it unless it says websocket: true
+        info = rec.info = dataclasses.replace(info, upgrade=upgrade)
     caller = rec.caller
     assert caller is not None
     await count_connection(st, flow, caller, policy)  # once per connection

@@ -4,7 +4,8 @@ The request asks for plain bytes (`ask_plain`, the last step before forwarding);
 head is cleaned and its body streamed through the scrubber (or, small and of known length,
 scrubbed whole), trailers cleaned or dropped; WebSocket messages and control frames (ping, pong,
 close: addons/wscontrol.py) are scrubbed one by one, and one leaving with a credential is not
-relayed and ends the stream. The set scrubbed is the flow's own (`GateState.secrets(rec)`): what
+relayed and ends the stream; on a rule with mcp:/jsonrpc: each message is then judged as a call
+(addons/wsrpc.py). The set scrubbed is the flow's own (`GateState.secrets(rec)`): what
 was injected into it stays scrubbed whatever the cache does (addons/flowsecrets.py).
 """
 
@@ -15,7 +16,7 @@ import logging
 
 from mitmproxy import http
 
-from sandgate.addons import calls, wscontrol
+from sandgate.addons import calls, wscontrol, wsrpc
 from sandgate.addons.forward import is_websocket_upgrade
 from sandgate.addons.patches import READ_WHOLE
 from sandgate.addons.state import FlowRecord
@@ -122,22 +123,34 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
     carries a credential. Messages arrive whole (mitmproxy reassembles fragments)."""
     assert flow.websocket is not None
     message = flow.websocket.messages[-1]
+    ws = None
     try:
+        # a rule with mcp:/jsonrpc: (websocket: true): messages are judged. Started here if
+        # websocket_start did not (a hook mitmproxy only logs the failure of): never unjudged
+        ws = wsrpc.state(flow) or wsrpc.start(rec, flow)
         if rec.websocket_closed:
             message.drop()
             return
+        if message.injected:
+            return  # Sandgate's own: the JSON-RPC error answering a refused call (wsrpc)
         if not message.from_client:
             clean, n = scrub_unwrapped(st.secrets(rec), message.content)
             if n:
                 message.content = clean
                 rec.redactions += n
+            if ws is not None:
+                wsrpc.server_message(st, flow, rec, ws, message)  # list answers filtered
             return
         if _websocket_leaks(st, flow, rec, message.content):
             message.drop()
+        elif ws is not None:
+            wsrpc.client_message(st, flow, rec, ws, message)
     except Exception:
         log.exception("sandgate: websocket_message failed; dropping the stream")
         rec.websocket_closed = True
         message.drop()
+        if ws is not None or rec.call is not None:  # a WebSocket on a rule judging calls
+            wscontrol.close(flow, wsrpc.POLICY_VIOLATION, "sandgate: internal_error")
 
 
 def _websocket_leaks(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
@@ -156,8 +169,10 @@ def _websocket_leaks(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
 
 
 def websocket_start(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
-    """The WebSocket's control frames are judged by `_websocket_control` (addons/wscontrol)."""
+    """The WebSocket's control frames are judged by `_websocket_control` (addons/wscontrol);
+    on a rule with mcp:/jsonrpc:, its messages by addons/wsrpc."""
     flow.metadata[wscontrol.HANDLER_KEY] = functools.partial(_websocket_control, st, flow, rec)
+    wsrpc.start(rec, flow)
 
 
 def _websocket_control(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, from_client: bool,
