@@ -61,8 +61,9 @@ SOURCE_SHA256 = "f86793e162fa5c0a083c1cc2db46ee6fc45d23023af9ca7faaf012f48d0d859
 
 def sources() -> str:
     """The code the patch depends on: the layer's relay loop and wsproto's event reader."""
-    return inspect.getsource(ws_layer.WebsocketLayer.relay_messages) + inspect.getsource(
-        Connection.events)
+    # (unwrapped: once installed, the layer's attribute is this module's wrapper)
+    return inspect.getsource(inspect.unwrap(ws_layer.WebsocketLayer.relay_messages)) + \
+        inspect.getsource(Connection.events)
 
 
 def source_digest() -> str:
@@ -162,6 +163,7 @@ def install() -> None:
         setattr(self.server_ws, _TAG, (flow, False))
         return (yield from original(self, event))
 
+    relay_messages.__wrapped__ = original  # type: ignore[attr-defined]
     layer.relay_messages = relay_messages  # type: ignore[method-assign]
     ws_layer.WebsocketConnection.events = _events
     setattr(layer, _MARK, True)
