@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import boto3
@@ -31,7 +31,9 @@ BADSIG_HOST = "s3-badsig.creds.test"  # signed with the right key id and a wrong
 RULE_SCOPE_HOST = "s3-eu.creds.test"  # the rule names service and region
 AWS_SHAPED_HOST = "s3.eu-west-2.amazonaws.com"  # pinned to moto: the host gives the scope
 NO_SCOPE_HOST = "storage.creds.test"  # same rule as AWS_SHAPED_HOST; gives no scope: 503
-HOSTS = (HOST, UNSIGNED_HOST, BADSIG_HOST, RULE_SCOPE_HOST, AWS_SHAPED_HOST, NO_SCOPE_HOST)
+BUCKET_HOST = "s3-bucket.creds.test"  # a rule confined to one bucket by `paths`
+HOSTS = (HOST, UNSIGNED_HOST, BADSIG_HOST, RULE_SCOPE_HOST, AWS_SHAPED_HOST, NO_SCOPE_HOST,
+         BUCKET_HOST)
 ROOT = Path(__file__).parents[2]
 
 POLICY = f"""version: v1
@@ -61,13 +63,19 @@ identities:
         hosts: [{AWS_SHAPED_HOST}, {NO_SCOPE_HOST}]
         private_cidrs: [{AWS_IP}/32]
         inject: {{sign: scopeless}}
+      - name: s3-one-bucket
+        hosts: [{BUCKET_HOST}]
+        paths: ["/agent-bucket", "/agent-bucket/**"]
+        copy_sources: ["/agent-bucket/**"]
+        private_cidrs: [{AWS_IP}/32]
+        inject: {{sign: aws}}
 """
 
 
 @dataclass
 class Stack:
     proxy: Proxy
-    keys: dict[str, str]
+    keys: dict[str, str] = field(repr=False)  # never in a failure's output
 
     def s3(self, host: str = HOST, key_id: str = "sandgate-placeholder-aws"):
         """The sandbox's SDK: a placeholder key, nothing else."""
@@ -187,3 +195,86 @@ def test_host_without_scope_is_refused_not_forwarded_unsigned(stack):
     ev = stack.proxy.wait_audit(lambda e: e.get("rule") == "s3-host-scope"
                                 and e.get("code") == "secret_unavailable")
     assert not ev.get("injected")
+
+
+def _exists(s3, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        if e.response["Error"]["Code"] in ("404", "NoSuchKey"):
+            return False
+        raise
+    return True
+
+
+def test_copy_from_a_bucket_the_rule_does_not_allow_is_refused(stack):
+    """Issue 34: a rule confined to one bucket by `paths` must not sign an x-amz-copy-source
+    naming another bucket: S3 would copy the forbidden object into the allowed bucket, where
+    the sandbox could read it. Refused before anything is signed; nothing is copied."""
+    admin = stack.s3()  # the unconfined rule: sets up both buckets
+    admin.create_bucket(Bucket="private-data")
+    admin.put_object(Bucket="private-data", Key="payroll.csv", Body=b"test-payroll-row")
+    admin.create_bucket(Bucket="agent-bucket")
+    confined = stack.s3(BUCKET_HOST)
+    confined.put_object(Bucket="agent-bucket", Key="own.txt", Body=b"mine")  # its own bucket
+    with pytest.raises(ClientError) as ei:
+        confined.copy_object(Bucket="agent-bucket", Key="stolen.csv",
+                             CopySource={"Bucket": "private-data", "Key": "payroll.csv"})
+    r = ei.value.response
+    assert r["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-sandgate-reason"] == "no_rule"
+    assert not _exists(admin, "agent-bucket", "stolen.csv")
+    ev = stack.proxy.wait_audit(lambda e: e.get("code") == "no_rule"
+                                and e.get("path") == "/agent-bucket/stolen.csv")
+    assert "x-amz-copy-source" in ev["reason"] and not ev.get("injected")
+
+
+def test_copy_from_an_admitted_source_is_signed(stack):
+    """`copy_sources:` admits copies inside the rule's own bucket (CopyObject, and
+    UploadPartCopy: the same header on a multipart upload)."""
+    admin = stack.s3()
+    admin.create_bucket(Bucket="agent-bucket")
+    confined = stack.s3(BUCKET_HOST)
+    confined.put_object(Bucket="agent-bucket", Key="a.txt", Body=b"x" * 10)
+    confined.copy_object(Bucket="agent-bucket", Key="b.txt",
+                         CopySource={"Bucket": "agent-bucket", "Key": "a.txt"})
+    assert confined.get_object(Bucket="agent-bucket", Key="b.txt")["Body"].read() == b"x" * 10
+    up = confined.create_multipart_upload(Bucket="agent-bucket", Key="c.txt")
+    part = confined.upload_part_copy(Bucket="agent-bucket", Key="c.txt", PartNumber=1,
+                                     UploadId=up["UploadId"],
+                                     CopySource={"Bucket": "agent-bucket", "Key": "a.txt"})
+    assert part["CopyPartResult"]["ETag"]
+
+
+def test_upload_part_copy_from_a_forbidden_bucket_is_refused(stack):
+    admin = stack.s3()
+    admin.create_bucket(Bucket="private-data")
+    admin.put_object(Bucket="private-data", Key="payroll.csv", Body=b"test-payroll-row")
+    admin.create_bucket(Bucket="agent-bucket")
+    confined = stack.s3(BUCKET_HOST)
+    up = confined.create_multipart_upload(Bucket="agent-bucket", Key="d.txt")
+    with pytest.raises(ClientError) as ei:
+        confined.upload_part_copy(Bucket="agent-bucket", Key="d.txt", PartNumber=1,
+                                  UploadId=up["UploadId"],
+                                  CopySource={"Bucket": "private-data", "Key": "payroll.csv"})
+    assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    parts = admin.list_parts(Bucket="agent-bucket", Key="d.txt", UploadId=up["UploadId"])
+    assert not parts.get("Parts")  # nothing copied into the upload
+
+
+@pytest.mark.parametrize(("version", "param"), [("s3v4", "X-Amz-Signature"),
+                                                ("s3", "Signature")])  # SigV2 query auth
+def test_presigned_url_refused_before_anything_is_signed(stack, version, param):
+    """A presigned URL's signature parameters are never forwarded beside Sandgate's own."""
+    presigner = boto3.client("s3", endpoint_url=f"https://{BUCKET_HOST}",
+                             region_name="us-east-1",
+                             aws_access_key_id="sandgate-placeholder-aws",
+                             aws_secret_access_key="sandgate-placeholder-aws-secret",
+                             config=Config(signature_version=version))
+    url = presigner.generate_presigned_url(
+        "get_object", Params={"Bucket": "agent-bucket", "Key": "a.txt"})
+    r = curl(stack.proxy, "agent", url)
+    body, status = split_status(r.stdout)
+    assert status == 403
+    doc = json.loads(body)
+    assert doc["code"] == "no_rule" and param in doc["reason"]

@@ -334,6 +334,20 @@ class RuleSpec(_Strict):
         default=None, min_length=1, description="Path globs; default: any path."
     )
     inject: InjectSpec | None = None
+    operations: list[str] | None = Field(
+        default=None, min_length=1,
+        description="For a rule that signs (`inject: {sign: ...}`): the AWS operations it "
+        "signs, as globs over the X-Amz-Target header (JSON protocol, e.g. "
+        "DynamoDB_20120810.GetItem or '*.GetItem') or the Action parameter in the query or "
+        "form body (query protocol, e.g. SendMessage). A request naming another operation, "
+        "none, or more than one is not signed by this rule. Default: any operation. REST APIs "
+        "(S3) name no operation: judge them by methods and paths.")
+    copy_sources: list[str] | None = Field(
+        default=None, min_length=1,
+        description="For a rule that signs: the objects an x-amz-copy-source or "
+        "x-amz-rename-source header may name (CopyObject, UploadPartCopy, RenameObject), as "
+        "path globs over /bucket/key, matched like `paths`. Default: none, so a request "
+        "naming a source is not signed by this rule.")
     substitute: list[str] = Field(
         default_factory=list, description="Secrets whose placeholders this rule swaps for values, "
         "only in the headers named by substitute_headers."
