@@ -17,6 +17,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from botocore.parsers import ResponseParserError
 
 from tests.integration.conftest import Proxy, curl, split_status, start_proxy, stop_proxy
 from tests.support.bao import SeedableVault
@@ -32,8 +33,10 @@ RULE_SCOPE_HOST = "s3-eu.creds.test"  # the rule names service and region
 AWS_SHAPED_HOST = "s3.eu-west-2.amazonaws.com"  # pinned to moto: the host gives the scope
 NO_SCOPE_HOST = "storage.creds.test"  # same rule as AWS_SHAPED_HOST; gives no scope: 503
 BUCKET_HOST = "s3-bucket.creds.test"  # a rule confined to one bucket by `paths`
-HOSTS = (HOST, UNSIGNED_HOST, BADSIG_HOST, RULE_SCOPE_HOST, AWS_SHAPED_HOST, NO_SCOPE_HOST,
-         BUCKET_HOST)
+SQS_HOST, STS_HOST = "sqs.creds.test", "sts.creds.test"  # rules listing `operations:`
+S3_HOSTS = (HOST, UNSIGNED_HOST, BADSIG_HOST, RULE_SCOPE_HOST, AWS_SHAPED_HOST, NO_SCOPE_HOST,
+            BUCKET_HOST)
+HOSTS = (*S3_HOSTS, SQS_HOST, STS_HOST)
 ROOT = Path(__file__).parents[2]
 
 POLICY = f"""version: v1
@@ -69,6 +72,16 @@ identities:
         copy_sources: ["/agent-bucket/**"]
         private_cidrs: [{AWS_IP}/32]
         inject: {{sign: aws}}
+      - name: sqs-send-only  # JSON protocol: X-Amz-Target
+        hosts: [{SQS_HOST}]
+        operations: [AmazonSQS.CreateQueue, AmazonSQS.SendMessage, "*.GetQueueUrl"]
+        private_cidrs: [{AWS_IP}/32]
+        inject: {{sign: {{secret: scopeless, service: sqs, region: us-east-1}}}}
+      - name: sts-whoami  # query protocol: Action in the form body
+        hosts: [{STS_HOST}]
+        operations: [GetCallerIdentity]
+        private_cidrs: [{AWS_IP}/32]
+        inject: {{sign: {{secret: scopeless, service: sts, region: us-east-1}}}}
 """
 
 
@@ -79,9 +92,12 @@ class Stack:
 
     def s3(self, host: str = HOST, key_id: str = "sandgate-placeholder-aws"):
         """The sandbox's SDK: a placeholder key, nothing else."""
+        return self.client("s3", host, key_id)
+
+    def client(self, service: str, host: str, key_id: str = "sandgate-placeholder-aws"):
         url = f"http://agent:{self.proxy.token('agent')}@{self.proxy.host}:{self.proxy.port}"
         return boto3.client(
-            "s3", endpoint_url=f"https://{host}", region_name="us-east-1",
+            service, endpoint_url=f"https://{host}", region_name="us-east-1",
             aws_access_key_id=key_id,
             aws_secret_access_key="sandgate-placeholder-aws-secret",
             verify=str(self.proxy.ca),
@@ -99,7 +115,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
         [sys.executable, "-m", "tests.support.moto_s3", AWS_IP, "443", str(pki.cert),
          str(pki.key), str(out)], cwd=ROOT,
         env={**os.environ, "MOTO_S3_CUSTOM_ENDPOINTS": ",".join(
-            f"https://{h}" for h in HOSTS)},
+            f"https://{h}" for h in S3_HOSTS)},
         stdout=(tmp / "moto.log").open("wb"),
         stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -278,3 +294,28 @@ def test_presigned_url_refused_before_anything_is_signed(stack, version, param):
     assert status == 403
     doc = json.loads(body)
     assert doc["code"] == "no_rule" and param in doc["reason"]
+
+
+def test_json_protocol_operations_not_listed_are_refused(stack):
+    """`operations:` judges X-Amz-Target: the queue is created and written to, and the
+    DeleteQueue the rule does not list is refused before anything is signed."""
+    sqs = stack.client("sqs", SQS_HOST, "sandgate-placeholder-scopeless")
+    url = sqs.create_queue(QueueName="sandgate-ops")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="hello from the sandbox")
+    with pytest.raises(ClientError) as ei:
+        sqs.delete_queue(QueueUrl=url)
+    assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    ev = stack.proxy.wait_audit(lambda e: e.get("rule") is None and e.get("code") == "no_rule"
+                                and e.get("host") == SQS_HOST)
+    assert "'AmazonSQS.DeleteQueue'" in ev["reason"] and not ev.get("injected")
+    assert sqs.get_queue_url(QueueName="sandgate-ops")["QueueUrl"]  # still there
+
+
+def test_query_protocol_action_in_the_form_body_is_judged(stack):
+    sts = stack.client("sts", STS_HOST, "sandgate-placeholder-scopeless")
+    assert sts.get_caller_identity()["Arn"]
+    with pytest.raises(ResponseParserError, match="sandgate_refused"):
+        sts.get_session_token()  # a query-protocol SDK expects XML; the refusal is JSON
+    ev = stack.proxy.wait_audit(lambda e: e.get("code") == "no_rule"
+                                and e.get("host") == STS_HOST)
+    assert "'GetSessionToken' (Action in the body)" in ev["reason"]
