@@ -29,6 +29,7 @@ from sandgate.console.ring import EventRing
 from sandgate.explain import explain_request
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
+from sandgate.request import parse_header
 from sandgate.secrets.scope import SAFE_ID
 from sandgate.secrets.vault import SecretBroker
 from sandgate.tokens import issue_token, parse_ttl
@@ -200,9 +201,14 @@ def build_app(state: AdminState) -> web.Application:
                 raise ValueError("`gateway` must be true or false")
             call = call_from_values(doc.get("mcp_tool"), doc.get("mcp_args"),
                                     doc.get("rpc_method"))
+            headers = doc.get("headers", {})
+            if not isinstance(headers, dict) or not all(
+                    isinstance(v, str) for v in headers.values()):
+                raise ValueError("`headers` must be an object of header names to strings")
             out, _allowed = explain_request(state.live.policy, identity, method, url,
                                             state.resolve, _str(doc, "sandbox", required=False),
-                                            gateway, call)
+                                            gateway, call,
+                                            [parse_header(n, v) for n, v in headers.items()])
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)

@@ -49,7 +49,7 @@ from sandgate.policy.model import (
 from sandgate.policy.paths import PathPattern
 from sandgate.policy.schema import RuleSpec, SecretSpec, TestSpec
 from sandgate.policy.suffixes import overbroad_wildcard
-from sandgate.request import parse_url, split_authority
+from sandgate.request import parse_header, parse_url, split_authority
 from sandgate.secrets.credential_form import is_form, parse_form
 from sandgate.secrets.scope import parse_path
 from sandgate.text import has_control_chars
@@ -1010,9 +1010,21 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
                "remove `passthrough`, or expect allow")
         ok = False
     call_ok, call = compile_test_call(spec, loc, report)
+    headers: list[tuple[str, str]] = []
+    for hname, value in (spec.headers or {}).items():
+        try:
+            headers.append(parse_header(hname, value))
+        except ValueError as e:
+            report((*loc, "headers", hname), str(e), "write a header as `name: value`, e.g. "
+                   "`x-amz-copy-source: /bucket/key`")
+            ok = False
+    if headers and connect:
+        report((*loc, "headers"), "a CONNECT tunnel carries no request headers",
+               "write `request: METHOD URL` in this fixture, or remove `headers`")
+        ok = False
     if not ok or not call_ok:
         return None
     return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
                       expect=spec.expect, rule=spec.rule, source=src, inject=inject,
                       code=spec.code, passthrough=spec.passthrough, sandbox=spec.sandbox,
-                      gateway=spec.gateway, call=call)
+                      gateway=spec.gateway, call=call, headers=tuple(headers))

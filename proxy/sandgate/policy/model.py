@@ -459,6 +459,7 @@ class PolicyTest:
     call: Call | None = None  # `mcp:` / `jsonrpc:`: the JSON-RPC call its body carries
     # a `dns:` fixture (method "DNS", url the name): the query type looked up
     qtype: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # `headers:`: (lower-case name, value)
 
     @property
     def dns(self) -> bool:

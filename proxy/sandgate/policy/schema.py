@@ -524,6 +524,12 @@ class TestSpec(_Strict):
         "delete_repo}: judged by the rules' `mcp:` as the proxy judges the body.")
     jsonrpc: CallTestSpec | None = Field(
         default=None, description="The request carries this JSON-RPC call ({method: NAME}).")
+    headers: dict[str, str] | None = Field(
+        default=None, min_length=1,
+        description="Request headers, e.g. {x-amz-copy-source: /private-data/payroll.csv} or "
+        "{x-amz-target: DynamoDB_20120810.GetItem}: a rule that signs (`inject: {sign}`) "
+        "judges the ones a SigV4 signature covers, as the proxy does. (An Action goes in the "
+        "URL's query: a form body's Action is judged the same way.)")
 
 
 class CallTestSpec(_Strict):

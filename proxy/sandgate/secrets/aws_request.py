@@ -236,9 +236,27 @@ def misfit(rule: Rule, parts: AwsParts) -> tuple[str, str] | None:
                     f"'{rule.name}'")
     for header, path in parts.sources:
         if rule.copy_sources is None or not any(p.matches(path) for p in rule.copy_sources):
-            listed = ("lists none" if rule.copy_sources is None else
-                      "does not admit it")
-            return (f"does not admit the {header} {path}: its `copy_sources:` {listed}",
+            listed = ("it lists no `copy_sources:`" if rule.copy_sources is None else
+                      "its `copy_sources:` do not match it")
+            return (f"does not admit the {header} {path}: {listed}",
                     f"to allow reading {path} with this rule's credentials, add it (or a "
                     f"glob) to the `copy_sources:` of rule '{rule.name}'")
     return None
+
+
+def signed_fields(rule: Rule, query: tuple[tuple[str, str], ...] | None,
+                  headers: Iterable[tuple[str, str]]) -> dict[str, object]:
+    """What `sandgate explain` shows of an allowed request a rule signs: the operation and
+    sources it names, and what the rule admits of each."""
+    p = parse(headers, query)
+    return {
+        "operation": (f"{p.operation} ({p.operation_from})" if p.operation is not None
+                      else None),
+        "operations": list(rule.operations) if rule.operations is not None else "any",
+        "sources": [f"{h}: {path}" for h, path in p.sources],
+        "copy_sources": ([x.text for x in rule.copy_sources] if rule.copy_sources is not None
+                         else "none"),
+        "headers": "signed: Host, Content-Type, Content-MD5, the operation, admitted sources "
+                   "and content headers (x-amz-meta-*, x-amz-acl, checksums...); any other "
+                   "x-amz-* header is refused, other headers are forwarded unsigned",
+    }
