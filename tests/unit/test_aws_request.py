@@ -361,3 +361,64 @@ def test_cli_explain_takes_headers(tmp_path, capsys):
     rc = main(["explain", "--policies", str(tmp_path), "--identity", "agent", "-H",
                "no colon here", "PUT", f"{S3}/acme-artifacts/x"])
     assert rc != 0 and "Name: value" in capsys.readouterr().err
+
+
+# --- analyses that compare rules: proofs, shadowing ------------------------------------------
+
+PROOF_HEAD = """version: v1
+secrets:
+  aws: {vault: secret/data/aws/agent, aws: {region: eu-west-1}}
+  aws2: {vault: secret/data/aws/other, aws: {region: eu-west-1}}
+identities:
+"""
+DDB = "dynamodb.eu-west-1.amazonaws.com"
+
+
+def _narrower(tmp_path: Path, narrow: str, other: str):
+    from sandgate.policy.proofs import prove
+
+    (tmp_path / "p.yaml").write_text(PROOF_HEAD + f"""  n:
+    narrower_than: o
+    rules:
+      - {{name: n, hosts: [{DDB}], inject: {{sign: aws}}, {narrow}}}
+  o:
+    rules:
+      - {{name: o, hosts: [{DDB}], inject: {{sign: aws}}, {other}}}
+""")
+    [res] = prove(load_policy_dir(tmp_path))
+    return res
+
+
+@pytest.mark.parametrize(("narrow", "other", "ok"), [
+    ("operations: [GetItem, DeleteTable]", "operations: [GetItem]", False),
+    ("operations: [GetItem]", "operations: [GetItem, Query]", True),
+    ("copy_sources: [/a/**]", "operations: [GetItem]", False),  # any operation vs one
+    ("copy_sources: [/a/**, /b/**]", "copy_sources: [/a/**]", False),
+    ("copy_sources: [/a/x]", "copy_sources: [/a/**]", True),
+])
+def test_narrower_than_counts_what_a_rule_signs(tmp_path, narrow, other, ok):
+    res = _narrower(tmp_path, narrow, other)
+    assert res.ok is ok, str(res)
+    if not ok:
+        assert "signs only some of what rule 'n' of n lets through" in str(res)
+
+
+def test_a_rule_listing_other_operations_is_not_shadowed(tmp_path):
+    """Two signing rules on one host with different operations and secrets: the second one
+    signs the operations the first does not list, so it is not shadowed (a load error)."""
+    (tmp_path / "p.yaml").write_text(PROOF_HEAD + f"""  a:
+    rules:
+      - {{name: read, hosts: [{DDB}], operations: ["*.GetItem"], inject: {{sign: aws}}}}
+      - {{name: write, hosts: [{DDB}], operations: ["*.PutItem"], inject: {{sign: aws2}}}}
+tests:
+  - identity: a
+    request: POST https://{DDB}/
+    headers: {{x-amz-target: DynamoDB_20120810.PutItem}}
+    expect: allow
+    rule: write
+    inject: [aws2]
+""")
+    from sandgate.policy.fixtures import run_policy_tests
+
+    [r] = run_policy_tests(load_policy_dir(tmp_path))
+    assert r.passed, r.message
