@@ -255,6 +255,10 @@ def test_copy_from_an_admitted_source_is_signed(stack):
     confined.copy_object(Bucket="agent-bucket", Key="b.txt",
                          CopySource={"Bucket": "agent-bucket", "Key": "a.txt"})
     assert confined.get_object(Bucket="agent-bucket", Key="b.txt")["Body"].read() == b"x" * 10
+    ev = stack.proxy.wait_audit(lambda e: (e.get("path") or "").startswith("/agent-bucket/b.txt")
+                                and e.get("method") == "PUT")
+    assert ev["injected"] == [
+        "aws@1: aws sigv4 s3 us-east-1 (x-amz-copy-source /agent-bucket/a.txt)"]
     up = confined.create_multipart_upload(Bucket="agent-bucket", Key="c.txt")
     part = confined.upload_part_copy(Bucket="agent-bucket", Key="c.txt", PartNumber=1,
                                      UploadId=up["UploadId"],
@@ -302,6 +306,9 @@ def test_json_protocol_operations_not_listed_are_refused(stack):
     sqs = stack.client("sqs", SQS_HOST, "sandgate-placeholder-scopeless")
     url = sqs.create_queue(QueueName="sandgate-ops")["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="hello from the sandbox")
+    assert stack.proxy.wait_audit(lambda e: e.get("host") == SQS_HOST and e.get("injected"))
+    assert stack.proxy.wait_audit(lambda e: e.get("injected") == [
+        "scopeless@1: aws sigv4 sqs us-east-1 (operation AmazonSQS.SendMessage)"])
     with pytest.raises(ClientError) as ei:
         sqs.delete_queue(QueueUrl=url)
     assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403

@@ -38,4 +38,9 @@ async def sign(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     sigv4(flow.request, url, scope.service, scope.region, sv.username, sv.value,
           dict(sv.extra).get("session_token"))
     at = f"{name}@{sv.version}" if sv.version else name
-    rec.injected.append(f"{at}: aws sigv4 {scope.service} {scope.region}")
+    # what the signature vouches for beyond the request line, as the sandbox named it (so
+    # scrubbed, as the audit's path is)
+    named = [f"operation {rec.aws.operation}"] if rec.aws.operation is not None else []
+    named += [f"{h} {p}" for h, p in rec.aws.sources]
+    extra = st.secrets(rec).scrub_text(" (" + "; ".join(named) + ")")[0] if named else ""
+    rec.injected.append(f"{at}: aws sigv4 {scope.service} {scope.region}{extra}")
