@@ -422,3 +422,22 @@ tests:
 
     [r] = run_policy_tests(load_policy_dir(tmp_path))
     assert r.passed, r.message
+
+
+
+def test_lint_judges_fixtures_with_their_headers(tmp_path):
+    """sandgate lint re-judges fixtures as check does, headers included: this deny fixture is
+    refused for its copy source (no_rule), not by the deny rule written for the host, and
+    lint says so (judged without its header it would be allowed, and lint silent)."""
+    from sandgate.policy.lint import lint_dir
+
+    (tmp_path / "p.yaml").write_text(POLICY + """
+      - {name: no-deletes, action: deny, hosts: [s3.eu-west-1.amazonaws.com], methods: [DELETE]}
+tests:
+  - identity: agent
+    request: PUT https://s3.eu-west-1.amazonaws.com/acme-artifacts/stolen.csv
+    headers: {x-amz-copy-source: /private-data/payroll.csv}
+    expect: deny
+""")
+    [f] = [f for f in lint_dir(tmp_path) if "names no `rule:` or `code:`" in str(f)]
+    assert "refused by no_rule, not by deny rule 'no-deletes'" in str(f)

@@ -505,7 +505,8 @@ def _fixtures(policy: Policy,
         if ident is None or t.connect or t.dns or str(t.expect) == "tunnel":
             continue
         try:
-            v = judge(policy, t.identity, t.method, t.url, {}, call=t.call)
+            v = judge(policy, t.identity, t.method, t.url, {}, call=t.call,
+                      headers=t.headers)
         except ValueError:
             continue
         host, port, scheme = _host_port(t.url)
