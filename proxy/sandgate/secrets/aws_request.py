@@ -4,7 +4,7 @@ A signature vouches for every header and query parameter it covers, and AWS acts
 them: `X-Amz-Target` (JSON protocol) and `Action=` (query protocol, in the query or a form
 body) select the operation; `x-amz-copy-source` and `x-amz-rename-source` name a second object
 the request reads (or moves) with the signer's rights. A rule that judged only the host, method
-and path must not sign those as sent, so a signing rule judges them too (sandgate.decision):
+and path must not sign those as sent, so a signing rule judges them too (sandgate.decision).
 
 What happens to each on a signing rule (docs/credentials.md has the same as a table):
 
@@ -188,9 +188,9 @@ def parse(headers: Iterable[tuple[str, str]], query: tuple[tuple[str, str], ...]
                                 f"name the source in {name} as /bucket/key")
             sources.append((name, path))
         elif name in UNJUDGED_RESOURCES:
+            kms = " (for encryption, rely on the bucket's default key)" if "kms" in name else ""
             return _refused(f"its {name} header {UNJUDGED_RESOURCES[name]}, which no rule "
-                            "judges", f"send the request without {name} (for encryption, "
-                            "rely on the bucket's default key)")
+                            "judges", f"send the request without {name}{kms}")
         elif _qualifier(name):
             qualifiers.append(name)
         elif not _content(name):
