@@ -441,3 +441,19 @@ tests:
 """)
     [f] = [f for f in lint_dir(tmp_path) if "names no `rule:` or `code:`" in str(f)]
     assert "refused by no_rule, not by deny rule 'no-deletes'" in str(f)
+
+
+def test_report_says_what_each_signing_rule_signs(tmp_path):
+    """`sandgate report`: a signing rule's operations and copy sources, and a later rule that
+    signs other operations is not "never decides a request"."""
+    from sandgate.policy.report import build_report, format_markdown
+
+    (tmp_path / "p.yaml").write_text(PROOF_HEAD + f"""  a:
+    rules:
+      - {{name: read, hosts: [{DDB}], operations: ["*.GetItem"], inject: {{sign: aws}}}}
+      - {{name: write, hosts: [{DDB}], operations: ["*.PutItem"], inject: {{sign: aws2}}}}
+""")
+    text = format_markdown(build_report(load_policy_dir(tmp_path), "t"))
+    row = next(line for line in text.splitlines() if "| write |" in line)
+    assert r"signs operations: \*.PutItem; copy sources: none" in row
+    assert "never decides" not in row and "earlier rule 'read'" not in row
