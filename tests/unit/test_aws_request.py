@@ -457,3 +457,16 @@ def test_report_says_what_each_signing_rule_signs(tmp_path):
     row = next(line for line in text.splitlines() if "| write |" in line)
     assert r"signs operations: \*.PutItem; copy sources: none" in row
     assert "never decides" not in row and "earlier rule 'read'" not in row
+
+
+def test_lint_does_not_call_rules_signing_other_operations_overlapping(tmp_path):
+    from sandgate.policy.lint import lint_dir
+
+    (tmp_path / "p.yaml").write_text(PROOF_HEAD + f"""  a:
+    rules:
+      - {{name: read, hosts: [{DDB}], methods: [POST], operations: ["*.GetItem"],
+         inject: {{sign: aws}}}}
+      - {{name: write, hosts: [{DDB}], methods: [POST], paths: [/], operations: ["*.PutItem"],
+         inject: {{sign: aws2}}}}
+""")
+    assert not [f for f in lint_dir(tmp_path) if "first matching allow rule wins" in str(f)]
