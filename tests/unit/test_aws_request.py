@@ -470,3 +470,26 @@ def test_lint_does_not_call_rules_signing_other_operations_overlapping(tmp_path)
          inject: {{sign: aws2}}}}
 """)
     assert not [f for f in lint_dir(tmp_path) if "first matching allow rule wins" in str(f)]
+
+
+@pytest.mark.parametrize(("old", "new", "widened", "text"), [
+    ('copy_sources: ["/b/**"]', 'copy_sources: ["/**"]', True, "copy_sources /b/** -> /**"),
+    ('operations: ["*.GetItem"]', 'operations: ["*.GetItem", "*.DeleteTable"]', True,
+     "operations *.GetItem -> *.GetItem, *.DeleteTable"),
+    ('operations: ["*.GetItem", "*.Query"]', 'operations: ["*.GetItem"]', False,
+     "operations *.GetItem, *.Query -> *.GetItem"),
+])
+def test_diff_shows_what_a_signing_rule_signs_changing(tmp_path, old, new, widened, text):
+    """`sandgate diff`: a wider (or narrower) operations:/copy_sources: is a change of reach."""
+    from sandgate.policy.reach_diff import reach_diff
+
+    rule = "      - {{name: r, hosts: [{h}], {x}, inject: {{sign: aws}}}}\n"
+    dirs = []
+    for name, x in (("old", old), ("new", new)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "p.yaml").write_text(PROOF_HEAD + "  a:\n    rules:\n" + rule.format(h=DDB, x=x))
+        dirs.append(load_policy_dir(d))
+    changes = reach_diff(*dirs).changes
+    assert [c.widened for c in changes if text in c.summary()] == [widened], [
+        c.summary() for c in changes]
