@@ -52,6 +52,7 @@ def test_copy_source_is_read_as_the_path_it_names():
     "/agent-bucket//x", "/agent-bucket/./x", "agent-bucket", "/",
     "arn:aws:s3:us-east-1:123456789012:accesspoint/ap/object/x",
     "/agent-bucket/x?versionId=1&other=2", "/agent-bucket/x?acl", "/agent-bucket/%zz",
+    "/agent-bucket/a+b",  # a space to form decoders, a plus to others
 ])
 def test_copy_source_that_is_not_one_plain_path_is_refused(value):
     p = parts({"x-amz-copy-source": value})
@@ -144,7 +145,7 @@ def test_a_quoted_source_reads_back_exactly_or_is_refused(segments, slash):
         assert got == "/" + plain
         assert all(s not in ("", ".", "..") for s in got.split("/")[1:])
     else:
-        assert any(s in (".", "..") or "/" in s or "\\" in s for s in segments)
+        assert any(s in (".", "..") or "/" in s or "\\" in s or "+" in s for s in segments)
 
 
 @given(st.text(max_size=40))

@@ -99,11 +99,11 @@ def signed_header(name: str) -> bool:
 def source_path(value: str) -> str | None:
     """`bucket/key` or `/bucket/key` (%-encoded, optionally `?versionId=...`) as the
     normalised path `paths:` globs match; None when it is not one unambiguous path (an access
-    point ARN, another query, a malformed escape, `.`, `..` or empty segments)."""
+    point ARN, another query, a malformed escape, a '+', `.`, `..` or empty segments)."""
     raw, _, version = value.strip().partition("?")
     if version and not (version.startswith("versionId=") and "&" not in version):
         return None
-    if not raw or raw.startswith("arn:"):
+    if not raw or raw.startswith("arn:") or "+" in raw:  # '+': a space to some decoders
         return None
     raw = raw if raw.startswith("/") else "/" + raw
     try:
@@ -184,7 +184,7 @@ def parse(headers: Iterable[tuple[str, str]], query: tuple[tuple[str, str], ...]
             if path is None:
                 return _refused(f"its {name} header is not a plain /bucket/key (an access "
                                 "point ARN, a query other than versionId, a malformed "
-                                "%-escape, or '.', '..' or empty segments)",
+                                "%-escape, a '+', or '.', '..' or empty segments)",
                                 f"name the source in {name} as /bucket/key")
             sources.append((name, path))
         elif name in UNJUDGED_RESOURCES:
