@@ -541,7 +541,8 @@ def judge(policy: Policy, identity: str, method: str, target: str,
             d, note = judge_address(d, host, port, overrides)
         return Verdict(f"CONNECT {shown}", d, note, True)
     req = parse_url(method, target)
-    d = decide_request(policy, identity, req, gateway, call, aws_parts(headers, req.query))
+    d = decide_request(policy, identity, req, gateway, call,
+                       aws_parts(headers, req.query, path=req.path))
     d = judge_sandbox(policy, identity, d, sandbox)
     d, note = judge_address(d, req.host, req.port, overrides, reported(policy, identity, d))
     query = target.partition("#")[0].partition("?")[2]  # shown as given (parsed by parse_url)

@@ -326,3 +326,19 @@ def test_query_protocol_action_in_the_form_body_is_judged(stack):
     ev = stack.proxy.wait_audit(lambda e: e.get("code") == "no_rule"
                                 and e.get("host") == STS_HOST)
     assert "'GetSessionToken' (Action in the body)" in ev["reason"]
+
+
+@pytest.mark.parametrize("path", ["/private-data/..%2Fagent-bucket/planted-1",
+                                  "/private-data/../agent-bucket/planted-2"])
+def test_dot_segments_do_not_reach_a_bucket_the_rule_forbids(stack, path):
+    """The rule judges the resolved path (/agent-bucket/...); S3 resolves nothing and would
+    write the key `../agent-bucket/...` into private-data. Refused: what is signed must be the
+    path judged."""
+    admin = stack.s3()
+    admin.create_bucket(Bucket="private-data")
+    r = curl(stack.proxy, "agent", f"https://{BUCKET_HOST}{path}", "--path-as-is", "-X", "PUT",
+             "--data-binary", "planted")
+    body, status = split_status(r.stdout)
+    assert status == 403 and json.loads(body)["code"] == "no_rule"
+    keys = [o["Key"] for o in admin.list_objects_v2(Bucket="private-data").get("Contents", [])]
+    assert not [k for k in keys if "planted" in k]

@@ -16,12 +16,14 @@ from hypothesis import strategies as st
 from sandgate.decision import decide, judge
 from sandgate.errors import Code
 from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.paths import normalise_path
 from sandgate.request import parse_query, parse_url
 from sandgate.secrets.aws_request import (
     SIGNING_HEADERS,
     SOURCE_HEADERS,
     AwsParts,
     parse,
+    path_as_judged,
     signed_header,
     source_path,
 )
@@ -96,6 +98,29 @@ def test_content_and_signing_headers_pass():
 def test_presigned_parameters_are_refused(query):
     p = parts(query=query)
     assert p.refusal is not None and "presigned" in p.refusal
+
+
+@pytest.mark.parametrize(("path", "judged"), [
+    ("/agent-bucket/x", True), ("/agent-bucket/dir/", True), ("/", True),
+    ("/agent-bucket/a%2Fb%20c", True),  # S3 decodes %2F too: the key a/b c, as judged
+    ("/private-data/../agent-bucket/x", False), ("/private-data/..%2Fagent-bucket/x", False),
+    ("/private-data/%2E%2E/agent-bucket/x", False), ("/agent-bucket/./x", False),
+    ("/agent-bucket//x", False), ("/agent-bucket/a%5Cb", False), ("/agent-bucket/%zz", False),
+])
+def test_a_signed_path_must_be_the_path_judged(path, judged):
+    assert path_as_judged(path) is judged
+    assert (parse([], (), path=path).refusal is None) is judged
+
+
+@given(st.lists(st.sampled_from(["a", "b", ".", "..", "", "%2E", "%2F", "%2e%2E", "%5C",
+                                 "c%20d"]), min_size=1, max_size=6))
+def test_an_accepted_path_reads_as_judged(segments):
+    """Whatever the segments: a path the parser accepts is, decoded once as S3 decodes it,
+    exactly the path the decision judged (so S3 acts on the object the rule matched)."""
+    raw = "/" + "/".join(segments)
+    if path_as_judged(raw):
+        assert percent_decode(raw) == normalise_path(raw)
+        assert not {".", ".."} & set(percent_decode(raw).split("/"))
 
 
 def test_unreadable_query_is_refused():
@@ -287,6 +312,8 @@ def test_judge_reads_the_headers_it_is_given(policy):
     assert not v.decision.allowed and "x-amz-copy-source" in v.decision.reason
     v = judge(policy, "agent", "GET", url + "?X-Amz-Signature=abc", {})
     assert not v.decision.allowed and "presigned" in v.decision.reason
+    v = judge(policy, "agent", "PUT", f"{S3}/private-data/..%2Facme-artifacts/x", {})
+    assert not v.decision.allowed and "'..'" in v.decision.reason
 
 
 # --- the tools: explain, check's fixtures, the CLI -------------------------------------------

@@ -101,3 +101,12 @@ async def test_the_signer_refuses_a_request_the_sigv4_stage_did_not_judge(state)
         await s55_sign.sign(state, f, rec)
     assert ei.value.code == Code.INTERNAL_ERROR
     assert "authorization" not in f.request.headers
+
+
+async def test_a_path_the_rules_resolved_is_not_signed_as_sent(state):
+    """Judged as /agent-bucket/x; S3 would write the key ../agent-bucket/x into
+    private-data."""
+    rec, f = flow(state, "PUT", "/private-data/..%2Fagent-bucket/x")
+    with pytest.raises(Refused) as ei:
+        await s36_sigv4.judge(state, f, rec)
+    assert ei.value.code == Code.NO_RULE and "'..'" in ei.value.reason

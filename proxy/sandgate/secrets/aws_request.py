@@ -18,6 +18,7 @@ What happens to each on a signing rule (docs/credentials.md has the same as a ta
 - any other x-amz-* header: not judged, refused (AWS would act on it, S3 rejects it unsigned).
 - a presigned URL's query parameters (X-Amz-*, SigV2's AWSAccessKeyId, Signature...): refused.
 - Host, Content-Type, Content-MD5: signed as sent; any other header: forwarded, not signed.
+- a path with `.`, `..` or empty segments: refused (judged resolved, signed and read as sent).
 
 `parse` is pure and never raises; `misfit` says why a rule does not sign a request.
 """
@@ -150,13 +151,30 @@ def _form_actions(body: bytes) -> list[tuple[str, str]] | None:
     return out
 
 
+def path_as_judged(path: str) -> bool:
+    """Is the raw request path, %-decoded once as S3 decodes it, the path the rules judged
+    (sandgate.policy.paths.normalise_path)? Not with `.` or `..` segments, `//` or a
+    backslash: the decision resolves them, S3 does not (`/other-bucket/..%2Fmine/x` is judged
+    as /mine/x and writes the key `../mine/x` into other-bucket)."""
+    raw = path.split("?", 1)[0]
+    try:
+        return percent_decode(raw, "path") == normalise_path(raw)
+    except ValueError:
+        return False
+
+
 def parse(headers: Iterable[tuple[str, str]], query: tuple[tuple[str, str], ...] | None,
           body: bytes | None = None, content_type: str | None = None,
-          encoded: bool = False) -> AwsParts:
+          encoded: bool = False, path: str | None = None) -> AwsParts:
     """The parts of a request a signing rule judges. `headers`: (name, value) as sent;
     `query`: sandgate.request.parse_query's reading (None: unreadable); `body`: the complete
     body (None: not read, e.g. `sandgate explain`); `encoded`: the body has a
-    content-encoding. Never raises."""
+    content-encoding; `path`: the raw request path (None: not checked). Never raises."""
+    if path is not None and not path_as_judged(path):
+        return _refused("its path has '.', '..' or empty segments or a backslash (maybe "
+                        "%-escaped), which the rules resolve and AWS does not, so what would "
+                        "be signed is not the path judged",
+                        "send the path as the object's plain /bucket/key")
     if query is None:
         return _refused("its query cannot be read unambiguously (a ';', '#', '+' or a malformed "
                         "%-escape), so Sandgate cannot judge what it would sign",

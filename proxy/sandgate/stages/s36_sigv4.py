@@ -37,7 +37,7 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     parts = parse(req.headers.items(multi=True), rec.info.query, req.raw_content or b"",
                   req.headers.get("content-type"),
                   req.headers.get("content-encoding", "identity").strip().lower()
-                  not in ("", "identity"))
+                  not in ("", "identity"), rec.info.path)
     policy = st.flow_policy(rec)
     call = rec.call.call if rec.call is not None else None
     d = rec.decision = decide(policy, rec.caller.identity, rec.info, call, parts)
