@@ -63,9 +63,11 @@ CONTENT_HEADERS = frozenset({
     "x-amz-confirm-remove-self-bucket-access", "x-amz-user-agent", "x-amz-api-version",
     "x-amz-invocation-type", "x-amz-log-type", "x-amz-client-context",
     "x-amz-glacier-version", "x-amz-sha256-tree-hash", "x-amz-archive-description",
+    "x-amz-mp-object-size", "x-amz-transition-default-minimum-object-size",
+    "x-amz-skip-destination-validation",
 })
 CONTENT_PREFIXES = ("x-amz-meta-", "x-amz-grant-", "x-amz-checksum-", "x-amz-object-lock-",
-                    "x-amz-server-side-encryption")
+                    "x-amz-server-side-encryption", "x-amz-if-")
 SIGNED_AS_SENT = ("host", "content-type", "content-md5")
 
 
