@@ -21,7 +21,8 @@ from botocore.credentials import Credentials
 from mitmproxy import http
 
 from sandgate.errors import BadRequest, Code
-from sandgate.secrets.aws_request import SIGNING_HEADERS, presigned_names, signed_header
+from sandgate.secrets.aws_request import SIGNING_HEADERS as SIGNING_HEADERS  # its old home
+from sandgate.secrets.aws_request import presigned_names, signed_header
 
 
 def check_signable(req: http.Request) -> None:
