@@ -29,6 +29,7 @@ from sandgate.console.ring import EventRing
 from sandgate.explain import explain_request
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
+from sandgate.request import parse_header
 from sandgate.secrets.scope import SAFE_ID
 from sandgate.secrets.vault import SecretBroker
 from sandgate.tokens import issue_token, parse_ttl
@@ -203,9 +204,14 @@ def build_app(state: AdminState) -> web.Application:
             websocket = doc.get("websocket", False)
             if not isinstance(websocket, bool):
                 raise ValueError("`websocket` must be true or false")
+            headers = doc.get("headers", {})
+            if not isinstance(headers, dict) or not all(
+                    isinstance(v, str) for v in headers.values()):
+                raise ValueError("`headers` must be an object of header names to strings")
             out, _allowed = explain_request(state.live.policy, identity, method, url,
                                             state.resolve, _str(doc, "sandbox", required=False),
-                                            gateway, call, websocket)
+                                            gateway, call, websocket,
+                                            [parse_header(n, v) for n, v in headers.items()])
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +22,8 @@ from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import CallFilter, Identity, Policy, Rule, glob_matches
 from sandgate.policy.paths import normalise_path
 from sandgate.request import RequestInfo, default_port, parse_url, split_authority
+from sandgate.secrets.aws_request import AwsParts, misfit
+from sandgate.secrets.aws_request import parse as aws_parts
 from sandgate.secrets.scope import resolve as resolve_secret_path
 
 Outcome = Literal["allow", "deny", "tunnel", "ask"]
@@ -110,15 +112,19 @@ def _l7_matches(rule: Rule, scheme: str, host: str, port: int, method: str, path
     )
 
 
-def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = None
-           ) -> Decision:
+def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = None,
+           aws: AwsParts | None = None) -> Decision:
     """Judge a request; with `call`, also the JSON-RPC messages of its body (sandgate.jsonrpc)
     against the `mcp:`/`jsonrpc:` of the rules that match it: an allow rule with such a filter
     matches only when it allows every message, and a deny entry (deny_tools, deny_methods) of
     any matching rule refuses the whole call (a batch included). A protocol upgrade
     (`req.upgrade`) is refused by any matching rule with such a filter unless the rule says
     `websocket: true` and the upgrade is to WebSocket (upgrade_refused), like a deny entry:
-    whichever rule would have allowed it."""
+    whichever rule would have allowed it. With `aws`, also what a SigV4
+    signature would vouch for (sandgate.secrets.aws_request): a signing rule matches only when
+    it judges all of it (its `operations:`, its `copy_sources:`, no header it does not judge).
+    `aws` None: not read yet (the proxy's head stage; the proxy decides again with it before
+    anything is signed)."""
     ident = policy.identities.get(identity)
     if ident is None:
         return _unknown_identity(policy, identity)
@@ -137,6 +143,7 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
     ask: Rule | None = None  # the first matching ask rule: it wins over every allow rule
     limits: list[int] = []
     missed: tuple[Rule, Message, str] | None = None  # the first rule a call did not fit
+    unsigned: tuple[Rule, str, str] | None = None  # the first signing rule that would not sign
     for rule in ident.rules:
         if not _l7_matches(rule, scheme, host, req.port, method, path, req.query):
             continue
@@ -152,6 +159,11 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
         if rule.call is not None and req.upgrade is not None and not (
                 rule.call.websocket and req.upgrade == "websocket"):
             return _upgrade_refused(identity, rule, req.upgrade, target)
+        if aws is not None and rule.inject is not None and rule.inject.sign is not None:
+            unfit = misfit(rule, aws)
+            if unfit is not None:
+                unsigned = unsigned or (rule, *unfit)
+                continue
         if rule.call is not None:
             if call is None:
                 limits.append(rule.call.max_body)
@@ -175,6 +187,11 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
         return Decision(True, None, f"allowed by rule '{allow.name}' of identity '{identity}' "
                         f"({allow.source})", rule=allow,
                         call_limit=min(limits) if limits else None)
+    if unsigned is not None:
+        rule, why, fix = unsigned
+        return Decision(
+            False, Code.NO_RULE, f"{target} is not signed for {identity}: rule '{rule.name}' "
+            f"{why}", hint=fix, detail=f"rule '{rule.name}' is defined at {rule.source}")
     if missed is not None:
         rule, msg, why = missed
         return Decision(
@@ -474,7 +491,8 @@ def judge_sandbox(policy: Policy, identity: str, d: Decision, sandbox: str | Non
 
 
 def decide_request(policy: Policy, identity: str, req: RequestInfo,
-                   gateway: bool = False, call: Call | None = None) -> Decision:
+                   gateway: bool = False, call: Call | None = None,
+                   aws: AwsParts | None = None) -> Decision:
     """What the proxy does with a request as a client sends it, in the order the proxy meets it.
 
     An https request through the proxy comes inside a CONNECT tunnel: the tunnel is judged
@@ -497,7 +515,7 @@ def decide_request(policy: Policy, identity: str, req: RequestInfo,
                 "host are inspected")
         if not c.allowed and not reported(policy, identity, c):
             return c
-    return decide(policy, identity, req, call)
+    return decide(policy, identity, req, call, aws)
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,7 +543,8 @@ class Verdict:
 def judge(policy: Policy, identity: str, method: str, target: str,
           overrides: Mapping[str, str], sandbox: str | None = None,
           gateway: bool = False, call: Call | None = None,
-          upgrade: str | None = None) -> Verdict:
+          upgrade: str | None = None,
+          headers: Sequence[tuple[str, str]] = ()) -> Verdict:
     """`METHOD URL` (or `CONNECT host:port`) through the proxy's request parser, decision
     (`decide_request`: the tunnel first), sandbox step and, where the address is known, its
     address step. Raises ValueError for a bad request. `sandbox` is the caller's sandbox id
@@ -533,7 +552,9 @@ def judge(policy: Policy, identity: str, method: str, target: str,
     the URL is the upstream request a gateway path maps to (no CONNECT precedes it); `call`:
     the JSON-RPC call its body carries (judged by the rules' mcp:/jsonrpc: as the proxy judges
     the body; a tunnelled request's body is never seen); `upgrade`: the protocol the request
-    asks to switch to ("websocket"; with `call`, a message on that WebSocket).
+    asks to switch to ("websocket"; with `call`, a message on that WebSocket); `headers`: the
+    request's headers, of which a signing rule judges those a SigV4 signature covers (no body:
+    an Action is given in the query).
 
     A passthrough tunnel is dialled at CONNECT; an intercepted one dials per request inside it,
     so a CONNECT verdict checks the address only for passthrough.
@@ -548,7 +569,8 @@ def judge(policy: Policy, identity: str, method: str, target: str,
             d, note = judge_address(d, host, port, overrides)
         return Verdict(f"CONNECT {shown}", d, note, True)
     req = dataclasses.replace(parse_url(method, target), upgrade=upgrade)
-    d = decide_request(policy, identity, req, gateway, call)
+    d = decide_request(policy, identity, req, gateway, call,
+                       aws_parts(headers, req.query, path=req.path))
     d = judge_sandbox(policy, identity, d, sandbox)
     d, note = judge_address(d, req.host, req.port, overrides, reported(policy, identity, d))
     query = target.partition("#")[0].partition("?")[2]  # shown as given (parsed by parse_url)

@@ -4,7 +4,7 @@ proxy's request parser, decision and (where the address is known) address step."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandgate.decision import Decision, decide_name, judge, reported, shown_outcome
@@ -13,6 +13,7 @@ from sandgate.policy.ask import ask_fields
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
 from sandgate.request import parse_url
+from sandgate.secrets.aws_request import signed_fields
 from sandgate.secrets.describe import credential_forms, describe, sign_text
 
 _NO_OVERRIDES: Mapping[str, str] = {}
@@ -21,17 +22,19 @@ _NO_OVERRIDES: Mapping[str, str] = {}
 def explain(policy: Policy, identity: str, method: str, url: str,
             resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
             gateway: bool = False, call: Call | None = None,
-            websocket: bool = False) -> tuple[dict[str, Any], bool]:
+            websocket: bool = False,
+            headers: Sequence[tuple[str, str]] = ()) -> tuple[dict[str, Any], bool]:
     """(the explanation, allowed). Raises ValueError (a BadRequest) for a request that cannot
     be judged. Secrets appear by name only. `resolve` pins names as `sandgate run --resolve`
     does, so that the address step can be shown; `sandbox` is the caller's sandbox id (None: a
     caller without one); `gateway`: the URL is what a gateway path maps to (no CONNECT);
     `call`: the JSON-RPC call the body carries (judged by the rules' mcp:/jsonrpc:, as the
     proxy judges the body); `websocket`: the request opens a WebSocket (with `call`: the call
-    is a message on it). A tunnelled request is "allowed" (it is forwarded) with decision
-    `tunnel`."""
+    is a message on it); `headers`: (name, value) pairs the request carries (a signing rule
+    judges those a SigV4 signature covers). A tunnelled request is "allowed" (it is forwarded)
+    with decision `tunnel`."""
     v = judge(policy, identity, method, url, resolve, sandbox, gateway, call,
-              "websocket" if websocket else None)
+              "websocket" if websocket else None, headers)
     d = v.decision
     decision = shown_outcome(policy, identity, d)
     report = decision == "report"
@@ -70,6 +73,7 @@ def explain(policy: Policy, identity: str, method: str, url: str,
                       for n, t in inj.query]
         if inj is not None and inj.sign is not None:
             would.append(sign_text(policy, inj.sign, parse_url(method, url).host))
+            out["signed"] = signed_fields(d.rule, parse_url(method, url).query, headers)
         if d.rule.substitute_body:
             would.append("body (JSON string values, form field values): placeholder of "
                          f"secret(s) {', '.join(sorted(d.rule.substitute))}; refused if one "
@@ -94,8 +98,8 @@ def explain(policy: Policy, identity: str, method: str, url: str,
 
 def explain_request(policy: Policy, identity: str, method: str, url: str,
                     resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
-                    gateway: bool = False, call: Call | None = None, websocket: bool = False
-                    ) -> tuple[dict[str, Any], bool]:
+                    gateway: bool = False, call: Call | None = None, websocket: bool = False,
+                    headers: Sequence[tuple[str, str]] = ()) -> tuple[dict[str, Any], bool]:
     """`explain`, where with `gateway` the URL is a gateway path (e.g. /anthropic/v1/messages):
     mapped to its upstream request by the gateway listener's own `route`, then judged as the
     gateway judges it (no CONNECT precedes it). Raises ValueError for a path no gateway serves
@@ -103,12 +107,12 @@ def explain_request(policy: Policy, identity: str, method: str, url: str,
     request opens a WebSocket (see `explain`)."""
     if not gateway:
         return explain(policy, identity, method, url, resolve, sandbox, call=call,
-                       websocket=websocket)
+                       websocket=websocket, headers=headers)
     from sandgate.gateway import gateway_url
 
     upstream, gw = gateway_url(policy.gateways, method, url)
     out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True,
-                           call=call, websocket=websocket)
+                           call=call, websocket=websocket, headers=headers)
     return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed
 
 

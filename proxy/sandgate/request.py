@@ -155,6 +155,27 @@ def _host(raw: str, what: str) -> str:
         raise _bad(f"bad {what}: {e}") from None
 
 
+def parse_header(name: str, value: str) -> tuple[str, str]:
+    """A header a tool is given (`explain -H`, a fixture's `headers:`) as the proxy would see
+    it: (lower-case name, value without surrounding spaces). Raises BadRequest for a name
+    that is not an HTTP token or a value with control characters."""
+    n = name.strip().lower()
+    v = value.strip()
+    if not _FIELD_NAME.fullmatch(n.encode("latin-1", "replace")):
+        raise _bad(f"{name[:60]!r} is not an HTTP header name")
+    if _FIELD_VALUE_BAD.search(v.encode("utf-8")):
+        raise _bad(f"the value of header {n!r} contains a control character")
+    return n, v
+
+
+def parse_header_line(line: str) -> tuple[str, str]:
+    """`Name: value` (curl's -H spelling) -> parse_header(name, value)."""
+    name, colon, value = line.partition(":")
+    if not colon:
+        raise _bad(f"header {line[:60]!r} is not 'Name: value'")
+    return parse_header(name, value)
+
+
 def split_authority(authority: str, scheme: str) -> tuple[str, int]:
     """`host[:port]` (IPv6 in brackets) -> (normalised host, port or the scheme's default)."""
     try:

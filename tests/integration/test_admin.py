@@ -99,6 +99,25 @@ def test_explain_is_the_cli_explain(admin, identity, method, url):
     assert json.loads(r.stdout) == doc
 
 
+def test_explain_takes_headers_as_the_cli_does(admin):
+    """`headers` (a signing rule judges those a SigV4 signature covers) as `explain -H`."""
+    url = "https://api.anthropic.com/v1/messages"
+    status, doc = admin.post("/v1/explain", {"identity": "coding-agent", "method": "POST",
+                                              "url": url,
+                                              "headers": {"x-amz-copy-source": "/a/b"}})
+    assert status == 200, doc
+    pins = [a for a in admin.proxy.proc.args if str(a).startswith("--resolve=")]
+    r = subprocess.run([*SANDGATE, "explain", "--policies", str(admin.policies), *pins,
+                        "--identity", "coding-agent", "-H", "x-amz-copy-source: /a/b", "POST",
+                        url], capture_output=True, text=True, cwd=str(HERE.parent.parent),
+                       env=dict(os.environ), check=False)
+    assert json.loads(r.stdout) == doc
+    for bad in ({"x amz": "v"}, {"x-a": 1}, "x-a: v"):
+        status, doc = admin.post("/v1/explain", {"identity": "coding-agent", "method": "POST",
+                                                  "url": url, "headers": bad})
+        assert status == 400 and doc["error"] == "bad_request", doc
+
+
 def test_explain_bad_input(admin):
     assert admin.post("/v1/explain", {"identity": "bash-tool"})[0] == 400
     status, doc = admin.post("/v1/explain", {"identity": "bash-tool", "method": "GET",

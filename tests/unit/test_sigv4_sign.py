@@ -62,6 +62,9 @@ def test_session_token_added_and_signed():
     ({"content-encoding": "aws-chunked"}, None, "streaming"),
     ({"x-amz-decoded-content-length": "4"}, None, "streaming"),
     ({}, b"/b/k?X-Amz-Signature=abc&X-Amz-Credential=x", "presigned"),
+    ({}, b"/b/k?AWSAccessKeyId=a&Signature=s&Expires=1", "presigned"),  # SigV2 query auth
+    ({"x-amz-some-future-header": "x"}, None, "not one Sandgate judges"),
+    ({"x-amz-account-id": "111122223333"}, None, "not one Sandgate judges"),
 ])
 def test_unsignable_refused(headers, path, why):
     r = req(**headers)
@@ -69,3 +72,17 @@ def test_unsignable_refused(headers, path, why):
         r.path = path.decode()
     with pytest.raises(BadRequest, match=why):
         sign(r, URL, *AWS, "test-key-id", "test-secret-key", None)
+
+
+def test_only_judged_headers_are_signed():
+    """A judged copy source and content headers are signed; other headers are forwarded
+    unsigned (the upstream ignores or rejects them, never acts on them as vouched for)."""
+    r = req(**{"x-amz-copy-source": "/bucket/other", "x-amz-copy-source-if-match": "e",
+               "x-amz-acl": "private", "range": "bytes=0-1", "cache-control": "no-cache",
+               "x-amzn-trace-id": "t"})
+    sign(r, URL, *AWS, "test-key-id", "test-secret-key", None)
+    signed = r.headers["authorization"].split("SignedHeaders=")[1].split(",")[0].split(";")
+    assert {"x-amz-copy-source", "x-amz-copy-source-if-match", "x-amz-acl", "host"} <= set(
+        signed)
+    assert not {"range", "cache-control", "x-amzn-trace-id"} & set(signed)
+    assert r.headers["range"] == "bytes=0-1"  # forwarded as sent

@@ -31,6 +31,7 @@ from sandgate.stages import (
     s20_head,
     s30_body,
     s35_call,
+    s36_sigv4,
     s38_ask,
     s40_forward,
     s50_inject,
@@ -59,6 +60,7 @@ HEAD_PATH: tuple[Stage, ...] = (
 REQUEST_PATH: tuple[Stage, ...] = (
     s30_body.check,
     s35_call.judge,
+    s36_sigv4.judge,  # a signing rule judges what the signature covers (operation, sources)
     s38_ask.hold,  # `action: ask`: waits for approval; nothing prepared, injected or dialled
     s40_forward.prepare_head,
     s50_inject.inject,

@@ -15,6 +15,7 @@ from sandgate.netguard import DialTarget
 from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo
+from sandgate.secrets.aws_request import AwsParts
 from sandgate.secrets.body import BodyPlan
 
 if TYPE_CHECKING:
@@ -123,6 +124,9 @@ class FlowRecord:
     injected: list[str] = field(default_factory=list)
     # a rule with mcp:/jsonrpc: matched: the call judged and its list answers (addons/calls.py)
     call: CallState | None = None
+    # a signing rule allowed it: what it judged of the headers and parameters the signature
+    # covers (stages/s36_sigv4.py); s55_sign signs nothing without it
+    aws: AwsParts | None = None
     # an `action: ask` rule's request went on: how ("approved (ap_...) by alice", a remembered
     # grant); the approval events of the audit say the rest (sandgate.approvals)
     approval: str | None = None

@@ -48,6 +48,10 @@ def register(sub: Any) -> None:
                          help="the caller's sandbox id (as in its token or Docker label); "
                          "without it, a rule needing a per-sandbox secret is sandbox_required")
     add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method, --websocket (call_cli)
+    explain.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'",
+                         help="a header the request carries (repeatable), e.g. "
+                         "'x-amz-copy-source: /bucket/key': a rule that signs judges those a "
+                         "SigV4 signature covers")
     explain.add_argument("--dns", default=None, metavar="NAME",
                          help="instead of a request: what the policy DNS (run --dns) answers "
                          "the identity for NAME (resolve or refuse)")
@@ -181,13 +185,14 @@ def _got(r: FixtureResult) -> str:
 
 
 def _call(r: FixtureResult) -> str:
-    """A fixture's JSON-RPC call (mcp:/jsonrpc:) and WebSocket, as check prints them after the
-    request: " [WebSocket: method eth_call]"."""
+    """A fixture's JSON-RPC call (mcp:/jsonrpc:), WebSocket and headers, as check prints them
+    after the request: " [WebSocket: method eth_call] [x-amz-target: ...]"."""
     from sandgate.policy.calls import describe
 
     parts = [*(["WebSocket"] if r.test.websocket else []),
              *([describe(r.test.call)] if r.test.call is not None else [])]
-    return f" [{': '.join(parts)}]" if parts else ""
+    call = f" [{': '.join(parts)}]" if parts else ""
+    return call + "".join(f" [{n}: {v}]" for n, v in r.test.headers)
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
@@ -215,6 +220,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from sandgate.explain import explain_request
     from sandgate.policy.loader import PolicyError, load_policy_dir
+    from sandgate.request import parse_header_line
 
     try:
         resolve = _resolve(args.resolve)
@@ -235,9 +241,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return 1
     try:
+        headers = [parse_header_line(h) for h in args.header]
         out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
                                        args.sandbox, args.gateway, call_from_args(args),
-                                       args.websocket)
+                                       args.websocket, headers)
     except ValueError as e:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))

@@ -49,7 +49,7 @@ from sandgate.policy.model import (
 from sandgate.policy.paths import PathPattern
 from sandgate.policy.schema import RuleSpec, SecretSpec, TestSpec
 from sandgate.policy.suffixes import overbroad_wildcard
-from sandgate.request import parse_url, split_authority
+from sandgate.request import parse_header, parse_url, split_authority
 from sandgate.secrets.credential_form import is_form, parse_form
 from sandgate.secrets.scope import parse_path
 from sandgate.text import has_control_chars
@@ -585,6 +585,7 @@ def _compile_rule(
         paths = tuple(ps)
 
     inject = _compile_inject(rs, loc, rep, uses) if rs.inject is not None else None
+    operations, copy_sources = _compile_signed(rs, loc, rep)
 
     for j, s in enumerate(rs.substitute):
         uses.append(SecretUse(s, (*loc, "substitute", j)))
@@ -711,8 +712,44 @@ def _compile_rule(
         max_request_bytes=max_bytes, substitute_body=rs.substitute_body,
         github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
         public=rs.public, where=loc, meta=meta, call=call, ask=ask, dns_types=dns_types,
-        forward_trace_context=rs.forward_trace_context,
+        forward_trace_context=rs.forward_trace_context, operations=operations,
+        copy_sources=copy_sources,
     )
+
+
+def _compile_signed(rs: RuleSpec, loc: Loc, rep: Report
+                    ) -> tuple[tuple[str, ...] | None, tuple[PathPattern, ...] | None]:
+    """`operations:` and `copy_sources:`: what a signing rule judges besides the request line
+    (sandgate.secrets.aws_request)."""
+    signs = rs.inject is not None and rs.inject.sign is not None
+    for key in ("operations", "copy_sources"):
+        if getattr(rs, key) is not None and not signs:
+            rep((*loc, key), f"`{key}` judges what a SigV4 signature covers, and this rule "
+                "signs nothing", "add `inject: {sign: SECRET}` (an `aws:` secret), or remove "
+                f"`{key}`")
+    ops: tuple[str, ...] | None = None
+    if rs.operations is not None:
+        good: list[str] = []
+        for j, op in enumerate(rs.operations):
+            if not op or op != op.strip() or has_control_chars(op) or " " in op:
+                rep((*loc, "operations", j), f"operation {op!r} is not an AWS operation name "
+                    "or glob", "write e.g. SendMessage, DynamoDB_20120810.GetItem or "
+                    "'*.GetItem' (no spaces)")
+            else:
+                good.append(op)
+        ops = tuple(good)
+    sources: tuple[PathPattern, ...] | None = None
+    if rs.copy_sources is not None:
+        ps: list[PathPattern] = []
+        for j, pat in enumerate(rs.copy_sources):
+            try:
+                ps.append(P.compile_path_pattern(pat))
+            except ValueError as e:
+                rep((*loc, "copy_sources", j), str(e),
+                    "write the source object as /bucket/key, with '*' within a segment and "
+                    "'**' as a whole segment, e.g. /acme-artifacts/**")
+        sources = tuple(ps)
+    return ops, sources
 
 
 def _compile_meta(rs: RuleSpec, loc: Loc, rep: Report) -> RuleMeta | None:
@@ -977,9 +1014,22 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
                "write e.g. `request: GET https://rpc.example.com/ws`, or remove `websocket`")
         ok = False
     call_ok, call = compile_test_call(spec, loc, report)
+    headers: list[tuple[str, str]] = []
+    for hname, value in (spec.headers or {}).items():
+        try:
+            headers.append(parse_header(hname, value))
+        except ValueError as e:
+            report((*loc, "headers", hname), str(e), "write a header as `name: value`, e.g. "
+                   "`x-amz-copy-source: /bucket/key`")
+            ok = False
+    if headers and connect:
+        report((*loc, "headers"), "a CONNECT tunnel carries no request headers",
+               "write `request: METHOD URL` in this fixture, or remove `headers`")
+        ok = False
     if not ok or not call_ok:
         return None
     return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
                       expect=spec.expect, rule=spec.rule, source=src, inject=inject,
                       code=spec.code, passthrough=spec.passthrough, sandbox=spec.sandbox,
-                      gateway=spec.gateway, call=call, websocket=spec.websocket)
+                      gateway=spec.gateway, call=call, websocket=spec.websocket,
+                      headers=tuple(headers))

@@ -79,7 +79,8 @@ def run_policy_test(policy: Policy, test: PolicyTest,
         if test.gateway:  # the gateway listener's own mapping of a gateway path
             url, _gw = gateway_url(policy.gateways, test.method, test.url)
         v = judge(policy, test.identity, test.method, url, resolve or {}, test.sandbox,
-                  test.gateway, test.call, "websocket" if test.websocket else None)
+                  test.gateway, test.call, "websocket" if test.websocket else None,
+                  test.headers)
     except ValueError as e:
         d = Decision(False, Code.BAD_REQUEST, f"bad request: {e}")
         return FixtureResult(test, d, False, str(e))

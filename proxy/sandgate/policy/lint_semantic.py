@@ -35,7 +35,7 @@ from sandgate.netguard import classify, parse_ip_literal
 from sandgate.policy.callproofs import common_call
 from sandgate.policy.lint import _deny_reaches
 from sandgate.policy.model import HostPattern, Identity, Policy, Rule
-from sandgate.policy.overlap import host_covers
+from sandgate.policy.overlap import host_covers, signed_covers
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern
 from sandgate.policy.reach import Witness, decider, find_request, matches
 from sandgate.policy.suffixes import is_public_suffix
@@ -269,6 +269,8 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
                 call = common_call(a, b)
                 if call is None:
                     continue  # mcp:/jsonrpc: with no call in common: each decides its own
+                if not signed_covers(a, b):
+                    continue  # `a` signs other operations or sources: each decides its own
                 if find_request([a, b], lambda v: v[0] and not v[1], required=(0,)) is None:
                     continue  # `a` is the specific rule in front of a general one
                 w = find_request(rules, decides_while_matching(rules, i, j), required=(i, j))
@@ -505,7 +507,8 @@ def _fixtures(policy: Policy,
         if ident is None or t.connect or t.dns or str(t.expect) == "tunnel":
             continue
         try:
-            v = judge(policy, t.identity, t.method, t.url, {}, call=t.call)
+            v = judge(policy, t.identity, t.method, t.url, {}, call=t.call,
+                      upgrade="websocket" if t.websocket else None, headers=t.headers)
         except ValueError:
             continue
         host, port, scheme = _host_port(t.url)

@@ -406,6 +406,12 @@ class Rule:
     # `forward_trace_context: true`: the sandbox's traceparent/tracestate reach the upstream
     # (otherwise removed before forwarding: sandgate.export.traceparent)
     forward_trace_context: bool = False
+    # A signing rule's (`inject: {sign}`) `operations:`: globs over the X-Amz-Target or Action
+    # a request names (None: any operation), and `copy_sources:`: the objects an
+    # x-amz-copy-source / x-amz-rename-source may name, matched like `paths` (None: none)
+    # (sandgate.secrets.aws_request)
+    operations: tuple[str, ...] | None = None
+    copy_sources: tuple[PathPattern, ...] | None = None
 
     @property
     def verb(self) -> Literal["allow", "deny", "ask"]:
@@ -460,6 +466,7 @@ class PolicyTest:
     websocket: bool = False  # the request opens a WebSocket (the call: a message on it)
     # a `dns:` fixture (method "DNS", url the name): the query type looked up
     qtype: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # `headers:`: (lower-case name, value)
 
     @property
     def dns(self) -> bool:

@@ -68,9 +68,29 @@ def path_covers(e: PathPattern, s: PathPattern) -> bool:
     return cov(0, 0)
 
 
+def signed_covers(earlier: Rule, later: Rule) -> bool:
+    """Of what a SigV4 signature covers (sandgate.secrets.aws_request), does `earlier` accept
+    everything `later` accepts? A signing rule refuses what no rule signs (presigned
+    parameters, unknown x-amz-* headers), so it never covers a rule that does not sign; its
+    `operations:` and `copy_sources:` must cover the later rule's (sound, not complete)."""
+    if earlier.inject is None or earlier.inject.sign is None:
+        return True
+    if later.inject is None or later.inject.sign is None:
+        return False
+    if earlier.operations is not None and (
+            later.operations is None or not set(later.operations) <= set(earlier.operations)):
+        return False
+    if later.copy_sources is None:
+        return True
+    return earlier.copy_sources is not None and all(
+        any(path_covers(e, s) for e in earlier.copy_sources) for s in later.copy_sources)
+
+
 def covers(earlier: Rule, later: Rule) -> bool:
     """Does `earlier` match every inspected request that `later` matches?"""
     if earlier.passthrough or later.passthrough:
+        return False
+    if not signed_covers(earlier, later):
         return False
     if not (later.schemes <= earlier.schemes and later.ports <= earlier.ports):
         return False

@@ -53,6 +53,7 @@ from sandgate.decision import Decision, decide_connect, decide_request
 from sandgate.jsonrpc import Call
 from sandgate.policy.callproofs import NOT_A_CALL, acting, call_witnesses, passes, shown
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
+from sandgate.policy.overlap import signed_covers
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern, normalise_path
 from sandgate.request import RequestInfo, parse_url
 
@@ -461,7 +462,8 @@ def _decider(rules: Sequence[Rule], vec: Sequence[bool]) -> int | None:
 
 def _shape(r: Rule) -> tuple[object, ...]:
     """What _cell_gap looks at in a rule."""
-    return (r.action, r.paths, r.secrets, r.private_cidrs, r.max_request_bytes)
+    return (r.action, r.paths, r.secrets, r.private_cidrs, r.max_request_bytes,
+            r.operations, r.copy_sources)
 
 
 def _limit_covered(narrow: int | None, other: int | None) -> bool:
@@ -473,7 +475,8 @@ def _limit_covered(narrow: int | None, other: int | None) -> bool:
 def _compatible(narrow: Rule, other: Rule) -> bool:
     return (narrow.secrets <= other.secrets
             and cidrs_covered(narrow.private_cidrs, other.private_cidrs)
-            and _limit_covered(narrow.max_request_bytes, other.max_request_bytes))
+            and _limit_covered(narrow.max_request_bytes, other.max_request_bytes)
+            and signed_covers(other, narrow))
 
 
 def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule]) -> tuple[int, str] | None:
@@ -508,6 +511,11 @@ def _why_incompatible(narrow: str, a: Rule, other: str, o: Rule) -> str:
         return (f"{other} allows it by rule '{o.name}' ({o.source}), which binds "
                 f"{_secrets(o.secrets)}; rule '{a.name}' of {narrow} binds "
                 f"{_secrets(missing)} on it")
+    if not signed_covers(o, a):
+        return (f"{other} allows it by rule '{o.name}' ({o.source}), which signs only some "
+                f"of what rule '{a.name}' of {narrow} lets through: its `operations:` or "
+                "`copy_sources:` are narrower (or rule "
+                f"'{a.name}' does not sign, so it also passes requests no signing rule does)")
     if not _limit_covered(a.max_request_bytes, o.max_request_bytes):
         size = f"{a.max_request_bytes} bytes" if a.max_request_bytes is not None else (
             "no limit of its own")

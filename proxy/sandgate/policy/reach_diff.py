@@ -22,6 +22,7 @@ from sandgate.decision import decide_connect
 from sandgate.policy.callproofs import calls_gained
 from sandgate.policy.calls import describe_filter
 from sandgate.policy.model import Identity, Policy, Rule
+from sandgate.policy.overlap import signed_covers
 from sandgate.policy.proofs import _applies, cidrs_covered, glob_nfa, host_witnesses
 from sandgate.policy.reach import Witness, cells, decider, path_search
 
@@ -94,7 +95,8 @@ def _secrets(r: Rule | None) -> str:
 
 
 def _terms(r: Rule) -> tuple[object, ...]:
-    return (r.secrets, r.private_cidrs, r.max_request_bytes, r.call)
+    return (r.secrets, r.private_cidrs, r.max_request_bytes, r.call, r.operations,
+            r.copy_sources)
 
 
 def _same(o: Rule | None, n: Rule | None) -> bool:
@@ -108,7 +110,7 @@ def _wider(o: Rule, n: Rule) -> bool:
     return (not n.secrets <= o.secrets or not cidrs_covered(n.private_cidrs, o.private_cidrs)
             or (o.max_request_bytes is not None and (n.max_request_bytes is None
                                                      or n.max_request_bytes > o.max_request_bytes))
-            or calls_gained(o, n) != [])
+            or calls_gained(o, n) != [] or not signed_covers(o, n))
 
 
 def _changed_note(o: Rule, n: Rule) -> str:
@@ -123,8 +125,21 @@ def _changed_note(o: Rule, n: Rule) -> str:
         parts.append(f"max_request_bytes {o.max_request_bytes} -> {n.max_request_bytes}")
     if o.call != n.call:
         parts.append(_calls_note(o, n))
+    for key in ("operations", "copy_sources"):  # what a signing rule signs
+        ov, nv = _signed(o, key), _signed(n, key)
+        if ov != nv:
+            parts.append(f"{key} {ov} -> {nv}")
     return (f"{'; '.join(parts)} (rule '{o.name}' ({o.source}) -> rule '{n.name}' "
             f"({n.source}))")
+
+
+def _signed(r: Rule, key: str) -> str:
+    """A signing rule's operations or copy sources as a change note shows them."""
+    if r.inject is None or r.inject.sign is None:
+        return "(signs nothing)"
+    v = r.operations if key == "operations" else (
+        None if r.copy_sources is None else tuple(p.text for p in r.copy_sources))
+    return ", ".join(v) if v is not None else ("any" if key == "operations" else "none")
 
 
 def _calls_note(o: Rule, n: Rule) -> str:

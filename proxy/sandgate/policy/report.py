@@ -19,6 +19,7 @@ from sandgate.policy.callproofs import common_call
 from sandgate.policy.calls import describe_filter
 from sandgate.policy.lint_semantic import decides_while_matching
 from sandgate.policy.model import Identity, Policy, Rule
+from sandgate.policy.overlap import signed_covers
 from sandgate.policy.reach import decider, find_request
 from sandgate.policy.reach_diff import _md
 from sandgate.secrets.describe import gh_app_form, sign_text
@@ -99,6 +100,11 @@ def _notes(ident: Identity, k: int) -> list[str]:
         return out
     if r.call is not None:
         out.append(f"each JSON-RPC call judged ({describe_filter(r.call)})")
+    if r.inject is not None and r.inject.sign is not None:
+        ops = ", ".join(r.operations) if r.operations is not None else "any"
+        sources = (", ".join(p.text for p in r.copy_sources) if r.copy_sources is not None
+                   else "none")
+        out.append(f"signs operations: {ops}; copy sources: {sources}")
     for d in rules:
         if d.action == "deny":
             w = find_request([r, d], lambda v: v[0] and v[1], required=(0, 1))
@@ -111,11 +117,15 @@ def _notes(ident: Identity, k: int) -> list[str]:
         call = common_call(a, r)
         if call is None:
             continue  # mcp:/jsonrpc: with no call in common: each decides its own
+        if not signed_covers(a, r):
+            continue  # `a` signs other operations or sources: each decides its own
         w = find_request(rules, decides_while_matching(rules, i, k), required=(i, k))
         if w is not None:
             out.append(f"some requests go to earlier rule '{a.name}' (e.g. {w}{call})")
     # an earlier rule with mcp:/jsonrpc: passes on the calls it does not allow
-    passed_on = any(a.call is not None for a in rules[:k] if a.action == "allow")
+    # (or a signing rule passes on what it does not sign)
+    passed_on = any(a.call is not None or not signed_covers(a, r) for a in rules[:k]
+                    if a.action == "allow")
     if not passed_on and not find_request(rules, lambda v: decider(rules, v) == k,
                                           required=(k,)):
         out.append("never decides a request")

@@ -336,6 +336,20 @@ class RuleSpec(_Strict):
         default=None, min_length=1, description="Path globs; default: any path."
     )
     inject: InjectSpec | None = None
+    operations: list[str] | None = Field(
+        default=None, min_length=1,
+        description="For a rule that signs (`inject: {sign: ...}`): the AWS operations it "
+        "signs, as globs over the X-Amz-Target header (JSON protocol, e.g. "
+        "DynamoDB_20120810.GetItem or '*.GetItem') or the Action parameter in the query or "
+        "form body (query protocol, e.g. SendMessage). A request naming another operation, "
+        "none, or more than one is not signed by this rule. Default: any operation. REST APIs "
+        "(S3) name no operation: judge them by methods and paths.")
+    copy_sources: list[str] | None = Field(
+        default=None, min_length=1,
+        description="For a rule that signs: the objects an x-amz-copy-source or "
+        "x-amz-rename-source header may name (CopyObject, UploadPartCopy, RenameObject), as "
+        "path globs over /bucket/key, matched like `paths`. Default: none, so a request "
+        "naming a source is not signed by this rule.")
     substitute: list[str] = Field(
         default_factory=list, description="Secrets whose placeholders this rule swaps for values, "
         "only in the headers named by substitute_headers."
@@ -524,6 +538,12 @@ class TestSpec(_Strict):
         "`mcp:`/`jsonrpc:` refuses it (upgrade_refused) unless the rule says `websocket: "
         "true`. With `mcp:`/`jsonrpc:` in the fixture, the call is a message sent on that "
         "WebSocket, judged as the proxy judges each message.")
+    headers: dict[str, str] | None = Field(
+        default=None, min_length=1,
+        description="Request headers, e.g. {x-amz-copy-source: /private-data/payroll.csv} or "
+        "{x-amz-target: DynamoDB_20120810.GetItem}: a rule that signs (`inject: {sign}`) "
+        "judges the ones a SigV4 signature covers, as the proxy does. (An Action goes in the "
+        "URL's query: a form body's Action is judged the same way.)")
 
 
 class CallTestSpec(_Strict):

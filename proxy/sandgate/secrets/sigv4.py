@@ -3,10 +3,12 @@
 botocore's own signers (SigV4Auth; S3SigV4Auth for s3, which sends UNSIGNED-PAYLOAD over
 https as the SDKs do and hashes the payload otherwise). The client's signing headers
 (Authorization, X-Amz-Date, X-Amz-Content-SHA256, X-Amz-Security-Token) are removed first;
-what is signed is the request as judged: method, the judged host, path and query, and the
-Host, Content-Type, Content-MD5 and remaining X-Amz-* headers (the ones S3 acts on: metadata,
-ACL, checksums). Refused (400 bad_request): a streaming signed payload (aws-chunked,
-STREAMING-*: each chunk would need the key) and a presigned URL's X-Amz-* query signature.
+what is signed is the request as judged: method, the judged host, path and query, and only the
+headers a signing rule judged (secrets/aws_request.py says which: Host, Content-Type,
+Content-MD5, the operation, admitted copy sources, content headers such as metadata, ACL and
+checksums). Refused (400 bad_request): a streaming signed payload (aws-chunked, STREAMING-*:
+each chunk would need the key), a presigned URL's X-Amz-* query parameters, and any x-amz-*
+header not judged (stages/s36_sigv4.py refuses those first, naming the rule).
 """
 
 from __future__ import annotations
@@ -19,11 +21,8 @@ from botocore.credentials import Credentials
 from mitmproxy import http
 
 from sandgate.errors import BadRequest, Code
-
-# What the client may have sent to sign itself: replaced by Sandgate's.
-SIGNING_HEADERS = ("authorization", "x-amz-date", "x-amz-content-sha256",
-                   "x-amz-security-token")
-_SIGNED_AS_SENT = ("host", "content-type", "content-md5")
+from sandgate.secrets.aws_request import SIGNING_HEADERS as SIGNING_HEADERS  # its old home
+from sandgate.secrets.aws_request import presigned_names, signed_header
 
 
 def check_signable(req: http.Request) -> None:
@@ -33,12 +32,15 @@ def check_signable(req: http.Request) -> None:
             or "x-amz-decoded-content-length" in req.headers):
         raise BadRequest(Code.BAD_REQUEST, "streaming signed payloads (aws-chunked) cannot be "
                          "signed by Sandgate", )
-    query_names = {k.lower() for k, _ in parse_qsl(req.path.partition("?")[2],
-                                                    keep_blank_values=True)}
-    if query_names & {"x-amz-signature", "x-amz-credential"}:
+    if presigned_names(parse_qsl(req.path.partition("?")[2], keep_blank_values=True)):
         raise BadRequest(Code.BAD_REQUEST, "a presigned URL carries its own signature; "
                          "Sandgate signs requests itself (send it without X-Amz-* query "
                          "parameters)")
+    unjudged = sorted({k.lower() for k in req.headers if k.lower().startswith("x-amz-")
+                       and k.lower() not in SIGNING_HEADERS and not signed_header(k.lower())})
+    if unjudged:  # the decision refuses these first (stages/s36_sigv4.py): never signed
+        raise BadRequest(Code.BAD_REQUEST, f"the header {unjudged[0]} is not one Sandgate "
+                         "judges, so it will not sign it")
 
 
 def sign(req: http.Request, url: str, service: str, region: str, access_key_id: str,
@@ -47,8 +49,7 @@ def sign(req: http.Request, url: str, service: str, region: str, access_key_id: 
     check_signable(req)
     for h in SIGNING_HEADERS:
         req.headers.pop(h, None)
-    headers = {k: v for k, v in req.headers.items()
-               if k.lower() in _SIGNED_AS_SENT or k.lower().startswith("x-amz-")}
+    headers = {k: v for k, v in req.headers.items() if signed_header(k.lower())}
     areq = AWSRequest(method=req.method, url=url, data=req.raw_content or b"",
                       headers=headers)
     signer = S3SigV4Auth if service == "s3" else SigV4Auth

@@ -6,6 +6,7 @@
     s20_head.py       judge the head: bounds, parse, decide; gateway re-targeting; CONNECT
     s30_body.py       judge the body: the head once more, size as received, credential leaks
     s35_call.py       judge the call: JSON-RPC / MCP messages against mcp:/jsonrpc: rules
+    s36_sigv4.py      judge what a SigV4 signature covers: operation, copy sources, x-amz-*
     s38_ask.py        hold for approval: an `action: ask` rule's request waits for people
     s40_forward.py    the head the upstream receives is the one judged (before injection)
     s50_inject.py     the rule's credentials, from Vault at request time
