@@ -21,7 +21,7 @@ from sandgate.netguard import choose_address, classify, known_addresses, parse_i
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import CallFilter, Identity, Policy, Rule, glob_matches
 from sandgate.policy.paths import normalise_path
-from sandgate.request import RequestInfo, default_port, parse_url, split_authority
+from sandgate.request import RequestInfo, default_port, has_dot_segment, parse_url, split_authority
 from sandgate.secrets.aws_request import AwsParts, misfit
 from sandgate.secrets.aws_request import parse as aws_parts
 from sandgate.secrets.scope import resolve as resolve_secret_path
@@ -135,6 +135,12 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
         path = normalise_path(req.path)
     except ValueError as e:
         return Decision(False, Code.BAD_REQUEST, f"the request path cannot be judged: {e}")
+    if has_dot_segment(req.path):  # judged resolved, it would go on unresolved
+        return Decision(False, Code.BAD_REQUEST,
+                        f"the path {req.path[:120]!r} has a '.' or '..' segment (perhaps "
+                        "percent-encoded): Sandgate judges the resolved path "
+                        f"({path[:120]}) and the upstream may not resolve it",
+                        hint="send the resolved path")
     scheme = req.scheme.lower()
     method = req.method.upper()
     target = f"{method} {scheme}://{host}:{req.port}{path}"

@@ -104,6 +104,23 @@ def parse_method(method: str) -> str:
     return m
 
 
+def has_dot_segment(path: str) -> bool:
+    """Does the path have a `.` or `..` segment, read as the decision reads it (percent-decoded
+    once, a backslash as a slash)?
+
+    The decision judges the resolved path (`sandgate.policy.paths.normalise_path`) while the
+    request goes on as sent, and an upstream need not resolve dot segments: S3 reads
+    `/private-data/..%2Fagent-bucket/x` as a key in `private-data`, judged as
+    `/agent-bucket/x`. Clients resolve them before sending (curl, browsers, every SDK), so
+    only a crafted request has one: the decision refuses it (bad_request) rather than judge it
+    as something else."""
+    try:
+        decoded = percent_decode(path.split("?", 1)[0], "path").replace("\\", "/")
+    except ValueError:
+        return False  # a bad escape: the decision refuses it, with its own reason
+    return any(seg in (".", "..") for seg in decoded.split("/"))
+
+
 def parse_url(method: str, url: str) -> RequestInfo:
     """`METHOD URL` as the proxy would see the request (for check, explain, fixtures, the API).
 

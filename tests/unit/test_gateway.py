@@ -231,7 +231,8 @@ def test_decision_on_a_gateway_request_is_the_proxys(tmp_path):
     policy = load_policy_dir(tmp_path)
     for target, url in [("/anthropic/v1/messages", "https://api.anthropic.com/v1/messages"),
                         ("/anthropic/v1/admin", "https://api.anthropic.com/v1/admin"),
-                        ("/anthropic/v1/x/../messages", "https://api.anthropic.com/v1/messages")]:
+                        ("/anthropic/v1/x/../messages",
+                         "https://api.anthropic.com/v1/x/../messages")]:
         via_gateway = decide(policy, "agent", route(policy.gateways, "POST", target).info)
         proxied = decide(policy, "agent", parse_url("POST", url))
         assert (via_gateway.allowed, via_gateway.rule_name, via_gateway.code) == (
