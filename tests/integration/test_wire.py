@@ -182,6 +182,20 @@ def test_huge_request_header_gets_a_readable_431(wire_proxy, pki, raw, url, vers
     assert len(raw.requests) == before
 
 
+@pytest.mark.parametrize("path", [b"/x/../host", b"/x/..%2Fhost", b"/x/%2e%2e/host",
+                                  b"/./host"])
+def test_a_dot_segment_is_refused_not_judged_resolved(wire_proxy, raw, path):
+    """Judged as /host, the request would go on as sent: an upstream that does not resolve dot
+    segments acts on another path than the one judged. Refused, readable, nothing sent."""
+    before = len(raw.requests)
+    out = h1_in_tunnel(wire_proxy, "coding-agent", token(wire_proxy), "raw.wire.test:443",
+                       b"GET " + path + b" HTTP/1.1\r\nHost: raw.wire.test\r\n\r\n")
+    assert out.split(b"\r\n", 1)[0] == b"HTTP/1.1 400 Bad Request", out[:300]
+    doc = refusal_doc(out.split(b"\r\n\r\n", 1)[1].decode())
+    assert doc["code"] == "bad_request" and "segment" in doc["reason"]
+    assert len(raw.requests) == before
+
+
 @pytest.mark.parametrize("size", [b"10000000000000005", b"ffffffffffffffffffff"])
 def test_overflowing_chunk_size_gets_a_readable_400(wire_proxy, raw, size):
     """A request body whose chunk size does not fit an index: 400 `bad_request` with the JSON
