@@ -68,7 +68,8 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         rec.scrub_whole = True  # small and of known length: buffered, scrubbed in response
         return
     encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-    scrubber = ResponseScrubber(secrets, encoding, resp, flow.request.http_version)
+    scrubber = ResponseScrubber(secrets, encoding, resp, flow.request.http_version,
+                                flow.request.path)
     if scrubber.refuse_reason:  # a readable 502, not a cut connection
         rec.refusal = refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, scrubber.refuse_reason))
         resp.stream = answer_instead(resp, rec.refusal, flow.client_conn.alpn != b"h2")
@@ -90,7 +91,7 @@ def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         resp = flow.response
         if resp is not None and rec.scrub_whole and not rec.refused:
             try:
-                rec.redactions += scrub_whole(resp, st.secrets(rec))
+                rec.redactions += scrub_whole(resp, st.secrets(rec), flow.request.path)
             except ValueError as e:  # undecodable: a readable 502 instead of its body
                 refuse(flow, refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, str(e))))
             if not rec.refused:
