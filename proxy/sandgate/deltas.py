@@ -313,6 +313,9 @@ def parse(payload: bytes) -> Parsed | None:
     try:
         doc = json.loads(text)
     except ValueError:
+        doc = None
+    if not isinstance(doc, dict | list | str):
+        # not JSON, or a bare number or literal: a text delta such as "2024" is text too
         done = text.strip() == "[DONE]"
         return Parsed(text, [] if done else [(TEXT_KEY, WHOLE, text)], [()] if done else [],
                       False)
