@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 
 from sandgate.addons import calls, wscontrol
 from sandgate.addons.forward import is_websocket_upgrade
@@ -26,6 +26,7 @@ from sandgate.addons.stream import (
     scrub_whole,
     scrub_whole_candidate,
 )
+from sandgate.addons.wsjoin import WsJoin
 from sandgate.errors import Code, Refused
 from sandgate.inject import find_leaks_in
 from sandgate.refusal import Refusal
@@ -122,10 +123,21 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
             message.drop()
             return
         if not message.from_client:
-            clean, n = scrub_unwrapped(st.secrets(rec), message.content)
+            if message.injected:  # a held message sent again (addons/wsjoin.py): scrubbed
+                if rec.ws_join is not None:
+                    rec.ws_join.message(message)
+                return
+            secrets = st.secrets(rec)
+            clean, n = scrub_unwrapped(secrets, message.content)
             if n:
                 message.content = clean
                 rec.redactions += n
+            if rec.ws_join is None and not secrets.empty:
+                rec.ws_join = WsJoin(secrets, functools.partial(_inject, flow))
+            if rec.ws_join is not None:
+                before = rec.ws_join.replacements
+                rec.ws_join.message(message)
+                rec.redactions += rec.ws_join.replacements - before
             return
         if _websocket_leaks(st, flow, rec, message.content):
             message.drop()
@@ -133,6 +145,11 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
         log.exception("sandgate: websocket_message failed; dropping the stream")
         rec.websocket_closed = True
         message.drop()
+
+
+def _inject(flow: http.HTTPFlow, payload: bytes, is_text: bool) -> None:
+    """A message to the client, after those injected before it (addons/wsjoin.py)."""
+    ctx.master.commands.call("inject.websocket", flow, True, payload, is_text)
 
 
 def _websocket_leaks(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
