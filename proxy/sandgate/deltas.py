@@ -305,11 +305,15 @@ class Parsed:
 
 
 def parse(payload: bytes) -> Parsed | None:
-    """The leaves of one event's payload; None when it is not UTF-8 (nothing is joined)."""
+    """The leaves of one event's payload; None when it is not UTF-8 or nested too deep to walk
+    (nothing is joined: the per-body scrub still applies). Never raises."""
     try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError:
+        return _parse(payload.decode("utf-8"))
+    except (UnicodeDecodeError, RecursionError):
         return None
+
+
+def _parse(text: str) -> Parsed:
     try:
         doc = json.loads(text)
     except ValueError:
@@ -368,8 +372,11 @@ def _key(doc: Any, path: Path) -> Key:
 
 
 def _item(doc: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(doc.get(k) for k in ("item_id", "output_index", "content_index",
-                                      "summary_index"))
+    """The indexes a Responses or Realtime delta is joined by (a key must be hashable: any
+    other value counts as absent)."""
+    return tuple(v if isinstance(v, int | str) else None
+                 for v in (doc.get(k) for k in ("item_id", "output_index", "content_index",
+                                                "summary_index")))
 
 
 def _ended(doc: Any) -> list[Key]:

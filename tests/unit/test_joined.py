@@ -349,3 +349,47 @@ def test_websocket_messages_join_per_realtime_item():
     out = joined.feed(3, msg(KEY[12:] + "."))
     assert [i for i, _ in out] == [2, 3]
     assert [json.loads(p or b"")["delta"] for _, p in out] == ["[REDACTED:anthropic]", "."]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["type", "index", "delta", "text", "choices", "item_id", "candidates",
+                         "content", "parts", "tool_calls", "function", "arguments"]),
+        inner, max_size=4),
+    max_leaves=12)
+
+
+@given(docs=st.lists(JSON, max_size=6), noise=st.binary(max_size=40),
+       chunks=st.lists(st.integers(0, 2000), max_size=8))
+@SETTINGS
+def test_any_json_events_or_bytes_pass_unchanged_and_never_raise(docs, noise, chunks):
+    """Odd shapes in provider-looking fields (an index that is a list, choices that are not a
+    list, ...) and bytes that are no event at all: nothing raises, nothing changes."""
+    for name in ("sse-text", "ndjson", "gemini-array"):
+        fmt = FORMATS[name]
+        if name == "sse-text":
+            body = b"".join(b"data: " + json.dumps(d).encode() + b"\n\n" for d in docs) + noise
+        elif name == "ndjson":
+            body = b"".join(json.dumps(d).encode() + b"\n" for d in docs) + noise
+        else:
+            body = ("[" + ",".join(json.dumps(d) for d in docs) + "]").encode()
+        assert _through(SET, fmt, body, chunks) == body
+
+
+def test_deeply_nested_event_is_passed_not_walked():
+    deep = b"data: " + b"[" * 5000 + b"]" * 5000 + b"\n\n"
+    stream = EventStream(SET, "sse")
+    assert stream.feed(deep) == deep
+
+
+@pytest.mark.parametrize("doc", [
+    {"type": "response.output_text.delta", "item_id": [1], "delta": "a"},
+    {"type": "content_block_delta", "index": {"a": 1}, "delta": {"text": "a"}},
+    {"choices": {"x": {"index": [0], "delta": {"tool_calls": {"y": {"index": {}}}}}}},
+    {"candidates": [{"index": [], "content": {"parts": [{"text": "a"}]}}]},
+])
+def test_provider_fields_of_the_wrong_type_never_raise(doc):
+    event = b"data: " + json.dumps(doc).encode() + b"\n\n"
+    stream = EventStream(SET, "sse")
+    assert stream.feed(event) == event
