@@ -355,6 +355,8 @@ def _key(doc: Any, path: Path) -> Key:
         typ = doc.get("type")
         if typ == "content_block_delta" and path[:1] == ("delta",):
             return ("anthropic", _index(doc, 0), *path[1:])
+        if typ == "content_block_start" and path[:1] == ("content_block",):
+            return ("anthropic", _index(doc, 0), *path[1:])  # the block's first text
         if isinstance(typ, str) and typ.endswith(".delta") and path == ("delta",):
             return ("responses", typ.removesuffix("delta"), *_item(doc))
         if path[:1] == ("choices",) and len(path) >= 3 and path[2] == "delta":

@@ -126,6 +126,9 @@ def test_anthropic_deltas_are_keyed_per_content_block():
     for field in ("text", "partial_json", "thinking"):
         ev = {"type": "content_block_delta", "index": 3, "delta": {"type": "x", field: "v"}}
         assert ("anthropic", 3, field) in keys(ev)
+    start = {"type": "content_block_start", "index": 3,
+             "content_block": {"type": "text", "text": "first"}}
+    assert ("anthropic", 3, "text") in keys(start)  # joined with the deltas after it
     stop = parse(b'{"type":"content_block_stop","index":3}')
     assert stop is not None and stop.ended == [("anthropic", 3)]
 
