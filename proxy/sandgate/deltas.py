@@ -88,7 +88,10 @@ class Event:
 class Framer(Protocol):
     def feed(self, chunk: bytes) -> list[Event]: ...
 
-    def end(self) -> bytes: ...
+    def end(self) -> list[Event]:
+        """The stream ended: what is left, as a last event (clients differ on whether they
+        act on an unterminated one, so it is joined like any other)."""
+        ...
 
     @property
     def pending(self) -> int: ...
@@ -130,10 +133,9 @@ class SseFramer:
             self._event_start = 0
         return out
 
-    def end(self) -> bytes:
-        """What never became a complete event (the client discards it; it is sent as is)."""
+    def end(self) -> list[Event]:
         rest, self._buf, self._scan = self._buf, b"", 0
-        return rest
+        return [Event(rest, _sse_data(rest), "sse")] if rest else []
 
 
 def _sse_lines(raw: bytes) -> list[tuple[bytes, bytes]]:
@@ -194,14 +196,14 @@ class LineFramer:
 
     def _event(self, raw: bytes) -> Event:
         start = 1 if self._fmt == "json-seq" and raw.startswith(b"\x1e") else 0
-        end = len(raw) - (2 if raw.endswith(b"\r\n") else 1)
+        end = len(raw) - (2 if raw.endswith(b"\r\n") else 1 if raw.endswith(b"\n") else 0)
         if end <= start or not raw[start:end].strip():
             return Event(raw, None, self._fmt)
         return Event(raw, raw[start:end], self._fmt, start, end)
 
-    def end(self) -> bytes:
+    def end(self) -> list[Event]:
         rest, self._buf = self._buf, b""
-        return rest
+        return [self._event(rest)] if rest else []
 
 
 class ArrayFramer:
@@ -278,9 +280,10 @@ class ArrayFramer:
             self._elem -= cut
         return out
 
-    def end(self) -> bytes:
+    def end(self) -> list[Event]:
+        """The closing bracket, or an element the stream cut (no client can parse it)."""
         rest, self._buf = self._buf, b""
-        return rest
+        return [Event(rest, None, "json-array")] if rest else []
 
 
 def framer(fmt: Format) -> SseFramer | LineFramer | ArrayFramer:

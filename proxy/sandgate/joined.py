@@ -215,13 +215,16 @@ class EventStream:
         if (isinstance(self._framer, ArrayFramer) and self._framer.passthrough) or \
                 self._framer.pending > EVENT_LIMIT:
             self._through = True
-            out += [self._emit(self._joined.flush()), self._framer.end()]
+            out += [self._emit(self._joined.flush())]
+            out += [ev.raw for ev in self._framer.end()]
         return b"".join(out)
 
     def flush(self) -> bytes:
         if self._through:
             return b""
-        return self._emit(self._joined.flush()) + self._framer.end()
+        out = [self._emit(self._joined.feed(ev, ev.payload, len(ev.raw)))
+               for ev in self._framer.end()]
+        return b"".join(out) + self._emit(self._joined.flush())
 
     @staticmethod
     def _emit(released: list[tuple[Event, bytes | None]]) -> bytes:

@@ -32,7 +32,7 @@ def _feed(framer: SseFramer | LineFramer | ArrayFramer, body: bytes, cuts: list[
         events += framer.feed(body[pos:cut])
         pos = cut
     events += framer.feed(body[pos:])
-    return events, framer.end()
+    return events, b"".join(e.raw for e in framer.end())
 
 
 def test_stream_format_by_content_type():
@@ -72,10 +72,18 @@ def test_sse_rebuild_keeps_other_fields_and_terminators():
     assert ev.rebuild(b"new\nlines") == b"event: x\r\ndata: new\r\ndata: lines\r\nid: 1\r\n\r\n"
 
 
-def test_unfinished_event_is_returned_at_the_end():
+def test_unfinished_event_is_returned_at_the_end_as_an_event():
     f = SseFramer()
     assert f.feed(b"data: whole\n\ndata: cut") != []
-    assert f.end() == b"data: cut"
+    (last,) = f.end()
+    assert last.raw == b"data: cut" and last.payload == b"cut"
+    f.feed(b"data: a\r\r")  # the last CR may not be followed by LF: the end settles it
+    assert [e.payload for e in f.end()] == [b"a"]
+    g = LineFramer("ndjson")
+    assert g.feed(b'{"a":"no newline"}') == []
+    (unterminated,) = g.end()
+    assert unterminated.payload == b'{"a":"no newline"}'
+    assert unterminated.rebuild(b"{}") == b"{}"
 
 
 NDJSON = b'{"a":"x"}\n\n{"a":"y"}\r\n{"a":"z'

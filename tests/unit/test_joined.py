@@ -393,3 +393,20 @@ def test_provider_fields_of_the_wrong_type_never_raise(doc):
     event = b"data: " + json.dumps(doc).encode() + b"\n\n"
     stream = EventStream(SET, "sse")
     assert stream.feed(event) == event
+
+
+@pytest.mark.parametrize("terminator", [b"", b"\r", b"\n"])
+def test_the_last_event_is_joined_even_unterminated(terminator):
+    """Clients differ on an event the stream ends inside (NDJSON readers parse a last line
+    with no newline): it completes a key like any other."""
+    stream = EventStream(SET, "ndjson")
+    held = json.dumps({"message": {"content": KEY[:12]}}).encode() + b"\n"
+    assert stream.feed(held) == b""
+    last = json.dumps({"message": {"content": KEY[12:]}}).encode() + terminator
+    out = stream.feed(last) + stream.flush()
+    assert KEY[:HOLD_AFTER] not in out.decode() and b"[REDACTED:anthropic]" in out
+    sse = EventStream(SET, "sse")
+    assert sse.feed(_anthropic("text")(KEY[:12])) == b""
+    tail = _anthropic("text")(KEY[12:]).rstrip(b"\n") + terminator
+    out = sse.feed(tail) + sse.flush()
+    assert KEY[:HOLD_AFTER] not in out.decode() and b"[REDACTED:anthropic]" in out
