@@ -206,6 +206,9 @@ class LineFramer:
         return [self._event(rest)] if rest else []
 
 
+_STRING_STOP = re.compile(rb'["\\]')
+
+
 class ArrayFramer:
     """A JSON array sent element by element (Gemini's stream without ``alt=sse``): each
     element is an event, the bytes before it (``[``, ``,``, spaces) its prefix. A body that
@@ -241,15 +244,24 @@ class ArrayFramer:
         cut = 0
         i, n = self._i, len(buf)
         while i < n:
-            c = buf[i]
             if self._in_string:
                 if self._escape:
                     self._escape = False
-                elif c == 0x5C:
+                    i += 1
+                    continue
+                m = _STRING_STOP.search(buf, i)  # strings are most of the bytes: skip them
+                if m is None:
+                    i = n
+                    break
+                i = m.start()
+                if buf[i] == 0x5C:
                     self._escape = True
-                elif c == 0x22:
+                else:
                     self._in_string = False
-            elif c in b" \t\r\n,]" and self._elem < 0:
+                i += 1
+                continue
+            c = buf[i]
+            if c in b" \t\r\n,]" and self._elem < 0:
                 pass
             elif self._elem < 0:
                 self._elem = i
