@@ -77,7 +77,17 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         return
 
     def stream(chunk: bytes) -> bytes | list[bytes]:
-        out = scrubber(chunk)
+        try:
+            out = scrubber(chunk)
+        except Exception as e:  # fail closed: nothing more of this body reaches the client
+            # the type only: a message could quote the body
+            log.error("sandgate: scrubbing a response body failed (%s); cutting it",
+                      type(e).__name__)
+            rec.refusal = Refusal(Code.UPSTREAM_ERROR, "the upstream's response could not be "
+                                  "scrubbed; the rest of it was not sent")
+            if flow.killable:
+                flow.kill()
+            return []
         rec.redactions = scrubber.replacements
         rec.bytes_out += sum(len(c) for c in out)
         return out
