@@ -151,7 +151,8 @@ def _sse_lines(raw: bytes) -> list[tuple[bytes, bytes]]:
 
 
 def _field_value(line: bytes) -> tuple[bytes, bytes]:
-    name, colon, value = line.partition(b":")
+    # a stream may begin with a byte order mark, which clients skip
+    name, colon, value = line.removeprefix(b"\xef\xbb\xbf").partition(b":")
     return name, (value[1:] if value.startswith(b" ") else value) if colon else b""
 
 

@@ -60,6 +60,11 @@ def test_sse_events_are_cut_exactly_at_blank_lines_however_chunked(cuts):
     assert [e.payload for e in events] == [b'{"x": 1}', None, b"one\ntwo", b"no-space"]
 
 
+def test_sse_byte_order_mark_is_skipped():
+    (ev,) = SseFramer().feed(b"\xef\xbb\xbfdata: a\n\n")
+    assert ev.payload == b"a"
+
+
 def test_sse_a_trailing_cr_waits_for_its_lf():
     f = SseFramer()
     assert f.feed(b"data: a\n\r") == []  # "\r" then maybe "\n": not yet an empty line
