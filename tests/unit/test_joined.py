@@ -410,3 +410,18 @@ def test_the_last_event_is_joined_even_unterminated(terminator):
     tail = _anthropic("text")(KEY[12:]).rstrip(b"\n") + terminator
     out = sse.feed(tail) + sse.flush()
     assert KEY[:HOLD_AFTER] not in out.decode() and b"[REDACTED:anthropic]" in out
+
+
+def test_mcp_progress_messages_join_per_path():
+    """MCP's streamable HTTP: JSON-RPC notifications as server-sent events with ids; the
+    string at one path in successive messages is one text to a client that prints them."""
+    def note(i: int, text: str) -> bytes:
+        doc = {"jsonrpc": "2.0", "method": "notifications/message",
+               "params": {"level": "info", "data": text}}
+        return f"id: {i}\nevent: message\ndata: {json.dumps(doc)}\n\n".encode()
+    stream = EventStream(SET, "sse")
+    out = stream.feed(note(1, "token " + KEY[:9]) + note(2, KEY[9:]))
+    out += stream.feed(note(3, " end")) + stream.flush()
+    assert b"id: 1\nevent: message\ndata: " in out and b"id: 3\n" in out
+    texts = [json.loads(d)["params"]["data"] for d in _sse_data(out)]
+    assert "".join(texts) == "token [REDACTED:anthropic] end"
