@@ -88,3 +88,17 @@ def test_any_split_and_any_interleaving_with_injections(cuts, bursts):
     out = joined(r.sent)
     assert KEY not in out and KEY[:HOLD_AFTER] not in out
     assert out.startswith("a ") and out.endswith("[REDACTED:openai] b")
+
+
+def test_a_message_someone_else_injected_is_not_taken_for_ours():
+    """Another part of Sandgate may inject a message to the client (a JSON-RPC error): it
+    passes, and does not count as one of the held messages coming back."""
+    r = Relay()
+    r.upstream(delta(KEY[:12]))
+    r.upstream(delta(KEY[12:]), burst=True)  # released: injected, not yet back
+    for _ in range(2):
+        r._hook(WebSocketMessage(Opcode.TEXT, False, b"other", injected=True))
+    r.upstream(delta(" tail"), burst=True)  # must still queue behind ours
+    r.settle()
+    texts = [p for p, _ in r.sent if p != b"other"]
+    assert joined([(p, True) for p in texts]) == "[REDACTED:openai] tail"
