@@ -34,6 +34,12 @@ _NO_EXTRA: Mapping[str, Iterable[bytes]] = MappingProxyType({})
 # what to hold back costs a pass over the last max_len - 1 bytes, not one lookup per position.
 _PROBE_LEN = 8
 
+HOLD_AFTER = _PROBE_LEN
+"""Joined text (`sandgate.joined`) is held once its end could still become a form and that
+candidate is at least this many bytes long (or the form itself is at most this long): so at
+most HOLD_AFTER - 1 leading bytes of a longer form leave before holding starts, none of a
+shorter one. Tied to the probe: a candidate this long starts with a probe word."""
+
 
 class Scan(Protocol):
     """`SecretSet._scan`'s contract: (output pieces, replacements, stop) of `data`."""
@@ -114,6 +120,9 @@ class SecretSet:
         self._folded: LiteralSet[Hit] | None = LiteralSet(folded) if folded else None
         probe = {k[:_PROBE_LEN]: None for k in exact if len(k) > _PROBE_LEN}
         self._probe: LiteralSet[None] | None = LiteralSet(probe) if probe else None
+        # every proper prefix of the forms of at most HOLD_AFTER bytes (held from their first)
+        self._short = frozenset(k[:i] for k in exact if len(k) <= HOLD_AFTER
+                                for i in range(1, len(k)))
 
     @property
     def empty(self) -> bool:
@@ -229,6 +238,23 @@ class SecretSet:
         if self._probe is not None:
             candidates.update(end + 1 - _PROBE_LEN for end, _ in self._probe.ends(data, low))
         return sorted(q for q in candidates if self._is_proper_prefix(data[q:]))
+
+    def could_complete(self, data: bytes) -> bool:
+        """Could more bytes after `data` complete a form that began in it, by the rule of
+        `HOLD_AFTER`? True when a suffix of at least HOLD_AFTER bytes is a proper prefix of a
+        form, or a shorter suffix is a proper prefix of a form of at most HOLD_AFTER bytes.
+        Costs a probe pass over the last max_len - 1 bytes."""
+        if self._exact is None or not data:
+            return False
+        n = len(data)
+        low = max(0, n - (self.max_len - 1))
+        if self._probe is not None and n - low >= _PROBE_LEN:
+            for end, _ in self._probe.ends(data, low):
+                if self._is_proper_prefix(data[end + 1 - _PROBE_LEN:]):
+                    return True
+        if self._short:
+            return any(data[q:] in self._short for q in range(max(low, n - HOLD_AFTER + 1), n))
+        return False
 
     def _is_proper_prefix(self, s: bytes) -> bool:
         assert self._exact is not None

@@ -94,6 +94,26 @@ async def test_exception_in_responseheaders_kills_flow(gate, monkeypatch):
         assert f.error is not None  # killed: nothing reaches the sandbox
 
 
+async def test_exception_while_streaming_the_body_cuts_it(gate, monkeypatch):
+    """An exception in the scrubber of a streamed body (the joined-text layer included): the
+    flow is killed and nothing more of the body is sent, never the unscrubbed bytes."""
+    def boom(*a, **k):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(s70_scrub.ResponseScrubber, "__call__", boom)
+    with taddons.context(gate):
+        f = plain_flow()
+        await gate.request(f)
+        f.response = tflow.tresp(content=b"")
+        del f.response.headers["content-length"]
+        f.response.headers["content-type"] = "text/event-stream"
+        await gate.responseheaders(f)
+        stream = f.response.stream
+        assert callable(stream)
+        assert stream(b"data: unscrubbed\n\n") == []
+        assert f.error is not None
+
+
 async def test_server_connect_refuses_unapproved_address(gate):
     with taddons.context(gate):
         f = tflow.tflow()

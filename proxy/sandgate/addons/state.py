@@ -20,6 +20,7 @@ from sandgate.secrets.body import BodyPlan
 
 if TYPE_CHECKING:
     from sandgate.addons.calls import CallState
+    from sandgate.addons.wsjoin import WsJoin
 
 
 @dataclass
@@ -109,6 +110,8 @@ class FlowRecord:
     audited: bool = False
     scrub_whole: bool = False  # a small body of known length: buffered, scrubbed at once
     websocket_closed: bool = False  # a message carried a credential: drop everything after it
+    # the upstream's WebSocket text deltas, scrubbed of what the client joins (addons/wsjoin.py)
+    ws_join: WsJoin | None = None
     # The policy this flow is judged by, read once at its first hook (a reload mid-flow does not
     # change it), and its placeholder map.
     policy: Policy | None = None

@@ -15,6 +15,8 @@ from mitmproxy import http
 from mitmproxy.net.http import status_codes
 
 from sandgate.addons.decoding import Decoder, codings, decode_all, unsupported
+from sandgate.deltas import stream_format
+from sandgate.joined import EventStream
 from sandgate.refusal import APPROVAL_HEADER, REASON_HEADER, Refusal
 from sandgate.scrub import SecretSet
 from sandgate.unwrap import applies_to, scrub_unwrapped, unwrapping_scrubber
@@ -65,15 +67,20 @@ def scrub_headers(headers: http.Headers, secrets: SecretSet) -> int:
 class ResponseScrubber:
     """A `flow.response.stream` callable: scrubbed chunks out, the end flushed on b"".
 
-    Never returns an empty chunk (mitmproxy would frame it as the end of a chunked body); an
-    empty list means "nothing to send yet".
+    A stream of events (SSE, NDJSON, JSON text sequences, Gemini's JSON array: `path` is the
+    request's) is scrubbed as bytes first, then of what a client joins across its events
+    (`sandgate.joined`). Never returns an empty chunk (mitmproxy would frame it as the end
+    of a chunked body); an empty list means "nothing to send yet".
     """
 
     def __init__(self, secrets: SecretSet, encoding: str, resp: http.Response,
-                 client_version: str = "HTTP/1.1") -> None:
+                 client_version: str = "HTTP/1.1", path: str = "") -> None:
         self.refuse_reason: str | None = None
+        ctype = resp.headers.get("content-type", "")
         self._inner = (unwrapping_scrubber(secrets)
-                       if applies_to(resp.headers.get("content-type", "")) else secrets.scrubber())
+                       if applies_to(ctype) else secrets.scrubber())
+        fmt = stream_format(ctype, path)
+        self._events = EventStream(secrets, fmt) if fmt is not None else None
         self._decoder: Decoder | None = None
         self._active = not secrets.empty
         if not self._active:
@@ -96,18 +103,24 @@ class ResponseScrubber:
 
     @property
     def replacements(self) -> int:
-        return self._inner.replacements
+        joined = self._events.replacements if self._events is not None else 0
+        return self._inner.replacements + joined
 
     def __call__(self, chunk: bytes) -> list[bytes]:
         if not self._active:
             return [chunk] if chunk else []
         if self._decoder is None:
-            out = self._inner.feed(chunk) if chunk else self._inner.flush()
-            return [out] if out else []
-        pieces = self._decoder.feed(chunk) if chunk else self._decoder.end()
-        outs = [self._inner.feed(piece) for piece in pieces]
-        if not chunk:
-            outs.append(self._inner.flush())
+            outs = [self._inner.feed(chunk) if chunk else self._inner.flush()]
+        else:
+            pieces = self._decoder.feed(chunk) if chunk else self._decoder.end()
+            outs = [self._inner.feed(piece) for piece in pieces]
+            if not chunk:
+                outs.append(self._inner.flush())
+        if self._events is not None:
+            events = self._events
+            outs = [events.feed(out) for out in outs]
+            if not chunk:
+                outs.append(events.flush())
         return [out for out in outs if out]
 
 
@@ -129,9 +142,10 @@ def scrub_whole_candidate(resp: http.Response, secrets: SecretSet) -> bool:
     return 0 <= length <= WHOLE_BODY_LIMIT and unsupported(chain) is None
 
 
-def scrub_whole(resp: http.Response, secrets: SecretSet) -> int:
+def scrub_whole(resp: http.Response, secrets: SecretSet, path: str = "") -> int:
     """Scrub a buffered body (decoded first: `sandgate.addons.decoding`) and set its exact
-    length; the count.
+    length; the count. A stream of events is scrubbed of its joined text too, as it would be
+    streaming (`ResponseScrubber`; `path` is the request's).
 
     Raises ValueError when the body cannot be decoded within bounds (the caller refuses it).
     """
@@ -145,6 +159,11 @@ def scrub_whole(resp: http.Response, secrets: SecretSet) -> int:
         clean, count = scrub_unwrapped(secrets, raw)
     else:
         clean, count = secrets.scrub(raw)
+    fmt = stream_format(resp.headers.get("content-type", ""), path)
+    if fmt is not None and not secrets.empty:
+        events = EventStream(secrets, fmt)
+        clean = events.feed(clean) + events.flush()
+        count += events.replacements
     resp.raw_content = clean
     resp.headers["content-length"] = str(len(clean))
     return count

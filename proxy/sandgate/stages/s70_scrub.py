@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 
 from sandgate.addons import calls, wscontrol, wsrpc
 from sandgate.addons.forward import is_websocket_upgrade
@@ -28,6 +28,7 @@ from sandgate.addons.stream import (
     scrub_whole,
     scrub_whole_candidate,
 )
+from sandgate.addons.wsjoin import WsJoin
 from sandgate.errors import Code, Refused
 from sandgate.inject import find_leaks_in
 from sandgate.refusal import Refusal
@@ -75,14 +76,25 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         rec.scrub_whole = True  # small and of known length: buffered, scrubbed in response
         return
     encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-    scrubber = ResponseScrubber(secrets, encoding, resp, flow.request.http_version)
+    scrubber = ResponseScrubber(secrets, encoding, resp, flow.request.http_version,
+                                flow.request.path)
     if scrubber.refuse_reason:  # a readable 502, not a cut connection
         rec.refusal = refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, scrubber.refuse_reason))
         resp.stream = answer_instead(resp, rec.refusal, flow.client_conn.alpn != b"h2")
         return
 
     def stream(chunk: bytes) -> bytes | list[bytes]:
-        out = scrubber(chunk)
+        try:
+            out = scrubber(chunk)
+        except Exception as e:  # fail closed: nothing more of this body reaches the client
+            # the type only: a message could quote the body
+            log.error("sandgate: scrubbing a response body failed (%s); cutting it",
+                      type(e).__name__)
+            rec.refusal = Refusal(Code.UPSTREAM_ERROR, "the upstream's response could not be "
+                                  "scrubbed; the rest of it was not sent")
+            if flow.killable:
+                flow.kill()
+            return []
         rec.redactions = scrubber.replacements
         rec.bytes_out += sum(len(c) for c in out)
         return out
@@ -97,7 +109,7 @@ def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         resp = flow.response
         if resp is not None and rec.scrub_whole and not rec.refused:
             try:
-                rec.redactions += scrub_whole(resp, st.secrets(rec))
+                rec.redactions += scrub_whole(resp, st.secrets(rec), flow.request.path)
             except ValueError as e:  # undecodable: a readable 502 instead of its body
                 refuse(flow, refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, str(e))))
             if not rec.refused:
@@ -132,14 +144,28 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
             message.drop()
             return
         if message.injected:
-            return  # Sandgate's own: the JSON-RPC error answering a refused call (wsrpc)
+            # Sandgate's own: a held message sent again (addons/wsjoin.py: scrubbed there; it
+            # recognises only its own payloads), or the JSON-RPC error answering a refused
+            # call (wsrpc)
+            if rec.ws_join is not None:
+                rec.ws_join.message(message)
+            return
         if not message.from_client:
-            clean, n = scrub_unwrapped(st.secrets(rec), message.content)
+            secrets = st.secrets(rec)
+            clean, n = scrub_unwrapped(secrets, message.content)
             if n:
                 message.content = clean
                 rec.redactions += n
             if ws is not None:
                 wsrpc.server_message(st, flow, rec, ws, message)  # list answers filtered
+            if message.dropped:
+                return
+            if rec.ws_join is None and not secrets.empty:
+                rec.ws_join = WsJoin(secrets, functools.partial(_inject, flow))
+            if rec.ws_join is not None:
+                before = rec.ws_join.replacements
+                rec.ws_join.message(message)
+                rec.redactions += rec.ws_join.replacements - before
             return
         if _websocket_leaks(st, flow, rec, message.content):
             message.drop()
@@ -151,6 +177,11 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
         message.drop()
         if ws is not None or rec.call is not None:  # a WebSocket on a rule judging calls
             wscontrol.close(flow, wsrpc.POLICY_VIOLATION, "sandgate: internal_error")
+
+
+def _inject(flow: http.HTTPFlow, payload: bytes, is_text: bool) -> None:
+    """A message to the client, after those injected before it (addons/wsjoin.py)."""
+    ctx.master.commands.call("inject.websocket", flow, True, payload, is_text)
 
 
 def _websocket_leaks(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
