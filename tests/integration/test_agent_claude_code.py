@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -122,8 +123,12 @@ def run_claude(claude: Path, proxy: Proxy, home: Path,
         # in a sandbox, which is what this stands for.
         "IS_SANDBOX": "1",
     }
-    return subprocess.run([str(claude), *args], capture_output=True, text=True,
-                          env=env, cwd=home / "work", timeout=180, stdin=subprocess.DEVNULL)
+    # Its sockets and scratch files go to a TMPDIR of its own, removed after: a short path,
+    # as a socket's path may not be longer than 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="sgcc-") as scratch:
+        env["TMPDIR"] = scratch
+        return subprocess.run([str(claude), *args], capture_output=True, text=True, env=env,
+                              cwd=home / "work", timeout=180, stdin=subprocess.DEVNULL)
 
 
 def written_text(root: Path) -> dict[str, str]:
