@@ -1,6 +1,7 @@
 """The real Claude Code CLI (pinned in tests/agents, installed by `scripts/setup.sh --test`)
 through `sandgate run`, against a stand-in Anthropic Messages API on api.anthropic.com that
-streams the key Sandgate injected back, cut between two text deltas at every position.
+streams the key Sandgate injected back, cut between two text deltas at every position (and
+once a character per delta).
 
 The sandbox side holds only the placeholder; Sandgate injects the key from OpenBao. The
 stand-in echoing it is the attack: the CLI joins the deltas into one text, so a scrubber that
@@ -43,7 +44,9 @@ KEY = "fakeQz7vW2pLr9XkT4mN8bHc6JdY3sGa"
 PLACEHOLDER = "sandgate-placeholder-anthropic"
 BOUND = 7
 """At most this many leading characters of a secret may leave (docs/scrubbing.md)."""
-POSITIONS = list(range(len(KEY) + 1))  # 1..len-1 split the key; 0 and len keep it whole
+# One copy of the key cut in two at each position (1..len-1; 0 and len keep it whole), and one
+# streamed a character per delta.
+CUTS = [*((k,) for k in range(len(KEY) + 1)), tuple(range(1, len(KEY)))]
 
 POLICY = f"""version: v1
 secrets:
@@ -70,7 +73,7 @@ class Stack:
 def stack(tmp_path_factory, vault) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("claude-code")
     pki = make_pki(tmp / "pki", ["api.anthropic.com"])
-    api = StandInMessages(lambda key: split_copies(key, POSITIONS))
+    api = StandInMessages(lambda key: split_copies(key, CUTS))
     server = AppThread(api.app(), pki.cert, pki.key, API_IP).start()
     vault.put_kv2("agents/claude-code", {"api_key": KEY})
     (tmp / "policies").mkdir()
@@ -176,7 +179,7 @@ def test_claude_code_never_shows_a_key_split_across_deltas(stack: Stack, tmp_pat
     assert r.returncode == 0, f"claude exited {r.returncode}: {r.stderr[-2000:]}"
 
     # The answer went through whole: every copy's label, in the output and in a transcript.
-    labels = ["Here are the copies.", *(f"copy {i}: " for i in range(len(POSITIONS))),
+    labels = ["Here are the copies.", *(f"copy {i}: " for i in range(len(CUTS))),
               "That is all."]
     assert [x for x in labels if x not in r.stdout] == []
     transcripts = list((home / ".claude" / "projects").rglob("*.jsonl"))

@@ -15,6 +15,7 @@ import asyncio
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from aiohttp import web
@@ -30,15 +31,19 @@ class Call:
     body: Any = field(repr=False)  # the JSON body, or None
 
 
-def split_copies(key: str, positions: Sequence[int]) -> list[str]:
-    """Text deltas whose join holds one copy of `key` per position, labelled `copy N:`, each
-    cut at its position by a delta boundary: `key[:k]` ends one delta, `key[k:]` begins the
-    next (0 and len(key) put the whole key in one delta)."""
+def split_copies(key: str, cuts: Sequence[Sequence[int]]) -> list[str]:
+    """Text deltas whose join holds one copy of `key` per entry of `cuts`, labelled `copy N:`,
+    each cut by delta boundaries at that entry's positions: `(k,)` ends one delta with
+    `key[:k]` and begins the next with `key[k:]` (0 and len(key) leave the key whole in one
+    delta, as does `()`); `range(1, len(key))` streams it a character per delta."""
     deltas: list[str] = []
     pending = "Here are the copies.\n"
-    for i, k in enumerate(positions):
-        deltas.append(f"{pending}copy {i}: {key[:k]}")
-        pending = f"{key[k:]}\n"
+    for i, ks in enumerate(cuts):
+        bounds = [0, *sorted(set(ks)), len(key)]
+        pieces = [key[a:b] for a, b in pairwise(bounds)] + ([""] if not ks else [])
+        deltas.append(f"{pending}copy {i}: {pieces[0]}")
+        deltas.extend(pieces[1:-1])
+        pending = f"{pieces[-1]}\n"
     deltas.append(f"{pending}That is all.")
     return deltas
 

@@ -18,17 +18,30 @@ keys = st.text(ALNUM, min_size=2, max_size=40)
 
 
 @given(keys, st.data())
-def test_each_copy_is_cut_at_its_position(key: str, data: st.DataObject) -> None:
-    positions = data.draw(st.lists(st.integers(0, len(key)), max_size=8))
-    deltas = split_copies(key, positions)
+def test_each_copy_is_cut_at_its_positions(key: str, data: st.DataObject) -> None:
+    cuts = data.draw(st.lists(st.lists(st.integers(0, len(key)), max_size=4), max_size=6))
+    deltas = split_copies(key, cuts)
     joined = "".join(deltas)
     assert joined.startswith("Here are the copies.\n") and joined.endswith("That is all.")
-    for i, k in enumerate(positions):
-        assert f"copy {i}: {key}\n" in joined
-        # the boundary after delta i falls k characters into copy i
-        assert deltas[i].endswith(f"copy {i}: {key[:k]}")
-        assert deltas[i + 1].startswith(f"{key[k:]}\n")
-    assert len(deltas) == len(positions) + 1
+    assert joined.count(f": {key}\n") == len(cuts)
+    # Where each delta ends, counted in the joined text: copy i starts after its label, and
+    # every one of its positions is a boundary.
+    ends, at = set(), 0
+    for d in deltas:
+        at += len(d)
+        ends.add(at)
+    for i, ks in enumerate(cuts):
+        start = joined.index(f"copy {i}: ") + len(f"copy {i}: ")
+        assert joined[start:start + len(key)] == key
+        assert {start + k for k in ks} <= ends
+
+
+def test_a_single_cut_and_a_character_per_delta() -> None:
+    key = "fakeKeyABCDEF"
+    assert split_copies(key, [(4,)]) == ["Here are the copies.\ncopy 0: fake",
+                                         "KeyABCDEF\nThat is all."]
+    deltas = split_copies(key, [range(1, len(key))])
+    assert deltas[1:-1] == list(key[1:-1])
 
 
 def reference_run(haystack: str, secret: str) -> int:
@@ -44,7 +57,7 @@ def test_longest_run_matches_the_reference(haystack: str, secret: str) -> None:
 
 def test_a_split_key_rejoined_is_a_full_run() -> None:
     key = "fakeKeyABCDEFGH1234"
-    assert longest_secret_run("".join(split_copies(key, [5])), key) == len(key)
+    assert longest_secret_run("".join(split_copies(key, [(5,)])), key) == len(key)
     assert longest_secret_run(f"x {key[:7]}[REDACTED:k] y", key) == 7
     assert longest_secret_run(f"x {key[:7].upper()} y", key) == 7  # case is ignored
 
