@@ -6,8 +6,9 @@ once a character per delta).
 The sandbox side holds only the placeholder; Sandgate injects the key from OpenBao. The
 stand-in echoing it is the attack: the CLI joins the deltas into one text, so a scrubber that
 looks at the bytes of the stream alone never sees the key whole. Nothing of it beyond the
-bound that docs/scrubbing.md states (`BOUND` leading characters) may reach the CLI's output or
-the transcripts it writes, in any form.
+bound that docs/scrubbing.md states (`BOUND` leading characters) may reach the CLI's output,
+the transcripts it writes or Sandgate's log and audit: checked as no run of the key longer than
+`BOUND` from any offset (stricter than leading), and no encoded form of it (base64, hex, ...).
 """
 
 from __future__ import annotations
