@@ -44,7 +44,8 @@ API_IP = "127.0.34.2"  # this file's loopback address: api.anthropic.com, pinned
 KEY = "fakeQz7vW2pLr9XkT4mN8bHc6JdY3sGa"
 PLACEHOLDER = "sandgate-placeholder-anthropic"
 BOUND = 7
-"""At most this many leading characters of a secret may leave (docs/scrubbing.md)."""
+"""At most this many leading characters of a secret may leave: docs/scrubbing.md, "The bound"
+(a candidate is held from `HOLD_AFTER` = 8 bytes on, so at most the first 7 leave)."""
 # One copy of the key cut in two at each position (1..len-1; 0 and len keep it whole), and one
 # streamed a character per delta.
 CUTS = [*((k,) for k in range(len(KEY) + 1)), tuple(range(1, len(KEY)))]
