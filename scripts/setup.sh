@@ -24,6 +24,8 @@ if ((want_test)); then
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
   # nodejs: Node's built-in fetch through the gateway mode (tests/integration/test_gateway.py)
   command -v node >/dev/null || need_apt+=(nodejs)
+  # npm: the Node clients pinned by lock files below (tests/mcp-ts, tests/agents)
+  command -v npm >/dev/null || need_apt+=(npm)
   # git: `git http-backend`, the smart-HTTP server of the client matrix (tests/integration/clients)
   command -v git >/dev/null || need_apt+=(git)
   # squid: the bench's CONNECT-tunnel baseline (tests/integration/test_bench.py runs bench/)
@@ -83,6 +85,14 @@ if ((want_test)); then
     if [[ ! -f tests/mcp-ts/node_modules/.installed ]] || ! cmp -s "$lock" tests/mcp-ts/node_modules/.installed; then
       npm ci --prefix tests/mcp-ts --no-audit --no-fund --silent
       cp "$lock" tests/mcp-ts/node_modules/.installed
+    fi
+    # Real agent CLIs through `sandgate run` (tests/integration/test_agent_claude_code.py):
+    # Claude Code at the version in tests/agents/package-lock.json (its postinstall puts the
+    # native binary of the platform package npm chose in place), reinstalled when the lock moves.
+    lock=tests/agents/package-lock.json
+    if [[ ! -f tests/agents/node_modules/.installed ]] || ! cmp -s "$lock" tests/agents/node_modules/.installed; then
+      npm ci --prefix tests/agents --no-audit --no-fund --silent
+      cp "$lock" tests/agents/node_modules/.installed
     fi
   fi
   # The hosted-sandbox provider SDKs (tests/integration/test_providers.py): their own venv, as
