@@ -51,7 +51,7 @@ def _names(doc: Any) -> set[str] | None:
 
 def tool_findings(policy: Policy, listings: dict[str | None, set[str]],
                   finding: Any) -> list[Any]:
-    """finding(file, loc, message, fix) builds a lint Finding."""
+    """finding(code, file, loc, message, fix) builds a lint Finding."""
     out: list[Any] = []
     for ident in policy.identities.values():
         for k, rule in enumerate(ident.rules):
@@ -74,6 +74,8 @@ def tool_findings(policy: Policy, listings: dict[str | None, set[str]],
                     close = sorted(listed)[:8]
                     what = "allows nothing" if key == "tools" else "refuses nothing"
                     out.append(finding(
+                        "mcp-tool-unlisted" if key == "tools" else "mcp-deny-unmatched",
+
                         rule.source.file, (*loc, "mcp", key, j),
                         f"{key} entry {g!r} of rule '{rule.name}' matches no tool the server "
                         f"lists, so it {what}",
