@@ -88,7 +88,8 @@ CASES: list[tuple[str, dict[str, str], str | None]] = [
     ("github-deny-ok", {"p.yaml": policy(
         R + "{name: gh, hosts: [api.github.com], methods: [GET, POST], paths: [/repos/**]}\n"
         + R + "{name: no-hooks, action: deny, hosts: [api.github.com], "
-        "paths: [/repos/*/*/hooks, /repos/*/*/hooks/**, /repos/acme/secret, /repos/acme/secret/**]}\n")},
+        "paths: [/repos/*/*/hooks, /repos/*/*/hooks/**, /repos/acme/secret, "
+        "/repos/acme/secret/**]}\n")},
      None),
     ("deny-paths-outside-allow", {"p.yaml": policy(
         R + "{name: web, hosts: [api.example.com], methods: [GET], paths: [/v1/**]}\n"

@@ -18,7 +18,8 @@ import yaml
 from sandgate.policy.compiler import TEMPLATE_LOOKING, template_fix
 from sandgate.policy.hygiene import expiries
 from sandgate.policy.lint_ask import ask_findings
-from sandgate.policy.lint_calls import read_listings, tool_findings
+from sandgate.policy.lint_calls import Listings, read_listings, tool_findings
+from sandgate.policy.lint_mcp import findings as mcp_dns_review_findings
 from sandgate.policy.loader import (
     POLICY_SUFFIXES,
     PolicyError,
@@ -69,7 +70,7 @@ def lint_dir(path: str | Path, mcp_tools: Sequence[str] | None = None) -> list[F
 
 
 def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
-                listings: dict[str | None, set[str]] | None = None) -> list[Finding]:
+                listings: Listings | None = None) -> list[Finding]:
     trees = _Trees(policy.files)
     out: list[Finding] = []
     out += _skipped_files(skipped)
@@ -114,8 +115,9 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
         policy, trees.finding,
         lambda code, file, line, fld, msg, fix: Finding(file, line, fld, msg, fix, code=code))
     out += ask_findings(policy, trees.finding)  # action: ask, webhooks
+    out += mcp_dns_review_findings(policy, trees.finding)  # tool rules, DNS, owns:, expiry
     # A template's rule is checked once per identity using it; say it once.
-    out = list(dict.fromkeys(out))
+    out = _suppress(policy, trees, list(dict.fromkeys(out)))
     order = {f: i for i, f in enumerate(policy.files)}
     out.sort(key=lambda f: (order.get(f.file, len(order)), f.line, f.field))
     return out
@@ -140,6 +142,37 @@ class _Trees:
 
     def finding(self, code: str, file: str, loc: Loc, message: str, fix: str) -> Finding:
         return Finding(file, self.line(file, loc), field_path(loc), message, fix, code=code)
+
+
+def _suppress(policy: Policy, trees: _Trees, found: list[Finding]) -> list[Finding]:
+    """Drop the findings a rule's `lint: {ignore: [CODE], why: ...}` accepts: those located on
+    the rule (its line or one of its fields) with one of the codes. An ignore entry that
+    suppresses nothing is itself reported, so a stale suppression does not linger."""
+    rules = {(r.source.file, r.where): r for i in policy.identities.values() for r in i.rules
+             if r.meta is not None and r.meta.lint_ignore and r.where}
+    used: set[tuple[str, tuple[str | int, ...], str]] = set()
+    kept: list[Finding] = []
+    for f in found:
+        hit = next((key for key in rules if key[0] == f.file and f.code in
+                    rules[key].meta.lint_ignore  # type: ignore[union-attr]
+                    and _within(f.field, field_path(key[1]))), None)
+        if hit is None:
+            kept.append(f)
+        else:
+            used.add((*hit, f.code))
+    for (file, where), r in rules.items():
+        assert r.meta is not None
+        for j, code in enumerate(r.meta.lint_ignore):
+            if (file, where, code) not in used:
+                kept.append(trees.finding(
+                    "lint-ignore-unused", file, (*where, "lint", "ignore", j),
+                    f"rule '{r.name}' suppresses lint warning {code}, which lint does not "
+                    "raise on it (any more)", f"remove {code} from the rule's `lint: ignore`"))
+    return kept
+
+
+def _within(fld: str, prefix: str) -> bool:
+    return fld == prefix or fld.startswith(prefix + ".") or fld.startswith(prefix + "[")
 
 
 def _skipped_files(skipped: Sequence[tuple[str, str]]) -> list[Finding]:

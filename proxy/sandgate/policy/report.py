@@ -96,6 +96,13 @@ def _notes(ident: Identity, k: int) -> list[str]:
     rules = list(ident.rules)
     r = rules[k]
     out: list[str] = []
+    if r.meta is not None and r.meta.lint_ignore:  # `lint: {ignore, why}`: for reviewers
+        out.append(f"lint warnings {', '.join(r.meta.lint_ignore)} suppressed: "
+                   f"{r.meta.lint_why}")
+    if r.ask is not None and r.call is not None and r.call.protocol == "mcp":
+        out.append("MCP housekeeping (initialize, ping, the list calls...) is "
+                   + ("held too (ask_housekeeping)" if r.call.ask_housekeeping
+                      else "not held: only the calls wait for approval"))
     if r.action == "deny" or r.passthrough:
         return out
     if r.call is not None:
