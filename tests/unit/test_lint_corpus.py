@@ -85,3 +85,14 @@ def test_report_lists_the_suppression() -> None:
     assert r.returncode == 0, r.stderr
     assert ("lint warnings java-path-params suppressed: api.example.com is a Go server: it "
             "does not strip ;-parameters") in r.stdout
+
+
+def test_every_code_is_documented_and_every_code_is_raised_somewhere() -> None:
+    from sandgate.policy.lint_codes import CODES
+
+    doc = (Path(__file__).parents[2] / "docs" / "policy-review.md").read_text()
+    assert [c for c in CODES if f"| `{c}` |" not in doc] == []
+    src = "".join(p.read_text() for p in (Path(__file__).parents[2] / "proxy" / "sandgate"
+                                          / "policy").glob("lint*.py")
+                  if p.name != "lint_codes.py")
+    assert [c for c in CODES if f'"{c}"' not in src] == []
