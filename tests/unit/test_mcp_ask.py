@@ -3,9 +3,12 @@ housekeeping; a refused tool call names the rule that came closest to allowing i
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sandgate.decision import decide, judge
 from sandgate.errors import Code
@@ -138,3 +141,18 @@ def test_a_refused_call_names_the_rule_that_came_closest(policy: Policy) -> None
     # a tool no rule lists is still refused naming the first rule
     d = decide(policy, "mixed", req(), tool_call("delete_repo"))
     assert "`tools` does not list it in rule 'gh-me'" in d.reason
+
+
+# globs_meet (lint's deny_tools check) against brute force: two call-level globs meet iff
+# some name matches both; a shortest such name is no longer than the two globs together.
+_GLOB = st.text(alphabet="ab*?", max_size=5)
+
+
+@given(_GLOB, _GLOB)
+def test_globs_meet_agrees_with_brute_force(a: str, b: str) -> None:
+    from sandgate.policy.lint_mcp import globs_meet
+
+    names = ("".join(p) for n in range(len(a) + len(b) + 1)
+             for p in itertools.product("abc", repeat=n))
+    brute = any(glob_matches(a, s) and glob_matches(b, s) for s in names)
+    assert globs_meet(a, b) == brute == globs_meet(b, a)
