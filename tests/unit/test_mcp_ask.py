@@ -59,14 +59,15 @@ def strict(tmp_path_factory: pytest.TempPathFactory) -> Policy:
 
 
 @pytest.mark.parametrize("call", [
-    method_call("initialize"), method_call("notifications/initialized"), method_call("ping"),
+    method_call("initialize"), method_call("server/discover"),
+    method_call("notifications/initialized"), method_call("ping"),
     method_call("tools/list"), method_call("prompts/list"), method_call("resources/list"),
     # an answer to the server's request (sampling, elicitation) is not a call
     Call((Message("response", None, 7),)),
     parse(b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"},'
           b' {"jsonrpc": "2.0", "method": "notifications/initialized"}]'),
-], ids=["initialize", "initialized", "ping", "tools/list", "prompts/list", "resources/list",
-        "response", "batch"])
+], ids=["initialize", "server/discover", "initialized", "ping", "tools/list", "prompts/list",
+        "resources/list", "response", "batch"])
 def test_housekeeping_is_not_held(policy: Policy, call: Call) -> None:
     d = decide(policy, "agent", req(), call)
     assert d.allowed and not d.ask and d.rule_name == "gh-ask", d.reason
@@ -114,9 +115,8 @@ def test_the_list_is_the_documented_one() -> None:
     from sandgate.policy.model import MCP_HOUSEKEEPING
 
     assert MCP_HOUSEKEEPING == ("initialize", "server/discover", "notifications/*", "ping",
-                                "tools/list",
-                                "resources/list", "resources/templates/list", "prompts/list",
-                                "logging/setLevel")
+                                "tools/list", "resources/list", "resources/templates/list",
+                                "prompts/list", "logging/setLevel")
     for m in ("tools/call", "resources/read", "prompts/get", "completion/complete",
               "resources/subscribe", "sampling/createMessage"):
         assert not any(glob_matches(p, m) for p in MCP_HOUSEKEEPING), m
