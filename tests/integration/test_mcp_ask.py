@@ -127,7 +127,7 @@ def test_the_session_opens_and_lists_without_approval_the_call_waits(stack: Admi
         c.kill()
     assert c.returncode == 0, err[-1500:]
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    assert lines[0] == {"tools": ["get_me", "list_issues"]}  # filtered, not held
+    assert lines[0]["tools"] == ["get_me", "list_issues"]  # filtered, not held
     assert lines[1]["text"] == "issues of acme/app: #1, #2"  # approved, bearer injected
     assert_no_secret([out, err], SECRET_VALUES, "the client's output")
     assert pending(stack, "asker") == []  # the DELETE ending the session was not held either
