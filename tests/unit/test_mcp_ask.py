@@ -156,3 +156,14 @@ def test_globs_meet_agrees_with_brute_force(a: str, b: str) -> None:
              for p in itertools.product("abc", repeat=n))
     brute = any(glob_matches(a, s) and glob_matches(b, s) for s in names)
     assert globs_meet(a, b) == brute == globs_meet(b, a)
+
+
+def test_report_says_what_an_mcp_ask_rule_holds(policy: Policy, strict: Policy) -> None:
+    from sandgate.policy.report import build_report
+
+    def notes(p: Policy, identity: str) -> str:
+        (ir,) = [i for i in build_report(p, "t").identities if i.name == identity]
+        return " ".join(n for e in ir.entries for n in e.notes)
+
+    assert "not held, only the calls wait for approval" in notes(policy, "agent")
+    assert "held too, ask_housekeeping" in notes(strict, "strict")
