@@ -96,3 +96,35 @@ def test_every_code_is_documented_and_every_code_is_raised_somewhere() -> None:
                                           / "policy").glob("lint*.py")
                   if p.name != "lint_codes.py")
     assert [c for c in CODES if f'"{c}"' not in src] == []
+
+
+MCP_RULE = ("      - {name: gh-mcp, hosts: [mcp.example.com], methods: [GET, POST, DELETE], "
+            "paths: [/mcp], mcp: {tools: [list_issues, 'get_*'], deny_tools: [delete_repo]}}\n")
+NEAR_MISSES = {
+    # every tool allowed, the writes held for approval: ask wins over allow
+    "ask-carve-out": "      - {name: gh-all, hosts: [mcp.example.com], paths: [/mcp], "
+                     "mcp: {tools: ['*']}}\n"
+                     "      - {name: gh-write, action: ask, hosts: [mcp.example.com], "
+                     "paths: [/mcp], mcp: {tools: [create_issue]}}\n",
+    # a web reader (GET only) beside the tool rule: it takes no call
+    "web-reader": MCP_RULE + "      - {name: web, public: true, methods: [GET]}\n",
+    # deny_tools far from every allowed tool: belt and braces; anchored argument globs
+    "belt-and-braces": MCP_RULE.replace("deny_tools: [delete_repo]",
+                                        "deny_tools: [delete_repo], arguments: "
+                                        "{repo: 'acme/*', owner: acme}"),
+    # more types for an exact host, in a policy without public: true
+    "dns-exact": "      - {name: mail, hosts: [mail.example.com], methods: [GET], "
+                 "dns: {types: [MX, TXT]}}\n",
+    # an expiring grant with its owner; a rule whose name merely contains "temp"
+    "owned-grant": "      - {name: export, hosts: [s.example.com], methods: [GET], "
+                   "owner: team-data, expires: '2099-01-01'}\n"
+                   "      - {name: attempts-api, hosts: [t.example.com], methods: [GET]}\n",
+}
+
+
+@pytest.mark.parametrize("rules", NEAR_MISSES.values(), ids=list(NEAR_MISSES))
+def test_near_misses_lint_clean(tmp_path: Path, rules: str) -> None:
+    (tmp_path / "p.yaml").write_text(
+        "version: v1\nidentities:\n  agent:\n    rules:\n" + rules
+        + "tests:\n  - {identity: agent, request: GET https://nothing.invalid/, expect: deny}\n")
+    assert [str(f) for f in lint_dir(tmp_path)] == []

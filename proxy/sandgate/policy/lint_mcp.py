@@ -6,8 +6,8 @@ under `owns:`, temporary grants.
   it and is allowed (sandgate.decision: a rule with `mcp:` matches only the calls it allows);
   when it comes first it decides every call. Only `deny_tools`/`deny_methods` still refuse.
 - mcp-tools-any: a rule allowing every tool (`tools` absent or `"*"`, no `arguments`) beside a
-  rule of the same identity for the same endpoint that lists tools: the list restricts
-  nothing.
+  rule of the same kind (allow or ask) of the same identity for the same endpoint that lists
+  tools: the list restricts nothing.
 - mcp-deny-unmatched (without a recorded tools/list; with one see lint_calls): a `deny_tools`
   entry that no tool allowed on that endpoint can match and that is one or two edits from an
   allowed tool: a misspelling, so the tool it meant stays allowed. One far from every allowed
@@ -109,8 +109,10 @@ def _mcp(ident: Identity, make: Make) -> list[Any]:
         for other in tool_rules:
             o = other.call
             assert o is not None
+            # an ask rule's list beside an allow-everything rule is an exception carved out
+            # (ask wins over allow), and the reverse is lint_ask's ask-hides-allow
             if other is m or o.tools is None or "*" in o.tools or (
-                    m.ask is not None and other.ask is None):
+                    (m.ask is None) != (other.ask is None)):
                 continue
             where = _endpoint(m, other)
             if where is None:
