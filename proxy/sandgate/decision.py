@@ -19,7 +19,14 @@ from sandgate.errors import AddressRefused, Code, Refused, SandboxRequired
 from sandgate.jsonrpc import Call, Message
 from sandgate.netguard import choose_address, classify, known_addresses, parse_ip_literal
 from sandgate.policy.hosts import normalise_host
-from sandgate.policy.model import CallFilter, Identity, Policy, Rule, glob_matches
+from sandgate.policy.model import (
+    MCP_HOUSEKEEPING,
+    CallFilter,
+    Identity,
+    Policy,
+    Rule,
+    glob_matches,
+)
 from sandgate.policy.paths import normalise_path
 from sandgate.request import RequestInfo, default_port, has_dot_segment, parse_url, split_authority
 from sandgate.secrets.aws_request import AwsParts, misfit
@@ -179,9 +186,12 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
                     verdict, msg, why = fit
                     if verdict == "deny":
                         return _call_denied(identity, rule, msg, why)
-                    missed = missed or (rule, msg, why)
+                    # the refusal names the rule that came closest to allowing the call (the
+                    # one listing the tool, whose `arguments` it failed), not the first
+                    if missed is None or _closeness(why) > _closeness(missed[2]):
+                        missed = (rule, msg, why)
                     continue
-        if rule.ask is not None:
+        if rule.ask is not None and not _housekeeping(rule, method, call):
             ask = ask or rule
         elif allow is None:
             allow = rule
@@ -190,8 +200,10 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
                         f"'{identity}' ({ask.source}): forwarded only once approved",
                         rule=ask, call_limit=min(limits) if limits else None, ask=True)
     if allow is not None:
+        kept = (": MCP housekeeping is not held by ask rules (set `ask_housekeeping: true` "
+                "in its mcp: to hold it)" if allow.ask is not None else "")
         return Decision(True, None, f"allowed by rule '{allow.name}' of identity '{identity}' "
-                        f"({allow.source})", rule=allow,
+                        f"({allow.source}){kept}", rule=allow,
                         call_limit=min(limits) if limits else None)
     if unsigned is not None:
         rule, why, fix = unsigned
@@ -206,7 +218,7 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
             rule=None,
             hint=f"rule '{rule.name}' allows this server; to allow {msg.shown}, add it to "
             f"the rule's `{rule.call.protocol if rule.call else 'mcp'}:` "
-            f"({_call_key(msg)})",
+            f"({'arguments' if _closeness(why) == 2 else _call_key(msg)})",
             detail=f"rule '{rule.name}' is defined at {rule.source}",
         )
     return Decision(
@@ -234,6 +246,29 @@ def _upgrade_refused(identity: str, rule: Rule, upgrade: str, target: str) -> De
         f"rule '{rule.name}' of identity '{identity}' judges the {key} calls on {target}; "
         f"{what} would carry calls it never judges",
         rule=rule, hint=hint, detail=f"rule '{rule.name}' is defined at {rule.source}")
+
+
+def _closeness(why: str) -> int:
+    """How close a rule came to allowing a message (message_verdict's "no" reasons): it lists
+    the tool but an argument fails (2), it allows the method but not the name (1), or not even
+    the method (0)."""
+    return 2 if why.startswith("argument") else 0 if why.startswith("`methods`") else 1
+
+
+def _housekeeping(rule: Rule, method: str, call: Call | None) -> bool:
+    """Is this request MCP housekeeping that an ask rule does not hold (MCP_HOUSEKEEPING)?
+    Then the ask rule allows it as an allow rule would (credentials included): otherwise every
+    MCP session would wait for approvers before its first call. Without a body: the GET of
+    the event stream and the DELETE ending the session (a body, if any, is judged again with
+    its call); with a call: when every message is housekeeping or an answer to the server."""
+    f = rule.call
+    if rule.ask is None or f is None or f.protocol != "mcp" or f.ask_housekeeping:
+        return False
+    if call is None or not call.messages:
+        return method in ("GET", "DELETE")
+    return all(m.kind == "response" or m.method is None
+               or any(glob_matches(p, m.method) for p in MCP_HOUSEKEEPING)
+               for m in call.messages)
 
 
 def _call_key(msg: Message) -> str:

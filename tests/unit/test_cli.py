@@ -219,6 +219,7 @@ def test_lint_formats_and_strict(tmp_path):
     r = run("lint", "--format", "github", str(tmp_path))
     assert r.stdout.startswith(f"::warning file={tmp_path / 'p.yaml'},line=5::")
     doc = json.loads(run("lint", "--format", "json", str(tmp_path)).stdout)
-    assert set(doc[0]) == {"file", "line", "field", "message", "fix", "severity"}
+    assert set(doc[0]) == {"file", "line", "field", "message", "fix", "severity", "code"}
+    assert doc[0]["code"] == "public-suffix-wildcard"
     (tmp_path / "p.yaml").write_text("version: v1\nidentities: {a: {rules: [{name: r}]}}\n")
     assert run("lint", str(tmp_path)).returncode == 1

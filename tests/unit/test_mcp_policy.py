@@ -230,14 +230,17 @@ def test_lint_warns_on_tool_globs_the_server_does_not_list(tmp_path: Path) -> No
     listing = tmp_path / "tools.json"
     listing.write_text('{"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": '
                        '"list_issues"}, {"name": "get_me"}, {"name": "delete_repository"}]}}')
-    found = [f for f in lint_dir(tmp_path / "pol", [f"mcp.example.com={listing}"])
-             if ".mcp." in f.field]
+    everything = lint_dir(tmp_path / "pol", [f"mcp.example.com={listing}"])
+    # the second rule's tools: ["*"] makes the first's list restrict nothing (issue 38)
+    assert [f.field for f in everything if f.code == "mcp-tools-any"] == [
+        "identities.agent.rules[1].mcp.tools"]
+    found = [f for f in everything if ".mcp." in f.field and f.code != "mcp-tools-any"]
     fields = sorted(f.field for f in found)
     assert fields == ["identities.agent.rules[0].mcp.deny_tools[0]",
                       "identities.agent.rules[1].mcp.deny_tools[0]"]  # delete_repo, admin_*
     assert "refuses nothing" in found[0].message and "delete_repository" in found[0].fix
     assert not [f for f in lint_dir(tmp_path / "pol", [f"other.example={listing}"])
-                if ".mcp." in f.field]  # a listing of another host says nothing here
+                if ".mcp." in f.field and f.code != "mcp-tools-any"]  # another host's listing
     listing.write_text('{"tools": 3}')
     with pytest.raises(ValueError, match="not a tools/list answer"):
         lint_dir(tmp_path / "pol", [str(listing)])

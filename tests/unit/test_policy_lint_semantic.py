@@ -76,7 +76,21 @@ CASES: list[tuple[str, dict[str, str], str | None]] = [
     ("name-denied-public", {"p.yaml": policy(
         R + "{name: no-evil, action: deny, hosts: [evil.example.com]}\n"
         + R + "{name: web, public: true, methods: [GET]}\n")},
-     "same servers by IP address"),
+     "but not its subdomains"),
+    # issue 38: a web-reading identity denying sites by name (and their subdomains) next to
+    # `public: true` is as good as names get: lint-clean (main: "same servers by IP address")
+    ("name-denied-public-ok", {"p.yaml": policy(
+        R + "{name: no-evil, action: deny, hosts: [evil.example.com, '*.evil.example.com']}\n"
+        + R + "{name: web, public: true, methods: [GET]}\n")}, None),
+    # issue 38: GitHub does not strip `;` parameters: no Java warning for its rules, and the
+    # one-name `*` segments of a GitHub deny are not "`*` where `**` was meant" (whose fix
+    # `/repos/**/hooks` would also deny a repository named hooks)
+    ("github-deny-ok", {"p.yaml": policy(
+        R + "{name: gh, hosts: [api.github.com], methods: [GET, POST], paths: [/repos/**]}\n"
+        + R + "{name: no-hooks, action: deny, hosts: [api.github.com], "
+        "paths: [/repos/*/*/hooks, /repos/*/*/hooks/**, /repos/acme/secret, "
+        "/repos/acme/secret/**]}\n")},
+     None),
     ("deny-paths-outside-allow", {"p.yaml": policy(
         R + "{name: web, hosts: [api.example.com], methods: [GET], paths: [/v1/**]}\n"
         + R + "{name: no-admin, action: deny, hosts: [api.example.com], paths: [/admin/**]}\n")},

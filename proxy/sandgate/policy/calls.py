@@ -91,7 +91,13 @@ def compile_call(rs: RuleSpec, loc: Loc, rep: Report,
     f = CallFilter(
         "mcp", methods, deny_methods, tools, deny_tools, tuple(arguments),
         _globs(spec.resources, (*cloc, "resources"), rep, "resource"),
-        _globs(spec.prompts, (*cloc, "prompts"), rep, "prompt"), max_body, websocket)
+        _globs(spec.prompts, (*cloc, "prompts"), rep, "prompt"), max_body, websocket,
+        spec.ask_housekeeping)
+    if spec.ask_housekeeping and rs.action != "ask":
+        rep((*cloc, "ask_housekeeping"), f"`ask_housekeeping` only applies to `action: ask` "
+            f"rules, and rule '{rs.name}' is `action: {rs.action}`",
+            "write `action: ask` to hold the rule's calls for approval, or remove "
+            "`ask_housekeeping`")
     allowed = f.allowed_methods
     calls_tools = allowed is None or any(glob_matches(m, "tools/call") for m in allowed)
     if not calls_tools and (spec.tools is not None or spec.arguments is not None):

@@ -25,6 +25,7 @@ from sandgate.policy import paths as P
 from sandgate.policy.ask import compile_ask
 from sandgate.policy.calls import compile_call, compile_test_call
 from sandgate.policy.dnstypes import compile_dns, compile_dns_test
+from sandgate.policy.lint_codes import CODES
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
@@ -767,9 +768,34 @@ def _compile_meta(rs: RuleSpec, loc: Loc, rep: Report) -> RuleMeta | None:
             rep((*loc, "expires"), f"expires {rs.expires!r} is not a date",
                 "write the day as YYYY-MM-DD, e.g. expires: 2027-03-31")
             expires = None
-    if all(v is None for v in (rs.description, rs.owner, rs.ticket, expires)):
+    ignore, why = _compile_lint(rs, loc, rep)
+    if all(v is None for v in (rs.description, rs.owner, rs.ticket, expires)) and not ignore:
         return None
-    return RuleMeta(rs.description, rs.owner, rs.ticket, expires)
+    return RuleMeta(rs.description, rs.owner, rs.ticket, expires, ignore, why)
+
+
+def _compile_lint(rs: RuleSpec, loc: Loc, rep: Report) -> tuple[tuple[str, ...], str | None]:
+    """`lint: {ignore: [CODE], why: ...}`: known codes, and a reason reviewers can read."""
+    if rs.lint is None:
+        return (), None
+    lloc = (*loc, "lint")
+    ok = True
+    for j, code in enumerate(rs.lint.ignore):
+        if code not in CODES:
+            close = difflib.get_close_matches(code, list(CODES), n=1)
+            rep((*lloc, "ignore", j), f"{code!r} is not a lint code",
+                "write the code `sandgate lint` prints in brackets"
+                + (f", e.g. {close[0]}" if close else "") + " (docs/policy-review.md lists "
+                "them)")
+            ok = False
+    why = rs.lint.why
+    if why is None or not why.strip() or has_control_chars(why):
+        rep((*lloc, "why") if why is not None else lloc,
+            f"`lint:` of rule '{rs.name}' suppresses {', '.join(rs.lint.ignore)} without a "
+            "reason: `why` is required", "say why the warning does not apply to this rule, "
+            "e.g. why: \"api.example.com is a Go server, `;` is not stripped\"")
+        ok = False
+    return (tuple(dict.fromkeys(rs.lint.ignore)), why.strip()) if ok and why else ((), None)
 
 
 def _compile_query(rs: RuleSpec, loc: Loc, rep: Report

@@ -18,7 +18,8 @@ import yaml
 from sandgate.policy.compiler import TEMPLATE_LOOKING, template_fix
 from sandgate.policy.hygiene import expiries
 from sandgate.policy.lint_ask import ask_findings
-from sandgate.policy.lint_calls import read_listings, tool_findings
+from sandgate.policy.lint_calls import Listings, read_listings, tool_findings
+from sandgate.policy.lint_mcp import findings as mcp_dns_review_findings
 from sandgate.policy.loader import (
     POLICY_SUFFIXES,
     PolicyError,
@@ -43,15 +44,17 @@ class Finding:
     message: str
     fix: str
     severity: str = "warning"
+    code: str = ""  # sandgate.policy.lint_codes (empty: a load error)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: {self.text}"
 
     @property
     def text(self) -> str:
-        """Everything but the location: field, message and fix."""
+        """Everything but the location: field, message, fix and code."""
         fld = f"{self.field}: " if self.field else ""
-        return f"{fld}{self.message.rstrip('.')}. Fix: {self.fix}"
+        code = f" [{self.code}]" if self.code else ""
+        return f"{fld}{self.message.rstrip('.')}. Fix: {self.fix}{code}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,7 +70,7 @@ def lint_dir(path: str | Path, mcp_tools: Sequence[str] | None = None) -> list[F
 
 
 def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
-                listings: dict[str | None, set[str]] | None = None) -> list[Finding]:
+                listings: Listings | None = None) -> list[Finding]:
     trees = _Trees(policy.files)
     out: list[Finding] = []
     out += _skipped_files(skipped)
@@ -80,7 +83,7 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
             used |= rule.secrets
             out += _rule_findings(trees, ident, k, rule, rule.where or (*base, "rules", k))
         if ident.name not in tested:
-            out.append(trees.finding(
+            out.append(trees.finding("no-fixture",
                 ident.source.file, base,
                 f"identity '{ident.name}' has no fixture: no `tests:` entry names it",
                 f"add fixtures for what it may and may not do, e.g. `- {{identity: "
@@ -89,7 +92,7 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
     used |= {h.secret for h in policy.webhooks.values() if h.secret is not None}
     for name, ref in policy.secrets.items():
         if name not in used:
-            out.append(trees.finding(
+            out.append(trees.finding("unused-secret",
                 ref.source.file, ("secrets", name),
                 f"secret '{name}' is declared but never referenced by any rule",
                 f"use it in a rule's inject (`{{{{ secrets.{name} }}}}`) or substitute, or "
@@ -98,19 +101,23 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
                       if r.where[:1] == ("templates",)}
     for tname, tsrc in policy.templates.items():
         if tname not in used_templates:
-            out.append(trees.finding(
+            out.append(trees.finding("unused-template",
                 tsrc.file, ("templates", tname),
                 f"template '{tname}' is never used: no identity names it in `use:`",
                 f"add `use: [{tname}]` to the identities that need its rules, or remove it"))
     out += _template_looking(trees)
-    out += [trees.finding(e.rule.source.file, (*e.rule.where, "expires"), e.message, e.fix)
+    out += [trees.finding("expires-soon",
+                          e.rule.source.file, (*e.rule.where, "expires"), e.message, e.fix)
             for e in expiries(policy) if not e.expired]  # expired: `check` fails
     from sandgate.policy.lint_semantic import semantic_findings  # lint.Finding is shared
 
-    out += semantic_findings(policy, trees.finding, Finding)
+    out += semantic_findings(
+        policy, trees.finding,
+        lambda code, file, line, fld, msg, fix: Finding(file, line, fld, msg, fix, code=code))
     out += ask_findings(policy, trees.finding)  # action: ask, webhooks
+    out += mcp_dns_review_findings(policy, trees.finding)  # tool rules, DNS, owns:, expiry
     # A template's rule is checked once per identity using it; say it once.
-    out = list(dict.fromkeys(out))
+    out = _suppress(policy, trees, list(dict.fromkeys(out)))
     order = {f: i for i, f in enumerate(policy.files)}
     out.sort(key=lambda f: (order.get(f.file, len(order)), f.line, f.field))
     return out
@@ -133,8 +140,39 @@ class _Trees:
         root = self.roots.get(file)
         return line_of(root, loc) if root is not None else 1
 
-    def finding(self, file: str, loc: Loc, message: str, fix: str) -> Finding:
-        return Finding(file, self.line(file, loc), field_path(loc), message, fix)
+    def finding(self, code: str, file: str, loc: Loc, message: str, fix: str) -> Finding:
+        return Finding(file, self.line(file, loc), field_path(loc), message, fix, code=code)
+
+
+def _suppress(policy: Policy, trees: _Trees, found: list[Finding]) -> list[Finding]:
+    """Drop the findings a rule's `lint: {ignore: [CODE], why: ...}` accepts: those located on
+    the rule (its line or one of its fields) with one of the codes. An ignore entry that
+    suppresses nothing is itself reported, so a stale suppression does not linger."""
+    rules = {(r.source.file, r.where): r for i in policy.identities.values() for r in i.rules
+             if r.meta is not None and r.meta.lint_ignore and r.where}
+    used: set[tuple[str, tuple[str | int, ...], str]] = set()
+    kept: list[Finding] = []
+    for f in found:
+        hit = next((key for key in rules if key[0] == f.file and f.code in
+                    rules[key].meta.lint_ignore  # type: ignore[union-attr]
+                    and _within(f.field, field_path(key[1]))), None)
+        if hit is None:
+            kept.append(f)
+        else:
+            used.add((*hit, f.code))
+    for (file, where), r in rules.items():
+        assert r.meta is not None
+        for j, code in enumerate(r.meta.lint_ignore):
+            if (file, where, code) not in used:
+                kept.append(trees.finding(
+                    "lint-ignore-unused", file, (*where, "lint", "ignore", j),
+                    f"rule '{r.name}' suppresses lint warning {code}, which lint does not "
+                    "raise on it (any more)", f"remove {code} from the rule's `lint: ignore`"))
+    return kept
+
+
+def _within(fld: str, prefix: str) -> bool:
+    return fld == prefix or fld.startswith(prefix + ".") or fld.startswith(prefix + "[")
 
 
 def _skipped_files(skipped: Sequence[tuple[str, str]]) -> list[Finding]:
@@ -148,7 +186,7 @@ def _skipped_files(skipped: Sequence[tuple[str, str]]) -> list[Finding]:
             out.append(Finding(
                 f, 1, "", f"skipped: {reason}; nothing in it is part of the policy",
                 "move the file directly into the policy directory with a name ending in .yaml "
-                "or .yml, or delete it if it is a backup"))
+                "or .yml, or delete it if it is a backup", code="skipped-file"))
     return out
 
 
@@ -157,30 +195,33 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
     file = rule.source.file
     out: list[Finding] = []
 
-    def add(sub: Loc, message: str, fix: str) -> None:
-        out.append(trees.finding(file, (*loc, *sub), message, fix))
+    def add(code: str, sub: Loc, message: str, fix: str) -> None:
+        out.append(trees.finding(code, file, (*loc, *sub), message, fix))
 
     for j, hp in enumerate(rule.hosts):
         # the public-suffix advice is about what a rule grants: a deny rule may cut any breadth
         why = (overbroad_wildcard(hp.suffix)
                if hp.wildcard and not rule.public and rule.action == "allow" else None)
         if why is not None:  # on a rule with secrets this is a load error
-            add(("hosts", j), f"{why}; rule '{rule.name}' reaches all of them",
+            add("public-suffix-wildcard",
+                ("hosts", j), f"{why}; rule '{rule.name}' reaches all of them",
                 "name the exact hosts, or a wildcard under a domain one owner controls "
                 "(e.g. '*.myorg.github.io')")
     if rule.secrets and rule.action == "allow":
         if rule.methods is None:
-            add((), f"rule '{rule.name}' sends secrets {', '.join(sorted(rule.secrets))} for "
+            add("secret-any-method",
+                (), f"rule '{rule.name}' sends secrets {', '.join(sorted(rule.secrets))} for "
                 "any method", "list the methods the API call needs, e.g. methods: [POST]")
         for j, p in enumerate(rule.paths or ()):
             if p.segments == (DOUBLE_STAR,):
-                add(("paths", j), f"rule '{rule.name}' sends secrets "
+                add("secret-any-path", ("paths", j), f"rule '{rule.name}' sends secrets "
                     f"{', '.join(sorted(rule.secrets))} for any path ('/**')",
                     "list the API's paths, e.g. /v1/messages or /repos/myorg/**")
     if rule.action == "allow" and not rule.secrets:  # with secrets it is a load error
         hider = shadowing_rule(ident.rules, k)
         if hider is not None:
-            add((), f"rule '{rule.name}' never applies: earlier allow rule '{hider.name}' "
+            add("shadowed-rule",
+                (), f"rule '{rule.name}' never applies: earlier allow rule '{hider.name}' "
                 f"({_where(hider, rule)}) matches every request it matches (the first "
                 "matching allow rule wins)",
                 f"remove rule '{rule.name}', or move it above '{hider.name}' if it is meant "
@@ -189,14 +230,16 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
         pub = next((p for p in ident.rules[:k] if p.public and p.action == "allow"
                     and _may_overlap(p, rule)), None)
         if pub is not None and shadowing_rule(ident.rules, k) is None:
-            add((), f"rule '{rule.name}' comes after `public: true` rule '{pub.name}' "
+            add("after-public",
+                (), f"rule '{rule.name}' comes after `public: true` rule '{pub.name}' "
                 f"({_where(pub, rule)}), which matches every host: requests both match are "
                 f"decided by '{pub.name}' (first matching allow wins), so they get its limits, "
                 "none of this rule's secrets, and a refusal for non-public addresses",
                 f"move rule '{pub.name}' below the rules that name hosts (a `public: true` "
                 "rule is meant to come last)")
     if rule.action == "deny" and not any(_deny_reaches(rule, a) for a in ident.rules):
-        add((), f"deny rule '{rule.name}' never applies: no allow rule of identity "
+        add("deny-never-applies",
+            (), f"deny rule '{rule.name}' never applies: no allow rule of identity "
             f"'{ident.name}' matches its hosts on its schemes, ports and methods (ports "
             "default to 443 for https and 80 for http), so deny-by-default already refuses "
             "everything it names",
@@ -239,7 +282,7 @@ def _template_looking(trees: _Trees) -> list[Finding]:
                     "values are templates; here it is plain text",
                     template_fix(str(node.value)) if "secret" in str(node.value)
                     else "write plain text here; secrets go only in a rule's inject "
-                    "templates (`{{ secrets.NAME }}`)"))
+                    "templates (`{{ secrets.NAME }}`)", code="template-text"))
     return out
 
 

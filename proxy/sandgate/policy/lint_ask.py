@@ -22,7 +22,8 @@ from sandgate.policy.overlap import covers
 Loc = tuple[str | int, ...]
 
 
-def ask_findings(policy: Policy, finding: Callable[[str, Loc, str, str], Any]) -> list[Any]:
+def ask_findings(policy: Policy,
+                 finding: Callable[[str, str, Loc, str, str], Any]) -> list[Any]:
     out: list[Any] = []
     named: set[str] = set()
     for ident in policy.identities.values():
@@ -34,12 +35,12 @@ def ask_findings(policy: Policy, finding: Callable[[str, Loc, str, str], Any]) -
             where = r.where or ("identities", ident.name)
             deny = next((d for d in ident.rules if d.action == "deny" and covers(d, r)), None)
             if deny is not None:
-                out.append(finding(
+                out.append(finding("ask-never-asks",
                     r.source.file, where, f"ask rule '{r.name}' never asks: deny rule "
                     f"'{deny.name}' matches every request it matches (deny wins over ask)",
                     f"remove rule '{r.name}', or narrow deny rule '{deny.name}'"))
             if r.ask.mode == "hold" and r.ask.timeout > DEFAULT_IDLE_TIMEOUT:
-                out.append(finding(
+                out.append(finding("ask-hold-timeout",
                     r.source.file, (*where, "approval", "timeout"),
                     f"ask rule '{r.name}' holds a request up to {r.ask.timeout}s, longer than "
                     f"the proxy's default --idle-timeout of {DEFAULT_IDLE_TIMEOUT:g}s (and "
@@ -51,7 +52,7 @@ def ask_findings(policy: Policy, finding: Callable[[str, Loc, str, str], Any]) -
                 continue
             hider = next((r for r in asks if covers(r, a)), None)
             if hider is not None:
-                out.append(finding(
+                out.append(finding("ask-hides-allow",
                     a.source.file, a.where or ("identities", ident.name),
                     f"allow rule '{a.name}' never decides alone: ask rule '{hider.name}' "
                     "matches every request it matches (ask wins over allow), so its "
@@ -60,7 +61,7 @@ def ask_findings(policy: Policy, finding: Callable[[str, Loc, str, str], Any]) -
                     f"or remove rule '{a.name}'"))
     for name, hook in policy.webhooks.items():
         if name not in named:
-            out.append(finding(hook.source.file, ("webhooks", name),
+            out.append(finding("unused-webhook", hook.source.file, ("webhooks", name),
                                f"webhook '{name}' is not named by any ask rule",
                                "name it in an ask rule's `approval: {webhook: ...}`, or "
                                "remove it"))

@@ -44,12 +44,14 @@ if TYPE_CHECKING:
     from sandgate.policy.lint import Finding
 
 Loc = tuple[str | int, ...]
-# (file, loc, message, fix) -> Finding, with the line of loc in file
-Make = Callable[[str, Loc, str, str], "Finding"]
+# (code, file, loc, message, fix) -> Finding, with the line of loc in file
+Make = Callable[[str, str, Loc, str, str], "Finding"]
+# (code, file, line, field, message, fix) -> Finding
+AtLine = Callable[[str, str, int, str, str, str], "Finding"]
 
 
 def semantic_findings(policy: Policy, make: Make,
-                      at_line: Callable[[str, int, str, str, str], Finding]) -> list[Finding]:
+                      at_line: AtLine) -> list[Finding]:
     out: list[Finding] = []
     for ident in policy.identities.values():
         out += _deny_gaps(ident, make)
@@ -81,19 +83,22 @@ def _pattern(segs: Sequence[str]) -> PathPattern:
 # --- a deny that covers less than it looks -----------------------------------------------------
 
 
-def _path_variants(p: PathPattern) -> list[PathPattern]:
-    """What the author of a deny glob most likely meant as well: `*` as `**`, and the path with
-    and without its trailing slash (and the subtree under a trailing slash)."""
+def _path_variants(p: PathPattern) -> list[tuple[str, PathPattern]]:
+    """What the author of a deny glob most likely meant as well, with the lint code: a last
+    segment `*` as `**` (`/admin/*`: everything under /admin), and the path with and without
+    its trailing slash (and the subtree under a trailing slash). A `*` inside the path is taken
+    as written: it stands for one name (`/repos/*/*/hooks`: an owner, a repository), and
+    `**` there would also deny other paths (`/repos/acme/hooks`, a repository named hooks)."""
     segs = list(p.segments)
-    out: list[list[str]] = []
-    for i, s in enumerate(segs):
-        if s == "*":
-            out.append([*segs[:i], DOUBLE_STAR, *segs[i + 1:]])
+    out: list[tuple[str, list[str]]] = []
+    if segs and segs[-1] == "*":
+        out.append(("deny-star-segment", [*segs[:-1], DOUBLE_STAR]))
     if segs and segs[-1] == "":
-        out += [segs[:-1], [*segs[:-1], DOUBLE_STAR]]
+        out += [("deny-trailing-slash", segs[:-1]),
+                ("deny-trailing-slash", [*segs[:-1], DOUBLE_STAR])]
     elif segs and segs[-1] != DOUBLE_STAR:
-        out.append([*segs, ""])
-    return [_pattern(v) for v in out if v]
+        out.append(("deny-trailing-slash", [*segs, ""]))
+    return [(code, _pattern(v)) for code, v in out if v]
 
 
 def _gap(allow: Rule, deny: Rule, wider: Rule) -> Witness | None:
@@ -108,15 +113,19 @@ def _deny_gaps(ident: Identity, make: Make) -> list[Finding]:
     allows = [r for r in ident.rules if r.action == "allow" and not r.passthrough]
     for d in denies:
         cut = False
+        said: set[tuple[str, str]] = set()  # (field, code): one warning each, not one per allow
         for a in allows:
             if find_request([a, d], lambda v: v[0] and v[1], required=(0, 1)) is None:
                 continue  # the deny never cuts this allow
             cut = True
-            out += _deny_gap_findings(d, a, make)
+            for f in _deny_gap_findings(d, a, make):
+                if (f.field, f.code) not in said:
+                    said.add((f.field, f.code))
+                    out.append(f)
         coarse = [a for a in ident.rules if _deny_reaches(d, a)]
         if not cut and coarse and not any(a.passthrough for a in coarse):
             a = coarse[0]
-            out.append(make(d.source.file, _loc(d),
+            out.append(make("deny-never-applies", d.source.file, _loc(d),
                             f"deny rule '{d.name}' never applies: allow rule '{a.name}' "
                             f"({a.source}) reaches its hosts, but no request an allow rule "
                             "lets through matches its paths and query, so deny-by-default "
@@ -134,16 +143,16 @@ def _deny_gap_findings(d: Rule, a: Rule, make: Make) -> list[Finding]:
     out: list[Finding] = []
     loc = _loc(d)
 
-    def add(sub: Loc, message: str, fix: str) -> None:
-        out.append(make(d.source.file, (*loc, *sub), message, fix))
+    def add(code: str, sub: Loc, message: str, fix: str) -> None:
+        out.append(make(code, d.source.file, (*loc, *sub), message, fix))
 
     # paths: `*` where `**` was meant, the trailing slash
     if d.paths is not None:
         for j, p in enumerate(d.paths):
-            for v in _path_variants(p):
+            for code, v in _path_variants(p):
                 w = _gap(a, d, dataclasses.replace(d, paths=(v,)))
                 if w is not None:
-                    add(("paths", j), f"deny rule '{d.name}' path {p.text} does not match "
+                    add(code, ("paths", j), f"deny rule '{d.name}' path {p.text} does not match "
                         f"{w.path}, which {_other(d, a)} lets through (e.g. {w}); a deny glob "
                         "matches exactly: `*` is one segment, a trailing slash is part of "
                         "the path",
@@ -153,7 +162,8 @@ def _deny_gap_findings(d: Rule, a: Rule, make: Make) -> list[Finding]:
     wider = dataclasses.replace(d, schemes=d.schemes | a.schemes, ports=d.ports | a.ports)
     w = _gap(a, d, wider)
     if w is not None:
-        add((), f"deny rule '{d.name}' covers schemes {', '.join(sorted(d.schemes))} and "
+        add("deny-ports",
+            (), f"deny rule '{d.name}' covers schemes {', '.join(sorted(d.schemes))} and "
             f"ports {', '.join(map(str, sorted(d.ports)))} only, while {_other(d, a)} also "
             f"allows {w.scheme} on port {w.port}: e.g. {w} passes",
             f"give the deny rule `schemes: [{', '.join(sorted(d.schemes | a.schemes))}]` and "
@@ -165,7 +175,8 @@ def _deny_gap_findings(d: Rule, a: Rule, make: Make) -> list[Finding]:
             missing = "HEAD" if "GET" in pair else "GET"
             w = _gap(a, d, dataclasses.replace(d, methods=d.methods | {missing}))
             if w is not None:
-                add(("methods",), f"deny rule '{d.name}' denies {next(iter(pair))} but not "
+                add("deny-get-head",
+                    ("methods",), f"deny rule '{d.name}' denies {next(iter(pair))} but not "
                     f"{missing}, which {_other(d, a)} lets through to the same resource "
                     f"(e.g. {w}): {missing} reads its headers (and existence) just the same",
                     f"add {missing} to the deny rule's methods")
@@ -177,23 +188,29 @@ def _deny_gap_findings(d: Rule, a: Rule, make: Make) -> list[Finding]:
     if apexes:
         w = _gap(a, d, dataclasses.replace(d, hosts=d.hosts + apexes))
         if w is not None:
-            add(("hosts",), f"deny rule '{d.name}' wildcard does not match the apex {w.host} "
+            add("deny-apex",
+                ("hosts",), f"deny rule '{d.name}' wildcard does not match the apex {w.host} "
                 f"(`*.` needs at least one more label), which {_other(d, a)} allows: e.g. {w}",
                 f"add {w.host} to the deny rule's hosts")
     # Names served from public addresses; a wildcard over a pseudo-TLD (`*.internal`) names
     # hosts that resolve to non-public addresses, which `public: true` refuses anyway.
     names = [p for p in d.hosts if parse_ip_literal(p.suffix) is None
              and not (p.wildcard and is_public_suffix(p.suffix[1:]))]
+    # Only a gap the policy can close is reported: with `evil.example` and `*.evil.example`
+    # denied, the deny is as good as names get (its servers' addresses, written as IP
+    # literals, pass any name-based deny: docs/policy-review.md), and the policy lint-clean.
     if a.public and names:
         subs = tuple(HostPattern(f"*.{p.suffix}", True, f".{p.suffix}") for p in names
                      if not p.wildcard)
-        w = _gap(a, d, dataclasses.replace(d, hosts=d.hosts + subs))
-        sub = f"its subdomains (e.g. {w.host}) and " if w is not None else ""
-        add(("hosts",), f"deny rule '{d.name}' names {', '.join(p.text for p in names)}, but "
-            f"`public: true` rule '{a.name}' ({a.source}) reaches any public host: "
-            f"{sub}the same servers by IP address (https://<its address>/...) are not denied",
-            f"drop `public: true` from '{a.name}' and name the allowed hosts, or deny the "
-            "addresses and `*.`-subdomains as well")
+        w = _gap(a, d, dataclasses.replace(d, hosts=d.hosts + subs)) if subs else None
+        if w is not None:
+            add("deny-under-public", ("hosts",), f"deny rule '{d.name}' names "
+                f"{', '.join(p.text for p in names)}, but not its subdomains, which "
+                f"`public: true` rule '{a.name}' ({a.source}) reaches: e.g. {w} passes",
+                f"add {', '.join(f'*.{p.suffix}' for p in names if not p.wildcard)} to the "
+                "deny rule's hosts (a name-based deny cannot stop the same servers reached "
+                "by IP address: name the allowed hosts instead of `public: true` where that "
+                "matters)")
     _matrix_findings(d, a, add)
     return out
 
@@ -210,8 +227,18 @@ def _with_params(path: str) -> list[str]:
     return out
 
 
-def _matrix_findings(d: Rule, a: Rule, add: Callable[[Loc, str, str], None]) -> None:
-    if d.paths is None:
+# Servers known not to strip `;` path parameters (none of them is a Java servlet container):
+# `/repos/acme/x;y` is another repository there, not `/repos/acme/x`.
+NOT_JAVA_HOSTS = frozenset({
+    "github.com", "api.github.com", "uploads.github.com", "raw.githubusercontent.com",
+    "codeload.github.com", "objects.githubusercontent.com", "api.openai.com",
+    "api.anthropic.com", "pypi.org", "files.pythonhosted.org", "registry.npmjs.org"})
+
+
+def _matrix_findings(d: Rule, a: Rule, add: Callable[[str, Loc, str, str], None]) -> None:
+    # The trick only works on a server that drops `;`-parameters (Tomcat, Jetty, Spring): not
+    # on the well-known APIs above; elsewhere the warning says when it matters.
+    if d.paths is None or all(not p.wildcard and p.suffix in NOT_JAVA_HOSTS for p in d.hosts):
         return None
     # Only denies of a path (not of a `/**` subtree): a subtree deny is taken as written for
     # the spellings its own server serves; `/admin/**` draws no warning here (documented).
@@ -230,10 +257,13 @@ def _matrix_findings(d: Rule, a: Rule, add: Callable[[Loc, str, str], None]) -> 
     cands = _with_params(both.path)
     hit = next((p for p in cands if check(p)), None)
     if hit is not None:
-        add(("paths",), f"deny rule '{d.name}' matches {both.path} but not {hit}, which "
+        add("java-path-params",
+            ("paths",), f"deny rule '{d.name}' matches {both.path} but not {hit}, which "
             f"{_other(d, a)} lets through; Java servers (Tomcat, Jetty, Spring) drop "
             f"`;`-parameters and serve {hit} as {both.path}",
-            "also deny every path with a `;` in a segment: paths: ['/**/*;*/**']")
+            "if the server is a Java servlet container, also deny every path with a `;` in a "
+            "segment: paths: ['/**/*;*/**']; if it is not, say so: `lint: {ignore: "
+            "[java-path-params], why: ...}` on the deny rule")
         return None
     # `/<allowed prefix>/..;/<denied path>`: the server resolves `..;` as `..`
     allowed = find_request([a], lambda v: v[0], required=(0,))
@@ -244,10 +274,13 @@ def _matrix_findings(d: Rule, a: Rule, add: Callable[[Loc, str, str], None]) -> 
     for pre in prefixes:
         path = f"{pre}/..;{both.path}"
         if check(path):
-            add(("paths",), f"deny rule '{d.name}' matches {both.path} but not {path}, which "
+            add("java-path-params",
+                ("paths",), f"deny rule '{d.name}' matches {both.path} but not {path}, which "
                 f"{_other(d, a)} lets through; Java servers resolve `..;` as `..` and serve "
                 f"it as {both.path}",
-                "also deny every path with a `;` in a segment: paths: ['/**/*;*/**']")
+                "if the server is a Java servlet container, also deny every path with a `;` "
+                "in a segment: paths: ['/**/*;*/**']; if it is not, say so: `lint: {ignore: "
+                "[java-path-params], why: ...}` on the deny rule")
             return None
     return None
 
@@ -276,7 +309,7 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
                 w = find_request(rules, decides_while_matching(rules, i, j), required=(i, j))
                 if w is None:
                     continue
-                out.append(make(b.source.file, _loc(b),
+                out.append(make("overlap-secrets", b.source.file, _loc(b),
                                 f"earlier allow rule '{a.name}' ({a.source}) also matches part "
                                 f"of what rule '{b.name}' was written for and decides it (the "
                                 f"first matching allow rule wins): e.g. {w}{call} is sent with "
@@ -294,7 +327,7 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
             if w is not None:
                 later = rules[decider(rules, [matches(r, w) for r in rules]) or 0]
                 names = ", ".join(n for n, _ in b.query)
-                out.append(make(b.source.file, (*_loc(b), "query"),
+                out.append(make("query-catch-all", b.source.file, (*_loc(b), "query"),
                                 f"rule '{b.name}' allows only some values of {names}, but "
                                 f"later allow rule '{later.name}' ({later.source}) allows the "
                                 f"same requests with any other value: e.g. {w} passes"
@@ -306,7 +339,7 @@ def _overlaps(ident: Identity, make: Make) -> list[Finding]:
             for seg in p.segments:
                 leak = _prefix_glob_leak(seg)
                 if leak is not None:
-                    out.append(make(b.source.file, (*_loc(b), "paths", pj),
+                    out.append(make("prefix-glob", b.source.file, (*_loc(b), "paths", pj),
                                     f"path glob {p.text} of rule '{b.name}' matches segment "
                                     f"{leak!r} too: `{seg}` is any text "
                                     f"{'after' if seg.endswith('*') else 'before'} "
@@ -374,7 +407,7 @@ def _grants(ident: Identity, make: Make) -> list[Finding]:
         for k, net in enumerate(r.private_cidrs):
             hit = next((m for m in METADATA if m.version == net.version and m in net), None)
             if hit is not None:
-                out.append(make(r.source.file, (*_loc(r), "private_cidrs", k),
+                out.append(make("metadata-cidr", r.source.file, (*_loc(r), "private_cidrs", k),
                                 f"private_cidrs {net} of rule '{r.name}' contains the cloud "
                                 f"metadata address {hit}: any host of the rule that resolves "
                                 "there hands out the machine's credentials",
@@ -392,7 +425,7 @@ def _grants(ident: Identity, make: Make) -> list[Finding]:
             if ip is not None and any(ip.version == n.version and ip in n
                                       for n in r.private_cidrs):
                 continue
-            out.append(make(r.source.file, (*_loc(r), "hosts", k),
+            out.append(make("private-literal", r.source.file, (*_loc(r), "hosts", k),
                             f"host {hp.text} of rule '{r.name}' is a {kind} address and the "
                             "rule's private_cidrs do not contain it: the address step refuses "
                             "it, so the rule never lets a request through",
@@ -407,7 +440,8 @@ def _secret_hosts(policy: Policy, make: Make) -> list[Finding]:
     for name, ref in policy.secrets.items():
         for k, hp in enumerate(ref.hosts or ()):
             if hp.wildcard:
-                out.append(make(ref.source.file, ("secrets", name, "hosts", k),
+                out.append(make("secret-host-wildcard",
+                                ref.source.file, ("secrets", name, "hosts", k),
                                 f"secret '{name}' may be sent to any host under {hp.text}: a "
                                 "rule for any subdomain (one that hosts user content or is "
                                 "taken over) passes the proof",
@@ -448,7 +482,7 @@ def _widening_files(policy: Policy, make: Make) -> list[Finding]:
             if file == home or sec is None:
                 continue
             if sec.get("mode") == "report" and ident.mode == "report":
-                out.append(make(file, ("identities", ident.name, "mode"),
+                out.append(make("widening-file", file, ("identities", ident.name, "mode"),
                                 f"this file switches identity '{ident.name}', defined in "
                                 f"{home}, to `mode: report`: every refusal by its rules is "
                                 "forwarded (uninjected), so it reaches every host",
@@ -471,7 +505,7 @@ def _widening_files(policy: Policy, make: Make) -> list[Finding]:
             first = mine[0]
             loc = _loc(first) if first.source.file == file else ("identities", ident.name,
                                                                    "use")
-            out.append(make(file, loc,
+            out.append(make("widening-file", file, loc,
                             f"this file widens identity '{ident.name}', defined in {home}: "
                             f"{wider[0].summary()}"
                             + (f" (and {len(wider) - 1} more)" if len(wider) > 1 else ""),
@@ -487,7 +521,8 @@ def _proofs(policy: Policy, make: Make) -> list[Finding]:
     out: list[Finding] = []
     for ident in policy.identities.values():
         if ident.narrower_than is not None and ident.mode == "report":
-            out.append(make(ident.source.file, ("identities", ident.name, "narrower_than"),
+            out.append(make("report-mode-proof",
+                            ident.source.file, ("identities", ident.name, "narrower_than"),
                             f"identity '{ident.name}' is in `mode: report`, so it reaches "
                             "everything (refusals are forwarded, uninjected): its proof "
                             f"'narrower than {ident.narrower_than}' holds over its rules only",
@@ -497,7 +532,7 @@ def _proofs(policy: Policy, make: Make) -> list[Finding]:
 
 
 def _fixtures(policy: Policy,
-              at_line: Callable[[str, int, str, str, str], Finding]) -> list[Finding]:
+              at_line: AtLine) -> list[Finding]:
     out: list[Finding] = []
     pats = [p for i in policy.identities.values() for r in i.rules for p in r.hosts]
     named = {p.suffix for p in pats if not p.wildcard}
@@ -517,7 +552,7 @@ def _fixtures(policy: Policy,
         # a request inside a host:port that a passthrough rule tunnels is never seen
         c = decide_connect(policy, t.identity, host, port) if scheme == "https" else None
         if c is not None and c.allowed and c.rule is not None and c.rule.passthrough:
-            out.append(at_line(t.source.file, t.source.line, "tests",
+            out.append(at_line("fixture-tunnelled", t.source.file, t.source.line, "tests",
                                f"fixture {t.method} {t.url} is inside {host}:{port}, which "
                                f"passthrough rule '{c.rule.name}' ({c.rule.source}) tunnels "
                                "uninspected: the proxy never sees this request, so the "
@@ -536,7 +571,7 @@ def _fixtures(policy: Policy,
                        f"it is refused by {v.decision.code or 'no rule'}, not by deny rule "
                        f"'{d.name}' ({d.source}) written for this host: that rule does not "
                        "match it")
-                out.append(at_line(t.source.file, t.source.line, "tests",
+                out.append(at_line("fixture-deny-unpinned", t.source.file, t.source.line, "tests",
                                    f"fixture expect: deny for {t.method} {t.url} names no "
                                    f"`rule:` or `code:`: {why}",
                                    f"pin it: `rule: {by}`" if by else
@@ -548,7 +583,7 @@ def _fixtures(policy: Policy,
                 r.matches_host(host) for i in policy.identities.values() for r in i.rules):
             close = _close_host(host, named)
             if close is not None:
-                out.append(at_line(t.source.file, t.source.line, "tests",
+                out.append(at_line("fixture-near-host", t.source.file, t.source.line, "tests",
                                    f"fixture host {host} is named by no rule, but {close} is: "
                                    f"a typo makes expect: {t.expect} test deny-by-default "
                                    "instead of the rule",
@@ -558,7 +593,7 @@ def _fixtures(policy: Policy,
                        else None)
             if written is not None:
                 d = written
-                out.append(at_line(t.source.file, t.source.line, "tests",
+                out.append(at_line("fixture-wrong-host", t.source.file, t.source.line, "tests",
                                    f"fixture expect: deny for {t.method} {t.url} looks written "
                                    f"for deny rule '{d.name}' ({d.source}), whose paths match "
                                    f"its path, but no rule names host {host}: it passes by "
@@ -618,14 +653,14 @@ def _edits(a: str, b: str) -> int:
 
 
 def _gateways(policy: Policy,
-              at_line: Callable[[str, int, str, str, str], Finding]) -> list[Finding]:
+              at_line: AtLine) -> list[Finding]:
     out: list[Finding] = []
     rules = [r for i in policy.identities.values() for r in i.rules]
     for gw in policy.gateways:
         reach = [r for r in rules if r.action == "allow" and not r.passthrough
                  and "https" in r.schemes and gw.port in r.ports and r.matches_host(gw.host)]
         if not reach:
-            out.append(at_line(gw.source.file, gw.source.line, "gateways",
+            out.append(at_line("gateway-unreached", gw.source.file, gw.source.line, "gateways",
                                f"gateway {gw.prefix} forwards to {gw.upstream}, which no allow "
                                "rule of any identity reaches: every request under it is "
                                "refused",
@@ -635,7 +670,7 @@ def _gateways(policy: Policy,
         injected = {h for r in reach if r.inject for h, _ in r.inject.headers}
         injected |= {"authorization" for r in reach if r.inject and r.inject.basic}
         if injected and not injected & set(gw.token_headers):
-            out.append(at_line(gw.source.file, gw.source.line, "gateways",
+            out.append(at_line("gateway-token-header", gw.source.file, gw.source.line, "gateways",
                                f"gateway {gw.prefix} reads the caller's token from "
                                f"{', '.join(gw.token_headers)}, but the rules for {gw.host} "
                                f"inject {', '.join(sorted(injected))}: an SDK pointed at the "
@@ -649,7 +684,7 @@ def _gateways(policy: Policy,
                 word in h.split(".") for h in others if not host_covers(
                     HostPattern(gw.host, False, gw.host), HostPattern(h, False, h))):
             other = next(h for h in sorted(others) if word in h.split("."))
-            out.append(at_line(gw.source.file, gw.source.line, "gateways",
+            out.append(at_line("gateway-prefix-host", gw.source.file, gw.source.line, "gateways",
                                f"gateway prefix {gw.prefix} names '{word}', but its upstream "
                                f"is {gw.upstream}; {other} is the host of that name",
                                f"upstream: https://{other} (or rename the prefix)"))
@@ -668,7 +703,7 @@ def query_value_findings(ident: Identity, make: Make,
             if name != name.lower() and (name.lower() in fixture_names
                                          or any(n == name.lower() for x in ident.rules
                                                 for n, _ in x.query)):
-                out.append(make(r.source.file, loc,
+                out.append(make("query-name-case", r.source.file, loc,
                                 f"query parameter name {name!r} of rule '{r.name}' is matched "
                                 f"exactly: a request with {name.lower()}= does not match it, "
                                 "and one that spells it both ways is refused",

@@ -267,6 +267,14 @@ def query_matches(constraints: QueryConstraint,
 # server/discover is the 2026-07-28 revision's counterpart of initialize.
 MCP_DEFAULT_METHODS = ("initialize", "server/discover", "notifications/*", "ping", "tools/list",
                        "resources/list", "prompts/list", "tools/call")
+# What an MCP session does besides its calls: opening it, keeping it alive, listing. An `action:
+# ask` rule does not hold these (every session would wait for approvers before its first
+# call) unless its `mcp:` says `ask_housekeeping: true`; it holds tools/call, resources/read,
+# prompts/get, completion/complete and every other method. Answers to the server's requests
+# (sampling, elicitation, roots) are not calls and are not held either.
+MCP_HOUSEKEEPING = ("initialize", "server/discover", "notifications/*", "ping", "tools/list",
+                    "resources/list", "resources/templates/list", "prompts/list",
+                    "logging/setLevel")
 DEFAULT_CALL_BODY = 64 * 1024  # the bounded body of a JSON-RPC rule (OpenShell's limit too)
 
 
@@ -307,6 +315,8 @@ class CallFilter:
     prompts: tuple[str, ...] | None = None
     max_body: int = DEFAULT_CALL_BODY
     websocket: bool = False
+    # on an ask rule: hold MCP housekeeping too (MCP_HOUSEKEEPING; default: it is not held)
+    ask_housekeeping: bool = False
 
     @property
     def allowed_methods(self) -> tuple[str, ...] | None:
@@ -330,6 +340,9 @@ class RuleMeta:
     owner: str | None = None
     ticket: str | None = None
     expires: date | None = None  # `sandgate check` fails from this day on
+    # `lint: {ignore: [CODE], why: ...}`: lint warnings on this rule known and accepted
+    lint_ignore: tuple[str, ...] = ()
+    lint_why: str | None = None
 
 
 # Where a remembered approval applies (sandgate.approvals): this request only, the caller's

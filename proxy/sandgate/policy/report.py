@@ -96,10 +96,17 @@ def _notes(ident: Identity, k: int) -> list[str]:
     rules = list(ident.rules)
     r = rules[k]
     out: list[str] = []
+    if r.meta is not None and r.meta.lint_ignore:  # `lint: {ignore, why}`: for reviewers
+        out.append(f"lint warnings {', '.join(r.meta.lint_ignore)} suppressed: "
+                   f"{r.meta.lint_why}")
     if r.action == "deny" or r.passthrough:
         return out
     if r.call is not None:
         out.append(f"each JSON-RPC call judged ({describe_filter(r.call)})")
+    if r.ask is not None and r.call is not None and r.call.protocol == "mcp":
+        out.append("(MCP housekeeping: initialize, ping, the list calls... "
+                   + ("held too, ask_housekeeping)" if r.call.ask_housekeeping
+                      else "not held, only the calls wait for approval)"))
     if r.inject is not None and r.inject.sign is not None:
         ops = ", ".join(r.operations) if r.operations is not None else "any"
         sources = (", ".join(p.text for p in r.copy_sources) if r.copy_sources is not None

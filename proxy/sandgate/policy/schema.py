@@ -230,6 +230,22 @@ class McpSpec(JsonRpcSpec):
     prompts: list[str] | None = Field(
         default=None, min_length=1, description="Prompts prompts/get may name (globs); "
         "setting it allows prompts/get. Default: prompts/get is not allowed.")
+    ask_housekeeping: bool = Field(
+        default=False, description="On an `action: ask` rule: hold the session's housekeeping "
+        "too (initialize, notifications, ping, the list calls, logging/setLevel, and the "
+        "bodiless GET stream and DELETE). Default: only tools/call, resources/read, "
+        "prompts/get and other methods wait for approval.")
+
+
+class LintSpec(_Strict):
+    """`lint:` of a rule: warnings of `sandgate lint` suppressed on it, with the reason."""
+
+    ignore: list[str] = Field(
+        min_length=1, description="Codes of the warnings to suppress on this rule (the code "
+        "`sandgate lint` prints in brackets, e.g. java-path-params).")
+    why: str | None = Field(
+        default=None, description="Required: why the warning does not apply here, for "
+        "reviewers (shown by `sandgate report`).")
 
 
 class QuerySpec(_Strict):
@@ -427,6 +443,9 @@ class RuleSpec(_Strict):
         default=None, description="The day the grant ends (YYYY-MM-DD): from that day on "
         "`sandgate check` fails, and `sandgate lint` warns in the week before. The proxy "
         "keeps applying the rule until it is removed.")
+    lint: LintSpec | None = Field(
+        default=None, description="Lint warnings on this rule that are known and accepted: "
+        "{ignore: [CODE], why: ...}. Listed by `sandgate report`.")
 
 
 class IdentitySpec(_Strict):
