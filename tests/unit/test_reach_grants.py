@@ -303,6 +303,16 @@ def test_narrower_than_covers_approval_and_credential_scope(tmp_path, edits, cou
     assert "gh-mcp" not in str(res) and "crm" not in str(res)
 
 
+def test_narrower_than_covers_dns_types(tmp_path):
+    bash_pypi = ("      - {name: pypi, hosts: [pypi.org, files.pythonhosted.org], methods: [GET, "
+                 "HEAD]}\ntests:")
+    d = _write(tmp_path / "p", _edit([(bash_pypi, bash_pypi.replace(
+        "[GET, HEAD]}", "[GET, HEAD], dns: {types: [TXT]}}"))]))
+    [res] = prove(load_policy_dir(d))
+    assert not res.ok and res.counterexample == "DNS TXT files.pythonhosted.org", str(res)
+    assert "coding-agent: TXT files.pythonhosted.org is refused" in str(res)
+
+
 def test_narrower_than_still_proves_the_fleet_and_an_equal_gate(tmp_path):
     [res] = prove(load_policy_dir(_write(tmp_path / "a", FLEET)))
     assert res.ok, str(res)

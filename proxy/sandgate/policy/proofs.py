@@ -6,7 +6,10 @@
    dial; and every CONNECT that decide_connect() passes through for B, it passes through for A
    (with the private ranges covered as well). A tunnel is reach: an https request to a
    host:port that A tunnels (passthrough) is reached by A, with no secret; one that B tunnels
-   is never judged for B, and is proved as B's CONNECT.
+   is never judged for B, and is proved as B's CONNECT. Reach is every grant: a's approval gate
+   must be no weaker than b's (b lets through without approval what A asks for: refuted), and
+   a's credentials no narrower in scope (sandgate.policy.grants, the reach diff's comparison);
+   and every query type beyond A/AAAA the policy DNS answers B for a name, it answers A.
 2. `secrets.S.hosts: [...]` holds iff every host matched by a host pattern of an allow rule
    that injects or substitutes S is matched by one of those patterns.
 
@@ -49,8 +52,9 @@ from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import quote
 
-from sandgate.decision import Decision, decide_connect, decide_request
+from sandgate.decision import Decision, decide_connect, decide_name, decide_request
 from sandgate.jsonrpc import Call
+from sandgate.netguard import parse_ip_literal
 from sandgate.policy.callproofs import NOT_A_CALL, acting, call_witnesses, passes, shown
 from sandgate.policy.grants import Delta, Secrets, grant_deltas
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
@@ -653,6 +657,21 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
             return ProofResult("narrower_than", claim, False, src,
                                counterexample=f"CONNECT {_url_host(host)}:{port}",
                                details=(f"{narrow}: {dn.reason}", why))
+    # DNS: every query type beyond A/AAAA the policy DNS answers for this identity, it answers
+    # for the other (A/AAAA follow the requests above); decide_name is the resolver's own.
+    types = sorted({t for r in rules for t in r.dns_types})
+    for host in hosts if types else []:
+        if parse_ip_literal(host) is not None:
+            continue
+        for qtype in types:
+            dn = decide_name(policy, narrow, host, qtype)
+            if not dn.allowed:
+                continue
+            do = decide_name(policy, other, host, qtype)
+            if not do.allowed:
+                return ProofResult("narrower_than", claim, False, src,
+                                   counterexample=f"DNS {qtype} {host}",
+                                   details=(f"{narrow}: {dn.reason}", f"{other}: {do.reason}"))
     return ProofResult("narrower_than", claim, True, src)
 
 
