@@ -186,14 +186,10 @@ def _filter_words(o: Rule, n: Rule, tools: Iterable[str]) -> list[str]:
                       ("prompts", fo.prompts, fn.prompts)):
         if a == b:
             continue
-        if a is None or b is None:
-            out.append(f"{key} {'any' if a is None else '[' + ', '.join(a) + ']'} -> "
-                       f"{'any' if b is None else '[' + ', '.join(b) + ']'}")
-            continue
-        new = [g for g in b if g not in a]
-        gone = [g for g in a if g not in b]
-        text = f"{key} " + " ".join([*(f"+{g}" for g in new), *(f"-{g}" for g in gone)])
-        if key == "tools" and any("*" in g or "?" in g for g in new):
+        text = (f"{key} {'any' if a is None else '[' + ', '.join(a) + ']'} -> "
+                f"{'any' if b is None else '[' + ', '.join(b) + ']'}")
+        new = [g for g in b or () if g not in (a or ())]
+        if key == "tools" and (b is None or any("*" in g or "?" in g for g in new)):
             members = tools_gained(o, n, tools)
             text += (" (a tool glob widened by its new members: "
                      f"{_few(members)}, and any other name it matches)" if members else
