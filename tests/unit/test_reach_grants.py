@@ -83,9 +83,9 @@ tests:
 """  # noqa: E501 (a policy file as written, one rule a line)
 
 
-def _write(d: Path, text: str) -> Path:
+def _write(d: Path, text: str, name: str = "p.yaml") -> Path:
     d.mkdir(parents=True)
-    (d / "p.yaml").write_text(text)
+    (d / name).write_text(text)
     return d
 
 
@@ -125,7 +125,8 @@ WIDENINGS = [
     ("tool-glob-widened",
      [("tools: [list_issues, get_issue, create_issue]",
        'tools: [list_issues, get_issue, "create_*"]')], "coding-agent",
-     "tools +create_* -create_issue (a tool glob widened by its new members: create_pr, and "
+     "tools [list_issues, get_issue, create_issue] -> [list_issues, get_issue, create_*] "
+     "(a tool glob widened by its new members: create_pr, and "
      "any other name it matches)"),
     ("deny-tools-entry-removed", [(", deny_tools: [delete_page]", "")], "coding-agent",
      "deny_tools -delete_page; calls: now forwards tool delete_page"),
@@ -350,3 +351,93 @@ def test_every_change_of_the_gate_is_a_change_of_reach(pol):
                 assert any(c.old_rule == a.rule and c.new_rule == b.rule
                            and c.widened >= widened for c in gates), (
                     req, a.rule.name, b.rule.name, [c.summary() for c in changes])
+
+
+# --- the documented example is real output ----------------------------------------------------
+
+DOC = Path(__file__).parents[2] / "docs" / "policy-review.md"
+
+
+def _fences(text: str) -> list[tuple[str, str]]:
+    """(language, body) of each fenced block of a page."""
+    out, lang, body = [], None, []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```"):
+            if lang is None:
+                lang, body = line[3:].strip(), []
+            else:
+                out.append((lang, "".join(body)))
+                lang = None
+        elif lang is not None:
+            body.append(line)
+    return out
+
+
+def _patch(text: str, udiff: str) -> str:
+    """Apply a unified diff (one file) to text."""
+    old = text.splitlines(keepends=True)
+    out: list[str] = []
+    at = 0
+    for line in udiff.splitlines(keepends=True):
+        if line.startswith(("---", "+++")):
+            continue
+        if line.startswith("@@"):
+            start = int(line.split()[1].split(",")[0].lstrip("-")) - 1
+            out += old[at:start]
+            at = start
+        elif line.startswith(" ") or line.startswith("-"):
+            assert old[at] == line[1:], (old[at], line)
+            at += 1
+            if line.startswith(" "):
+                out.append(line[1:])
+        elif line.startswith("+"):
+            out.append(line[1:])
+    return "".join(out + old[at:])
+
+
+def test_the_documented_diff_is_what_sandgate_prints(tmp_path, monkeypatch):
+    blocks = _fences(DOC.read_text())
+    at = next(i for i, (lang, body) in enumerate(blocks)
+              if lang == "yaml" and body.startswith("# fleet.yaml (the base branch)"))
+    (_, base), (dlang, udiff), (_, shown), (_, narrow_shown) = blocks[at:at + 4]
+    assert dlang == "diff"
+    base = base.split("\n", 1)[1]
+    _write(tmp_path / "base" / "policies", base, "fleet.yaml")
+    _write(tmp_path / "policies", _patch(base, udiff), "fleet.yaml")
+    monkeypatch.chdir(tmp_path)
+
+    def run() -> tuple[int, str]:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = cli_main(["diff", "base/policies", "policies"])
+        return rc, "$ sandgate diff base/policies policies\n" + buf.getvalue()
+
+    assert run() == (1, shown)
+    (tmp_path / "policies" / "fleet.yaml").write_text(_edit(
+        [("      - name: gh-api\n", "      - name: gh-api\n        action: ask\n"),
+         (", dns: {types: [MX]}", "")], base))
+    assert run() == (0, narrow_shown)
+
+
+def test_the_documented_refutations_are_what_check_prints(tmp_path, monkeypatch):
+    blocks = _fences((DOC.parent / "proofs.md").read_text())
+    at = next(i for i, (lang, body) in enumerate(blocks)
+              if lang == "yaml" and body.startswith("# github.yaml\n"))
+    (_, base), (_, write_shown), (_, rule), (_, ask_shown) = blocks[at:at + 4]
+    base = base.split("\n", 1)[1]
+    monkeypatch.chdir(tmp_path)
+    read = "repositories: [acme/api], permissions: {contents: read}}\n"
+
+    (tmp_path / "policies").mkdir()
+
+    def check(text: str) -> tuple[int, str]:
+        (tmp_path / "policies" / "github.yaml").write_text(text)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = cli_main(["check", "policies"])
+        return rc, "$ sandgate check policies\n" + buf.getvalue()
+
+    assert check(base)[0] == 0
+    assert check(_edit([(read, read.replace("read}", "write}"))], base)) == (1, write_shown)
+    cleanup = "".join(f"      {line}\n" for line in rule.splitlines())
+    assert check(_edit([(read, read + cleanup)], base)) == (1, ask_shown)
