@@ -9,16 +9,19 @@ The pull requests below are the kinds a fleet's policy repository sees; each was
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sandgate.cli import main as cli_main
 from sandgate.decision import decide_request
 from sandgate.policy.loader import load_policy_dir
+from sandgate.policy.model import AskPolicy, GitHubScope
 from sandgate.policy.proofs import prove
 from sandgate.policy.reach_diff import identity_changes
 from sandgate.request import RequestInfo, parse_query
@@ -65,6 +68,7 @@ identities:
       - {name: wiki-mcp, hosts: [wiki-mcp.example.com], methods: [POST], paths: [/mcp], mcp: {tools: ["*"], deny_tools: [delete_page]}}
       - {name: pypi, hosts: [pypi.org, files.pythonhosted.org], methods: [GET, HEAD]}
       - {name: mail, hosts: [mail.example.com], methods: [GET], dns: {types: [MX]}}
+      - {name: orders-db, hosts: [dynamodb.eu-west-1.amazonaws.com], methods: [POST], paths: [/], operations: ["DynamoDB_20120810.GetItem"], inject: {sign: {secret: aws-s3, service: dynamodb}}}
   bash-tool:
     narrower_than: coding-agent
     rules:
@@ -149,6 +153,11 @@ WIDENINGS = [
      [("inject: {sign: aws-s3}}", "inject: {sign: {secret: aws-s3, region: us-east-1}}}")],
      "coding-agent", "credential aws-s3: aws(service=s3, region=eu-west-1) -> "
      "aws(service=s3, region=us-east-1)"),
+    ("sigv4-operation-added",
+     [('operations: ["DynamoDB_20120810.GetItem"]',
+       'operations: ["DynamoDB_20120810.GetItem", "DynamoDB_20120810.PutItem"]')],
+     "coding-agent", "operations DynamoDB_20120810.GetItem -> DynamoDB_20120810.GetItem, "
+     "DynamoDB_20120810.PutItem"),
     ("oauth-scope-widened",
      [('scope: "contacts.read"', 'scope: "contacts.read contacts.write"')], "coding-agent",
      "credential crm: OAuth scopes [contacts.read] -> [contacts.read, contacts.write]"),
@@ -229,8 +238,8 @@ def test_json_and_markdown_carry_each_grant(tmp_path):
 
 
 def test_a_new_ask_rule_is_shown_with_its_gate_and_credential(tmp_path):
-    new = _edit([("dns: {types: [MX]}}\n  bash-tool:",
-                  "dns: {types: [MX]}}\n      - {name: gh-merge, action: ask, hosts: "
+    new = _edit([("service: dynamodb}}}\n  bash-tool:",
+                  "service: dynamodb}}}\n      - {name: gh-merge, action: ask, hosts: "
                   "[api.github.com], methods: [PUT], paths: ['/repos/acme/*/pulls/*/merge'], "
                   "inject: {headers: "
                   "{authorization: 'token {{ secrets.gh }}'}}, github_app: {repositories: "
@@ -245,8 +254,8 @@ def test_a_new_ask_rule_is_shown_with_its_gate_and_credential(tmp_path):
 def test_an_ask_rule_after_an_allow_rule_decides_as_the_proxy_does(tmp_path):
     """deny > ask > allow: an ask rule below an allow rule that matches the same requests
     holds them (decide()); the diff and the proof judge them so too."""
-    old = _edit([("dns: {types: [MX]}}\n  bash-tool:",
-                  "dns: {types: [MX]}}\n      - {name: uploads, action: ask, hosts: [pypi.org], "
+    old = _edit([("service: dynamodb}}}\n  bash-tool:",
+                  "service: dynamodb}}}\n      - {name: uploads, action: ask, hosts: [pypi.org], "
                   "methods: [GET]}\n  bash-tool:")])
     pol = load_policy_dir(_write(tmp_path / "o", old))
     d = decide_request(pol, "coding-agent", RequestInfo("https", "pypi.org", 443, "GET", "/"))
@@ -321,6 +330,73 @@ def test_narrower_than_still_proves_the_fleet_and_an_equal_gate(tmp_path):
                    "{require_approvers: 3}")])
     [res] = prove(load_policy_dir(_write(tmp_path / "b", same)))
     assert res.ok, str(res)
+
+
+# --- properties: the comparison against references written apart from it -------------------
+
+LEVEL = {None: 0, "read": 1, "write": 2, "admin": 3}
+repos_st = st.none() | st.lists(st.sampled_from(["api", "web", "infra"]), unique=True,
+                                min_size=1).map(lambda r: tuple(sorted(r)))
+perms_st = st.none() | st.dictionaries(
+    st.sampled_from(["contents", "issues", "pull_requests"]),
+    st.sampled_from(["read", "write", "admin"]), min_size=1).map(
+    lambda d: tuple(sorted(d.items())))
+scopes = st.none() | st.builds(GitHubScope, repos_st, perms_st)
+gates = st.none() | st.builds(
+    AskPolicy, timeout=st.sampled_from([60, 120]), require_approvers=st.integers(1, 3),
+    approvers=st.none() | st.lists(st.sampled_from(["alice", "bob", "carol"]), unique=True,
+                                   min_size=1).map(tuple),
+    mode=st.sampled_from(["hold", "async"]),
+    remember=st.lists(st.sampled_from(["request", "sandbox", "identity"]), unique=True,
+                      min_size=1).map(tuple),
+    max_remember_ttl=st.sampled_from([3600, 86400]))
+
+
+def scope_covers(inner: GitHubScope | None, outer: GitHubScope | None) -> bool:
+    """Is every token `inner` mints within what `outer` mints? (None: the installation's.)"""
+    ri, ro = (inner.repositories if inner else None), (outer.repositories if outer else None)
+    pi = dict(inner.permissions) if inner and inner.permissions is not None else None
+    po = dict(outer.permissions) if outer and outer.permissions is not None else None
+    return ((ro is None or (ri is not None and set(ri) <= set(ro)))
+            and (po is None or (pi is not None and all(LEVEL[v] <= LEVEL[po.get(k)]
+                                                       for k, v in pi.items()))))
+
+
+@pytest.fixture(scope="module")
+def gh_rule(tmp_path_factory):
+    pol = load_policy_dir(_write(tmp_path_factory.mktemp("gh") / "p", FLEET))
+    return pol, next(r for r in pol.identities["bash-tool"].rules if r.name == "gh-read")
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(scopes, scopes, gates, gates)
+def test_grant_widening_agrees_with_references(gh_rule, old_scope, new_scope, old_gate,
+                                               new_gate):
+    from sandgate.policy.grants import grant_deltas  # new in issue 38: main fails here
+
+    pol, rule = gh_rule
+    old = dataclasses.replace(rule, github_scope=old_scope, ask=old_gate)
+    new = dataclasses.replace(rule, github_scope=new_scope, ask=new_gate)
+    deltas = grant_deltas(pol.secrets, old, pol.secrets, new, "api.github.com")
+    cred = [d for d in deltas if d.dimension == "credential gh"]
+    gate = [d for d in deltas if d.dimension == "approval"]
+    assert any(d.widened for d in cred) == (not scope_covers(new_scope, old_scope))
+    assert any(d.widened for d in gate) == (not gate_ok(new_gate, old_gate))
+    # every difference is shown (a ttl only where a decision may be remembered beyond the
+    # request)
+    assert bool(cred) == (_repos_perms(old_scope) != _repos_perms(new_scope))
+    assert bool(gate) == (_shown_gate(old_gate) != _shown_gate(new_gate))
+    assert grant_deltas(pol.secrets, old, pol.secrets, old, "api.github.com") == []
+
+
+def _repos_perms(s: GitHubScope | None) -> tuple[object, object]:
+    return (s.repositories, s.permissions) if s is not None else (None, None)
+
+
+def _shown_gate(g: AskPolicy | None) -> object:
+    if g is None or g.remember != ("request",):
+        return g
+    return dataclasses.replace(g, max_remember_ttl=0)
 
 
 # --- property: the diff sees every change of the approval gate decide() makes ---------------

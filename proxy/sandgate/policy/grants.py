@@ -85,8 +85,9 @@ def gate_deltas(old: AskPolicy | None, new: AskPolicy | None) -> list[Delta]:
     if old.remember != new.remember:
         out.append(Delta("approval", f"remember {_list(old.remember, '')} -> "
                          f"{_list(new.remember, '')}", not set(new.remember) <= set(old.remember)))
-    if old.max_remember_ttl != new.max_remember_ttl and (len(old.remember) > 1
-                                                          or len(new.remember) > 1):
+    # a ttl matters only where a decision may outlive its request (sandbox, identity)
+    if old.max_remember_ttl != new.max_remember_ttl and {*old.remember, *new.remember} - {
+            "request"}:
         out.append(Delta("approval", f"max_remember_ttl {_duration(old.max_remember_ttl)} -> "
                          f"{_duration(new.max_remember_ttl)}",
                          new.max_remember_ttl > old.max_remember_ttl))
