@@ -517,3 +517,16 @@ def test_the_documented_refutations_are_what_check_prints(tmp_path, monkeypatch)
     assert check(_edit([(read, read.replace("read}", "write}"))], base)) == (1, write_shown)
     cleanup = "".join(f"      {line}\n" for line in rule.splitlines())
     assert check(_edit([(read, read + cleanup)], base)) == (1, ask_shown)
+
+
+def test_the_report_shows_the_gate_the_dns_types_and_the_oauth_scope(tmp_path):
+    o = _write(tmp_path / "p", FLEET)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli_main(["report", str(o)]) == 0
+    md = buf.getvalue()
+    row = next(line for line in md.splitlines() if line.startswith("| ask | gh-delete |"))
+    assert "held for 2 approvers, mode hold" in row
+    row = next(line for line in md.splitlines() if line.startswith("| allow | mail |"))
+    assert "policy DNS also answers MX for its hosts" in row
+    assert "from https://auth.crm.example/oauth/token, scopes contacts.read, client record" in md

@@ -110,8 +110,9 @@ def _repos(scope: GitHubScope | None) -> tuple[str, ...] | None:
 
 
 def _perms(scope: GitHubScope | None) -> dict[str, str] | None:
-    return dict(scope.permissions) if scope is not None and scope.permissions is not None \
-        else None
+    if scope is None or scope.permissions is None:
+        return None  # the installation's
+    return dict(scope.permissions)
 
 
 _ALL = "all the installation's"
