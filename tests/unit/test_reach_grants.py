@@ -69,6 +69,7 @@ identities:
       - {name: pypi, hosts: [pypi.org, files.pythonhosted.org], methods: [GET, HEAD]}
       - {name: mail, hosts: [mail.example.com], methods: [GET], dns: {types: [MX]}}
       - {name: orders-db, hosts: [dynamodb.eu-west-1.amazonaws.com], methods: [POST], paths: [/], operations: ["DynamoDB_20120810.GetItem"], inject: {sign: {secret: aws-s3, service: dynamodb}}}
+      - {name: chain, hosts: [rpc.example.com], methods: [POST], jsonrpc: {methods: ["eth_get*", eth_call], deny_methods: [eth_sendRawTransaction]}}
   bash-tool:
     narrower_than: coding-agent
     rules:
@@ -134,6 +135,11 @@ WIDENINGS = [
      "any other name it matches)"),
     ("deny-tools-entry-removed", [(", deny_tools: [delete_page]", "")], "coding-agent",
      "deny_tools -delete_page; calls: now forwards tool delete_page"),
+    ("jsonrpc-methods-widened",
+     [('jsonrpc: {methods: ["eth_get*", eth_call], deny_methods: [eth_sendRawTransaction]}',
+       'jsonrpc: {methods: ["eth_get*", eth_call, "eth_send*"]}')], "coding-agent",
+     'methods [eth_get*, eth_call] -> [eth_get*, eth_call, eth_send*]; deny_methods '
+     '-eth_sendRawTransaction; calls: now forwards method eth_send'),
     ("dns-types-added", [("dns: {types: [MX]}", "dns: {types: [MX, TXT]}")], "coding-agent",
      "DNS lookups of mail.example.com (e.g. TXT mail.example.com): DNS types +TXT (rule 'mail'"),
     ("approver-count-lowered", [("require_approvers: 2", "require_approvers: 1")],
@@ -238,8 +244,9 @@ def test_json_and_markdown_carry_each_grant(tmp_path):
 
 
 def test_a_new_ask_rule_is_shown_with_its_gate_and_credential(tmp_path):
-    new = _edit([("service: dynamodb}}}\n  bash-tool:",
-                  "service: dynamodb}}}\n      - {name: gh-merge, action: ask, hosts: "
+    new = _edit([("deny_methods: [eth_sendRawTransaction]}}\n  bash-tool:",
+                  "deny_methods: [eth_sendRawTransaction]}}\n"
+                  "      - {name: gh-merge, action: ask, hosts: "
                   "[api.github.com], methods: [PUT], paths: ['/repos/acme/*/pulls/*/merge'], "
                   "inject: {headers: "
                   "{authorization: 'token {{ secrets.gh }}'}}, github_app: {repositories: "
@@ -254,8 +261,9 @@ def test_a_new_ask_rule_is_shown_with_its_gate_and_credential(tmp_path):
 def test_an_ask_rule_after_an_allow_rule_decides_as_the_proxy_does(tmp_path):
     """deny > ask > allow: an ask rule below an allow rule that matches the same requests
     holds them (decide()); the diff and the proof judge them so too."""
-    old = _edit([("service: dynamodb}}}\n  bash-tool:",
-                  "service: dynamodb}}}\n      - {name: uploads, action: ask, hosts: [pypi.org], "
+    old = _edit([("deny_methods: [eth_sendRawTransaction]}}\n  bash-tool:",
+                  "deny_methods: [eth_sendRawTransaction]}}\n"
+                  "      - {name: uploads, action: ask, hosts: [pypi.org], "
                   "methods: [GET]}\n  bash-tool:")])
     pol = load_policy_dir(_write(tmp_path / "o", old))
     d = decide_request(pol, "coding-agent", RequestInfo("https", "pypi.org", 443, "GET", "/"))
