@@ -20,7 +20,7 @@ from sandgate.decision import decide_connect, decide_request
 from sandgate.policy.compiler import compile_identity
 from sandgate.policy.hosts import compile_host_pattern, normalise_host
 from sandgate.policy.loader import PolicyError, load_policy_dir
-from sandgate.policy.model import Identity, Policy, SecretRef, Source
+from sandgate.policy.model import AskPolicy, Identity, Policy, SecretRef, Source
 from sandgate.policy.paths import compile_path_pattern, normalise_path
 from sandgate.policy.proofs import (
     NORMALISED_PATH_REGEX,
@@ -92,7 +92,8 @@ def check_counterexample(pol: Policy, narrow: str, other: str, res: ProofResult)
         assert do.rule is not None
         assert not (dn.rule.secrets <= do.rule.secrets
                     and cidrs_covered(dn.rule.private_cidrs, do.rule.private_cidrs)
-                    and limit_ok(dn.rule.max_request_bytes, do.rule.max_request_bytes))
+                    and limit_ok(dn.rule.max_request_bytes, do.rule.max_request_bytes)
+                    and gate_ok(dn.rule.ask, do.rule.ask))
     else:
         assert do.reason in str(res)
 
@@ -494,6 +495,22 @@ def test_host_witnesses_cover_every_class(pats, labels, base):
 
 # --- the proof agrees with decide() on random policies -----------------------------------------
 
+
+def gate_ok(narrow: AskPolicy | None, other: AskPolicy | None) -> bool:
+    """A reference for the approval part of narrower_than, written apart from the prover: the
+    narrow identity's gate is at least as strict as the other's."""
+    if other is None:
+        return True
+    if narrow is None:
+        return False
+    return (narrow.require_approvers >= other.require_approvers
+            and (other.approvers is None or (narrow.approvers is not None
+                                             and set(narrow.approvers) <= set(other.approvers)))
+            and (narrow.mode == "hold" or other.mode == "async")
+            and set(narrow.remember) <= set(other.remember)
+            and ((narrow.remember == ("request",) and other.remember == ("request",))
+                 or narrow.max_remember_ttl <= other.max_remember_ttl))
+
 # --- public: true, query: and max_request_bytes ----------------------------------------------
 
 
@@ -619,6 +636,10 @@ def rule_specs(draw: Any, i: int) -> dict[str, Any]:
         spec["schemes"] = draw(st.sampled_from([["http"], ["http", "https"]]))
     if action == "allow" and not spec.get("public") and draw(st.integers(0, 5)) == 0:
         spec["private_cidrs"] = [draw(st.sampled_from(["10.0.0.0/8", "10.0.0.0/9"]))]
+    if action == "allow" and draw(st.integers(0, 3)) == 0:  # ask wins over every allow rule
+        spec["action"] = "ask"
+        spec["approval"] = draw(st.sampled_from([{}, {"require_approvers": 2}, {"mode": "async"},
+                                                 {"remember": ["request", "sandbox"]}]))
     return spec
 
 
@@ -695,6 +716,7 @@ def test_proof_agrees_with_decide(pol):
                         assert d1.rule is not None and d2.rule is not None
                         assert d1.rule.secrets <= d2.rule.secrets, req
                         assert cidrs_covered(d1.rule.private_cidrs, d2.rule.private_cidrs)
+                        assert gate_ok(d1.rule.ask, d2.rule.ask), req
 
 
 def test_cidrs_covered():

@@ -230,6 +230,19 @@ def _opens_websocket(f: CallFilter | None) -> bool:
     return f is None or f.websocket
 
 
+def tools_gained(old: Rule, new: Rule, names: Iterable[str]) -> list[str]:
+    """Of `names` (the tool names the policies write out), those whose tools/call the new
+    rule's filter forwards and the old one's does not, judged by name (arguments aside): the
+    members a widened tool glob gains, in words a reviewer knows."""
+    if old.call == new.call:
+        return []
+
+    def call(name: str) -> Call:
+        return Call((Message("request", "tools/call", 1, name, None),))
+    return sorted(n for n in set(names)
+                  if _passes(new.call, call(n)) and not _passes(old.call, call(n)))
+
+
 def shown(call: Call | None) -> str:
     """The witness in a counter-example: " with tool create_issue {repo: ...}"."""
     if call is None:

@@ -6,7 +6,10 @@
    dial; and every CONNECT that decide_connect() passes through for B, it passes through for A
    (with the private ranges covered as well). A tunnel is reach: an https request to a
    host:port that A tunnels (passthrough) is reached by A, with no secret; one that B tunnels
-   is never judged for B, and is proved as B's CONNECT.
+   is never judged for B, and is proved as B's CONNECT. Reach is every grant: a's approval gate
+   must be no weaker than b's (b lets through without approval what A asks for: refuted), and
+   a's credentials no narrower in scope (sandgate.policy.grants, the reach diff's comparison);
+   and every query type beyond A/AAAA the policy DNS answers B for a name, it answers A.
 2. `secrets.S.hosts: [...]` holds iff every host matched by a host pattern of an allow rule
    that injects or substitutes S is matched by one of those patterns.
 
@@ -49,9 +52,11 @@ from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import quote
 
-from sandgate.decision import Decision, decide_connect, decide_request
+from sandgate.decision import Decision, decide_connect, decide_name, decide_request
 from sandgate.jsonrpc import Call
+from sandgate.netguard import parse_ip_literal
 from sandgate.policy.callproofs import NOT_A_CALL, acting, call_witnesses, passes, shown
+from sandgate.policy.grants import Delta, Secrets, grant_deltas
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
 from sandgate.policy.overlap import signed_covers
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern, normalise_path
@@ -452,18 +457,22 @@ def query_string(query: QueryCell) -> str:
 
 
 def _decider(rules: Sequence[Rule], vec: Sequence[bool]) -> int | None:
-    """decide() on a membership vector: the index of the allow rule that decides, or None when
-    a deny rule matches or no allow rule does."""
+    """decide() on a membership vector: the index of the rule that decides, or None when a
+    deny rule matches or no allow rule does. Deny > ask > allow: the first matching ask rule
+    wins over every allow rule (an ask rule is compiled as an allow rule with `ask`)."""
     if any(m and r.action == "deny" for r, m in zip(rules, vec, strict=True)):
         return None
-    return next((i for i, (r, m) in enumerate(zip(rules, vec, strict=True))
-                 if m and r.action == "allow"), None)
+    matching = [i for i, (r, m) in enumerate(zip(rules, vec, strict=True))
+                if m and r.action == "allow"]
+    return next((i for i in matching if rules[i].ask is not None),
+                matching[0] if matching else None)
 
 
 def _shape(r: Rule) -> tuple[object, ...]:
     """What _cell_gap looks at in a rule."""
     return (r.action, r.paths, r.secrets, r.private_cidrs, r.max_request_bytes,
-            r.operations, r.copy_sources)
+            r.operations, r.copy_sources, r.ask, r.github_scope,
+            r.inject.sign if r.inject is not None else None)
 
 
 def _limit_covered(narrow: int | None, other: int | None) -> bool:
@@ -472,14 +481,23 @@ def _limit_covered(narrow: int | None, other: int | None) -> bool:
     return other is None or (narrow is not None and narrow <= other)
 
 
-def _compatible(narrow: Rule, other: Rule) -> bool:
+def _compatible(narrow: Rule, other: Rule, secrets: Secrets, host: str) -> bool:
     return (narrow.secrets <= other.secrets
             and cidrs_covered(narrow.private_cidrs, other.private_cidrs)
             and _limit_covered(narrow.max_request_bytes, other.max_request_bytes)
-            and signed_covers(other, narrow))
+            and signed_covers(other, narrow)
+            and not _grant_widened(narrow, other, secrets, host))
 
 
-def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule]) -> tuple[int, str] | None:
+def _grant_widened(narrow: Rule, other: Rule, secrets: Secrets, host: str) -> list[Delta]:
+    """What the narrow identity's rule grants beyond the other's on a request to `host`: no
+    approval where the other asks (or a weaker gate), a credential of wider scope
+    (sandgate.policy.grants: the reach diff's own comparison, other -> narrow)."""
+    return [d for d in grant_deltas(secrets, other, secrets, narrow, host) if d.widened]
+
+
+def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
+              host: str) -> tuple[int, str] | None:
     """Within one cell (the rules that apply there, in order): a normalised path on which the
     narrow identity allows, with the rule at the returned index, and the other identity does
     not allow with a compatible rule; None when there is no such path."""
@@ -490,7 +508,7 @@ def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule]) -> tuple[int, str] 
         if a is None:
             return False
         o = _decider(other, vec[k:])
-        return o is None or not _compatible(narrow[a], other[o])
+        return o is None or not _compatible(narrow[a], other[o], secrets, host)
 
     w = find_path([r.paths for r in (*narrow, *other)], bad)
     if w is None:
@@ -505,7 +523,8 @@ def _secrets(names: Iterable[str]) -> str:
     return ", ".join(s) if s else "no secret"
 
 
-def _why_incompatible(narrow: str, a: Rule, other: str, o: Rule) -> str:
+def _why_incompatible(narrow: str, a: Rule, other: str, o: Rule,
+                      secrets: Secrets | None = None, host: str | None = None) -> str:
     missing = a.secrets - o.secrets
     if missing:
         return (f"{other} allows it by rule '{o.name}' ({o.source}), which binds "
@@ -522,6 +541,12 @@ def _why_incompatible(narrow: str, a: Rule, other: str, o: Rule) -> str:
         return (f"{other} allows it by rule '{o.name}' ({o.source}) only with a body of at "
                 f"most {o.max_request_bytes} bytes (max_request_bytes); rule '{a.name}' of "
                 f"{narrow} allows {size}")
+    wider = _grant_widened(a, o, secrets, host or "") if secrets is not None else []
+    if wider and cidrs_covered(a.private_cidrs, o.private_cidrs):
+        verb = "holds it for approval" if o.ask is not None else "allows it"
+        return (f"{other} {verb} by rule '{o.name}' ({o.source}), but rule '{a.name}' of "
+                f"{narrow} grants more on it ({other} -> {narrow}): "
+                + "; ".join(map(str, wider)))
     return (f"{other} allows it by rule '{o.name}' ({o.source}), whose private_cidrs "
             f"({', '.join(map(str, o.private_cidrs)) or 'none'}) do not cover those of rule "
             f"'{a.name}' of {narrow} ({', '.join(map(str, a.private_cidrs))})")
@@ -601,10 +626,13 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                             o_app = acting(o_base, call, upgrade)
                             if not any(r.action == "allow" for r in n_app):
                                 continue
-                            key = (tuple(_shape(r) for r in n_app), (),
+                            # a SigV4 scope may come from the host: compared per host then
+                            signs = any(r.inject is not None and r.inject.sign is not None
+                                        for r in (*n_app, *o_app))
+                            key = (tuple(_shape(r) for r in n_app), (host,) if signs else (),
                                    tuple(_shape(r) for r in o_app))
                             if key not in memo:
-                                memo[key] = _cell_gap(n_app, o_app)
+                                memo[key] = _cell_gap(n_app, o_app, policy.secrets, host)
                             gap = memo[key]
                             if gap is not None:
                                 return _l7_counterexample(
@@ -629,6 +657,21 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
             return ProofResult("narrower_than", claim, False, src,
                                counterexample=f"CONNECT {_url_host(host)}:{port}",
                                details=(f"{narrow}: {dn.reason}", why))
+    # DNS: every query type beyond A/AAAA the policy DNS answers for this identity, it answers
+    # for the other (A/AAAA follow the requests above); decide_name is the resolver's own.
+    types = sorted({t for r in rules for t in r.dns_types})
+    for host in hosts if types else []:
+        if parse_ip_literal(host) is not None:
+            continue
+        for qtype in types:
+            dn = decide_name(policy, narrow, host, qtype)
+            if not dn.allowed:
+                continue
+            do = decide_name(policy, other, host, qtype)
+            if not do.allowed:
+                return ProofResult("narrower_than", claim, False, src,
+                                   counterexample=f"DNS {qtype} {host}",
+                                   details=(f"{narrow}: {dn.reason}", f"{other}: {do.reason}"))
     return ProofResult("narrower_than", claim, True, src)
 
 
@@ -656,9 +699,9 @@ def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src:
                "calls (mcp:/jsonrpc:), and the body is not one")
     elif do.allowed:
         assert do.rule is not None
-        _agree(not _compatible(rule, do.rule), f"{other} should not allow {method} {url} with "
-               f"rule '{do.rule.name}'", do)
-        why = _why_incompatible(narrow, rule, other, do.rule)
+        _agree(not _compatible(rule, do.rule, policy.secrets, host), f"{other} should not "
+               f"allow {method} {url} with rule '{do.rule.name}'", do)
+        why = _why_incompatible(narrow, rule, other, do.rule, policy.secrets, host)
     else:
         why = f"{other} refuses it: {do.reason}"
     return ProofResult("narrower_than", claim, False, src, counterexample=f"{method} {url}",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sandgate.policy.callproofs import common_call
 from sandgate.policy.calls import describe_filter
+from sandgate.policy.grants import describe_gate
 from sandgate.policy.lint_semantic import decides_while_matching
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.policy.overlap import signed_covers
@@ -83,7 +84,10 @@ def _secret_text(policy: Policy, name: str, r: Rule) -> str:
     where = ref.location + (f"#{ref.field}" if ref.dynamic is None and ref.oauth2 is None
                             else "")
     if ref.oauth2 is not None:
-        where = f"oauth2 {ref.oauth2.grant} from {ref.oauth2.token_url}, client record {where}"
+        scope = (f", scopes {ref.oauth2.scope}" if ref.oauth2.scope
+                 else ", the client's default scopes")
+        where = (f"oauth2 {ref.oauth2.grant} from {ref.oauth2.token_url}{scope}, client record "
+                 f"{where}")
     if ref.github_app is not None:
         how = f"{gh_app_form(r.github_scope)}, installation {ref.github_app.installation_id}"
     if ref.aws is not None and r.inject is not None and r.inject.sign is not None:
@@ -101,6 +105,8 @@ def _notes(ident: Identity, k: int) -> list[str]:
                    f"{r.meta.lint_why}")
     if r.action == "deny" or r.passthrough:
         return out
+    if r.ask is not None:
+        out.append(describe_gate(r.ask))
     if r.call is not None:
         out.append(f"each JSON-RPC call judged ({describe_filter(r.call)})")
     if r.ask is not None and r.call is not None and r.call.protocol == "mcp":
@@ -112,6 +118,8 @@ def _notes(ident: Identity, k: int) -> list[str]:
         sources = (", ".join(p.text for p in r.copy_sources) if r.copy_sources is not None
                    else "none")
         out.append(f"signs operations: {ops}; copy sources: {sources}")
+    if r.dns_types:
+        out.append(f"policy DNS also answers {', '.join(sorted(r.dns_types))} for its hosts")
     for d in rules:
         if d.action == "deny":
             w = find_request([r, d], lambda v: v[0] and v[1], required=(0, 1))
