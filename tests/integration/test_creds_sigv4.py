@@ -333,12 +333,12 @@ def test_query_protocol_action_in_the_form_body_is_judged(stack):
 def test_dot_segments_do_not_reach_a_bucket_the_rule_forbids(stack, path):
     """The rule judges the resolved path (/agent-bucket/...); S3 resolves nothing and would
     write the key `../agent-bucket/...` into private-data. Refused: what is signed must be the
-    path judged."""
+    path judged: the decision refuses a dot segment for every rule (bad_request)."""
     admin = stack.s3()
     admin.create_bucket(Bucket="private-data")
     r = curl(stack.proxy, "agent", f"https://{BUCKET_HOST}{path}", "--path-as-is", "-X", "PUT",
              "--data-binary", "planted")
     body, status = split_status(r.stdout)
-    assert status == 403 and json.loads(body)["code"] == "no_rule"
+    assert status == 400 and json.loads(body)["code"] == "bad_request"
     keys = [o["Key"] for o in admin.list_objects_v2(Bucket="private-data").get("Contents", [])]
     assert not [k for k in keys if "planted" in k]
