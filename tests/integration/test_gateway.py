@@ -501,14 +501,15 @@ def test_paths_under_no_prefix_are_404(gw, upstream, path):
     "/anthropic/v1/messages/..%2F..%2Fopenai/v1/chat/completions",
     "/anthropic/..\\openai/v1/chat/completions",
 ])
-def test_dot_segments_stay_on_the_prefix_upstream_and_are_judged_there(gw, upstream, path):
+def test_dot_segments_stay_on_the_prefix_upstream_and_are_refused_there(gw, upstream, path):
     """What follows the prefix goes to the prefix's upstream only, judged like a proxied path:
-    here /openai/v1/chat/completions on api.anthropic.com, which no rule allows."""
+    a dot segment there is refused whatever the rules (judged resolved, it would go on as
+    sent), and the refusal names the prefix's upstream."""
     before = len(upstream.seen)
     status, _, body = _post(gw, path, gw.proxy.token("coding-agent"))
-    assert status == 403, body
+    assert status == 400, body
     doc = _refusal(body)
-    assert doc["code"] == "no_rule"
+    assert doc["code"] == "bad_request" and "segment" in doc["reason"]
     assert doc["target"].startswith("https://api.anthropic.com:443/")
     assert len(upstream.seen) == before
 
