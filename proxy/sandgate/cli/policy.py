@@ -38,8 +38,10 @@ def register(sub: Any) -> None:
     explain.add_argument("--policies", type=Path, default=Path("policies"))
     explain.add_argument("--identity", help="required unless --batch")
     explain.add_argument("--batch", type=Path, default=None, metavar="FILE",
-                         help="one request a line, `IDENTITY METHOD URL` (# comments; - for "
-                         "stdin): one JSON object a line")
+                         help="one input a line, `IDENTITY METHOD URL` or a JSON object "
+                         "(sandbox, gateway, body, body_file, headers, mcp_tool, mcp_args, "
+                         "rpc_method, mcp_resource, websocket, dns, type: docs/traffic.md); "
+                         "# comments; - for stdin: one JSON object a line out")
     resolve_arg(explain)
     explain.add_argument("--gateway", action="store_true",
                          help="URL is a gateway path (e.g. /anthropic/v1/messages, what follows "
