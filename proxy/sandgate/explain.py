@@ -23,6 +23,7 @@ from sandgate.jsonrpc import Call
 from sandgate.policy.ask import ask_fields
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
+from sandgate.policy.prerequisites import rule_unreachable
 from sandgate.request import parse_url
 from sandgate.secrets.aws_request import signed_fields
 from sandgate.secrets.describe import credential_forms, describe, sign_text
@@ -105,6 +106,9 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         out["credential_forms"] = credential_forms(policy, d.rule, parse_url(method, url).host)
         out["placeholders_honoured"] = sorted(d.rule.secrets)
         out["trace_context"] = trace_context(d.rule.forward_trace_context)
+        unmet = rule_unreachable(policy, identity, d.rule)
+        if unmet:  # what `sandgate check` reports as an error: 503 at run time
+            out["credentials_unavailable"] = [f"{u.message}. Fix: {u.fix}" for u in unmet]
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
         if d.allowed and d.rule.max_request_bytes is not None:

@@ -115,6 +115,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(github_annotation("error", ex.rule.source.file, ex.rule.source.line, ex.message)
               if fmt == "github" else f"expired: {ex}",
               file=sys.stderr if fmt == "json" else sys.stdout)
+    from sandgate.policy.prerequisites import unreachable
+
+    # brokered credentials whose token endpoint the identity cannot reach: 503 at run time
+    unmet = unreachable(policy)
+    for u in unmet:
+        print(github_annotation("error", u.rule.source.file, u.rule.source.line,
+                                f"{u.message}. Fix: {u.fix}")
+              if fmt == "github" else f"unreachable token endpoint: {u}",
+              file=sys.stderr if fmt == "json" else sys.stdout)
     results = run_policy_tests(policy, resolve)
     failed = [r for r in results if not r.passed]
     summary = (f"{len(policy.files)} file(s), {len(policy.identities)} identities, "
@@ -133,8 +142,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         } for r in results]
         doc["passed"] = len(results) - len(failed)
         doc["failed"] = len(failed)
+        doc["prerequisites"] = [{
+            "file": u.rule.source.file, "line": u.rule.source.line, "identity": u.identity,
+            "rule": u.rule.name, "secret": u.secret, "token_endpoint": u.url,
+            "message": u.message, "fix": u.fix} for u in unmet]
         print(json.dumps(doc, indent=2))
-        return 1 if failed or expired else 0
+        return 1 if failed or expired or unmet else 0
     for r in results:
         if fmt == "github":
             if not r.passed:
@@ -154,7 +167,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"report mode (policy refusals forwarded without credentials and audited, not "
               f"enforced): {', '.join(report)}")
     print(summary)
-    return 1 if failed or expired or not all(pr.ok for pr in proofs) else 0
+    return 1 if failed or expired or unmet or not all(pr.ok for pr in proofs) else 0
 
 
 def _explain_name(args: argparse.Namespace) -> int:
