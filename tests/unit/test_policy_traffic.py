@@ -325,8 +325,8 @@ def test_explain_batch_json_lines_carry_what_the_proxy_judges(tmp_path):
 @pytest.mark.parametrize(("line", "error"), [
     ('{"identity": "agent", "method": "POST", "url": "https://a.test/", "bodyy": "x"}',
      "unknown field(s) bodyy"),
-    ('{"method": "GET", "url": "https://a.test/"}', 'needs "identity"'),
-    ('{"identity": "agent", "url": "https://a.test/"}', 'needs "method" and "url"'),
+    ('{"method": "GET", "url": "https://a.test/"}', '"identity" is required'),
+    ('{"identity": "agent", "url": "https://a.test/"}', '"method" and "url" are required'),
     ('{"identity": "agent", "identity": "tool", "method": "GET", "url": "https://a.test/"}',
      "repeats the key"),
     ('{"identity": "agent", "method": "POST", "url": "https://a.test/", "body": "x", '

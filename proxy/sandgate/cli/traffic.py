@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -15,7 +14,7 @@ from sandgate.cli.common import load_error, resolve_arg
 from sandgate.cli.common import resolve as _resolve
 
 if TYPE_CHECKING:
-    from sandgate.jsonrpc import Call
+    from sandgate.explain_input import ExplainInput
 
 
 def register(sub: Any) -> None:
@@ -122,144 +121,33 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class BatchLine:
-    """One `explain --batch` input: a request (with what the proxy judges besides its head:
-    the caller's sandbox, the way in, the body or the call it carries, the MCP headers) or,
-    with `dns`, a policy DNS query."""
-
-    identity: str
-    method: str = ""
-    url: str = ""
-    sandbox: str | None = None
-    gateway: bool = False
-    call: Call | None = None
-    body: bytes | None = None
-    headers: tuple[tuple[str, str], ...] = ()  # (lower-case name, value), as sent
-    websocket: bool = False
-    dns: str | None = None
-    qtype: str = "A"
-
-
-# The fields of a JSON batch line (docs/traffic.md); any other is refused, so that a misspelt
-# field is never silently dropped from what is judged.
-BATCH_FIELDS = frozenset({"identity", "method", "url", "sandbox", "gateway", "body",
-                          "body_file", "headers", "mcp_tool", "mcp_args", "rpc_method",
-                          "mcp_resource", "websocket", "dns", "type"})
-
-
 def parse_batch_line(text: str, sandbox: str | None = None, gateway: bool = False,
-                     base: Path | None = None) -> BatchLine | None:
+                     base: Path | None = None) -> ExplainInput | None:
     """`IDENTITY METHOD URL` (a trailing `# comment` allowed) or a JSON object of
-    BATCH_FIELDS; None for a blank or comment line. `sandbox` and `gateway` are the defaults
-    (the command line's) a JSON line may override; `base` is where a `body_file` is relative
-    to. ValueError says what is wrong with any other line."""
+    sandgate.explain_input's FIELDS; None for a blank or comment line. `sandbox` and `gateway`
+    are the defaults (the command line's) a JSON line may override; `base` is where a
+    `body_file` is relative to. ValueError says what is wrong with any other line."""
+    from sandgate.explain_input import ExplainInput, parse_input
+    from sandgate.jsonrpc import CallError, loads
+
     body = text.strip()
     if not body or body.startswith("#"):
         return None
     if body.startswith("{"):
-        return _json_line(body, sandbox, gateway, base)
+        try:
+            doc = loads(body.encode("utf-8", "surrogateescape"))  # strict: no duplicate keys
+        except CallError as e:
+            raise ValueError(str(e).replace("the body", "the line")) from None
+        if not isinstance(doc, dict):
+            raise ValueError("a JSON line must be an object")
+        return parse_input(doc, sandbox, gateway, base)
     parts = body.split()
     if len(parts) > 3 and parts[3].startswith("#"):
         parts = parts[:3]
     if len(parts) != 3:
         raise ValueError(f"expected `IDENTITY METHOD URL` or a JSON object, got {len(parts)} "
                          "field(s)")
-    return BatchLine(parts[0], parts[1], parts[2], sandbox, gateway)
-
-
-def _json_line(text: str, sandbox: str | None, gateway: bool, base: Path | None
-               ) -> BatchLine:
-    from sandgate.call_cli import call_from_values
-    from sandgate.jsonrpc import CallError, loads
-
-    try:
-        doc = loads(text.encode("utf-8", "surrogateescape"))  # strict: no duplicate keys
-    except CallError as e:
-        raise ValueError(str(e).replace("the body", "the line")) from None
-    if not isinstance(doc, dict):
-        raise ValueError("a JSON line must be an object")
-    unknown = sorted(set(doc) - BATCH_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(unknown)}; a line has "
-                         f"{', '.join(sorted(BATCH_FIELDS))}")
-    identity = _text(doc, "identity")
-    if identity is None:
-        raise ValueError("the line needs \"identity\"")
-    if "sandbox" in doc:
-        if doc["sandbox"] is not None and not isinstance(doc["sandbox"], str):
-            raise ValueError("\"sandbox\" must be a string or null (no sandbox)")
-        sandbox = doc["sandbox"]
-    if "gateway" in doc:
-        if not isinstance(doc["gateway"], bool):
-            raise ValueError("\"gateway\" must be true or false")
-        gateway = doc["gateway"]
-    dns = _text(doc, "dns")
-    if dns is not None:
-        extra = sorted(set(doc) - {"identity", "dns", "type", "sandbox"})
-        if extra:
-            raise ValueError(f"a \"dns\" line is a name query: no {', '.join(extra)}")
-        return BatchLine(identity, sandbox=sandbox, dns=dns, qtype=_text(doc, "type") or "A")
-    if "type" in doc:
-        raise ValueError("\"type\" goes with \"dns\"")
-    method, url = _text(doc, "method"), _text(doc, "url")
-    if method is None or url is None:
-        raise ValueError("the line needs \"method\" and \"url\" (or \"dns\")")
-    call = call_from_values(doc.get("mcp_tool"), doc.get("mcp_args"), doc.get("rpc_method"),
-                            resource=doc.get("mcp_resource"))
-    raw: bytes | None = None
-    if "body" in doc and "body_file" in doc:
-        raise ValueError("give \"body\" or \"body_file\", not both")
-    if "body" in doc:
-        value = doc["body"]
-        # a string is the body as sent; JSON (a JSON-RPC message or batch) is sent as JSON
-        raw = value.encode("utf-8") if isinstance(value, str) else json.dumps(
-            value, separators=(",", ":")).encode()
-    elif "body_file" in doc:
-        name = _text(doc, "body_file")
-        if name is None:
-            raise ValueError("\"body_file\" must be a file name")
-        path = Path(name) if base is None else base / name
-        try:
-            raw = path.read_bytes()
-        except OSError as e:
-            raise ValueError(f"body_file {name}: {e.strerror or e}") from None
-    websocket = doc.get("websocket", False)
-    if not isinstance(websocket, bool):
-        raise ValueError("\"websocket\" must be true or false")
-    if raw is not None and (call is not None or websocket):
-        raise ValueError("give the body or the call (mcp_tool, rpc_method, mcp_resource, a "
-                         "WebSocket message), not both")
-    return BatchLine(identity, method, url, sandbox, gateway, call, raw,
-                     _headers(doc.get("headers")), websocket)
-
-
-def _text(doc: Mapping[str, object], key: str) -> str | None:
-    value = doc.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"\"{key}\" must be a non-empty string")
-    return value
-
-
-def _headers(value: object) -> tuple[tuple[str, str], ...]:
-    """{"Name": "value" or ["value", ...]} as the (name, value) pairs `explain -H` gives
-    (sandgate.request.parse_header: lower-case names, checked as the proxy would see them)."""
-    from sandgate.request import parse_header
-
-    if value is None:
-        return ()
-    if not isinstance(value, dict):
-        raise ValueError("\"headers\" must be an object of name: value (or [values])")
-    out: list[tuple[str, str]] = []
-    for name, v in value.items():
-        values = [v] if isinstance(v, str) else v
-        if not isinstance(values, list) or not all(isinstance(x, str) for x in values):
-            raise ValueError(f"header {name[:60]!r}: a value must be a string or a list of "
-                             "strings")
-        out += [parse_header(name, x) for x in values]
-    return tuple(out)
+    return ExplainInput(parts[0], parts[1], parts[2], sandbox, gateway)
 
 
 def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
@@ -269,8 +157,7 @@ def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
     `explain --dns`); exit 1 if any line is denied (or reported, or refused by the policy
     DNS) or malformed. `sandbox` and `gateway` as for one `explain`, for every line that does
     not say otherwise: every URL is a gateway path with `gateway`."""
-    from sandgate.explain import explain_name, explain_request
-    from sandgate.policy.dnstypes import query_type
+    from sandgate.explain_input import explain_input
 
     failed = False
     for n, raw in enumerate(lines, 1):
@@ -278,13 +165,7 @@ def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
             line = parse_batch_line(raw, sandbox, gateway, base)
             if line is None:
                 continue
-            if line.dns is not None:
-                doc, allowed = explain_name(policy, line.identity, line.dns,
-                                            query_type(line.qtype))
-            else:
-                doc, allowed = explain_request(policy, line.identity, line.method, line.url,
-                                               resolve, line.sandbox, line.gateway, line.call,
-                                               line.websocket, line.headers, line.body)
+            doc, allowed = explain_input(policy, line, resolve)
         except ValueError as e:
             failed = True
             msg = f"malformed: {e}"
