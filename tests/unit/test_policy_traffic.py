@@ -360,3 +360,25 @@ def test_explain_batch_sandbox_default_and_override(tmp_path):
     _, docs, _ = _batch(lines, tmp_path, sandbox="sb-1")
     assert [(d["sandbox"], d["decision"]) for d in docs] == [
         ("sb-1", "allow"), (None, "deny"), ("sb-1", "allow")]
+
+
+def test_one_explain_takes_the_body_and_the_resource(tmp_path, capsys):
+    """The single explain reads the same inputs as a batch line: --body-file (the body as
+    sent), --mcp-resource, and -H MCP headers checked against the call however it is given."""
+    from sandgate.cli import main
+
+    mcp = "https://mcp.dc.test/mcp"
+    base = ["explain", "--policies", str(CALLS), "--identity", "agent"]
+    body = tmp_path / "b.json"
+    body.write_text(json.dumps([_tool("get_issue", {"repo": "acme/x"}),
+                                _tool("delete_repo", {"repo": "acme/x"}, 2)]))
+    assert main([*base, "--body-file", str(body), "POST", mcp]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["code"] == "denied_by_rule" and doc["call"].startswith("batch")
+    assert main([*base, "--mcp-resource", "file:///projects/a", "POST", mcp]) == 0
+    assert json.loads(capsys.readouterr().out)["call"] == "resource file:///projects/a"
+    assert main([*base, "--mcp-tool", "get_issue", "--mcp-args", '{"repo": "acme/x"}',
+                 "-H", "Mcp-Name: get_me", "POST", mcp]) == 1
+    assert json.loads(capsys.readouterr().out)["code"] == "header_mismatch"
+    assert main([*base, "--body-file", str(body), "--rpc-method", "ping", "POST", mcp]) == 2
+    assert "not both" in capsys.readouterr().err

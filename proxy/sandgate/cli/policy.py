@@ -54,6 +54,10 @@ def register(sub: Any) -> None:
                          help="a header the request carries (repeatable), e.g. "
                          "'x-amz-copy-source: /bucket/key': a rule that signs judges those a "
                          "SigV4 signature covers")
+    explain.add_argument("--body-file", type=Path, default=None, metavar="FILE",
+                         help="the request body as sent (- for stdin): read as the proxy's call "
+                         "stage reads it where a rule with mcp:/jsonrpc: matches (a JSON-RPC "
+                         "message or batch; instead of --mcp-tool/--rpc-method)")
     explain.add_argument("--dns", default=None, metavar="NAME",
                          help="instead of a request: what the policy DNS (run --dns) answers "
                          "the identity for NAME (resolve or refuse)")
@@ -255,11 +259,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except PolicyError as e:
         print(str(e), file=sys.stderr)
         return 1
+    body: bytes | None = None
+    if args.body_file is not None:
+        try:
+            body = sys.stdin.buffer.read() if str(args.body_file) == "-" else \
+                args.body_file.read_bytes()
+        except OSError as e:
+            return _err(f"--body-file {args.body_file}: {e.strerror or e}")
     try:
         headers = [parse_header_line(h) for h in args.header]
         out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
                                        args.sandbox, args.gateway, call_from_args(args),
-                                       args.websocket, headers)
+                                       args.websocket, headers, body)
     except ValueError as e:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))
