@@ -24,12 +24,10 @@ from sandgate.admin_auth import AdminUser, needs
 from sandgate.admin_login import Audit, FailureLimit
 from sandgate.approvals import api as approvals_api
 from sandgate.approvals.service import Approvals
-from sandgate.call_cli import call_from_values
 from sandgate.console.ring import EventRing
-from sandgate.explain import explain_request
+from sandgate.explain_input import explain_input, parse_input
 from sandgate.metrics import CONTENT_TYPE, Metrics
 from sandgate.policy.live import LivePolicy
-from sandgate.request import parse_header
 from sandgate.secrets.scope import SAFE_ID
 from sandgate.secrets.vault import SecretBroker
 from sandgate.tokens import issue_token, parse_ttl
@@ -191,40 +189,12 @@ def build_app(state: AdminState) -> web.Application:
     async def explain_(request: web.Request) -> web.Response:
         try:
             doc = await _body(request)
-            if "dns" in doc:  # what the policy DNS answers: `sandgate explain --dns`
-                return _json(200, _explain_dns(doc))
-            identity, method, url = (_str(doc, "identity"), _str(doc, "method"),
-                                     _str(doc, "url"))
-            assert identity is not None and method is not None and url is not None
-            gateway = doc.get("gateway", False)
-            if not isinstance(gateway, bool):
-                raise ValueError("`gateway` must be true or false")
-            call = call_from_values(doc.get("mcp_tool"), doc.get("mcp_args"),
-                                    doc.get("rpc_method"))
-            websocket = doc.get("websocket", False)
-            if not isinstance(websocket, bool):
-                raise ValueError("`websocket` must be true or false")
-            headers = doc.get("headers", {})
-            if not isinstance(headers, dict) or not all(
-                    isinstance(v, str) for v in headers.values()):
-                raise ValueError("`headers` must be an object of header names to strings")
-            out, _allowed = explain_request(state.live.policy, identity, method, url,
-                                            state.resolve, _str(doc, "sandbox", required=False),
-                                            gateway, call, websocket,
-                                            [parse_header(n, v) for n, v in headers.items()])
+            # the fields of an `explain --batch` JSON line, but no body_file (a proxy's file)
+            inp = parse_input(doc, files=False)
+            out, _allowed = explain_input(state.live.policy, inp, state.resolve)
         except ValueError as e:
             return _error(400, "bad_request", str(e))
         return _json(200, out)
-
-    def _explain_dns(doc: dict[str, Any]) -> dict[str, Any]:
-        from sandgate.explain import explain_name
-        from sandgate.policy.dnstypes import query_type
-
-        identity, name = _str(doc, "identity"), _str(doc, "dns")
-        assert identity is not None and name is not None
-        out, _resolves = explain_name(state.live.policy, identity, name,
-                                      query_type(_str(doc, "type", required=False) or "A"))
-        return out
 
     async def tokens(request: web.Request) -> web.Response:
         try:

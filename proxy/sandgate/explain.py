@@ -4,14 +4,26 @@ proxy's request parser, decision and (where the address is known) address step."
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandgate.decision import Decision, decide_name, judge, reported, shown_outcome
+from sandgate.callbody import header_mismatch, read_call
+from sandgate.decision import (
+    Decision,
+    Verdict,
+    decide_name,
+    decide_request,
+    judge,
+    reported,
+    shown_outcome,
+)
+from sandgate.errors import BadRequest, Refused
 from sandgate.jsonrpc import Call
 from sandgate.policy.ask import ask_fields
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
+from sandgate.policy.prerequisites import rule_unreachable
 from sandgate.request import parse_url
 from sandgate.secrets.aws_request import signed_fields
 from sandgate.secrets.describe import credential_forms, describe, sign_text
@@ -22,8 +34,8 @@ _NO_OVERRIDES: Mapping[str, str] = {}
 def explain(policy: Policy, identity: str, method: str, url: str,
             resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
             gateway: bool = False, call: Call | None = None,
-            websocket: bool = False,
-            headers: Sequence[tuple[str, str]] = ()) -> tuple[dict[str, Any], bool]:
+            websocket: bool = False, headers: Sequence[tuple[str, str]] = (),
+            body: bytes | None = None) -> tuple[dict[str, Any], bool]:
     """(the explanation, allowed). Raises ValueError (a BadRequest) for a request that cannot
     be judged. Secrets appear by name only. `resolve` pins names as `sandgate run --resolve`
     does, so that the address step can be shown; `sandbox` is the caller's sandbox id (None: a
@@ -31,10 +43,18 @@ def explain(policy: Policy, identity: str, method: str, url: str,
     `call`: the JSON-RPC call the body carries (judged by the rules' mcp:/jsonrpc:, as the
     proxy judges the body); `websocket`: the request opens a WebSocket (with `call`: the call
     is a message on it); `headers`: (name, value) pairs the request carries (a signing rule
-    judges those a SigV4 signature covers). A tunnelled request is "allowed" (it is forwarded)
+    judges those a SigV4 signature covers, and the MCP metadata headers the call stage checks
+    against the call); `body`: the request body as sent, read as the proxy's call stage reads
+    it (`judge_body`; instead of `call`). A tunnelled request is "allowed" (it is forwarded)
     with decision `tunnel`."""
+    if body is not None and (call is not None or websocket):
+        raise ValueError("give the body or the call (mcp_tool, rpc_method, mcp_resource, a "
+                         "WebSocket message), not both")
     v = judge(policy, identity, method, url, resolve, sandbox, gateway, call,
               "websocket" if websocket else None, headers)
+    if not websocket:
+        v, call = judge_body(policy, identity, method, url, resolve, sandbox, gateway, v,
+                             body, headers, call)
     d = v.decision
     decision = shown_outcome(policy, identity, d)
     report = decision == "report"
@@ -86,6 +106,9 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         out["credential_forms"] = credential_forms(policy, d.rule, parse_url(method, url).host)
         out["placeholders_honoured"] = sorted(d.rule.secrets)
         out["trace_context"] = trace_context(d.rule.forward_trace_context)
+        unmet = rule_unreachable(policy, identity, d.rule)
+        if unmet:  # what `sandgate check` reports as an error: 503 at run time
+            out["credentials_unavailable"] = [f"{u.message}. Fix: {u.fix}" for u in unmet]
     if d.rule is not None:
         out["private_cidrs"] = [str(n) for n in d.rule.private_cidrs]
         if d.allowed and d.rule.max_request_bytes is not None:
@@ -96,10 +119,52 @@ def explain(policy: Policy, identity: str, method: str, url: str,
     return out, d.allowed
 
 
+def judge_body(policy: Policy, identity: str, method: str, url: str,
+               resolve: Mapping[str, str], sandbox: str | None, gateway: bool, head: Verdict,
+               body: bytes | None, headers: Sequence[tuple[str, str]], call: Call | None
+               ) -> tuple[Verdict, Call | None]:
+    """The verdict once the body is read, as the proxy's call stage reaches it: only where a
+    rule with `mcp:`/`jsonrpc:` matched the head (`call_limit`; elsewhere the body is not a
+    call to judge) the body is read by `callbody.read_call`, the MCP headers are checked
+    against the call (the body's, or `call` given instead of a body, which `head` already
+    judged), and the request is judged again with the call. Returns the verdict and the call.
+    The call stage comes before the sandbox step (the proxy's s50_inject) and the dial: a
+    refused body is refused whatever the sandbox, so the head it reads is `decide_request`'s,
+    not `head` (which has both steps)."""
+    if head.connect:
+        return head, call
+    d = decide_request(policy, identity, parse_url(method, url), gateway)
+    if d.call_limit is None or d.tunnel:
+        return head, call
+
+    def lookup(name: str) -> Sequence[str]:
+        return [v for n, v in headers if n.lower() == name.lower()]
+
+    def refused(e: Refused) -> Verdict:
+        return dataclasses.replace(head, decision=Decision(
+            False, e.code, e.reason, hint=e.hint,
+            detail="the call stage refuses the body before any rule judges it"))
+
+    given = call is not None
+    try:
+        if body:
+            call = read_call(d.call_limit, body, next(iter(lookup("content-encoding")), None))
+    except BadRequest as e:
+        return refused(e), None
+    mismatch = header_mismatch(lookup, call)
+    if mismatch is not None:
+        return refused(mismatch), call
+    if given or call is None:
+        return head, call
+    return judge(policy, identity, method, url, resolve, sandbox, gateway, call, None,
+                 headers), call
+
+
 def explain_request(policy: Policy, identity: str, method: str, url: str,
                     resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
                     gateway: bool = False, call: Call | None = None, websocket: bool = False,
-                    headers: Sequence[tuple[str, str]] = ()) -> tuple[dict[str, Any], bool]:
+                    headers: Sequence[tuple[str, str]] = (), body: bytes | None = None
+                    ) -> tuple[dict[str, Any], bool]:
     """`explain`, where with `gateway` the URL is a gateway path (e.g. /anthropic/v1/messages):
     mapped to its upstream request by the gateway listener's own `route`, then judged as the
     gateway judges it (no CONNECT precedes it). Raises ValueError for a path no gateway serves
@@ -107,12 +172,12 @@ def explain_request(policy: Policy, identity: str, method: str, url: str,
     request opens a WebSocket (see `explain`)."""
     if not gateway:
         return explain(policy, identity, method, url, resolve, sandbox, call=call,
-                       websocket=websocket, headers=headers)
+                       websocket=websocket, headers=headers, body=body)
     from sandgate.gateway import gateway_url
 
     upstream, gw = gateway_url(policy.gateways, method, url)
     out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True,
-                           call=call, websocket=websocket, headers=headers)
+                           call=call, websocket=websocket, headers=headers, body=body)
     return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed
 
 

@@ -118,6 +118,31 @@ def test_explain_takes_headers_as_the_cli_does(admin):
         assert status == 400 and doc["error"] == "bad_request", doc
 
 
+def test_explain_takes_the_batch_line_fields(admin, tmp_path):
+    """`POST /v1/explain` reads its body as `explain --batch` reads a JSON line (one parser,
+    sandgate.explain_input): the same fields, the same answer; no file of the proxy's is read,
+    and a field it does not know is refused rather than dropped from what is judged."""
+    line = {"identity": "coding-agent", "sandbox": "sb-1", "method": "POST",
+            "url": "https://api.anthropic.com/v1/messages",
+            "body": {"jsonrpc": "2.0", "id": 1, "method": "ping"},
+            "headers": {"x-amz-copy-source": ["/a/b"]}}
+    status, doc = admin.post("/v1/explain", line)
+    assert status == 200, doc
+    pins = [a for a in admin.proxy.proc.args if str(a).startswith("--resolve=")]
+    batch = tmp_path / "b.jsonl"
+    batch.write_text(json.dumps(line) + "\n")
+    r = subprocess.run([*SANDGATE, "explain", "--policies", str(admin.policies), *pins,
+                        "--batch", str(batch)], capture_output=True, text=True,
+                       cwd=str(HERE.parent.parent), env=dict(os.environ), check=False)
+    (got,) = [json.loads(x) for x in r.stdout.splitlines()]
+    assert got.pop("line") == 1 and got == doc
+    for bad, why in (({"body_file": "/etc/passwd"}, "body_file"), ({"bodyy": "x"}, "bodyy"),
+                     ({"body": "x", "rpc_method": "ping"}, "not both")):
+        base = {k: v for k, v in line.items() if k not in ("body", "headers")}
+        status, err = admin.post("/v1/explain", {**base, **bad})
+        assert status == 400 and why in err["reason"], err
+
+
 def test_explain_bad_input(admin):
     assert admin.post("/v1/explain", {"identity": "bash-tool"})[0] == 400
     status, doc = admin.post("/v1/explain", {"identity": "bash-tool", "method": "GET",

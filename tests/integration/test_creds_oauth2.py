@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Proxy, curl, split_status, start_proxy, stop_proxy
+from tests.integration.conftest import (
+    SANDGATE,
+    Proxy,
+    curl,
+    split_status,
+    start_proxy,
+    stop_proxy,
+)
 from tests.support.bao import SeedableVault
 from tests.support.pki import Pki, make_pki
 from tests.support.secrets import assert_no_secret
@@ -225,6 +232,22 @@ def test_token_endpoint_not_allowed_by_the_rules_is_503(stack):
     doc = json.loads(body)
     assert "do not allow POST https://norule.creds.test/oauth/token" in doc["reason"]
     assert stack.stats()["served"].get("norule", 0) == 0
+
+
+def test_check_reports_the_unreachable_token_endpoint_the_proxy_refuses(stack, tmp_path):
+    """issue 38: `check` passed this policy, and the proxy answers its norule-api rule 503
+    (above). It now names that rule, and only it: the endpoints the other secrets use are
+    allowed by token-endpoints, and their failures (down, slow) are not the policy's."""
+    (tmp_path / "oauth.yaml").write_text(POLICY)
+    res = subprocess.run([*SANDGATE, "check", "--format", "json", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    (u,) = json.loads(res.stdout)["prerequisites"]
+    assert (u["identity"], u["rule"], u["secret"], u["token_endpoint"]) == (
+        "agent", "norule-api", "norule", "https://norule.creds.test/oauth/token")
+    assert "hosts: [norule.creds.test], methods: [POST]" in u["fix"]
+    body, status = stack.call("norule")  # and the proxy does what check said
+    assert status == 503 and json.loads(body)["code"] == "secret_unavailable"
 
 
 def test_token_endpoint_that_never_answers_is_503_within_its_timeout(stack):

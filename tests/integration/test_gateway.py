@@ -634,10 +634,23 @@ def test_address_identity_and_a_token_of_another_identity_is_refused(cidr_gw, up
                            f"x-api-key: {cidr_gw.proxy.token('bash-tool')}\n"
                            "Content-Length: 2\nConnection: close", b"{}", source=SANDBOX_IP)
     assert status == 401 and _refusal(body)["code"] == "auth_invalid"
-    status, _, body = _post(cidr_gw, "/anthropic/v1/messages",
-                            cidr_gw.proxy.token("coding-agent"))  # from an unknown address
-    assert status == 401 and _refusal(body)["code"] == "auth_invalid"
     assert len(upstream.seen) == before
+
+
+def test_a_token_from_an_address_no_range_names_is_its_token(cidr_gw, upstream):
+    """issue 38: --identity-cidr (needed for policy DNS) refused every token client elsewhere;
+    the ranges say who their addresses are, a client elsewhere is its token's caller."""
+    before = len(upstream.seen)
+    status, _, body = _post(cidr_gw, "/anthropic/v1/messages",
+                            cidr_gw.proxy.token("coding-agent", sandbox="gw-tok"))
+    assert status == 200, body
+    assert_secret_equal(upstream.seen[before].headers.get("x-api-key"), ANTHROPIC_KEY,
+                        "upstream x-api-key")
+    ev = cidr_gw.proxy.wait_audit(lambda e: e.get("sandbox") == "gw-tok")
+    assert (ev["identity"], ev["identity_source"]) == ("coding-agent", "token")
+    status, _, body = _post(cidr_gw, "/anthropic/v1/messages", "sg1.not.a-token")
+    assert status == 401 and _refusal(body)["code"] == "auth_invalid"
+    assert len(upstream.seen) == before + 1
 
 
 # ------------------------------------------------------------------ TLS gateway

@@ -78,3 +78,54 @@ def test_address_outside_every_range_refused(ns_proxy, upstream):
     r = sh("curl", "-sS", "--max-time", "10", "--proxy", ns_proxy.url, "--cacert",
            str(ns_proxy.ca), "-w", "\n%{http_code}", "http://plain.test/x", check=False)
     assert r.stdout.strip().endswith("407")
+
+
+def _host_curl(proxy: Proxy, url: str, user: str) -> tuple[str, int]:
+    r = sh("curl", "-sS", "--max-time", "10", "--proxy", proxy.url, "--cacert", str(proxy.ca),
+           "--proxy-user", user, "-w", "\n%{http_code}", url, check=False)
+    body, _, code = r.stdout.rpartition("\n")
+    return body + r.stderr, int(code or 0)
+
+
+def test_a_token_client_outside_every_range_is_its_token(ns_proxy, upstream):
+    # issue 38: with --identity-cidr (needed for policy DNS) token clients elsewhere got 407
+    token = ns_proxy.token("coding-agent", sandbox="host-tool-1")
+    before = len(upstream.seen)
+    _, status = _host_curl(ns_proxy, "https://upstream.test/docs/a", f"coding-agent:{token}")
+    assert status == 200
+    ev = ns_proxy.wait_audit(lambda e: e.get("sandbox") == "host-tool-1")
+    assert ev["identity"] == "coding-agent" and ev["identity_source"] == "token"
+    assert len(upstream.seen) == before + 1
+    # a bad token there is still refused
+    body, status = _host_curl(ns_proxy, "http://plain.test/x", "coding-agent:sg1.x.y")
+    assert status == 407, body
+
+
+def test_a_token_inside_a_range_must_agree_with_it(netns, ns_proxy, upstream):
+    # the range's guarantee is kept: its address is bash-tool, whatever token it shows
+    token = ns_proxy.token("coding-agent")
+    before = len(upstream.seen)
+    body, status = ns_curl(netns, ns_proxy, "http://plain.test/x", "--proxy-user",
+                           f"coding-agent:{token}")
+    assert status == 407 and "disagrees" in body, body
+    assert len(upstream.seen) == before
+
+
+@pytest.fixture(scope="module")
+def only_proxy(tmp_path_factory, netns, vault, upstream, pki) -> Iterator[Proxy]:
+    p = start_proxy(tmp_path_factory.mktemp("ns-only"), HERE / "policies",
+                    {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}, pki,
+                    "--identity-cidr", f"{NS_IP}/32=bash-tool/ns-sandbox-1",
+                    "--address-identity-only", listen_host=HOST_IP)
+    yield p
+    stop_proxy(p)
+
+
+def test_address_identity_only_refuses_token_clients_elsewhere(netns, only_proxy, upstream):
+    token = only_proxy.token("coding-agent")
+    before = len(upstream.seen)
+    body, status = _host_curl(only_proxy, "http://plain.test/x", f"coding-agent:{token}")
+    assert status == 407 and "no sandbox is known" in body, body
+    assert len(upstream.seen) == before
+    _, status = ns_curl(netns, only_proxy, "https://upstream.test/docs/a")
+    assert status == 200

@@ -302,8 +302,15 @@ def test_address_identity_needs_no_token_and_keeps_a_placeholder():
     with pytest.raises(IdentityError) as ei:
         ident.identify_token(issue_token(KEY, "other"), "10.1.2.3")
     assert ei.value.code is Code.AUTH_INVALID
+    # elsewhere a valid token identifies its client; a bad one, or none, is refused
+    assert ident.identify_token(TOKEN, "192.0.2.1").source == "token"
     with pytest.raises(IdentityError):
-        ident.identify_token(TOKEN, "192.0.2.1")
+        ident.identify_token(None, "192.0.2.1")
+    with pytest.raises(IdentityError):
+        ident.identify_token(issue_token(b"z" * 32, "agent"), "192.0.2.1")
+    only = Identifier(KEY, (parse_cidr_map(["10.0.0.0/8=agent"], exclusive=True),))
+    with pytest.raises(IdentityError):
+        only.identify_token(TOKEN, "192.0.2.1")
 
 
 @pytest.mark.parametrize("token", ["sg1.x.y", issue_token(b"z" * 32, "agent"),

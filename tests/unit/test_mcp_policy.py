@@ -301,7 +301,8 @@ def test_explain_call_options_are_checked(tool: str | None, args: str | None,
     from sandgate.call_cli import call_from_args
 
     with pytest.raises(ValueError, match=error):
-        call_from_args(argparse.Namespace(mcp_tool=tool, mcp_args=args, rpc_method=method))
+        call_from_args(argparse.Namespace(mcp_tool=tool, mcp_args=args, rpc_method=method,
+                                          mcp_resource=None))
 
 
 def test_explain_judges_the_call_as_the_proxy_does(policy: Policy) -> None:
@@ -310,7 +311,8 @@ def test_explain_judges_the_call_as_the_proxy_does(policy: Policy) -> None:
     from sandgate.call_cli import call_from_args, call_from_values
     from sandgate.explain import explain
 
-    ns = argparse.Namespace(mcp_tool="list_issues", mcp_args=None, rpc_method=None)
+    ns = argparse.Namespace(mcp_tool="list_issues", mcp_args=None, rpc_method=None,
+                            mcp_resource=None)
     out, allowed = explain(policy, "scoped", "POST", "https://mcp.example.com/mcp",
                            call=call_from_args(ns))
     assert not allowed and "argument repo is missing" in out["reason"]  # {} as the proxy sees

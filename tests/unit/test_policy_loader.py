@@ -6,6 +6,8 @@ import ipaddress
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sandgate.policy.loader import (
     PolicyError,
@@ -540,3 +542,76 @@ def test_schema_describes_fixture_keys():
     test = policy_json_schema()["$defs"]["TestSpec"]["properties"]
     for key in ("request", "expect", "rule", "inject", "code", "passthrough"):
         assert test[key].get("description"), key
+
+
+SHARED = "version: v1\nsecrets:\n  k: {vault: secret/data/k, field: f}\n" \
+    "templates:\n  t:\n    - name: r\n      hosts: [a.example.com]\n" \
+    "      description: clone over smart HTTP: read only\n"
+USER = "version: v1\nidentities:\n  a:\n    use: [t]\n    rules:\n" \
+    "      - {name: x, hosts: [b.example.com], inject: {headers: {k: '{{ secrets.k }}'}}}\n" \
+    "tests:\n  - {identity: a, request: GET https://b.example.com/, expect: allow, inject: [k]}\n"
+
+
+def test_a_colon_in_a_plain_value_is_named_once_without_a_cascade(tmp_path):
+    """issue 38: the error did not name the `: ` in a plain value, and every file referring to
+    what the broken file defines reported it missing (25 problems for one line)."""
+    (tmp_path / "10-shared.yaml").write_text(SHARED)
+    (tmp_path / "20-a.yaml").write_text(USER)
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(tmp_path)
+    (p,) = ei.value.problems
+    assert (Path(p.file).name, p.line) == ("10-shared.yaml", 8)
+    assert "`description` contains ': '" in p.message
+    assert 'quote the value: description: "clone over smart HTTP: read only"' in p.fix
+    # the fix, applied, loads
+    (tmp_path / "10-shared.yaml").write_text(SHARED.replace(
+        "description: clone over smart HTTP: read only",
+        'description: "clone over smart HTTP: read only"'))
+    assert load_policy_dir(tmp_path).identities["a"].rules
+
+
+def test_a_colon_in_a_flow_value_is_named(tmp_path):
+    (tmp_path / "p.yaml").write_text(
+        "version: v1\nidentities:\n  a:\n    rules:\n"
+        "      - {name: r, hosts: [a.example.com], description: see: the wiki, methods: [GET]}\n")
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(tmp_path)
+    (p,) = ei.value.problems
+    assert p.line == 5 and 'quote the value: description: "see: the wiki"' in p.fix
+
+
+def test_two_broken_files_give_one_root_error_each(tmp_path):
+    (tmp_path / "a.yaml").write_text("version: v1\nidentities:\n  a: {rules: [}\n")
+    (tmp_path / "b.yaml").write_text("version: v1\nsecrets:\n  s: x: y\n")
+    (tmp_path / "c.yaml").write_text(USER)
+    with pytest.raises(PolicyError) as ei:
+        load_policy_dir(tmp_path)
+    assert [Path(p.file).name for p in ei.value.problems] == ["a.yaml", "b.yaml"]
+    assert "YAML syntax error" in ei.value.problems[0].message
+
+_WORD = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E,
+                              blacklist_characters="#:'\"{}[],&*!|>%@`\\-?"), min_size=1,
+                max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_WORD, min_size=2, max_size=4), st.sampled_from(['"', "\\", "x"]))
+def test_the_quoted_fix_reads_back_the_value_meant(words, extra):
+    """Whatever plain value holds a `: `, the fix offered is YAML for exactly that value."""
+    import yaml
+
+    from sandgate.policy.loader import _plain_colon
+
+    value = ": ".join(words) + extra
+    text = f"a:\n  reason: {value}\n"
+    try:
+        yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        got = _plain_colon(text, e)
+        assert got is not None
+        key, _, fix = got
+        assert key == "reason"
+        fixed = fix.removeprefix("quote the value: ")
+        assert yaml.safe_load(f"a:\n  {fixed}\n") == {"a": {"reason": value}}
+    else:
+        raise AssertionError(f"{text!r} loaded")

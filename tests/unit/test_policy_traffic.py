@@ -263,3 +263,122 @@ def test_explain_batch_exit_codes(tmp_path):
     assert r.returncode == 2
     r = _cli("explain", "--policies", "policies")
     assert r.returncode == 2 and "--identity" in r.stderr
+
+
+CALLS = ROOT / "tests" / "integration" / "policies_differential_calls"
+
+
+def _batch(lines: list[str], tmp_path: Path, sandbox: str | None = None
+           ) -> tuple[int, list[dict], str]:
+    import io
+
+    from sandgate.cli.traffic import explain_batch
+
+    out, err = io.StringIO(), io.StringIO()
+    rc = explain_batch(load_policy_dir(CALLS), iter(lines), {}, out, err, "b.jsonl", sandbox,
+                       base=tmp_path)
+    return rc, [json.loads(line) for line in out.getvalue().splitlines()], err.getvalue()
+
+
+def _tool(name: str, args: dict, id: int = 1) -> dict:
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": args}}
+
+
+def test_explain_batch_json_lines_carry_what_the_proxy_judges(tmp_path):
+    """issue 38: a batch line could not carry a sandbox, a call, a body, a batch, a resource
+    URI, MCP headers or a DNS name (tests/integration/test_differential_calls.py runs these
+    against a proxy)."""
+    mcp = "https://mcp.dc.test/mcp"
+    (tmp_path / "call.json").write_text(json.dumps(_tool("delete_repo", {"repo": "acme/x"})))
+    lines = [json.dumps(d) + "\n" for d in [
+        {"identity": "agent", "method": "POST", "url": mcp,
+         "body": _tool("get_issue", {"repo": "acme/x"})},
+        {"identity": "agent", "method": "POST", "url": mcp, "mcp_tool": "get_issue",
+         "mcp_args": {"repo": "other/x"}},
+        {"identity": "agent", "method": "POST", "url": mcp, "body_file": "call.json"},
+        {"identity": "agent", "method": "POST", "url": mcp, "mcp_resource": "file:///etc/x"},
+        {"identity": "agent", "method": "POST", "url": mcp,
+         "body": [_tool("get_issue", {"repo": "acme/x"}), _tool("get_me", {"repo": "a"}, 2)]},
+        {"identity": "agent", "method": "POST", "url": mcp, "body": "not json"},
+        {"identity": "agent", "method": "POST", "url": mcp, "body": _tool("get_me", {}),
+         "headers": {"Mcp-Method": "ping"}},
+        {"identity": "agent", "method": "POST", "url": "https://rpc.dc.test/rpc",
+         "rpc_method": "eth_blockNumber"},
+        {"identity": "agent", "sandbox": "sb-1", "method": "POST",
+         "url": "https://rpc.dc.test/rpc", "rpc_method": "eth_blockNumber"},
+        {"identity": "agent", "dns": "txt.dc.test", "type": "TXT"},
+        {"identity": "tool", "dns": "txt.dc.test", "type": "TXT"},
+    ]] + ["agent POST https://api.dc.test/x\n"]  # the positional form still works
+    rc, docs, err = _batch(lines, tmp_path)
+    assert rc == 1 and not err, err
+    got = [(d["decision"], d["code"]) for d in docs]
+    assert got == [
+        ("allow", None), ("deny", "no_rule"), ("deny", "denied_by_rule"), ("deny", "no_rule"),
+        ("deny", "no_rule"), ("deny", "bad_request"), ("deny", "header_mismatch"),
+        ("deny", "sandbox_required"), ("allow", None), ("resolve", None), ("refuse", "no_rule"),
+        ("allow", None)]
+    assert docs[0]["call"] == "tool get_issue" and docs[2]["call"] == "tool delete_repo"
+    assert docs[4]["call"].startswith("batch") and docs[9]["type"] == "TXT"
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    ('{"identity": "agent", "method": "POST", "url": "https://a.test/", "bodyy": "x"}',
+     "unknown field(s) bodyy"),
+    ('{"method": "GET", "url": "https://a.test/"}', '"identity" is required'),
+    ('{"identity": "agent", "url": "https://a.test/"}', '"method" and "url" are required'),
+    ('{"identity": "agent", "identity": "tool", "method": "GET", "url": "https://a.test/"}',
+     "repeats the key"),
+    ('{"identity": "agent", "method": "POST", "url": "https://a.test/", "body": "x", '
+     '"mcp_tool": "t"}', "not both"),
+    ('{"identity": "agent", "method": "POST", "url": "https://a.test/", "body": "x", '
+     '"body_file": "f"}', "not both"),
+    ('{"identity": "agent", "method": "POST", "url": "https://a.test/", "body_file": "nope"}',
+     "body_file nope"),
+    ('{"identity": "agent", "dns": "a.test", "method": "GET"}', "a name query"),
+    ('{"identity": "agent", "method": "GET", "url": "https://a.test/", "type": "A"}',
+     "goes with"),
+    ('{"identity": "agent", "dns": "a.test", "type": "BOGUS"}', ""),
+    ('{"identity": "agent", "method": "GET", "url": "https://a.test/", "sandbox": 1}',
+     '"sandbox" must be'),
+    ('{"identity": "agent", "method": "GET", "url": "https://a.test/", "headers": {"a": 1}}',
+     "header 'a'"),
+    ("[1, 2]", "malformed"),
+    ('{"identity": "agent"', "not valid JSON"),
+])
+def test_explain_batch_json_line_errors_say_what_is_wrong(tmp_path, line, error):
+    rc, docs, err = _batch([line + "\n"], tmp_path)
+    assert rc == 1 and "b.jsonl:1: malformed" in err and error in err, err
+    assert docs[0]["input"] == line
+
+
+def test_explain_batch_sandbox_default_and_override(tmp_path):
+    rpc = {"identity": "agent", "method": "POST", "url": "https://rpc.dc.test/rpc",
+           "rpc_method": "eth_blockNumber"}
+    lines = [json.dumps(rpc), json.dumps({**rpc, "sandbox": None}), "agent POST "
+             "https://rpc.dc.test/rpc"]
+    _, docs, _ = _batch(lines, tmp_path, sandbox="sb-1")
+    assert [(d["sandbox"], d["decision"]) for d in docs] == [
+        ("sb-1", "allow"), (None, "deny"), ("sb-1", "allow")]
+
+
+def test_one_explain_takes_the_body_and_the_resource(tmp_path, capsys):
+    """The single explain reads the same inputs as a batch line: --body-file (the body as
+    sent), --mcp-resource, and -H MCP headers checked against the call however it is given."""
+    from sandgate.cli import main
+
+    mcp = "https://mcp.dc.test/mcp"
+    base = ["explain", "--policies", str(CALLS), "--identity", "agent"]
+    body = tmp_path / "b.json"
+    body.write_text(json.dumps([_tool("get_issue", {"repo": "acme/x"}),
+                                _tool("delete_repo", {"repo": "acme/x"}, 2)]))
+    assert main([*base, "--body-file", str(body), "POST", mcp]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["code"] == "denied_by_rule" and doc["call"].startswith("batch")
+    assert main([*base, "--mcp-resource", "file:///projects/a", "POST", mcp]) == 0
+    assert json.loads(capsys.readouterr().out)["call"] == "resource file:///projects/a"
+    assert main([*base, "--mcp-tool", "get_issue", "--mcp-args", '{"repo": "acme/x"}',
+                 "-H", "Mcp-Name: get_me", "POST", mcp]) == 1
+    assert json.loads(capsys.readouterr().out)["code"] == "header_mismatch"
+    assert main([*base, "--body-file", str(body), "--rpc-method", "ping", "POST", mcp]) == 2
+    assert "not both" in capsys.readouterr().err

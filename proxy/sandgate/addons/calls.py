@@ -34,10 +34,11 @@ from mitmproxy import http
 
 from sandgate import mcpheaders
 from sandgate.addons.state import FlowRecord
+from sandgate.callbody import header_mismatch, read_call
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
-from sandgate.jsonrpc import Call, CallError, Id, Message, id_key, loads, parse
-from sandgate.mcpheaders import HEADER_MISMATCH_CODE, HeaderMismatch
+from sandgate.jsonrpc import Call, CallError, Id, Message, id_key, loads
+from sandgate.mcpheaders import HEADER_MISMATCH_CODE
 from sandgate.mcpsession import SessionIdError, unwrap_bound, wrap
 from sandgate.policy.model import Policy
 from sandgate.refusal import REASON_HEADER, Refusal
@@ -131,20 +132,7 @@ def judge_call(rec: FlowRecord, req: http.Request, policy: Policy,
     body = req.raw_content or b""
     if not body:  # nothing to act on (a GET stream, a DELETE of the session): its headers?
         return _headers_agree(req, state)
-    encoding = req.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        raise BadRequest(Code.BAD_REQUEST, f"a JSON-RPC body must not be {encoding!r}-encoded: "
-                         "Sandgate judges the call as sent")
-    if len(body) > d.call_limit:
-        raise BadRequest(Code.TOO_LARGE, f"the JSON-RPC body is larger than the rule allows "
-                         f"({d.call_limit} bytes, mcp.max_body)",
-                         hint="raise max_body in the rule's mcp:/jsonrpc: if such calls are "
-                         "expected")
-    try:
-        call = parse(body)
-    except CallError as e:
-        raise BadRequest(Code.BAD_REQUEST, f"the body is not a JSON-RPC call Sandgate can "
-                         f"judge: {e}") from None
+    call = read_call(d.call_limit, body, req.headers.get("content-encoding"))
     state.call = call
     mismatch = _headers_agree(req, state)
     if mismatch is not None:
@@ -194,13 +182,10 @@ def open_session(req: http.Request, key: bytes, identity: str, info: RequestInfo
 def _headers_agree(req: http.Request, state: CallState) -> Refused | None:
     """MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version against the body (mcpheaders): the
     refusal to answer as a JSON-RPC error when they disagree, whatever the policy says."""
-    try:
-        mcpheaders.check(req.headers.get_all, state.call, state.session_version)
-    except HeaderMismatch as e:
+    refused = header_mismatch(req.headers.get_all, state.call, state.session_version)
+    if refused is not None:
         state.outcomes = ["deny"] * (len(state.call.messages) if state.call else 0)
-        return Refused(Code.HEADER_MISMATCH, f"the MCP request's headers do not agree with "
-                       f"its body: {e}", hint=mcpheaders.HINT)
-    return None
+    return refused
 
 
 def outcomes(state: CallState, call: Call, allowed: bool) -> list[str]:

@@ -38,8 +38,10 @@ def register(sub: Any) -> None:
     explain.add_argument("--policies", type=Path, default=Path("policies"))
     explain.add_argument("--identity", help="required unless --batch")
     explain.add_argument("--batch", type=Path, default=None, metavar="FILE",
-                         help="one request a line, `IDENTITY METHOD URL` (# comments; - for "
-                         "stdin): one JSON object a line")
+                         help="one input a line, `IDENTITY METHOD URL` or a JSON object "
+                         "(sandbox, gateway, body, body_file, headers, mcp_tool, mcp_args, "
+                         "rpc_method, mcp_resource, websocket, dns, type: docs/traffic.md); "
+                         "# comments; - for stdin: one JSON object a line out")
     resolve_arg(explain)
     explain.add_argument("--gateway", action="store_true",
                          help="URL is a gateway path (e.g. /anthropic/v1/messages, what follows "
@@ -52,6 +54,10 @@ def register(sub: Any) -> None:
                          help="a header the request carries (repeatable), e.g. "
                          "'x-amz-copy-source: /bucket/key': a rule that signs judges those a "
                          "SigV4 signature covers")
+    explain.add_argument("--body-file", type=Path, default=None, metavar="FILE",
+                         help="the request body as sent (- for stdin): read as the proxy's call "
+                         "stage reads it where a rule with mcp:/jsonrpc: matches (a JSON-RPC "
+                         "message or batch; instead of --mcp-tool/--rpc-method)")
     explain.add_argument("--dns", default=None, metavar="NAME",
                          help="instead of a request: what the policy DNS (run --dns) answers "
                          "the identity for NAME (resolve or refuse)")
@@ -113,6 +119,15 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(github_annotation("error", ex.rule.source.file, ex.rule.source.line, ex.message)
               if fmt == "github" else f"expired: {ex}",
               file=sys.stderr if fmt == "json" else sys.stdout)
+    from sandgate.policy.prerequisites import unreachable
+
+    # brokered credentials whose token endpoint the identity cannot reach: 503 at run time
+    unmet = unreachable(policy)
+    for u in unmet:
+        print(github_annotation("error", u.rule.source.file, u.rule.source.line,
+                                f"{u.message}. Fix: {u.fix}")
+              if fmt == "github" else f"unreachable token endpoint: {u}",
+              file=sys.stderr if fmt == "json" else sys.stdout)
     results = run_policy_tests(policy, resolve)
     failed = [r for r in results if not r.passed]
     summary = (f"{len(policy.files)} file(s), {len(policy.identities)} identities, "
@@ -131,8 +146,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         } for r in results]
         doc["passed"] = len(results) - len(failed)
         doc["failed"] = len(failed)
+        doc["prerequisites"] = [{
+            "file": u.rule.source.file, "line": u.rule.source.line, "identity": u.identity,
+            "rule": u.rule.name, "secret": u.secret, "token_endpoint": u.url,
+            "message": u.message, "fix": u.fix} for u in unmet]
         print(json.dumps(doc, indent=2))
-        return 1 if failed or expired else 0
+        return 1 if failed or expired or unmet else 0
     for r in results:
         if fmt == "github":
             if not r.passed:
@@ -152,7 +171,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"report mode (policy refusals forwarded without credentials and audited, not "
               f"enforced): {', '.join(report)}")
     print(summary)
-    return 1 if failed or expired or not all(pr.ok for pr in proofs) else 0
+    return 1 if failed or expired or unmet or not all(pr.ok for pr in proofs) else 0
 
 
 def _explain_name(args: argparse.Namespace) -> int:
@@ -240,11 +259,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except PolicyError as e:
         print(str(e), file=sys.stderr)
         return 1
+    body: bytes | None = None
+    if args.body_file is not None:
+        try:
+            body = sys.stdin.buffer.read() if str(args.body_file) == "-" else \
+                args.body_file.read_bytes()
+        except OSError as e:
+            return _err(f"--body-file {args.body_file}: {e.strerror or e}")
     try:
         headers = [parse_header_line(h) for h in args.header]
         out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
                                        args.sandbox, args.gateway, call_from_args(args),
-                                       args.websocket, headers)
+                                       args.websocket, headers, body)
     except ValueError as e:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))

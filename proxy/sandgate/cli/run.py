@@ -149,7 +149,11 @@ def register(sub: Any) -> None:
                      "(see `sandgate canary`); scrub it from responses")
     run.add_argument("--identity-cidr", action="append", default=[],
                      metavar="CIDR=IDENTITY[/SANDBOX]",
-                     help="identify clients from this range without a token (VMs, namespaces)")
+                     help="identify clients from this range without a token (VMs, namespaces); "
+                     "a client from elsewhere is identified by its proxy token")
+    run.add_argument("--address-identity-only", action="store_true",
+                     help="with --identity-cidr: refuse a client outside every range even with "
+                     "a valid proxy token")
     run.add_argument("--docker-network", action="append", default=[], metavar="NAME",
                      help="identify clients on this Docker network by their container labels")
     run.add_argument("--socks5", type=_listen, default=None, metavar="HOST:PORT",
@@ -467,11 +471,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not ca.is_file():
             return _err(f"--upstream-ca {ca}: no such file")
     sources: list[AddressIdentitySource] = []
+    if args.address_identity_only and not args.identity_cidr:
+        return _err("--address-identity-only goes with --identity-cidr")
     if args.identity_cidr:
         from sandgate.identity.cidr import parse_cidr_map
 
         try:
-            sources.append(parse_cidr_map(args.identity_cidr))
+            sources.append(parse_cidr_map(args.identity_cidr, args.address_identity_only))
         except ValueError as e:
             return _err(str(e))
     dev = None

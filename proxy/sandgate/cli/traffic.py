@@ -7,11 +7,14 @@ import json
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from sandgate.cli.common import err as _err
 from sandgate.cli.common import load_error, resolve_arg
 from sandgate.cli.common import resolve as _resolve
+
+if TYPE_CHECKING:
+    from sandgate.explain_input import ExplainInput
 
 
 def register(sub: Any) -> None:
@@ -118,37 +121,51 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_batch_line(text: str) -> tuple[str, str, str] | None:
-    """`IDENTITY METHOD URL` (a trailing `# comment` allowed); None for a blank or comment
-    line. ValueError says what is wrong with any other line."""
+def parse_batch_line(text: str, sandbox: str | None = None, gateway: bool = False,
+                     base: Path | None = None) -> ExplainInput | None:
+    """`IDENTITY METHOD URL` (a trailing `# comment` allowed) or a JSON object of
+    sandgate.explain_input's FIELDS; None for a blank or comment line. `sandbox` and `gateway`
+    are the defaults (the command line's) a JSON line may override; `base` is where a
+    `body_file` is relative to. ValueError says what is wrong with any other line."""
+    from sandgate.explain_input import ExplainInput, parse_input
+    from sandgate.jsonrpc import CallError, loads
+
     body = text.strip()
     if not body or body.startswith("#"):
         return None
+    if body.startswith("{"):
+        try:
+            doc = loads(body.encode("utf-8", "surrogateescape"))  # strict: no duplicate keys
+        except CallError as e:
+            raise ValueError(str(e).replace("the body", "the line")) from None
+        if not isinstance(doc, dict):
+            raise ValueError("a JSON line must be an object")
+        return parse_input(doc, sandbox, gateway, base)
     parts = body.split()
     if len(parts) > 3 and parts[3].startswith("#"):
         parts = parts[:3]
     if len(parts) != 3:
-        raise ValueError(f"expected `IDENTITY METHOD URL`, got {len(parts)} field(s)")
-    return parts[0], parts[1], parts[2]
+        raise ValueError(f"expected `IDENTITY METHOD URL` or a JSON object, got {len(parts)} "
+                         "field(s)")
+    return ExplainInput(parts[0], parts[1], parts[2], sandbox, gateway)
 
 
 def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
                   out: TextIO, err: TextIO, source: str, sandbox: str | None = None,
-                  gateway: bool = False) -> int:
-    """One JSON object per request line (explain's fields plus `line`); exit 1 if any line is
-    denied (or reported) or malformed. `sandbox` and `gateway` as for one `explain`: every URL
-    is a gateway path with `gateway`."""
-    from sandgate.explain import explain_request
+                  gateway: bool = False, base: Path | None = None) -> int:
+    """One JSON object per request line (explain's fields plus `line`; a `dns` line: those of
+    `explain --dns`); exit 1 if any line is denied (or reported, or refused by the policy
+    DNS) or malformed. `sandbox` and `gateway` as for one `explain`, for every line that does
+    not say otherwise: every URL is a gateway path with `gateway`."""
+    from sandgate.explain_input import explain_input
 
     failed = False
     for n, raw in enumerate(lines, 1):
         try:
-            parsed = parse_batch_line(raw)
-            if parsed is None:
+            line = parse_batch_line(raw, sandbox, gateway, base)
+            if line is None:
                 continue
-            identity, method, url = parsed
-            doc, allowed = explain_request(policy, identity, method, url, resolve, sandbox,
-                                           gateway)
+            doc, allowed = explain_input(policy, line, resolve)
         except ValueError as e:
             failed = True
             msg = f"malformed: {e}"
@@ -164,8 +181,8 @@ def cmd_explain_batch(args: argparse.Namespace, resolve: Mapping[str, str]) -> i
     from sandgate.policy.loader import PolicyError, load_policy_dir
 
     if args.identity or args.method or args.url:
-        return _err("--batch reads IDENTITY METHOD URL from the file; give no --identity, "
-                    "method or URL with it")
+        return _err("--batch reads each request (IDENTITY METHOD URL, or a JSON object) from "
+                    "the file; give no --identity, method or URL with it")
     try:
         policy = load_policy_dir(args.policies)
     except PolicyError as e:
@@ -173,6 +190,7 @@ def cmd_explain_batch(args: argparse.Namespace, resolve: Mapping[str, str]) -> i
         return 1
     try:
         return explain_batch(policy, _open(args.batch), resolve, sys.stdout, sys.stderr,
-                             str(args.batch), args.sandbox, args.gateway)
+                             str(args.batch), args.sandbox, args.gateway,
+                             None if str(args.batch) == "-" else args.batch.parent)
     except OSError as e:
         return _err(f"--batch {args.batch}: {e.strerror or e}")

@@ -154,22 +154,11 @@ class LocalSource:
         return self.ring.refusals()
 
     async def explain(self, args: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-        from sandgate.call_cli import call_from_values
-        from sandgate.explain import explain_request
+        from sandgate.explain_input import explain_input, parse_input
 
-        try:
-            if "dns" in args:  # what the policy DNS answers, as `POST /v1/explain` says it
-                from sandgate.explain import explain_name
-                from sandgate.policy.dnstypes import query_type
-
-                out, _ = explain_name(self.state.live.policy, str(args["identity"]),
-                                      str(args["dns"]), query_type(str(args.get("type", "A"))))
-                return 200, out
-            call = call_from_values(args.get("mcp_tool"), None, args.get("rpc_method"))
-            out, _ = explain_request(self.state.live.policy, str(args["identity"]),
-                                     str(args["method"]), str(args["url"]), self.state.resolve,
-                                     args.get("sandbox"), bool(args.get("gateway")), call,
-                                     bool(args.get("websocket")))
+        try:  # the admin API's `POST /v1/explain`: the same fields, read the same way
+            out, _ = explain_input(self.state.live.policy, parse_input(args, files=False),
+                                   self.state.resolve)
         except ValueError as e:
             return 400, {"error": "bad_request", "reason": str(e)}
         return 200, out

@@ -27,7 +27,12 @@ class AddressIdentitySource(Protocol):
     """Identifies a caller by the address it connects from (Docker labels, static CIDRs).
 
     `lookup` is called on the hot path: it must only read pre-built state, never do I/O.
-    It returns None when this source knows nothing about the address.
+    It returns None when this source knows nothing about the address. `exclusive`: an address
+    it knows nothing about is refused even with a valid proxy token (Docker labels: every client
+    on the watched networks is a container; `--identity-cidr` with `--address-identity-only`);
+    otherwise such a client is identified by its token alone.
     """
+
+    exclusive: bool
 
     def lookup(self, client_ip: str) -> Caller | None: ...

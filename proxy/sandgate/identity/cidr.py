@@ -43,7 +43,10 @@ class StaticCidrSource:
 
     source = "cidr"
 
-    def __init__(self, mapping: Sequence[CidrEntry]) -> None:
+    def __init__(self, mapping: Sequence[CidrEntry], exclusive: bool = False) -> None:
+        # not exclusive: the ranges say who the addresses in them are; a client elsewhere (a
+        # host tool, another network) is identified by its proxy token as without any range
+        self.exclusive = exclusive
         # Per IP version: prefix lengths longest first, and per length {network int: Caller}.
         tables: dict[int, dict[int, dict[int, Caller]]] = {4: {}, 6: {}}
         seen: dict[ipaddress.IPv4Network | ipaddress.IPv6Network, CidrEntry] = {}
@@ -101,12 +104,13 @@ def parse_cidr_entry(text: str) -> CidrEntry:
     return (str(net), identity, sandbox if slash else None)
 
 
-def parse_cidr_map(text: str | Iterable[str]) -> StaticCidrSource:
+def parse_cidr_map(text: str | Iterable[str], exclusive: bool = False) -> StaticCidrSource:
     """A StaticCidrSource from lines of "CIDR=identity[/sandbox]" (e.g. --identity-cidr values).
+    `exclusive`: refuse addresses outside every range even with a valid token.
 
     Raises ValueError naming the offending line or range.
     """
-    return StaticCidrSource(parse_cidr_entries(text))
+    return StaticCidrSource(parse_cidr_entries(text), exclusive)
 
 
 def parse_cidr_entries(text: str | Iterable[str]) -> list[CidrEntry]:

@@ -54,6 +54,7 @@ class DockerLabelSource:
     """AddressIdentitySource over running containers' labels on the given Docker networks."""
 
     source = "docker"
+    exclusive = True  # an address no container owns is refused, token or not (docs/deployment.md)
 
     def __init__(
         self,

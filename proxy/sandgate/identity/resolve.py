@@ -21,8 +21,10 @@ class Identifier:
                  listen_port: int | None = None) -> Caller:
         """Who is calling. Raises IdentityError; never trusts anything unverified.
 
-        With address sources configured, an address no source vouches for is refused even with
-        a valid token, and a token that names another identity than the address is refused.
+        A token that names another identity than the address is refused. An address no source
+        vouches for is refused without a token; with a valid token it is that token's caller,
+        unless a source is exclusive (Docker labels, `--address-identity-only`) or the listener
+        is a role listener (the split: its address decides the role).
         """
         return self._combine(proxy_authorization is not None, client_ip,
                              lambda: authenticate_basic(proxy_authorization, self.token_key),
@@ -50,9 +52,12 @@ class Identifier:
         if self.split is not None:  # a role listener: the address's caller in that role
             by_address = self.split.caller(self.split.role(listen_port), by_address, client_ip)
         if self.address_sources and by_address is None:
-            raise IdentityError(
-                Code.AUTH_INVALID, f"no sandbox is known at address {client_ip}"
-            )
+            if not has_token or self.split is not None or any(
+                    getattr(s, "exclusive", True) for s in self.address_sources):
+                raise IdentityError(
+                    Code.AUTH_INVALID, f"no sandbox is known at address {client_ip}"
+                )
+            return by_token_of()  # an address no range names: a token client like any other
         if not has_token and by_address is not None:
             return by_address
         by_token = by_token_of()

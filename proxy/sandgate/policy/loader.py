@@ -143,8 +143,24 @@ def load_policy_files(paths: Sequence[Path]) -> Policy:
         raise PolicyError([PolicyProblem("-", 0, "", "no policy files given",
                                          "give at least one policy file")])
     problems: list[PolicyProblem] = []
-    parts = [_load_file(Path(p), problems) for p in paths]
-    policy = _merge([p for p in parts if p is not None], problems)
+    parts: list[_FilePart] = []
+    roots: list[PolicyProblem] = []  # the problems of files that could not be read at all
+    for p in paths:
+        mine: list[PolicyProblem] = []
+        part = _load_file(Path(p), mine)
+        problems += mine
+        if part is None:
+            roots += mine
+        else:
+            parts.append(part)
+    if roots:
+        # One root error per broken file, and nothing else: the other files refer to secrets,
+        # templates, gateways and identities the broken one may define, and would each report
+        # them missing (a cascade that buries the one line to fix).
+        raise PolicyError([dataclasses.replace(
+            pr, fix=f"{pr.fix} (the other files are checked once this one loads)")
+            for pr in roots] if len(paths) > 1 else roots)
+    policy = _merge(parts, problems)
     if problems:
         order = {str(Path(p)): i for i, p in enumerate(paths)}
         problems.sort(key=lambda pr: (order.get(pr.file, len(order)), pr.line))
@@ -185,6 +201,47 @@ class _FilePart:
         return PolicyProblem(self.file, self.line(loc), field_path(loc), message, fix)
 
 
+_ROOT_FIX = ("check indentation and quoting near this line; quote values that start with '*', "
+             "'{', '[', '&', '!' or '%', e.g. hosts: ['*.example.com'] and "
+             "x-api-key: \"{{ secrets.NAME }}\"")
+# PyYAML's words for a `: ` inside a plain (unquoted) value, in a block and in a flow mapping
+_COLON_PROBLEMS = ("mapping values are not allowed here", "expected ',' or '}', but got ':'")
+
+
+def _plain_colon(text: str, e: yaml.MarkedYAMLError) -> tuple[str, str, str] | None:
+    """(the key, the message, the fix) when the error is a `: ` inside a plain value (`reason:
+    see: the wiki`): YAML reads it as a second key, and the usual quoting hint (values that
+    start with '*', '{', ...) does not say so. None for any other error."""
+    mark = e.problem_mark
+    if mark is None or e.problem not in _COLON_PROBLEMS:
+        return None
+    lines = text.splitlines()
+    if mark.line >= len(lines):
+        return None
+    line, col = lines[mark.line], mark.column
+    if col >= len(line) or line[col] != ":":
+        return None
+    sep = line.rfind(": ", 0, col)  # the key's own `: `, before the one in the value
+    if sep < 0:
+        return None
+    start = max(line.rfind(c, 0, sep) for c in ("{", ",", "-", " ")) + 1
+    key = line[start:sep].strip()
+    flow = e.problem.startswith("expected")
+    rest = line[sep + 2:]
+    if flow:
+        ends = [i for i in (rest.find(","), rest.find("}")) if i >= 0]
+        value = rest[:min(ends)] if ends else rest
+    else:
+        value = rest.split(" #", 1)[0]
+    value = value.strip()
+    if not key or not value:
+        return None
+    quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return (key, f"the value of `{key}` contains ': ' (a colon and a space), which YAML reads "
+            "as the start of another key inside an unquoted value",
+            f"quote the value: {key}: {quoted}")
+
+
 def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
     file = str(path)
     try:
@@ -213,11 +270,10 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
         what = " ".join(x for x in (e.context, e.problem) if x)
+        colon = _plain_colon(text, e)
         problems.append(PolicyProblem(
-            file, line, "", f"YAML syntax error: {what}",
-            "check indentation and quoting near this line; quote values that start with '*', "
-            "'{', '[', '&', '!' or '%', e.g. hosts: ['*.example.com'] and "
-            "x-api-key: \"{{ secrets.NAME }}\""))
+            file, line, "", f"YAML syntax error: {what}", _ROOT_FIX) if colon is None else
+            PolicyProblem(file, line, "", f"YAML syntax error: {colon[1]}", colon[2]))
         return None
     except yaml.YAMLError as e:
         problems.append(PolicyProblem(file, 1, "", f"YAML error: {e}", "fix the YAML syntax"))

@@ -450,6 +450,23 @@ def query_cells(rules: Iterable[Rule]) -> list[QueryCell] | None:
     return cells
 
 
+def involved_query(query: QueryCell, rules: Iterable[Rule], scheme: str, host: str, port: int,
+                   method: str) -> QueryCell:
+    """The part of a query cell a witness shows: the parameters that the rules reaching this
+    scheme, host, port and method constrain. A cell names a value for every parameter any rule
+    of the proof constrains, so a counter-example on one host would otherwise carry the query
+    values of rules on others. The whole cell when dropping the rest changes which of those
+    rules match (then the decision might change too)."""
+    near = [r for r in rules if not r.passthrough and scheme in r.schemes and port in r.ports
+            and (r.methods is None or method in r.methods) and r.matches_host(host)]
+    names = {n for r in near for n, _ in (*r.query, *r.query_optional)} | {
+        n for r in near for n in r.query_absent}
+    kept = tuple((n, v) for n, v in query if n in names)
+    if [r.matches_query(kept) for r in near] != [r.matches_query(query) for r in near]:
+        return query
+    return kept
+
+
 def query_string(query: QueryCell) -> str:
     """The query string of a witness (each name and value percent-encoded, so it decodes back
     to exactly itself)."""
@@ -635,9 +652,11 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                                 memo[key] = _cell_gap(n_app, o_app, policy.secrets, host)
                             gap = memo[key]
                             if gap is not None:
+                                shown_query = involved_query(query, rules, scheme, host, port,
+                                                             method)
                                 return _l7_counterexample(
                                     policy, narrow, other, claim, src, scheme, host, port,
-                                    method, n_app[gap[0]], gap[1], query, call, upgrade)
+                                    method, n_app[gap[0]], gap[1], shown_query, call, upgrade)
 
     # CONNECT: every tunnel decide_connect() passes through without interception.
     for host in hosts:

@@ -48,12 +48,21 @@ class Entry:
                      f"{', '.join(map(str, sorted(r.ports)))}",
             "methods": ", ".join(sorted(r.methods)) if r.methods is not None else "any",
             "paths": ", ".join(p.text for p in r.paths) if r.paths is not None else "any",
-            "query": "; ".join(f"{n}={'|'.join(sorted(v))}" for n, v in r.query) or "any",
+            "query": query_text(r),
             "secrets": ", ".join(self.secrets) or "none",
             "private": ", ".join(map(str, r.private_cidrs)) or "",
             "notes": " ".join(self.notes),
             "source": str(r.source),
         }
+
+
+def query_text(r: Rule) -> str:
+    """Every `query:` constraint of a rule, in one cell: required values, optional ones (the
+    parameter may be missing) and parameters that must be absent; "any" without constraints."""
+    parts = [f"{n}={'|'.join(sorted(v))}" for n, v in r.query]
+    parts += [f"{n}={'|'.join(sorted(v))} (optional)" for n, v in r.query_optional]
+    parts += [f"{n} absent" for n in sorted(r.query_absent)]
+    return "; ".join(parts) or "any"
 
 
 @dataclass(slots=True)
