@@ -315,7 +315,7 @@ def test_a_value_in_any_gzip_member_or_stacked_coding_is_exfiltration(proxy, ups
     (b"plain", "compress", "bad_request"),  # a coding Sandgate cannot decode
     (gzip.compress(b'{"a": 1}')[:-6], "gzip", "bad_request"),  # cut short
     (gzip.compress(b"\0" * (40 << 20)), "gzip", "too_large"),  # over --max-request-body
-])
+], ids=["unknown-coding", "gzip-cut", "gzip-bomb"])  # (gzip stamps the time: not the bodies)
 def test_a_body_sandgate_cannot_decode_is_refused(proxy, upstream, tmp_path, body, coding,
                                                   code):
     before = seen_count(upstream)
