@@ -56,8 +56,13 @@ def register(sub: Any) -> None:
     run.add_argument("--allow-same-user", action="store_true",
                      help="start even if the agent's user may write the agent directory (its "
                      "children could then register themselves)")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
-    run.set_defaults(handler=_run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                     help="the agent's command; it runs as this process (the registered pid)")
+    agent.set_defaults(handler=cmd_agent)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    return _run(args)  # `run` is the only agent command (argparse requires it)
 
 
 def ptrace_scope(path: Path = YAMA) -> int | None:
