@@ -1,0 +1,166 @@
+"""Real agent CLIs under the split without a hook (docs/pattern1.md): `sandgate agent run`
+starts the CLI as the registered agent process, Sandgate (`--agent-dir`) serves it with the
+policy template of policies/agents, and a stand-in model API on the real host name scripts one
+shell tool call, a `curl` to the model API itself, then a final answer.
+
+Checked for each CLI: the model calls carry the key from OpenBao (the CLI holds a placeholder),
+the curl its shell runs is refused as the tool identity (with the agent's token it inherited:
+407; with no token: 403 for the tool identity), the stand-in never sees a call from the tool,
+and the audit names the identity of each call.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import (
+    ANTHROPIC_KEY,
+    SANDGATE,
+    SECRET_VALUES,
+    Proxy,
+    start_proxy,
+    stop_proxy,
+)
+from tests.integration.test_agent_claude_code import claude_binary
+from tests.support.anthropic_api import StandInToolTurn
+from tests.support.pki import make_pki
+from tests.support.secrets import assert_no_secret, assert_secret_equal
+from tests.support.upstream import AppThread
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parents[2]
+TEMPLATES = ROOT / "policies" / "agents"
+API_IP = "127.0.37.2"  # this file's loopback address: api.anthropic.com, pinned by --resolve
+API = "https://api.anthropic.com/v1/messages"
+
+
+def template(name: str) -> str:
+    """An agent's policy template as shipped, its model API rule allowed to dial the stand-in's
+    loopback address (the one change: the real API is public)."""
+    text = (TEMPLATES / f"{name}.yaml").read_text()
+    marker = '        inject: {headers: {x-api-key: "{{ secrets.anthropic }}"}}\n'
+    assert marker in text
+    return text.replace(marker, f"{marker}        private_cidrs: [{API_IP}/32]\n", 1)
+
+
+@dataclass
+class Stack:
+    proxy: Proxy
+    api: StandInToolTurn
+    agents: Path
+
+
+def tool_command(proxy: Proxy) -> str:
+    """What the model asks the shell tool to run: the model API, once as the agent's
+    environment has it (the agent's token in HTTPS_PROXY), once with a proxy and no token."""
+    curl = ('curl -sS -o /dev/null --max-time 20 --cacert "$NODE_EXTRA_CA_CERTS" -d {} '
+            f'-w "%{{http_code}}/%{{http_connect}}" {API}')
+    return (f'echo "inherited:$({curl})"; '
+            f'echo "bare:$({curl} --proxy http://{proxy.host}:{proxy.port})"')
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, vault) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("agent-split-clis")
+    pki = make_pki(tmp / "pki", ["api.anthropic.com"])
+    api = StandInToolTurn(tool="Bash", command="true")
+    server = AppThread(api.app(), pki.cert, pki.key, API_IP).start()
+    (tmp / "policies").mkdir()
+    (tmp / "policies" / "secrets.yaml").write_text((TEMPLATES / "secrets.yaml").read_text())
+    (tmp / "policies" / "claude-code.yaml").write_text(template("claude-code"))
+    agents = tmp / "agents"
+    agents.mkdir()
+    os.chmod(agents, 0o755)
+    proxy = start_proxy(tmp, tmp / "policies", {"VAULT_ADDR": vault.addr,
+                                                "VAULT_TOKEN": vault.root_token}, pki,
+                        f"--resolve=api.anthropic.com={API_IP}", f"--agent-dir={agents}",
+                        "--agent-split=claude-code=claude-code-tool")
+    api.command = tool_command(proxy)
+    try:
+        yield Stack(proxy, api, agents)
+    finally:
+        stop_proxy(proxy)
+        server.stop()
+    assert_no_secret([proxy.logs(), proxy.audit_file.read_text()], SECRET_VALUES,
+                     "the proxy's log and audit")
+
+
+def agent_run(identity: str, tool: str, agents: Path, sandbox: str) -> list[str]:
+    # this machine may lack Yama and runs everything as root: the test says so explicitly
+    return [*SANDGATE, "agent", "run", "--identity", identity, "--tool-identity", tool,
+            "--agent-dir", str(agents), "--sandbox", sandbox, "--allow-ptrace",
+            "--allow-same-user", "--"]
+
+
+def events(proxy: Proxy, sandbox: str, pred, timeout: float = 15) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in proxy.audit() if e.get("sandbox") == sandbox and pred(e)]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_claude_code_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
+    claude = claude_binary()
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+        "LANG": "C.UTF-8",
+        "HTTPS_PROXY": stack.proxy.proxy_url("claude-code"),
+        "NODE_EXTRA_CA_CERTS": str(stack.proxy.ca),
+        "ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "IS_SANDBOX": "1",  # as root, --dangerously-skip-permissions needs it
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # for `sandgate agent run` itself
+    }
+    before = len(stack.api.calls)
+    with tempfile.TemporaryDirectory(prefix="sgcs-") as scratch:
+        env["TMPDIR"] = scratch
+        r = subprocess.run(
+            [*agent_run("claude-code", "claude-code-tool", stack.agents, "cc-split"),
+             str(claude), "-p", "Call the model API from the shell.",
+             "--dangerously-skip-permissions", "--output-format", "text"],
+            capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
+            stdin=subprocess.DEVNULL)
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "Claude Code's output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    # the shell tool ran, and its curls were refused: the agent's token from a process the agent
+    # started (407 at CONNECT), and no token (the tool identity: 403 no_rule)
+    assert stack.api.results, f"the tool's result never came back: {r.stdout[-1500:]}"
+    result = stack.api.results[-1]
+    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    assert "The tool said:" in r.stdout
+    # every call the stand-in saw is the agent's, with the key Sandgate injected
+    calls = stack.api.calls[before:]
+    assert len(calls) >= 2  # the tool call's turn and the final answer's
+    for call in calls:
+        assert_secret_equal(call.headers.get("x-api-key"), ANTHROPIC_KEY, "the injected key")
+    # the audit: the agent's model calls as the agent, the tool's curl as the tool
+    allowed = events(stack.proxy, "cc-split", lambda e: e.get("event") == "request"
+                     and e.get("decision") == "allow")
+    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
+        ("claude-code", "process/agent", "messages")}
+    denied = events(stack.proxy, "cc-split", lambda e: e.get("code") == "no_rule"
+                    and e.get("event") == "request")
+    assert {(e["identity"], e["identity_source"], e["path"]) for e in denied} >= {
+        ("claude-code-tool", "process/tool", "/v1/messages")}
+    # the agent's own refusals are the hosts and paths its template refuses, nothing else
+    assert {e["path"] for e in denied if e["identity"] == "claude-code"} <= {
+        "/api/claude_code/settings", "/api/claude_code/policy_limits"}, denied
+    refused = [e for e in stack.proxy.audit()
+               if "disagrees with the process" in (e.get("reason") or "")]
+    assert refused, "the inherited token's refusal is not in the audit"
