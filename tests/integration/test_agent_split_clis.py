@@ -11,6 +11,7 @@ and the audit names the identity of each call.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -23,6 +24,7 @@ import pytest
 
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
+    OPENAI_KEY,
     SANDGATE,
     SECRET_VALUES,
     Proxy,
@@ -31,6 +33,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_agent_claude_code import claude_binary
 from tests.support.anthropic_api import StandInToolTurn
+from tests.support.openai_responses import StandInResponses
 from tests.support.pki import make_pki
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 from tests.support.upstream import AppThread
@@ -39,31 +42,40 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[2]
 TEMPLATES = ROOT / "policies" / "agents"
-API_IP = "127.0.37.2"  # this file's loopback address: api.anthropic.com, pinned by --resolve
+# this file's loopback addresses, pinned by --resolve: the stand-ins on the real host names
+API_IP = "127.0.37.2"  # api.anthropic.com
+OPENAI_IP = "127.0.37.3"  # api.openai.com
 API = "https://api.anthropic.com/v1/messages"
+OPENAI_API = "https://api.openai.com/v1/responses"
+AGENTS = ROOT / "tests" / "agents"
+# Codex's native binary, exec'd directly: its npm wrapper (bin/codex.js) execs it in place only
+# on Node >= 22.15 (process.execve), and otherwise starts it as a child, which would be the tool
+CODEX = (AGENTS / "node_modules" / "@openai" / "codex-linux-x64" / "vendor" /
+         "x86_64-unknown-linux-musl" / "bin" / "codex")
 
 
-def template(name: str) -> str:
-    """An agent's policy template as shipped, its model API rule allowed to dial the stand-in's
-    loopback address (the one change: the real API is public)."""
+def template(name: str, secret: str, ip: str) -> str:
+    """An agent's policy template as shipped, its model API rules allowed to dial the
+    stand-in's loopback address (the one change: the real API is public)."""
     text = (TEMPLATES / f"{name}.yaml").read_text()
-    marker = '        inject: {headers: {x-api-key: "{{ secrets.anthropic }}"}}\n'
+    marker = f"{{{{ secrets.{secret} }}}}\"}}}}\n"
     assert marker in text
-    return text.replace(marker, f"{marker}        private_cidrs: [{API_IP}/32]\n", 1)
+    return text.replace(marker, f"{marker}        private_cidrs: [{ip}/32]\n")
 
 
 @dataclass
 class Stack:
     proxy: Proxy
     api: StandInToolTurn
+    openai: StandInResponses
     agents: Path
 
 
-def tool_command(proxy: Proxy) -> str:
+def tool_command(proxy: Proxy, api: str = API, ca: str = "NODE_EXTRA_CA_CERTS") -> str:
     """What the model asks the shell tool to run: the model API, once as the agent's
     environment has it (the agent's token in HTTPS_PROXY), once with a proxy and no token."""
-    curl = ('curl -sS -o /dev/null --max-time 20 --cacert "$NODE_EXTRA_CA_CERTS" -d {} '
-            f'-w "%{{http_code}}/%{{http_connect}}" {API}')
+    curl = (f'curl -sS -o /dev/null --max-time 20 --cacert "${ca}" -d {{}} '
+            f'-w "%{{http_code}}/%{{http_connect}}" {api}')
     return (f'echo "inherited:$({curl})"; '
             f'echo "bare:$({curl} --proxy http://{proxy.host}:{proxy.port})"')
 
@@ -71,25 +83,33 @@ def tool_command(proxy: Proxy) -> str:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, vault) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("agent-split-clis")
-    pki = make_pki(tmp / "pki", ["api.anthropic.com"])
+    pki = make_pki(tmp / "pki", ["api.anthropic.com", "api.openai.com"])
     api = StandInToolTurn(tool="Bash", command="true")
+    openai = StandInResponses(command="true")
     server = AppThread(api.app(), pki.cert, pki.key, API_IP).start()
+    openai_server = AppThread(openai.app(), pki.cert, pki.key, OPENAI_IP).start()
     (tmp / "policies").mkdir()
     (tmp / "policies" / "secrets.yaml").write_text((TEMPLATES / "secrets.yaml").read_text())
-    (tmp / "policies" / "claude-code.yaml").write_text(template("claude-code"))
+    (tmp / "policies" / "claude-code.yaml").write_text(
+        template("claude-code", "anthropic", API_IP))
+    (tmp / "policies" / "codex.yaml").write_text(template("codex", "openai", OPENAI_IP))
     agents = tmp / "agents"
     agents.mkdir()
     os.chmod(agents, 0o755)
     proxy = start_proxy(tmp, tmp / "policies", {"VAULT_ADDR": vault.addr,
                                                 "VAULT_TOKEN": vault.root_token}, pki,
-                        f"--resolve=api.anthropic.com={API_IP}", f"--agent-dir={agents}",
-                        "--agent-split=claude-code=claude-code-tool")
+                        f"--resolve=api.anthropic.com={API_IP}",
+                        f"--resolve=api.openai.com={OPENAI_IP}", f"--agent-dir={agents}",
+                        "--agent-split=claude-code=claude-code-tool",
+                        "--agent-split=codex=codex-tool")
     api.command = tool_command(proxy)
+    openai.command = tool_command(proxy, OPENAI_API, "SSL_CERT_FILE")
     try:
-        yield Stack(proxy, api, agents)
+        yield Stack(proxy, api, openai, agents)
     finally:
         stop_proxy(proxy)
         server.stop()
+        openai_server.stop()
     assert_no_secret([proxy.logs(), proxy.audit_file.read_text()], SECRET_VALUES,
                      "the proxy's log and audit")
 
@@ -164,3 +184,74 @@ def test_claude_code_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Pat
     refused = [e for e in stack.proxy.audit()
                if "disagrees with the process" in (e.get("reason") or "")]
     assert refused, "the inherited token's refusal is not in the audit"
+
+
+CODEX_CONFIG = """# Codex through Sandgate: the real API host, a placeholder key (injected)
+model = "gpt-5-codex"
+model_provider = "openai-sandgate"
+
+[model_providers.openai-sandgate]
+name = "OpenAI through Sandgate"
+base_url = "https://api.openai.com/v1"
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+# the stand-in speaks SSE only; the template allows the WebSocket transport too
+supports_websockets = false
+"""
+
+
+def codex_binary() -> Path:
+    """The pinned Codex's native binary. Missing is a failure, never a skip: CI installs it
+    with `scripts/setup.sh --test`."""
+    if not CODEX.exists():
+        pytest.fail(f"Codex ({CODEX.relative_to(ROOT)}) is not installed: run "
+                    "scripts/setup.sh --test (npm ci in tests/agents)")
+    pinned = json.loads((AGENTS / "package.json").read_text())["dependencies"]["@openai/codex"]
+    r = subprocess.run([str(CODEX), "--version"], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == f"codex-cli {pinned}", r.stdout + r.stderr
+    return CODEX
+
+
+def test_codex_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
+    """Codex has no hook for its shell: the split holds all the same."""
+    codex = codex_binary()
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    (home / ".codex").mkdir()
+    (home / ".codex" / "config.toml").write_text(CODEX_CONFIG)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "LANG": "C.UTF-8",
+        "HTTPS_PROXY": stack.proxy.proxy_url("codex"),
+        "SSL_CERT_FILE": str(stack.proxy.ca),
+        "OPENAI_API_KEY": "sandgate-placeholder-openai",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # for `sandgate agent run` itself
+    }
+    before = len(stack.openai.calls)
+    r = subprocess.run(
+        [*agent_run("codex", "codex-tool", stack.agents, "codex-split"), str(codex), "exec",
+         "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+         "Call the model API from the shell."],
+        capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
+        stdin=subprocess.DEVNULL)
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "Codex's output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    assert stack.openai.results, f"the tool's output never came back: {r.stderr[-1500:]}"
+    result = stack.openai.results[-1]
+    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    assert "The tool said:" in r.stdout + r.stderr
+    calls = [c for c in stack.openai.calls[before:] if c.method == "POST"]
+    assert len(calls) >= 2
+    for call in calls:
+        assert_secret_equal(call.headers.get("authorization"), f"Bearer {OPENAI_KEY}",
+                            "the injected key")
+    allowed = events(stack.proxy, "codex-split", lambda e: e.get("event") == "request"
+                     and e.get("decision") == "allow")
+    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
+        ("codex", "process/agent", "responses")}
+    denied = events(stack.proxy, "codex-split", lambda e: e.get("code") == "no_rule"
+                    and e.get("event") == "request")
+    assert ("codex-tool", "process/tool", "/v1/responses") in {
+        (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied
