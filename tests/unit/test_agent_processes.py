@@ -263,3 +263,17 @@ def test_flags(tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o777)
     with pytest.raises(ValueError, match="chmod go-w"):
         agents_from(tmp_path, ["a=b"])
+
+
+def test_unreadable_fds_fail_closed_with_a_fix(world: tuple[FakeProc, Path]) -> None:
+    """Sandgate running as another user than the agent, without CAP_SYS_PTRACE: refused with
+    the fix, never the tool's identity for the agent's own calls, nor the agent's."""
+    proc, _ = world
+    ap, peer = setup(world, AGENT)
+    fd_dir = proc.root / str(AGENT) / "fd"
+    for link in fd_dir.iterdir():
+        link.unlink()
+    fd_dir.rmdir()
+    fd_dir.write_text("")  # listing it fails (as EACCES would), unlike a process that is gone
+    with pytest.raises(IdentityError, match="CAP_SYS_PTRACE"):
+        ap.identify(peer, PROXY)

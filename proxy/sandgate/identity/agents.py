@@ -37,6 +37,7 @@ from sandgate.identity.base import Caller
 from sandgate.identity.roles import parse_tool_identity
 from sandgate.identity.sockowner import (
     Endpoint,
+    Unreadable,
     holds,
     net_namespace,
     socket_inode,
@@ -162,7 +163,15 @@ class AgentProcesses:
             if inode is None:
                 continue
             for reg in regs:
-                if holds(self.proc, reg.pid, inode) and start_time(self.proc, reg.pid) == reg.start:
+                try:
+                    held = holds(self.proc, reg.pid, inode)
+                except Unreadable as e:  # fail closed, and say how to fix it
+                    raise IdentityError(
+                        Code.AUTH_INVALID,
+                        f"Sandgate cannot read the fds of agent process {reg.pid} ({e}), so "
+                        "it cannot tell the agent from its tool: run Sandgate as root or with "
+                        "CAP_SYS_PTRACE") from None
+                if held and start_time(self.proc, reg.pid) == reg.start:
                     return Caller(reg.identity, reg.sandbox, SOURCE_AGENT)
             tools = {reg.tool_identity for reg in regs}
             if len(tools) != 1:

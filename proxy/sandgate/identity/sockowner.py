@@ -112,14 +112,20 @@ def socket_inode(proc: Path, pid: int, local: Endpoint, remote: Endpoint) -> int
     return None
 
 
+class Unreadable(Exception):
+    """A process's fds exist but cannot be listed (another user's, without CAP_SYS_PTRACE)."""
+
+
 def socket_fds(proc: Path, pid: int) -> Iterator[int]:
     """The inodes of the sockets `pid` holds (its threads share its fd table). Nothing when
-    the process is gone or its fds cannot be read."""
+    the process is gone; Unreadable when its fds cannot be listed."""
     fd_dir = proc / str(pid) / "fd"
     try:
         names = os.listdir(fd_dir)
-    except OSError:
+    except FileNotFoundError:
         return
+    except OSError as e:
+        raise Unreadable(f"{fd_dir}: {e.strerror}") from None
     for name in names:
         try:
             target = os.readlink(fd_dir / name)
@@ -132,7 +138,7 @@ def socket_fds(proc: Path, pid: int) -> Iterator[int]:
 
 
 def holds(proc: Path, pid: int, inode: int) -> bool:
-    """Does process `pid` hold the socket `inode` (one of its fds)?"""
+    """Does process `pid` hold the socket `inode` (one of its fds)? Raises Unreadable."""
     return any(held == inode for held in socket_fds(proc, pid))
 
 
