@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,6 +100,29 @@ leak = subprocess.run(
     capture_output=True, text=True, close_fds=False)
 out["leaked_fd_connect"] = int(leak.stdout.strip() or 0)
 s.close()
+print(json.dumps(out))
+'''
+
+
+AS_USER = r'''
+import json, os, subprocess, sys
+from urllib import error, request
+
+api, agents = sys.argv[1], sys.argv[2]
+out = {"uid": os.getuid()}
+try:
+    out["agent"] = request.urlopen(request.Request(api, data=b"{}"), timeout=20).status
+except error.HTTPError as e:
+    out["agent"] = e.code
+# a process the agent started writes a registration for itself: the directory is root's
+reg = subprocess.run([sys.executable, "-c", "import os, sys; open(os.path.join(sys.argv[1], "
+                      "str(os.getpid()) + '.json'), 'w')", agents], capture_output=True, text=True)
+out["tool_registers"] = "PermissionError" in reg.stderr
+bare = os.environ["HTTPS_PROXY"].split("@", 1)[1]
+r = subprocess.run(["curl", "-sS", "--max-time", "15", "--cacert", os.environ["SSL_CERT_FILE"],
+                    "--proxy", "http://" + bare, "-o", "/dev/null", "-w", "%{http_code}",
+                    "-d", "{}", api], capture_output=True, text=True)
+out["child_no_token"] = int(r.stdout or 0)
 print(json.dumps(out))
 '''
 
@@ -191,3 +215,32 @@ def test_the_launcher_refuses_where_the_split_would_not_hold(agent_proxy, tmp_pa
     if not Path("/proc/sys/kernel/yama/ptrace_scope").exists():
         r = run_agent(proxy, agents, tmp_path, "--allow-same-user")
         assert r.returncode == 2 and "ptrace_scope is absent" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs a system Python that "
+                    "another user may run")
+def test_the_agent_as_another_user_and_its_tool_cannot_register_itself(agent_proxy,
+                                                                        upstream) -> None:
+    """`--user`: the launcher registers as root, then the agent runs as `nobody`, a user that
+    cannot write the agent directory, so no process it starts can register itself."""
+    proxy, agents = agent_proxy
+    with tempfile.TemporaryDirectory(prefix="sgau-") as d:
+        os.chmod(d, 0o755)
+        script, ca = Path(d) / "agent.py", Path(d) / "ca.pem"
+        script.write_text(AS_USER)
+        ca.write_bytes(proxy.ca.read_bytes())
+        os.chmod(script, 0o644)
+        os.chmod(ca, 0o644)
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        env.update(HTTPS_PROXY=proxy.proxy_url("coding-agent"), SSL_CERT_FILE=str(ca))
+        before = len(upstream.seen)
+        r = subprocess.run(
+            [*SANDGATE, "agent", "run", "--identity", "coding-agent", "--tool-identity",
+             "bash-tool", "--agent-dir", str(agents), "--user", "nobody", "--allow-ptrace",
+             "--", "/usr/bin/python3", str(script), API, str(agents)],
+            capture_output=True, text=True, env=env, timeout=120, cwd=d)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout) == {"uid": 65534, "agent": 200, "tool_registers": True,
+                                    "child_no_token": 403}
+    assert [s.path for s in upstream.seen[before:]] == ["/v1/messages"]
+    assert_secret_equal(upstream.seen[before].headers.get("x-api-key"), ANTHROPIC_KEY, "key")
