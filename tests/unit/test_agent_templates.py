@@ -50,3 +50,5 @@ def test_check_and_strict_lint_pass(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["check", str(TEMPLATES)]) == 0
     assert "0 failed" in capsys.readouterr().out
     assert cli_main(["lint", "--strict", str(TEMPLATES)]) == 0
+    # ...and the policy directory they sit in stays lint-clean: they are a policy of their own
+    assert cli_main(["lint", "--strict", str(TEMPLATES.parent)]) == 0
