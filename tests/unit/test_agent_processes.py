@@ -13,7 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as hs
 
 from sandgate.errors import IdentityError
-from sandgate.identity.agents import AgentProcesses, Registration, agents_from, parse_registration
+from sandgate.identity.agents import (
+    AgentProcesses,
+    Registration,
+    agents_from,
+    parse_registration,
+    prune,
+)
 from sandgate.identity.resolve import Identifier
 from sandgate.identity.sockowner import (
     Endpoint,
@@ -277,3 +283,14 @@ def test_unreadable_fds_fail_closed_with_a_fix(world: tuple[FakeProc, Path]) -> 
     fd_dir.write_text("")  # listing it fails (as EACCES would), unlike a process that is gone
     with pytest.raises(IdentityError, match="CAP_SYS_PTRACE"):
         ap.identify(peer, PROXY)
+
+
+def test_prune_removes_exited_agents_only(world: tuple[FakeProc, Path]) -> None:
+    proc, agents = world
+    setup(world, AGENT)  # AGENT registered, alive
+    register(agents, Registration(TOOL, 1, "coding-agent", "bash-tool"))  # pid reused: 200
+    register(agents, Registration(999, 5, "coding-agent", "bash-tool"))  # gone
+    (agents / "12.json").write_text("garbage")
+    removed = prune(agents, proc.root)
+    assert sorted(p.name for p in removed) == ["12.json", "4343.json", "999.json"]
+    assert [p.name for p in agents.iterdir()] == [f"{AGENT}.json"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.cli.common import err
-from sandgate.identity.agents import Registration, trusted
+from sandgate.identity.agents import Registration, prune, trusted
 from sandgate.identity.roles import parse_tool_identity
 from sandgate.identity.sockowner import start_time
 
@@ -110,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
                 "cannot write it) or --allow-same-user")
     except (ValueError, OSError) as e:
         return err(f"agent run: {e}")
+    prune(directory)  # the registrations of agents that have exited
     pid = os.getpid()
     start = start_time(Path("/proc"), pid)
     if start is None:

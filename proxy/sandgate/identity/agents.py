@@ -49,7 +49,7 @@ log = logging.getLogger("sandgate")
 SOURCE_AGENT = "process/agent"
 SOURCE_TOOL = "process/tool"
 _MAX_REGISTRATION = 4096  # bytes of one registration file
-_MAX_REGISTRATIONS = 256  # files read from the directory per lookup
+_MAX_REGISTRATIONS = 1024  # files read from the directory per lookup (the launcher prunes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,3 +221,23 @@ def agents_from(directory: Path | None, specs: Iterable[str]) -> AgentProcesses 
         raise ValueError(f"--agent-dir {directory}: another user may write it; it must "
                          f"belong to root or Sandgate's user (chmod go-w {directory})")
     return AgentProcesses(directory, tools)
+
+
+def prune(directory: Path, proc: Path = Path("/proc")) -> list[Path]:
+    """Remove the registrations of agents that have exited (their pid gone, or reused by a
+    process with another start time) and unreadable ones; returns what was removed. The
+    launcher runs it before it registers, so the directory holds about the live agents."""
+    removed = []
+    for path in directory.glob("*.json"):
+        try:
+            reg = parse_registration(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            reg = None
+        if reg is not None and start_time(proc, reg.pid) == reg.start:
+            continue
+        try:
+            path.unlink()
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
