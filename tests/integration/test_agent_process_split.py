@@ -208,10 +208,11 @@ def test_without_a_live_agent_its_identity_is_refused(agent_proxy, upstream) -> 
 
 def test_the_launcher_refuses_where_the_split_would_not_hold(agent_proxy, tmp_path) -> None:
     proxy, agents = agent_proxy
+    before = sorted(p.name for p in agents.iterdir())
     r = run_agent(proxy, agents, tmp_path, "--allow-ptrace")  # root may write the directory
     assert r.returncode == 2 and "--allow-same-user" in r.stderr, r.stderr
-    assert list(agents.iterdir()) == [] or all(
-        json.loads(p.read_text())["pid"] != r.returncode for p in agents.iterdir())
+    assert "agent" not in r.stdout  # the agent never ran...
+    assert sorted(p.name for p in agents.iterdir()) == before  # ...nor was registered
     if not Path("/proc/sys/kernel/yama/ptrace_scope").exists():
         r = run_agent(proxy, agents, tmp_path, "--allow-same-user")
         assert r.returncode == 2 and "ptrace_scope is absent" in r.stderr, r.stderr
