@@ -103,6 +103,25 @@ def test_endpoint_as_the_kernel_prints_it() -> None:
         Endpoint.of("::1", 22)
 
 
+ENDPOINTS = hs.builds(lambda a, p: Endpoint.of(str(a), p), ADDRS, hs.integers(0, 65535))
+
+
+@given(hs.lists(hs.tuples(ENDPOINTS, ENDPOINTS, hs.integers(0, 2**32), hs.booleans()),
+                max_size=8), ENDPOINTS, ENDPOINTS, hs.integers(1, 2**32), hs.booleans(),
+       hs.integers(0, 8))
+def test_find_inode_finds_exactly_its_connection(others, local, remote, inode, v6, at) -> None:
+    """Whatever else the table holds (other connections, tcp6 spellings of IPv4), the entry
+    local -> remote is found with its inode; and only it."""
+    others = [o for o in others if (o[0], o[1]) != (local, remote)]
+    v6 = v6 or local.address.version == 6 or remote.address.version == 6
+    lines = [line(a, b, i, w or a.address.version == 6 or b.address.version == 6)
+             for a, b, i, w in others]
+    at = min(at, len(lines))
+    lines.insert(at, line(local, remote, inode, v6))
+    assert find_inode([HEADER, *lines], local, remote) == inode
+    assert find_inode([HEADER, *lines[:at], *lines[at + 1:]], local, remote) is None
+
+
 @pytest.mark.parametrize("bad", ["", "0100007F", "0100007F:1F9", "01007F:1F90", "XX00007F:1F90"])
 def test_bad_endpoint(bad: str) -> None:
     with pytest.raises(ValueError):
