@@ -1,7 +1,8 @@
-"""Real agent CLIs under the split without a hook (docs/pattern1.md): `sandgate agent run`
-starts the CLI as the registered agent process, Sandgate (`--agent-dir`) serves it with the
-policy template of policies/agents, and a stand-in model API on the real host name scripts one
-shell tool call, a `curl` to the model API itself, then a final answer.
+"""Real agent CLIs (Claude Code, Codex, OpenCode) under the split without a hook
+(docs/pattern1.md): `sandgate agent run` starts the CLI as the registered agent process,
+Sandgate (`--agent-dir`) serves it with the policy template of policies/agents, and a stand-in
+model API on the real host name scripts one shell tool call, a `curl` to the model API itself,
+then a final answer.
 
 Checked for each CLI: the model calls carry the key from OpenBao (the CLI holds a placeholder),
 the curl its shell runs is refused as the tool identity (with the agent's token it inherited:
@@ -84,7 +85,7 @@ def tool_command(proxy: Proxy, api: str = API, ca: str = "NODE_EXTRA_CA_CERTS") 
 def stack(tmp_path_factory, vault) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("agent-split-clis")
     pki = make_pki(tmp / "pki", ["api.anthropic.com", "api.openai.com"])
-    api = StandInToolTurn(tool="Bash", command="true")
+    api = StandInToolTurn(tool=("Bash", "bash"), command="true")  # Claude Code's, OpenCode's
     openai = StandInResponses(command="true")
     server = AppThread(api.app(), pki.cert, pki.key, API_IP).start()
     openai_server = AppThread(openai.app(), pki.cert, pki.key, OPENAI_IP).start()
@@ -93,6 +94,7 @@ def stack(tmp_path_factory, vault) -> Iterator[Stack]:
     (tmp / "policies" / "claude-code.yaml").write_text(
         template("claude-code", "anthropic", API_IP))
     (tmp / "policies" / "codex.yaml").write_text(template("codex", "openai", OPENAI_IP))
+    (tmp / "policies" / "opencode.yaml").write_text(template("opencode", "anthropic", API_IP))
     agents = tmp / "agents"
     agents.mkdir()
     os.chmod(agents, 0o755)
@@ -101,7 +103,8 @@ def stack(tmp_path_factory, vault) -> Iterator[Stack]:
                         f"--resolve=api.anthropic.com={API_IP}",
                         f"--resolve=api.openai.com={OPENAI_IP}", f"--agent-dir={agents}",
                         "--agent-split=claude-code=claude-code-tool",
-                        "--agent-split=codex=codex-tool")
+                        "--agent-split=codex=codex-tool",
+                        "--agent-split=opencode=opencode-tool")
     api.command = tool_command(proxy)
     openai.command = tool_command(proxy, OPENAI_API, "SSL_CERT_FILE")
     try:
@@ -254,4 +257,54 @@ def test_codex_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> 
     denied = events(stack.proxy, "codex-split", lambda e: e.get("code") == "no_rule"
                     and e.get("event") == "request")
     assert ("codex-tool", "process/tool", "/v1/responses") in {
+        (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied
+
+
+OPENCODE = AGENTS / "node_modules" / "opencode-ai" / "bin" / "opencode.exe"  # its native binary
+
+
+def test_opencode_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
+    """OpenCode's bash tool; `--pure` (no external plugins), `--auto` (no permission prompts).
+    At start it still asks the npm registry for its plugin package: refused (its template)."""
+    if not OPENCODE.exists():
+        pytest.fail(f"OpenCode ({OPENCODE.relative_to(ROOT)}) is not installed: run "
+                    "scripts/setup.sh --test (npm ci in tests/agents)")
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "LANG": "C.UTF-8",
+        "HTTPS_PROXY": stack.proxy.proxy_url("opencode"),
+        "NODE_EXTRA_CA_CERTS": str(stack.proxy.ca),
+        "ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # for `sandgate agent run` itself
+    }
+    before = len(stack.api.calls)
+    r = subprocess.run(
+        [*agent_run("opencode", "opencode-tool", stack.agents, "opencode-split"),
+         str(OPENCODE), "run", "--pure", "--auto", "-m", "anthropic/claude-sonnet-4-5",
+         "Call the model API from the shell."],
+        capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
+        stdin=subprocess.DEVNULL)
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "OpenCode's output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    assert stack.api.results, f"the tool's result never came back: {r.stdout[-1500:]}"
+    result = stack.api.results[-1]
+    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    calls = stack.api.calls[before:]
+    assert len(calls) >= 2
+    for call in calls:
+        assert_secret_equal(call.headers.get("x-api-key"), ANTHROPIC_KEY, "the injected key")
+    allowed = events(stack.proxy, "opencode-split", lambda e: e.get("event") == "request"
+                     and e.get("decision") == "allow")
+    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
+        ("opencode", "process/agent", "messages")}
+    denied = events(stack.proxy, "opencode-split", lambda e: e.get("code") == "no_rule"
+                    and e.get("event") == "request")
+    assert ("opencode-tool", "process/tool", "/v1/messages") in {
         (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied

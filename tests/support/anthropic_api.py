@@ -143,11 +143,15 @@ class StandInToolTurn:
     `{"command": command}`; the request that carries its result gets `final` and the result
     text; any other request (a CLI's side calls: titles, quota checks) a short text."""
 
-    tool: str
+    tool: str | tuple[str, ...]  # the shell tool's name (the first a request offers)
     command: str
     final: str = "Done."
     calls: list[Call] = field(default_factory=list)
     results: list[str] = field(default_factory=list)  # the tool results the CLI sent back
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        return (self.tool,) if isinstance(self.tool, str) else self.tool
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -174,9 +178,9 @@ class StandInToolTurn:
             block: dict[str, Any] = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": f"{self.final} The tool said: {results[0]}"}
             stop = "end_turn"
-        elif self.tool in tools:
+        elif offered := [t for t in tools if t in self._names]:
             block = {"type": "tool_use", "id": f"toolu_standin_{len(self.calls)}",
-                     "name": self.tool, "input": {}}
+                     "name": offered[0], "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(
                 {"command": self.command, "description": "Call the model API"})}
             stop = "tool_use"
