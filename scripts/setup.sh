@@ -87,7 +87,7 @@ if ((want_test)); then
       cp "$lock" tests/mcp-ts/node_modules/.installed
     fi
     # Real agent CLIs through `sandgate run` (tests/integration/test_agent_claude_code.py,
-    # test_agent_split_clis.py): Claude Code, Codex and OpenCode at the versions in
+    # test_agent_split_clis.py): Claude Code, Codex, OpenCode and Gemini CLI at the versions in
     # tests/agents/package-lock.json (Claude Code's and OpenCode's postinstall put the native
     # binary of the platform package npm chose in place; Codex's comes in its platform
     # package), reinstalled when the lock moves.

@@ -1,4 +1,4 @@
-"""Real agent CLIs (Claude Code, Codex, OpenCode) under the split without a hook
+"""Real agent CLIs (Claude Code, Codex, OpenCode, Gemini CLI) under the split without a hook
 (docs/pattern1.md): `sandgate agent run` starts the CLI as the registered agent process,
 Sandgate (`--agent-dir`) serves it with the policy template of policies/agents, and a stand-in
 model API on the real host name scripts one shell tool call, a `curl` to the model API itself,
@@ -34,6 +34,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_agent_claude_code import claude_binary
 from tests.support.anthropic_api import StandInToolTurn
+from tests.support.gemini_api import StandInGemini
 from tests.support.openai_responses import StandInResponses
 from tests.support.pki import make_pki
 from tests.support.secrets import assert_no_secret, assert_secret_equal
@@ -46,8 +47,12 @@ TEMPLATES = ROOT / "policies" / "agents"
 # this file's loopback addresses, pinned by --resolve: the stand-ins on the real host names
 API_IP = "127.0.37.2"  # api.anthropic.com
 OPENAI_IP = "127.0.37.3"  # api.openai.com
+GEMINI_IP = "127.0.37.4"  # generativelanguage.googleapis.com
+GEMINI_KEY = "fake-gemini-REAL-key-5c1d9e7b3a"  # put into OpenBao by this file
 API = "https://api.anthropic.com/v1/messages"
 OPENAI_API = "https://api.openai.com/v1/responses"
+GEMINI_API = ("https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:"
+              "generateContent")
 AGENTS = ROOT / "tests" / "agents"
 # Codex's native binary, exec'd directly: its npm wrapper (bin/codex.js) execs it in place only
 # on Node >= 22.15 (process.execve), and otherwise starts it as a child, which would be the tool
@@ -69,22 +74,28 @@ class Stack:
     proxy: Proxy
     api: StandInToolTurn
     openai: StandInResponses
+    gemini: StandInGemini
     agents: Path
 
 
 def tool_command(proxy: Proxy, api: str = API, ca: str = "NODE_EXTRA_CA_CERTS") -> str:
     """What the model asks the shell tool to run: the model API, once as the agent's
     environment has it (the agent's token in HTTPS_PROXY), once with a proxy and no token."""
-    curl = (f'curl -sS -o /dev/null --max-time 20 --cacert "${ca}" -d {{}} '
-            f'-w "%{{http_code}}/%{{http_connect}}" {api}')
-    return (f'echo "inherited:$({curl})"; '
-            f'echo "bare:$({curl} --proxy http://{proxy.host}:{proxy.port})"')
+    # no command substitution: Gemini CLI refuses to run a command with one
+    curl = f'curl -sS -o /dev/null --max-time 20 --cacert "${ca}" -d {{}} {api}'
+    return (f'{curl} -w "inherited:%{{http_code}}/%{{http_connect}} "; '
+            f'{curl} -w "bare:%{{http_code}}/%{{http_connect}}" '
+            f'--proxy http://{proxy.host}:{proxy.port}')
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, vault) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("agent-split-clis")
-    pki = make_pki(tmp / "pki", ["api.anthropic.com", "api.openai.com"])
+    pki = make_pki(tmp / "pki", ["api.anthropic.com", "api.openai.com",
+                                 "generativelanguage.googleapis.com"])
+    vault.put_kv2("llm/gemini", {"api_key": GEMINI_KEY})
+    gemini = StandInGemini(command="true")
+    gemini_server = AppThread(gemini.app(), pki.cert, pki.key, GEMINI_IP).start()
     api = StandInToolTurn(tool=("Bash", "bash"), command="true")  # Claude Code's, OpenCode's
     openai = StandInResponses(command="true")
     server = AppThread(api.app(), pki.cert, pki.key, API_IP).start()
@@ -95,25 +106,31 @@ def stack(tmp_path_factory, vault) -> Iterator[Stack]:
         template("claude-code", "anthropic", API_IP))
     (tmp / "policies" / "codex.yaml").write_text(template("codex", "openai", OPENAI_IP))
     (tmp / "policies" / "opencode.yaml").write_text(template("opencode", "anthropic", API_IP))
+    (tmp / "policies" / "gemini.yaml").write_text(template("gemini", "gemini", GEMINI_IP))
     agents = tmp / "agents"
     agents.mkdir()
     os.chmod(agents, 0o755)
     proxy = start_proxy(tmp, tmp / "policies", {"VAULT_ADDR": vault.addr,
                                                 "VAULT_TOKEN": vault.root_token}, pki,
                         f"--resolve=api.anthropic.com={API_IP}",
-                        f"--resolve=api.openai.com={OPENAI_IP}", f"--agent-dir={agents}",
+                        f"--resolve=api.openai.com={OPENAI_IP}",
+                        f"--resolve=generativelanguage.googleapis.com={GEMINI_IP}",
+                        f"--agent-dir={agents}",
                         "--agent-split=claude-code=claude-code-tool",
                         "--agent-split=codex=codex-tool",
-                        "--agent-split=opencode=opencode-tool")
+                        "--agent-split=opencode=opencode-tool",
+                        "--agent-split=gemini=gemini-tool")
     api.command = tool_command(proxy)
     openai.command = tool_command(proxy, OPENAI_API, "SSL_CERT_FILE")
+    gemini.command = tool_command(proxy, GEMINI_API)
     try:
-        yield Stack(proxy, api, openai, agents)
+        yield Stack(proxy, api, openai, gemini, agents)
     finally:
         stop_proxy(proxy)
         server.stop()
         openai_server.stop()
-    assert_no_secret([proxy.logs(), proxy.audit_file.read_text()], SECRET_VALUES,
+        gemini_server.stop()
+    assert_no_secret([proxy.logs(), proxy.audit_file.read_text()], [*SECRET_VALUES, GEMINI_KEY],
                      "the proxy's log and audit")
 
 
@@ -308,3 +325,54 @@ def test_opencode_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) 
                     and e.get("event") == "request")
     assert ("opencode-tool", "process/tool", "/v1/messages") in {
         (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied
+
+
+GEMINI = AGENTS / "node_modules" / ".bin" / "gemini"  # a Node script: node is the agent
+
+
+def test_gemini_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
+    """Gemini CLI's run_shell_command, in YOLO mode (no approval prompts)."""
+    if not GEMINI.exists():
+        pytest.fail(f"Gemini CLI ({GEMINI.relative_to(ROOT)}) is not installed: run "
+                    "scripts/setup.sh --test (npm ci in tests/agents)")
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    (home / ".gemini").mkdir()
+    (home / ".gemini" / "settings.json").write_text(json.dumps({
+        "privacy": {"usageStatisticsEnabled": False},
+        "security": {"auth": {"selectedType": "gemini-api-key"}}}))
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "HTTPS_PROXY": stack.proxy.proxy_url("gemini"),
+        "NODE_EXTRA_CA_CERTS": str(stack.proxy.ca),
+        "GEMINI_API_KEY": "sandgate-placeholder-gemini",
+        # it would start itself again as a child (more heap): the child would not be the agent
+        "GEMINI_CLI_NO_RELAUNCH": "true",
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",  # headless: the work directory is trusted
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # for `sandgate agent run` itself
+    }
+    before = len(stack.gemini.calls)
+    r = subprocess.run(
+        [*agent_run("gemini", "gemini-tool", stack.agents, "gemini-split"), str(GEMINI),
+         "-m", "gemini-2.5-pro", "--yolo", "-p", "Call the model API from the shell."],
+        capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
+        stdin=subprocess.DEVNULL)
+    assert_no_secret([r.stdout, r.stderr], [*SECRET_VALUES, GEMINI_KEY], "Gemini CLI's output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    assert stack.gemini.results, f"the tool's result never came back: {r.stdout[-1500:]}"
+    result = stack.gemini.results[-1]
+    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    calls = [c for c in stack.gemini.calls[before:] if c.method == "POST"]
+    assert len(calls) >= 2
+    for call in calls:
+        assert_secret_equal(call.headers.get("x-goog-api-key"), GEMINI_KEY, "the injected key")
+    allowed = events(stack.proxy, "gemini-split", lambda e: e.get("event") == "request"
+                     and e.get("decision") == "allow")
+    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
+        ("gemini", "process/agent", "generate")}
+    denied = events(stack.proxy, "gemini-split", lambda e: e.get("code") == "no_rule"
+                    and e.get("event") == "request")
+    assert ("gemini-tool", "process/tool") in {
+        (e["identity"], e["identity_source"]) for e in denied}, denied
