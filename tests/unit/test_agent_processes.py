@@ -252,7 +252,7 @@ def test_agent_with_its_token_and_without(world: tuple[FakeProc, Path]) -> None:
 def test_no_connection_never_gets_the_agent(world: tuple[FakeProc, Path]) -> None:
     ap, _ = setup(world, AGENT)
     ident = Identifier(KEY, agents=ap)
-    with pytest.raises(IdentityError, match="only to its registered agent process"):
+    with pytest.raises(IdentityError, match="no client socket to look up"):
         ident.identify_token(issue_token(KEY, "coding-agent"), "127.0.0.1")
     # identities that are not agents are identified as before
     assert ident.identify_token(issue_token(KEY, "ci"), "127.0.0.1").identity == "ci"

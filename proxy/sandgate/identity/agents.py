@@ -185,15 +185,18 @@ class AgentProcesses:
                           SOURCE_TOOL)
         return None
 
-    def refuse_unowned(self, caller: Caller, peer: Endpoint) -> None:
-        """Fail closed: an agent identity is given only to its registered process."""
+    def refuse_unowned(self, caller: Caller, peer: Endpoint | None) -> None:
+        """Fail closed: an agent identity is given only to its registered process (`peer`:
+        the connection's client end; None: a way in without one)."""
         if caller.identity in self.tools:
+            who = (f"the process behind {peer.address}:{peer.port} is not one" if peer
+                   else "this way in has no client socket to look up")
             raise IdentityError(
                 Code.AUTH_INVALID,
                 f"identity '{caller.identity}' is given only to its registered agent process "
-                f"(sandgate agent run), and the process behind {peer.address}:{peer.port} is "
-                "not one: start the agent with `sandgate agent run`, in the same network "
-                "namespace as Sandgate's listener or routed to it without NAT")
+                f"(sandgate agent run), and {who}: start the agent with `sandgate agent run`, "
+                "in the same network namespace as Sandgate's listener or routed to it without "
+                "NAT")
 
 
 def agents_from(directory: Path | None, specs: Iterable[str]) -> AgentProcesses | None:

@@ -56,7 +56,7 @@ class Identifier:
         assert self.agents is not None
         if conn is None:  # a way in without a TCP peer: no owner, so never an agent
             caller = otherwise()
-            self.agents.refuse_unowned(caller, Endpoint.of("0.0.0.0", 0))
+            self.agents.refuse_unowned(caller, None)
             return caller
         peer, local = Endpoint.of(*conn[0]), Endpoint.of(*conn[1])
         by_owner = self.agents.identify(peer, local)
