@@ -86,9 +86,11 @@ if ((want_test)); then
       npm ci --prefix tests/mcp-ts --no-audit --no-fund --silent
       cp "$lock" tests/mcp-ts/node_modules/.installed
     fi
-    # Real agent CLIs through `sandgate run` (tests/integration/test_agent_claude_code.py):
-    # Claude Code at the version in tests/agents/package-lock.json (its postinstall puts the
-    # native binary of the platform package npm chose in place), reinstalled when the lock moves.
+    # Real agent CLIs through `sandgate run` (tests/integration/test_agent_claude_code.py,
+    # test_agent_split_clis.py): Claude Code, Codex, OpenCode and Gemini CLI at the versions in
+    # tests/agents/package-lock.json (Claude Code's and OpenCode's postinstall put the native
+    # binary of the platform package npm chose in place; Codex's comes in its platform
+    # package), reinstalled when the lock moves.
     lock=tests/agents/package-lock.json
     if [[ ! -f tests/agents/node_modules/.installed ]] || ! cmp -s "$lock" tests/agents/node_modules/.installed; then
       npm ci --prefix tests/agents --no-audit --no-fund --silent

@@ -27,6 +27,8 @@ echo "== setup took $((SECONDS - t0)) s"
 .venv/bin/mypy
 .venv/bin/sandgate check policies
 .venv/bin/sandgate lint --strict policies
+.venv/bin/sandgate check policies/agents   # the agent templates (docs/agents.md)
+.venv/bin/sandgate lint --strict policies/agents
 # The documentation site (into site/, gitignored): a broken link or anchor, or a page missing
 # from the nav, fails it.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet

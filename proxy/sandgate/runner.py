@@ -47,6 +47,7 @@ from sandgate.audit_setup import AuditSettings
 from sandgate.console import ring as console_ring
 from sandgate.export import setup as export_setup
 from sandgate.export.setup import ExportConfig
+from sandgate.identity.agents import AgentProcesses
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.identity.roles import Role, Split
@@ -107,6 +108,8 @@ class RunConfig:
     # pattern 1 with the split (--role-listen, --tool-identity): sandgate.identity.roles
     split: Split | None = None
     role_listens: Sequence[tuple[Role, str, int]] = ()
+    # pattern 1 without a hook (--agent-dir, --agent-split): sandgate.identity.agents
+    agents: AgentProcesses | None = None
     transparent: tuple[str, int] | None = None  # --transparent HOST:PORT (nftables redirects)
     audit: AuditSettings = field(default_factory=AuditSettings)  # format, chain, rotation
     admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin_auth)
@@ -264,7 +267,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     gate = Gate(GateConfig(
         policy=policy,
         broker=broker,
-        identifier=Identifier(key, tuple(cfg.address_sources), cfg.split),
+        identifier=Identifier(key, tuple(cfg.address_sources), cfg.split, cfg.agents),
         audit=sink,
         resolve_overrides=dict(cfg.resolve),
         self_addresses=selves,

@@ -118,3 +118,91 @@ class StandInMessages:
         return web.json_response({"type": "error", "error": {
             "type": "not_found_error", "message": f"the stand-in serves no {request.path}"}},
             status=404)
+
+
+def tool_results(body: Any) -> list[str]:
+    """The text of the tool results in a Messages request's last message (none: [])."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return []
+    content = messages[-1].get("content")
+    out = []
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict) and block.get("type") == "tool_result":
+            inner = block.get("content")
+            if isinstance(inner, list):
+                inner = "".join(b.get("text", "") for b in inner if isinstance(b, dict))
+            out.append(str(inner))
+    return out
+
+
+@dataclass
+class StandInToolTurn:
+    """A Messages API that scripts one shell tool call, then a final answer: a request that
+    offers the `tool` tool (and carries no tool result) gets a streamed `tool_use` of it with
+    `{"command": command}`; the request that carries its result gets `final` and the result
+    text; any other request (a CLI's side calls: titles, quota checks) a short text."""
+
+    tool: str | tuple[str, ...]  # the shell tool's name (the first a request offers)
+    command: str
+    final: str = "Done."
+    calls: list[Call] = field(default_factory=list)
+    results: list[str] = field(default_factory=list)  # the tool results the CLI sent back
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        return (self.tool,) if isinstance(self.tool, str) else self.tool
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("POST", "/v1/messages", self.messages)
+        app.router.add_route("*", "/{tail:.*}", StandInMessages(lambda _: []).other)
+        return app
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {}
+        self.calls.append(Call(request.method, request.path, request.query_string,
+                               {k.lower(): v for k, v in request.headers.items()}, body))
+        results = tool_results(body)
+        tools = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+        message = {"id": f"msg_standin_{len(self.calls)}", "type": "message",
+                   "role": "assistant", "model": str(body.get("model", "claude-stand-in")),
+                   "content": [], "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": 12, "output_tokens": 1}}
+        if results:
+            self.results.extend(results)
+            block: dict[str, Any] = {"type": "text", "text": ""}
+            delta = {"type": "text_delta", "text": f"{self.final} The tool said: {results[0]}"}
+            stop = "end_turn"
+        elif offered := [t for t in tools if t in self._names]:
+            block = {"type": "tool_use", "id": f"toolu_standin_{len(self.calls)}",
+                     "name": offered[0], "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(
+                {"command": self.command, "description": "Call the model API"})}
+            stop = "tool_use"
+        else:
+            block, delta, stop = {"type": "text", "text": ""}, {"type": "text_delta",
+                                                                  "text": "ok"}, "end_turn"
+        if not body.get("stream"):
+            return web.json_response({**message, "content": [{"type": "text", "text": "ok"}],
+                                      "stop_reason": "end_turn"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in (
+            _event("message_start", {"type": "message_start", "message": message}),
+            _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                           "content_block": block}),
+            _event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                           "delta": delta}),
+            _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            _event("message_delta", {"type": "message_delta", "delta": {
+                "stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 5}}),
+            _event("message_stop", {"type": "message_stop"}),
+        ):
+            await resp.write(ev)
+        await resp.write_eof()
+        return resp

@@ -30,4 +30,4 @@ def test_every_subcommand_has_a_handler():
 def test_the_help_lists_commands_in_the_order_they_always_had():
     assert list(subcommands(cli.build_parser())) == [
         "run", "check", "lint", "explain", "token", "canary", "ca", "schema", "demo", "diff",
-        "suggest", "report", "sandbox", "approvals", "capture", "audit"]
+        "suggest", "report", "sandbox", "approvals", "capture", "audit", "agent"]

@@ -95,3 +95,14 @@ def test_skipped_policy_looking_files(tmp_path):
     (tmp_path / "README.md").write_text("notes\n")
     (f,) = _lint(tmp_path, USE_GH)
     assert f.file.endswith("extra.yaml.new") and "skipped" in f.message
+
+
+def test_a_subfolder_of_policy_files_is_skipped_unless_it_says_it_is_separate(tmp_path):
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "t.yaml").write_text("version: v1\n")
+    (f,) = _lint(tmp_path, USE_GH)
+    assert f.file.endswith("team") and f.code == "skipped-file"
+    (tmp_path / "team" / ".separate-policy").write_text("")  # a reason is required
+    assert len(_lint(tmp_path, USE_GH)) == 1
+    (tmp_path / "team" / ".separate-policy").write_text("templates, checked on their own\n")
+    assert _lint(tmp_path, USE_GH) == []

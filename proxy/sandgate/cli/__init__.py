@@ -12,6 +12,7 @@
     approvals.py    approvals list|show|approve|deny|watch (the admin API's approvals)
     sandbox.py      sandbox (sandgate.sandbox.cli; needs the docker extra)
     audit.py        audit verify (the hash chain of audit files), audit public-key
+    agent.py        agent run (pattern 1 without a hook: sandgate.identity.agents)
 
 Adding a family: a module with `register(sub)` that adds its subparsers, each with
 `set_defaults(handler=...)` (a function of the parsed arguments returning the exit code), and
@@ -45,6 +46,7 @@ FAMILIES = (
     "approvals",
     "capture",
     "audit",
+    "agent",
 )
 
 __all__ = ["DEFAULT_CONFDIR", "FAMILIES", "build_parser", "limits_config", "main"]

@@ -195,6 +195,14 @@ def register(sub: Any) -> None:
                      "users are sent to (tool=HOST:PORT, other=HOST:PORT); docs/pattern1.md")
     run.add_argument("--tool-identity", action="append", default=[], metavar="AGENT=TOOL",
                      help="pattern 1 split: the identity of AGENT's bash tool (tool listener)")
+    run.add_argument("--agent-dir", type=Path, default=None, metavar="DIR",
+                     help="pattern 1 without a hook: the directory `sandgate agent run` "
+                     "registers agent processes in; only root or Sandgate's user may write it "
+                     "(docs/pattern1.md)")
+    run.add_argument("--agent-split", action="append", default=[], metavar="AGENT=TOOL",
+                     help="with --agent-dir: identity AGENT is given only to a registered "
+                     "agent's own process; every other process in its network namespace is "
+                     "identity TOOL, whatever token it sends")
     run.add_argument("--admin", type=_listen, default=None, metavar="HOST:PORT",
                      help="serve the admin API (health, readiness, metrics, policy, reload) "
                      "here; off unless given")
@@ -387,6 +395,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _err(str(e))
     from sandgate.addons.socks5 import parse_allow
+    from sandgate.identity.agents import agents_from
     from sandgate.identity.roles import split_from
     from sandgate.lifecycle import configure_logging, default_log_format
     from sandgate.policy import live
@@ -423,6 +432,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         admin_users = _admin_users(args)
         socks5_allow = parse_allow(args.socks5_allow)
         split, role_listens = split_from(args.role_listen, args.tool_identity)
+        agents = agents_from(args.agent_dir, args.agent_split)
         check_listeners(RunConfig(policies=args.policies, confdir=args.confdir,
                                   listen_host=args.listen[0], listen_port=args.listen[1],
                                   admin=args.admin, socks5=args.socks5,
@@ -517,6 +527,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             socks5=args.socks5, socks5_allow=socks5_allow,
             gateway=args.gateway, gateway_tls_name=args.gateway_tls_name,
             limits=limits, split=split, role_listens=role_listens, transparent=args.transparent,
+            agents=agents,
             admin_open=tuple(args.admin_open), instance=_instance(args.instance),
             audit=audit_settings,
             admin_users=admin_users,

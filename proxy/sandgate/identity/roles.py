@@ -109,15 +109,15 @@ def parse_role_listen(spec: str) -> tuple[Role, str, int]:
     return parsed, host.strip("[]") or "0.0.0.0", int(port)
 
 
-def parse_tool_identity(spec: str) -> tuple[str, str]:
+def parse_tool_identity(spec: str, flag: str = "--tool-identity") -> tuple[str, str]:
     """`AGENT=TOOL`: the agent identity's bash tool is identity TOOL."""
     agent, sep, tool = spec.partition("=")
     agent, tool = agent.strip(), tool.strip()
     if not sep or not _NAME.match(agent) or not _NAME.match(tool):
-        raise ValueError(f"--tool-identity {spec!r}: expected AGENT=TOOL (two identity names), "
+        raise ValueError(f"{flag} {spec!r}: expected AGENT=TOOL (two identity names), "
                          "e.g. coding-agent=coding-agent-tool")
     if agent == tool:
-        raise ValueError(f"--tool-identity {spec!r}: the tool identity must differ from the "
+        raise ValueError(f"{flag} {spec!r}: the tool identity must differ from the "
                          "agent's (that is what the split is for)")
     return agent, tool
 

@@ -175,13 +175,26 @@ def _within(fld: str, prefix: str) -> bool:
     return fld == prefix or fld.startswith(prefix + ".") or fld.startswith(prefix + "[")
 
 
+# A subfolder holding this file (non-empty: why) is a policy directory of its own, checked on
+# its own (policies/agents: templates), so its files are not reported as skipped.
+SEPARATE_POLICY = ".separate-policy"
+
+
+def _separate(d: Path) -> bool:
+    try:
+        return bool((d / SEPARATE_POLICY).read_text(errors="replace").strip())
+    except OSError:
+        return False
+
+
 def _skipped_files(skipped: Sequence[tuple[str, str]]) -> list[Finding]:
     out: list[Finding] = []
     for f, reason in skipped:
         p = Path(f)
         looks = any(s in p.name.lower() for s in POLICY_SUFFIXES)
         if p.is_dir():
-            looks = any(c.suffix.lower() in POLICY_SUFFIXES for c in p.rglob("*"))
+            looks = not _separate(p) and any(c.suffix.lower() in POLICY_SUFFIXES
+                                             for c in p.rglob("*"))
         if looks:
             out.append(Finding(
                 f, 1, "", f"skipped: {reason}; nothing in it is part of the policy",

@@ -89,8 +89,18 @@ def socks_refused(st: GateState, flow: http.HTTPFlow, error: Refused) -> None:
 
 
 def identify(st: GateState, flow: http.HTTPFlow, proxy_authorization: str | None) -> Caller:
-    return st.cfg.identifier.identify(proxy_authorization, flow.client_conn.peername[0],
-                                      flow.client_conn.proxy_mode.custom_listen_port)
+    client = flow.client_conn
+    return st.cfg.identifier.identify(proxy_authorization, client.peername[0],
+                                      client.proxy_mode.custom_listen_port, connection_of(client))
+
+
+def connection_of(client: connection.Client) -> tuple[tuple[str, int], tuple[str, int]] | None:
+    """The client connection's (peer, local) address and port: with --agent-dir, the process
+    holding the client's end decides who calls (sandgate.identity.agents)."""
+    peer, local = client.peername, client.sockname
+    if not peer or not local or len(peer) < 2 or len(local) < 2:
+        return None
+    return (str(peer[0]), int(peer[1])), (str(local[0]), int(local[1]))
 
 
 def identify_proxied(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Tunnel | None:

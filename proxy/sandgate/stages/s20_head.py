@@ -26,7 +26,12 @@ from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo, check_head, check_tunnel, parse_proxied
 from sandgate.stages.context import GateState, via_gateway
-from sandgate.stages.s10_identify import count_connection, identify, identify_proxied
+from sandgate.stages.s10_identify import (
+    connection_of,
+    count_connection,
+    identify,
+    identify_proxied,
+)
 from sandgate.stages.s80_refuse import refusal_for
 from sandgate.stages.s90_audit import check_writable
 
@@ -92,7 +97,8 @@ def gateway_head(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
     client_ip = flow.client_conn.peername[0]
     identifier = st.cfg.identifier
     token = take_token(req.headers, gw, identifier.address_known(client_ip))
-    rec.caller = identifier.identify_token(token, client_ip)
+    rec.caller = identifier.identify_token(token, client_ip, None,
+                                           connection_of(flow.client_conn))
     # Re-target: from now on mitmproxy, the hooks and the audit see the upstream request.
     req.data.scheme = b"https"
     req.data.host = gw.host

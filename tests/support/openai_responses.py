@@ -1,0 +1,98 @@
+"""A stand-in for the OpenAI Responses API (`POST /v1/responses`, server-sent events), served
+on its real host name by the tests, that scripts one shell tool call and then a final answer,
+as Codex sees them: a request that offers the `exec_command` function (and carries no call
+output) gets a streamed `function_call` of it with `{"cmd": command}`; the request that carries
+its `function_call_output` gets a message with `final` and that output. Anything else is a JSON
+404 in the API's error shape (Codex then falls back, e.g. from its WebSocket transport). Every
+request is recorded (the key only as the test compares it: never printed)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tests.support.anthropic_api import Call
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def call_outputs(body: Any) -> list[str]:
+    """The outputs of function calls in a Responses request's input."""
+    items = body.get("input") if isinstance(body, dict) else None
+    return [str(i.get("output")) for i in items or []
+            if isinstance(i, dict) and i.get("type") == "function_call_output"]
+
+
+@dataclass
+class StandInResponses:
+    command: str
+    tool: str = "exec_command"
+    final: str = "Done."
+    calls: list[Call] = field(default_factory=list)
+    results: list[str] = field(default_factory=list)  # the call outputs the CLI sent back
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("POST", "/v1/responses", self.responses)
+        app.router.add_route("*", "/{tail:.*}", self.other)
+        return app
+
+    async def _record(self, request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {}
+        self.calls.append(Call(request.method, request.path, request.query_string,
+                               {k.lower(): v for k, v in request.headers.items()}, body))
+        return body
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        n = len(self.calls)
+        outputs = call_outputs(body)
+        tools = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+        item: dict[str, Any]
+        if outputs:
+            self.results.extend(outputs)
+            item = {"type": "message", "id": f"msg_{n}", "role": "assistant",
+                    "status": "completed", "content": [{
+                        "type": "output_text", "annotations": [],
+                        "text": f"{self.final} The tool said: {outputs[-1]}"}]}
+        elif self.tool in tools:
+            item = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}",
+                    "name": self.tool, "status": "completed",
+                    "arguments": json.dumps({"cmd": self.command})}
+        else:
+            item = {"type": "message", "id": f"msg_{n}", "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "annotations": [], "text": "ok"}]}
+        response = {"id": f"resp_{n}", "object": "response", "status": "in_progress",
+                    "model": str(body.get("model", "stand-in")), "output": []}
+        usage = {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": 17}
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in (
+            {"type": "response.created", "response": response},
+            {"type": "response.output_item.added", "output_index": 0,
+             "item": {**item, "status": "in_progress"}},
+            {"type": "response.output_item.done", "output_index": 0, "item": item},
+            {"type": "response.completed", "response": {
+                **response, "status": "completed", "output": [item], "usage": usage}},
+        ):
+            await resp.write(_event(ev))
+        await resp.write_eof()
+        return resp
+
+    async def other(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        return web.json_response({"error": {"type": "invalid_request_error", "message":
+                                            f"the stand-in serves no {request.method} "
+                                            f"{request.path}"}}, status=404)
