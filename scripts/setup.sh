@@ -91,9 +91,12 @@ if ((want_test)); then
     # tests/agents/package-lock.json (Claude Code's and OpenCode's postinstall put the native
     # binary of the platform package npm chose in place; Codex's comes in its platform
     # package), reinstalled when the lock moves.
+    # (`npm install --no-save`, not `npm ci`: OpenCode lists a native package per platform as
+    # optional, and the lock holds only this platform's, which `npm ci` calls out of sync; the
+    # locked versions are what installs, and the lock is never rewritten)
     lock=tests/agents/package-lock.json
     if [[ ! -f tests/agents/node_modules/.installed ]] || ! cmp -s "$lock" tests/agents/node_modules/.installed; then
-      npm ci --prefix tests/agents --no-audit --no-fund --silent
+      npm install --prefix tests/agents --no-save --no-audit --no-fund --silent
       cp "$lock" tests/agents/node_modules/.installed
     fi
   fi
