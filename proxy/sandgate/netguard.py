@@ -69,6 +69,16 @@ def parse_ip_literal(host: str) -> IPAddress | None:
         return None
 
 
+def ip_text(ip: IPAddress) -> str:
+    """The canonical text of an address, the same on every Python: RFC 5952's, with an
+    IPv4-mapped address as ``::ffff:a.b.c.d`` (section 5). Python 3.13's `str()` writes that
+    form, 3.12's writes ``::ffff:7f00:1``; host names compare as text, so both must agree."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None \
+            and ip.scope_id is None:
+        return f"::ffff:{ip.ipv4_mapped}"
+    return str(ip)
+
+
 def is_numeric_label(part: str) -> bool:
     """A label a C resolver reads as (part of) an IPv4 address: decimal, octal or 0x-hex."""
     p = part.lower()

@@ -31,6 +31,7 @@ from sandgate.addons import (
     patches,
     relay,
     socks5,
+    sourcepin,
     speed,
     synchooks,
     tunnels,
@@ -199,6 +200,7 @@ def same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
 
 
 async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
+    sourcepin.check_version()  # the patches below were checked against this mitmproxy only
     conf = confdir.ensure_confdir(cfg.confdir)
     confdir.ensure_ca(conf)
     key = confdir.token_key(conf)
@@ -361,7 +363,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
     values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,
                     cfg.socks5, gateway, [(h, p) for _, h, p in cfg.role_listens],
-                    cfg.transparent)
+                    cfg.transparent, cfg.limits.idle_timeout)
     opts.update(**values)
     m.addons.add(Pinned(values))
     patches.install()

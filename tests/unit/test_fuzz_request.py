@@ -62,7 +62,7 @@ def test_malformed_brackets_are_bad_requests(url: str) -> None:
 def test_bracketed_hosts_still_parse() -> None:
     assert parse_url("GET", "https://[::1]/x").host == "::1"
     assert parse_url("GET", "https://[::1]:8443/x").port == 8443
-    assert parse_url("GET", "https://[::ffff:127.0.0.1]:80/").host == "::ffff:7f00:1"
+    assert parse_url("GET", "https://[::ffff:127.0.0.1]:80/").host == "::ffff:127.0.0.1"
 
 
 # ---------------------------------------------------------------------------------- check_head

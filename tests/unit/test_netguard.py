@@ -9,18 +9,36 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandgate.errors import AddressRefused
-from sandgate.netguard import choose_address, classify, is_this_host, parse_ip_literal
+from sandgate.netguard import choose_address, classify, ip_text, is_this_host, parse_ip_literal
 
 
 @pytest.mark.parametrize("spelling,canonical", [
     ("127.0.0.1", "127.0.0.1"), ("127.1", "127.0.0.1"), ("0x7f000001", "127.0.0.1"),
     ("2130706433", "127.0.0.1"), ("0177.0.0.1", "127.0.0.1"), ("0x7f.0.0.1", "127.0.0.1"),
     ("127.0.0.1.", "127.0.0.1"), ("[::1]", "::1"), ("::1", "::1"),
-    ("[::ffff:127.0.0.1]", "::ffff:7f00:1"), ("[fe80::1%eth0]", "fe80::1"),
+    ("[::ffff:127.0.0.1]", "::ffff:127.0.0.1"), ("[fe80::1%eth0]", "fe80::1"),
     ("0", "0.0.0.0"), ("10.1", "10.0.0.1"),
 ])
 def test_numeric_spellings_parse(spelling, canonical):
-    assert str(parse_ip_literal(spelling)) == canonical
+    ip = parse_ip_literal(spelling)
+    assert ip is not None and ip_text(ip) == canonical
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_ipv4_mapped_text_is_the_same_on_every_python(n):
+    # RFC 5952 section 5: ::ffff:a.b.c.d (Python 3.13's str(); 3.12 writes ::ffff:7f00:1)
+    v4 = ipaddress.IPv4Address(n)
+    mapped = ipaddress.IPv6Address((0xFFFF << 32) | n)
+    assert ip_text(mapped) == f"::ffff:{v4}"
+    assert parse_ip_literal(ip_text(mapped)) == mapped
+
+
+@given(st.integers(0, 2**128 - 1))
+def test_ip_text_round_trips_every_ipv6_address(n):
+    ip = ipaddress.IPv6Address(n)
+    assert ipaddress.IPv6Address(ip_text(ip)) == ip
+    if ip.ipv4_mapped is None:
+        assert ip_text(ip) == str(ip)
 
 
 @pytest.mark.parametrize("name", ["example.com", "1.example", "0x7g.1", "api.anthropic.com",

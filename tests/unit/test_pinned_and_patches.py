@@ -8,7 +8,8 @@ import h11
 import pytest
 from mitmproxy import exceptions, options
 from mitmproxy.proxy.layers import http as http_layer
-from mitmproxy.proxy.layers.http import _http1, _http2, _http3
+from mitmproxy.proxy.layers.http import _http1, _http2, _http3, _http_h2
+from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 from mitmproxy.test import taddons, tflow
 
 from sandgate.addons import patches
@@ -68,6 +69,55 @@ def test_patches_install_once_and_replace_error_pages():
         assert doc["code"] == code and doc["status"] == status
         for mod in (_http2, _http3):
             assert b"FAKE-SECRET" not in mod.format_error(status, "FAKE-SECRET")
+
+
+
+def test_sandgate_timeouts_are_answered_504_on_http1_and_http2():
+    # mitmproxy 12's error codes have no 504 (ErrorCode.http_status_code): an error whose
+    # message carries TIMEOUT_MARK (wirelimits' upstream timeouts) is answered 504 anyway.
+    patches.install()
+    message = f"{patches.TIMEOUT_MARK}: nothing from the upstream for 1s"
+    raw = _http1.make_error_response(502, message)
+    assert raw.startswith(b"HTTP/1.1 504 ")
+    assert json.loads(raw.partition(b"\r\n\r\n")[2])["code"] == "upstream_timeout"
+    assert json.loads(_http2.format_error(502, message))["code"] == "upstream_timeout"
+    assert json.loads(_http2.format_error(502, "other"))["code"] == "upstream_error"
+
+    # HTTP/2: mitmproxy's error branch sends its page's headers (":status" 502, no message)
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    def status_sent(event: ResponseProtocolError) -> dict[bytes, bytes]:
+        server = _http_h2.BufferedH2Connection(h2.config.H2Configuration(
+            client_side=False, header_encoding=None))
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        client.send_headers(1, [(":method", "GET"), (":path", "/"), (":scheme", "https"),
+                                (":authority", "example.com")], end_stream=True)
+        server.initiate_connection()
+        server.receive_data(client.data_to_send())
+
+        class Layer:  # the part of an Http2Connection its error branch uses
+            h2_conn = server
+
+        def branch(self, ev):  # mitmproxy's error branch, reduced to the call patched
+            self.h2_conn.send_headers(1, [(b":status", b"502"), (b"server", b"mitmproxy"),
+                                          (b"content-type", b"text/html")])
+            yield from ()
+
+        list(patches._h2_error_status(branch)(Layer(), event))
+        assert getattr(server, patches._H2_STATUS, None) is None  # only for that page
+        got = client.receive_data(server.data_to_send())
+        (resp,) = [e for e in got if isinstance(e, h2.events.ResponseReceived)]
+        return dict(resp.headers)
+
+    timeout = status_sent(ResponseProtocolError(1, message, ErrorCode.GENERIC_SERVER_ERROR))
+    assert timeout[b":status"] == b"504"
+    assert timeout[REASON_HEADER.lower().encode()] == b"upstream_timeout"
+    other = status_sent(ResponseProtocolError(1, "other", ErrorCode.GENERIC_SERVER_ERROR))
+    assert other[b":status"] == b"502"
+    assert other[REASON_HEADER.lower().encode()] == b"upstream_error"
 
 
 def test_http1_trailers_are_dropped_not_fatal():

@@ -36,7 +36,8 @@ from sandgate.policy.hosts import compile_host_pattern, normalise_host
         ("[::1]", "::1"),
         ("::1", "::1"),
         ("[0:0:0:0:0:0:0:1]", "::1"),
-        ("::FFFF:127.0.0.1", "::ffff:7f00:1"),
+        ("::FFFF:127.0.0.1", "::ffff:127.0.0.1"),
+        ("::ffff:7f00:1", "::ffff:127.0.0.1"),
         ("[2001:DB8::1]", "2001:db8::1"),
     ],
 )

@@ -30,7 +30,25 @@ from typing import Any
 from mitmproxy.connection import ConnectionState
 from mitmproxy.proxy import commands, events, layer, server
 
+from sandgate.addons import sourcepin
+
 _MARK = "_sandgate_dialguard"
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# the dial task it guards.
+# A change fails tests/unit/test_patch_sources.py::test_dialguard_source_is_pinned.
+SOURCES = (
+    "mitmproxy.proxy.server:ConnectionHandler.open_connection",
+)
+SOURCE_SHA256 = "9ef953458775a7339a25f98f344933bf8bfbfd267acb46820786e973db5581b6"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
 FAILED = "sandgate: the upstream connection failed before it could be used"
 
 

@@ -9,7 +9,7 @@ rule and name; two tunnels to two names on one IP (or one name under rules with 
 `private_cidrs`) could pin in turn, and the first one's dial then read the second one's name
 and address. Here the dial is bound to its flow instead, so nothing shared can race.
 
-mitmproxy 11.0.2 makes every upstream connection of an HTTP layer in
+mitmproxy 12.3.1 makes every upstream connection of an HTTP layer in
 `HttpLayer.get_connection`, on behalf of the stream that asked (`command_sources[event]`),
 and the new connection's `OpenConnection` passes up through that generator before any task
 dials it. The wrapper records `Server id -> the asking stream's flow` there; `take` hands
@@ -17,19 +17,19 @@ it to `server_connect` once. A dial with no such record (none is expected: every
 comes through here; passthrough tunnels are judged by their tunnel record) is refused there.
 
 `SOURCE_SHA256` pins the source this wrapper was written against: a mitmproxy that changes
-it fails `test_dialorigin.test_patched_source_is_pinned`.
+it fails `test_patch_sources.test_dialorigin_source_is_pinned`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from collections.abc import Generator
 from typing import Any
 
 from mitmproxy import connection, http
 from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers import http as http_layer
+
+from sandgate.addons import sourcepin
 
 _MARK = "_sandgate_dialorigin"
 # Dials asked for and not yet at server_connect. One entry lives from the layer's request for a
@@ -38,17 +38,19 @@ _MARK = "_sandgate_dialorigin"
 MAX_PENDING = 4096
 _origin: dict[str, http.HTTPFlow] = {}
 
-# sha256 of the source this patch was written against (see `sources`).
-SOURCE_SHA256 = "1aa1c63e3175766c1a2340e2b763423ce54d7baa62f7febb7ec912deec80d93a"
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# where an HTTP layer makes an upstream connection.
+# A change fails tests/unit/test_patch_sources.py::test_dialorigin_source_is_pinned.
+SOURCES = ("mitmproxy.proxy.layers.http:HttpLayer.get_connection",)
+SOURCE_SHA256 = "bfa1aae76a55219f1d69f03f1f5ba5b86ecbe4e124d5fe599cd651936e494cf9"
 
 
 def sources() -> str:
-    """The code the patch depends on: where an HTTP layer makes an upstream connection."""
-    return inspect.getsource(inspect.unwrap(http_layer.HttpLayer.get_connection))
+    return sourcepin.sources(SOURCES)
 
 
 def source_digest() -> str:
-    return hashlib.sha256(sources().encode()).hexdigest()
+    return sourcepin.digest(SOURCES)
 
 
 def take(server: connection.Server) -> http.HTTPFlow | None:

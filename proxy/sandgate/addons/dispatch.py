@@ -1,6 +1,6 @@
 """mitmproxy's addon manager with the hook lookup done once per event name, not once per event.
 
-mitmproxy 11.0.2 dispatches every hook (a dozen per request, each followed by an `update` hook
+mitmproxy 12.3.1 dispatches every hook (a dozen per request, each followed by an `update` hook
 for flows) by walking the whole addon chain: for each of ~35 addons a generator over its
 sub-addons, a `getattr` for the hook name, and a context manager, whether or not the addon has
 that hook. Profiled under keep-alive load this walk was about a tenth of Sandgate's CPU.
@@ -24,9 +24,30 @@ from typing import Any
 from mitmproxy import exceptions, flow, hooks, master
 from mitmproxy.addonmanager import AddonManager, safecall, traverse
 
+from sandgate.addons import sourcepin
+
 # mitmproxy's AddonManager is unannotated: calls into it carry no-untyped-call ignores.
 Entry = tuple[Any, tuple[Callable[..., Any], ...]]
 LIFECYCLE = frozenset({"load", "configure", "running", "done"})
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# the manager whose dispatch it caches, and the helpers it calls the same way.
+# A change fails tests/unit/test_patch_sources.py::test_dispatch_source_is_pinned.
+SOURCES = (
+    "mitmproxy.addonmanager:AddonManager",
+    "mitmproxy.addonmanager:safecall",
+    "mitmproxy.addonmanager:traverse",
+    "mitmproxy.hooks:UpdateHook",
+)
+SOURCE_SHA256 = "bb8d92214c1ef6bcdcf6e488cf113a7d8b197c83535f23849cd66d1e8379b7f8"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
 
 
 class CachedAddons(AddonManager):

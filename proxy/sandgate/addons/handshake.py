@@ -1,11 +1,14 @@
 """Per-connection work of a new intercepted connection that is not the cryptography, removed
 (profiled with py-spy under `bench/focus.py --phase new_conn`).
 
-1. mitmproxy converts the cached leaf certificate and the CA key to pyOpenSSL objects again for
-   every client handshake (`TlsConfig.tls_start_client`: `Cert.to_pyopenssl` re-parses the
-   certificate, `PKey.from_cryptography_key` serialises the key to DER and loads it back).
-   Both results are immutable inputs to `SSL.Connection.use_certificate`/`use_privatekey`, so
-   each is made once per certificate / key object and reused: the same bytes go to OpenSSL.
+1. mitmproxy 12.3.1 hands the cached leaf certificate and the CA key to pyOpenSSL as
+   cryptography objects (`TlsConfig.tls_start_client`), and pyOpenSSL converts them again for
+   every client handshake (`SSL.Connection.use_certificate`: `X509.from_cryptography`
+   serialises the certificate to DER and parses it back; `use_privatekey`:
+   `PKey.from_cryptography_key`, the key likewise). Both results are immutable inputs to
+   OpenSSL, so each is made once per certificate / key object and reused: the same bytes go to
+   OpenSSL. (mitmproxy 11 converted the certificate itself, `Cert.to_pyopenssl`: no longer
+   called, no longer patched.)
 2. Every task mitmproxy creates reads ``os.environ["PYTEST_CURRENT_TEST"]`` to decorate the
    task's debug name (`mitmproxy.utils.asyncio_utils.set_task_debug_info`, under
    ``__debug__``): a few tasks per connection, about 1-3% of a passthrough tunnel's CPU. The
@@ -24,41 +27,64 @@ import OpenSSL.crypto
 from mitmproxy import certs
 from mitmproxy.utils import asyncio_utils
 
+from sandgate.addons import sourcepin
+
 _MARK = "_sandgate_handshake"
 
-_X509_ATTR = "_sandgate_x509"  # on the Cert (it lives in mitmproxy's CertStore cache)
 
 
-def _to_pyopenssl(self: certs.Cert) -> OpenSSL.crypto.X509:
-    x509: OpenSSL.crypto.X509 | None = self.__dict__.get(_X509_ATTR)
-    if x509 is None:
-        x509 = self.__dict__[_X509_ATTR] = OpenSSL.crypto.X509.from_cryptography(self._cert)
-    return x509
+# What the patches replace or depend on (sandgate.addons.sourcepin): where mitmproxy hands the
+# certificate and key over, pyOpenSSL's conversions, and the task debug names.
+SOURCES = (
+    "mitmproxy.addons.tlsconfig:TlsConfig.tls_start_client",
+    "mitmproxy.certs:CertStore.get_cert",
+    "OpenSSL.SSL:Connection.use_certificate",
+    "OpenSSL.SSL:Connection.use_privatekey",
+    "mitmproxy.utils.asyncio_utils:create_task",
+    "mitmproxy.utils.asyncio_utils:set_task_debug_info",
+)
+SOURCE_SHA256 = "b8e94383907bbcb5727381cbf06e328f134885d784d5121c796b2d8537546d9e"
+
+# Leaf certificates converted and kept: CertStore keeps its own (cryptography) leaves cached
+# (mitmproxy's `STORE_CAP`, 100); a few more here cost little and never grow past the bound.
+CERT_CACHE = 256
 
 
-class _KeyCache:
-    """The pyOpenSSL form of the last few private keys converted (the CA's, in practice),
-    keyed by the key object itself (held, so its identity cannot be reused)."""
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
 
-    def __init__(self, convert: Any) -> None:
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
+
+
+class _Cache:
+    """The pyOpenSSL form of the last `size` objects converted, keyed by the object itself
+    (held, so its identity cannot be reused while its entry lives)."""
+
+    def __init__(self, convert: Any, size: int) -> None:
         self._convert = convert
-        self._keys: list[tuple[Any, OpenSSL.crypto.PKey]] = []
+        self._size = size
+        self._done: dict[int, tuple[Any, Any]] = {}
 
-    def __call__(self, key: Any) -> OpenSSL.crypto.PKey:
-        for have, cached in self._keys:
-            if have is key:
-                return cached
-        pkey: OpenSSL.crypto.PKey = self._convert(key)
-        self._keys = [(key, pkey), *self._keys[:3]]
-        return pkey
+    def __call__(self, obj: Any) -> Any:
+        hit = self._done.pop(id(obj), None)
+        if hit is None or hit[0] is not obj:
+            hit = (obj, self._convert(obj))
+        self._done[id(obj)] = hit  # most recent last
+        while len(self._done) > self._size:
+            del self._done[next(iter(self._done))]
+        return hit[1]
 
 
 def install() -> None:
     if getattr(certs.Cert, _MARK, False):
         return
-    certs.Cert.to_pyopenssl = _to_pyopenssl  # type: ignore[method-assign]
-    convert = _KeyCache(OpenSSL.crypto.PKey.from_cryptography_key)
-    OpenSSL.crypto.PKey.from_cryptography_key = staticmethod(convert)  # type: ignore[assignment,method-assign]
+    # pyOpenSSL looks both up on the class at each call (OpenSSL.SSL imports the classes)
+    certs_cache = _Cache(OpenSSL.crypto.X509.from_cryptography, CERT_CACHE)
+    OpenSSL.crypto.X509.from_cryptography = staticmethod(certs_cache)  # type: ignore[assignment,method-assign]
+    keys = _Cache(OpenSSL.crypto.PKey.from_cryptography_key, 4)  # the CA's key, in practice
+    OpenSSL.crypto.PKey.from_cryptography_key = staticmethod(keys)  # type: ignore[assignment,method-assign]
     test = os.environ.get("PYTEST_CURRENT_TEST")
 
     def set_task_debug_info(task: Any, *, name: str, client: tuple[Any, ...] | None = None

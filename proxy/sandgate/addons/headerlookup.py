@@ -18,7 +18,28 @@ from typing import Any
 
 from mitmproxy import http
 
+from sandgate.addons import sourcepin
+
 _MARK = "_sandgate_headerlookup"
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# the lookups replaced and what they must answer like.
+# A change fails tests/unit/test_patch_sources.py::test_headerlookup_source_is_pinned.
+SOURCES = (
+    "mitmproxy.http:Headers",
+    "mitmproxy.coretypes.multidict:_MultiDict.get_all",
+    "mitmproxy.coretypes.multidict:_MultiDict.__getitem__",
+    "mitmproxy.coretypes.multidict:MultiDict",
+)
+SOURCE_SHA256 = "edab4cf4f103324175c3e31bb4e793a964d73896189a9d5a3c2b106df782ecb1"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
 _MEMO = "_sandgate_names"  # Headers.__dict__: (fields, their names in lower case)
 
 ORIGINAL_GET_ALL = http.Headers.get_all

@@ -7,6 +7,7 @@ mitmproxy roll the change back).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,8 @@ _PINNED: dict[str, tuple[Any, str]] = {
     "body_size_limit": (None, "bounds what is buffered before a request is judged "
                         "(--max-request-body)"),
     "ssl_verify_upstream_trusted_ca": (None, "upstream trust roots (--upstream-ca)"),
+    "tcp_timeout": (600, "the idle timeout of every connection is --idle-timeout (whole "
+                    "seconds, rounded up; 0: mitmproxy's 600 s)"),
 }
 
 
@@ -75,10 +78,12 @@ def gateway_mode(host: str, port: int, tls_name: str | None) -> str:
 def pinned(max_request_body: str, upstream_ca_bundle: str | None,
            socks5: tuple[str, int] | None = None, gateway: str | None = None,
            role_listens: Sequence[tuple[str, int]] = (),
-           transparent: tuple[str, int] | None = None) -> dict[str, Any]:
+           transparent: tuple[str, int] | None = None,
+           idle_timeout: float | None = None) -> dict[str, Any]:
     """The pinned option values for one run: `mode` is exactly the configured listeners
     (`socks5`: the SOCKS5 listen address; `gateway`: the gateway listener's mode;
-    `role_listens`: pattern 1's tool/other listeners, regular proxies, sandgate.identity.roles)."""
+    `role_listens`: pattern 1's tool/other listeners, regular proxies, sandgate.identity.roles;
+    `idle_timeout`: --idle-timeout, None for off)."""
     values = {name: value for name, (value, _) in _PINNED.items()}
     modes = ["regular"]
     if socks5 is not None:
@@ -92,6 +97,8 @@ def pinned(max_request_body: str, upstream_ca_bundle: str | None,
     values["mode"] = modes
     values["body_size_limit"] = max_request_body
     values["ssl_verify_upstream_trusted_ca"] = upstream_ca_bundle
+    if idle_timeout:  # mitmproxy's watchdog takes whole seconds
+        values["tcp_timeout"] = max(1, math.ceil(idle_timeout))
     return values
 
 

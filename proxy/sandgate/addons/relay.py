@@ -45,9 +45,27 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.tcp import TCPLayer
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
-from sandgate.addons import admission, writes
+from sandgate.addons import admission, sourcepin, writes
 
 _MARK = "_sandgate_relay"
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# the connection loop `handle_connection` copies, and the TCP layer it skips.
+# A change fails tests/unit/test_patch_sources.py::test_relay_source_is_pinned.
+SOURCES = (
+    "mitmproxy.proxy.server:ConnectionHandler.handle_connection",
+    "mitmproxy.proxy.layers.tcp:TCPLayer",
+    "mitmproxy.proxy.server:TimeoutWatchdog",
+)
+SOURCE_SHA256 = "05791253bf13d34f5d0c35ea2ddadb93584a7cc49f973c97f5eb5054aaf0f4d9"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
 _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport")  # noqa: B009
 _HIGH_WATER = 64 * 1024  # asyncio's default high-water mark for a transport's write buffer
 # Upstream reads: up to 256 KiB per read (mitmproxy: 64 KiB), so a bulk download crosses the
@@ -161,7 +179,7 @@ def _pipe(handler: Any, reader: asyncio.StreamReader, to: asyncio.Transport) -> 
 
 
 async def handle_connection(self: Any, conn: connection.Connection) -> None:
-    """mitmproxy 11.0.2's ConnectionHandler.handle_connection with the lean relay step."""
+    """mitmproxy 12.3.1's ConnectionHandler.handle_connection with the lean relay step."""
     cancelled = None
     reader = self.transports[conn].reader
     assert reader

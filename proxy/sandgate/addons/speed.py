@@ -31,7 +31,28 @@ from typing import Any
 from mitmproxy import hooks, http, master, optmanager
 from mitmproxy.proxy import context
 
+from sandgate.addons import sourcepin
+
 _MARK = "_sandgate_speed"
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# the functions replaced.
+# A change fails tests/unit/test_patch_sources.py::test_speed_source_is_pinned.
+SOURCES = (
+    "mitmproxy.http:MessageData",
+    "mitmproxy.proxy.context:Context",
+    "mitmproxy.hooks:Hook.args",
+    "mitmproxy.optmanager:_Option.current",
+)
+SOURCE_SHA256 = "ac891924e14164db7e09894d48d38a3fa0beb6c5542630f3883ee160af8d73d3"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
 
 # addon name -> (the pinned option that makes it inert, that value)
 INERT: dict[str, tuple[str, Any]] = {
@@ -72,7 +93,7 @@ def _no_type_checks(self: Any) -> None:
 
 
 def _fork(self: context.Context) -> context.Context:
-    """mitmproxy 11.0.2's Context.fork, without building the Server it then discards."""
+    """mitmproxy 12.3.1's Context.fork, without building the Server it then discards."""
     ret = context.Context.__new__(context.Context)
     ret.client = self.client
     ret.options = self.options

@@ -1,6 +1,6 @@
 """Hooks whose every handler is a plain function run at once, without a task of their own.
 
-mitmproxy 11.0.2 runs each hook a layer starts (`StartHook`) in a new asyncio task: the task
+mitmproxy 12.3.1 runs each hook a layer starts (`StartHook`) in a new asyncio task: the task
 calls the addons, then feeds `HookCompleted` back through `server_event` (its lock, the layer
 stack again). A passthrough tunnel's layers start five such hooks, and three of them have no
 handler that awaits anything: `next_layer` twice (mitmproxy's NextLayer addon) and
@@ -30,9 +30,26 @@ from mitmproxy import flow as mflow
 from mitmproxy.proxy import commands, events, server
 from mitmproxy.utils import asyncio_utils
 
-from sandgate.addons import writes
+from sandgate.addons import sourcepin, writes
 
 _MARK = "_sandgate_synchooks"
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# `server_event` is a copy of mitmproxy's, and the hook task it skips.
+# A change fails tests/unit/test_patch_sources.py::test_synchooks_source_is_pinned.
+SOURCES = (
+    "mitmproxy.proxy.server:ConnectionHandler.server_event",
+    "mitmproxy.proxy.server:ConnectionHandler.hook_task",
+)
+SOURCE_SHA256 = "0df3244b23665f74b97bc7eb9eb6810604cea84c96029f99a12708d4ea232bc2"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
 
 
 def call_now(handler: Any, hook: commands.StartHook) -> bool:
@@ -48,7 +65,7 @@ def call_now(handler: Any, hook: commands.StartHook) -> bool:
 
 
 async def server_event(self: Any, event: events.Event) -> None:
-    """mitmproxy 11.0.2's ConnectionHandler.server_event; plain hooks complete inline."""
+    """mitmproxy 12.3.1's ConnectionHandler.server_event; plain hooks complete inline."""
     async with self._server_event_lock:
         # No `await` beyond this point.
         self.timeout_watchdog.register_activity()
@@ -63,6 +80,7 @@ async def server_event(self: Any, event: events.Event) -> None:
                         handler = asyncio_utils.create_task(
                             self.open_connection(command),
                             name=f"server connection handler {command.connection.address}",
+                            keep_ref=False,
                             client=self.client.peername,
                         )
                         self.transports[command.connection] = server.ConnectionIO(
@@ -72,6 +90,7 @@ async def server_event(self: Any, event: events.Event) -> None:
                         task = asyncio_utils.create_task(
                             self.wakeup(command),
                             name=f"wakeup timer ({command.delay:.1f}s)",
+                            keep_ref=False,
                             client=self.client.peername,
                         )
                         assert task is not None
@@ -95,13 +114,12 @@ async def server_event(self: Any, event: events.Event) -> None:
                             if command.blocking:
                                 pending.append(events.HookCompleted(command))
                             continue
-                        t = asyncio_utils.create_task(
+                        asyncio_utils.create_task(
                             self.hook_task(command),
                             name=f"handle_hook({command.name})",
+                            keep_ref=True,
                             client=self.client.peername,
                         )
-                        self.hook_tasks.add(t)
-                        t.add_done_callback(self.hook_tasks.remove)
                     elif isinstance(command, commands.Log):
                         self.log(command.message, command.level)
                     else:

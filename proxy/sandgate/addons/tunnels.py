@@ -22,10 +22,27 @@ from typing import Any
 from mitmproxy import connection
 from mitmproxy.proxy.layers import http as http_layer
 
+from sandgate.addons import sourcepin
 from sandgate.addons.socks5 import is_socks5
 from sandgate.addons.state import Conn, Tunnel
 
 _MARK = "_sandgate_tunnels"
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# the CONNECT handling it wraps.
+# A change fails tests/unit/test_patch_sources.py::test_tunnels_source_is_pinned.
+SOURCES = (
+    "mitmproxy.proxy.layers.http:HttpStream.handle_connect",
+)
+SOURCE_SHA256 = "9cd3d6fdbf9334f865533507dc9a0caaf9e64d35efa0ccf40e4df78ff6e9a294"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
 # Tunnels kept per client connection (HTTP/2 may open many streams over its life); past it the
 # oldest record is forgotten, and a request in that tunnel is refused (no tunnel, no identity).
 MAX_TUNNELS = 1024

@@ -55,7 +55,7 @@ from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import tls as tls_layer
 from mitmproxy.proxy.layers.http import _http1, _http2
 
-from sandgate.addons import wirelimits, writes
+from sandgate.addons import sourcepin, wirelimits, writes
 from sandgate.addons.parking import DEFAULT_IDLE, Parked, PoolKey, reader_quiet
 from sandgate.addons.parking import POOL as POOL
 from sandgate.addons.state import METADATA_KEY
@@ -63,6 +63,24 @@ from sandgate.addons.state import METADATA_KEY
 log = logging.getLogger("sandgate")
 
 _MARK = "_sandgate_upstreampool"
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# where connections are asked for, made and dialled.
+# A change fails tests/unit/test_patch_sources.py::test_upstreampool_source_is_pinned.
+SOURCES = (
+    "mitmproxy.proxy.layers.http:HttpLayer.get_connection",
+    "mitmproxy.proxy.server:ConnectionHandler.__init__",
+    "mitmproxy.proxy.server:ConnectionHandler.open_connection",
+)
+SOURCE_SHA256 = "9a94933c3d5a4fa0694d7bda49b4ac6282f02083c85fc93f5b2ad67b727587c0"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
 # What a server connection brings along: copied onto the adopting Server object.
 _FIELDS = ("peername", "sockname", "sni", "alpn", "alpn_offers", "cipher", "cipher_list",
            "tls_version", "certificate_list", "timestamp_start", "timestamp_tcp_setup",

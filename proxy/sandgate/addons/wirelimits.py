@@ -1,6 +1,6 @@
 """Limits below the hooks: how much of a request head is buffered, and how long anything may take.
 
-mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close them:
+mitmproxy 12.3.1 leaves these open, and no addon hook runs early enough to close them:
 
 1. HTTP/1 request heads (the CONNECT head and heads inside a tunnel) are buffered until the blank
    line with no bound (`Http1Server.read_headers`: "FIXME: protect against header size DoS").
@@ -17,7 +17,8 @@ mitmproxy 11.0.2 leaves these open, and no addon hook runs early enough to close
    `max_header_bytes`.
 3. Slow clients: an HTTP/1 head that has started must end within `header_timeout` (408
    `header_timeout`, connection closed); any connection on which nothing moves in either
-   direction for `idle_timeout` is closed (mitmproxy's own watchdog, whose fixed 600 s this sets).
+   direction for `idle_timeout` is closed (mitmproxy's own watchdog: its `tcp_timeout` option,
+   pinned to it by addons/pinned.py).
 4. Upstreams: the TCP connect must succeed within `upstream_connect_timeout`, and once connected
    the upstream must send something within `upstream_read_timeout` of the last byte that went
    either way on that connection (so: to the ServerHello after the ClientHello, to the response
@@ -57,10 +58,10 @@ from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import tls as tls_layer
 from mitmproxy.proxy.layers.http import _http1, _http_h2
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
-from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 
 from sandgate import audit as A
-from sandgate.addons import admission, dialorigin, readable
+from sandgate.addons import admission, dialorigin, patches, readable, sourcepin
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.refusal import Refusal
@@ -68,8 +69,32 @@ from sandgate.refusal import Refusal
 log = logging.getLogger("sandgate")
 
 _MARK = "_sandgate_wirelimits"
-# In every error message of a timeout Sandgate imposed upstream: HttpStream turns it into a 504.
-TIMEOUT_MARK = "sandgate: upstream timeout"
+
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# every function wrapped.
+# A change fails tests/unit/test_patch_sources.py::test_wirelimits_source_is_pinned.
+SOURCES = (
+    "mitmproxy.proxy.layers.http._http1:Http1Server.read_headers",
+    "mitmproxy.proxy.layers.http._http1:Http1Connection._handle_event",
+    "mitmproxy.proxy.layers.http._http1:Http1Client.read_headers",
+    "mitmproxy.proxy.layers.http._http_h2:BufferedH2Connection.__init__",
+    "h2.frame_buffer:FrameBuffer._update_header_buffer",
+    "mitmproxy.proxy.server:ConnectionHandler.open_connection",
+    "mitmproxy.proxy.server:ConnectionHandler.on_timeout",
+    "mitmproxy.proxy.tunnel:TunnelLayer._handshake_finished",
+    "mitmproxy.proxy.layers.http:HttpStream.handle_protocol_error",
+)
+SOURCE_SHA256 = "606eff918d3c0515f60d3bcf49c96bd6216a7f02319a3bc87879fa557ad5966f"
+
+
+def sources() -> str:
+    return sourcepin.sources(SOURCES)
+
+
+def source_digest() -> str:
+    return sourcepin.digest(SOURCES)
+# In every error message of a timeout Sandgate imposed upstream: answered 504 (addons/patches.py).
+TIMEOUT_MARK = patches.TIMEOUT_MARK
 RESET_MESSAGE = "sandgate: the upstream reset the connection"
 _HPACK_OVERHEAD = 32  # hpack counts 32 bytes per header on top of name and value (RFC 7541 4.1)
 # The least HTTP/2 header block that is still decoded and answered 431 (see h2_readable_head):
@@ -260,7 +285,7 @@ def _wrap_response_head(original: Any) -> Any:
             yield commands.CloseConnection(self.conn)
             yield ReceiveHttp(ResponseProtocolError(
                 self.stream_id, f"sandgate: the upstream's response head is larger than "
-                f"{limit} bytes"))
+                f"{limit} bytes", ErrorCode.GENERIC_SERVER_ERROR))
             self.state = self.done
             return
         yield from original(self, event)
@@ -426,12 +451,13 @@ def _wrap_open_connection(original: Any) -> Any:
 
 def _wrap_protocol_error(original: Any) -> Any:
     def handle_protocol_error(self: Any, event: Any) -> Generator[Any, Any, None]:
-        if isinstance(event, ResponseProtocolError) and event.code != 504 and (
-                TIMEOUT_MARK in event.message or self.flow.server_conn.id in _timed_out):
-            message = event.message if TIMEOUT_MARK in event.message else (
-                f"{TIMEOUT_MARK}: nothing from the upstream for "
-                f"{_state.limits.upstream_read_timeout:g}s")
-            event = ResponseProtocolError(event.stream_id, message, 504)
+        # the error page is 504 when its message carries TIMEOUT_MARK (addons/patches.py)
+        if isinstance(event, ResponseProtocolError) and TIMEOUT_MARK not in event.message \
+                and self.flow.server_conn.id in _timed_out:
+            message = (f"{TIMEOUT_MARK}: nothing from the upstream for "
+                       f"{_state.limits.upstream_read_timeout:g}s")
+            event = ResponseProtocolError(event.stream_id, message,
+                                          ErrorCode.GENERIC_SERVER_ERROR)
         yield from original(self, event)
 
     return handle_protocol_error
@@ -500,8 +526,7 @@ def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
         _state.on_event = on_event
     admission.install(limits, lambda code, reason, client: _emit("limit", code, reason, client))
     readable.install()
-    # read by each connection at its start; off (None): mitmproxy's own 600 s
-    setattr(server, "TCP_TIMEOUT", limits.idle_timeout or 600)  # noqa: B010
+    # (the idle timeout itself is mitmproxy's `tcp_timeout` option, pinned: addons/pinned.py)
     if getattr(_http1, _MARK, False):
         return
     srv = _http1.Http1Server
@@ -512,7 +537,7 @@ def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
     conn_cls = _http_h2.BufferedH2Connection
     conn_cls.__init__ = _wrap_h2_init(conn_cls.__init__)  # type: ignore[method-assign]
     fb = h2.frame_buffer.FrameBuffer
-    fb._update_header_buffer = _wrap_update_header_buffer(
+    fb._update_header_buffer = _wrap_update_header_buffer(  # type: ignore[method-assign]
         fb._update_header_buffer)
     handler = server.ConnectionHandler
     handler.open_connection = _wrap_open_connection(  # type: ignore[method-assign]

@@ -1,6 +1,6 @@
 """Every WebSocket frame is a channel: ping, pong and close payloads are judged like messages.
 
-mitmproxy 11.0.2 gives addons a hook for data messages only (`websocket_message`); its
+mitmproxy 12.3.1 gives addons a hook for data messages only (`websocket_message`); its
 WebSocket layer (mitmproxy/proxy/layers/websocket.py, `WebsocketLayer.relay_messages`) relays
 a Ping, a Pong and a Close frame's reason as it read them, and logs a ping's payload. A close
 reason (up to 123 bytes) or a ping payload (up to 125) has room for any API key, both ways.
@@ -29,8 +29,6 @@ fails when mitmproxy's or wsproto's code changes, so an upgrade is looked at, no
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import logging
 from collections.abc import Callable, Generator
 from typing import Any
@@ -39,6 +37,8 @@ import wsproto.events as ws_events
 from mitmproxy import http
 from mitmproxy.proxy.layers import websocket as ws_layer
 from wsproto.connection import Connection
+
+from sandgate.addons import sourcepin
 
 log = logging.getLogger("sandgate")
 
@@ -55,19 +55,22 @@ REASON_MAX = 123
 Handler = Callable[[bool, bytes], "bytes | None"]
 """(from_client, payload) -> the payload to relay, or None: do not relay it."""
 
-# sha256 of the source this patch was written against (see `sources`).
-SOURCE_SHA256 = "f86793e162fa5c0a083c1cc2db46ee6fc45d23023af9ca7faaf012f48d0d8597"
+# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.addons.sourcepin):
+# the layer's relay loop and wsproto's event reader.
+# A change fails tests/unit/test_patch_sources.py::test_wscontrol_source_is_pinned.
+SOURCES = (
+    "mitmproxy.proxy.layers.websocket:WebsocketLayer.relay_messages",
+    "wsproto.connection:Connection.events",
+)
+SOURCE_SHA256 = "5a234cf63b6785b20f4653078c8d1185221d0e41aea5fb37137c1f6b37c2b176"
 
 
 def sources() -> str:
-    """The code the patch depends on: the layer's relay loop and wsproto's event reader."""
-    # (unwrapped: once installed, the layer's attribute is this module's wrapper)
-    return inspect.getsource(inspect.unwrap(ws_layer.WebsocketLayer.relay_messages)) + \
-        inspect.getsource(Connection.events)
+    return sourcepin.sources(SOURCES)
 
 
 def source_digest() -> str:
-    return hashlib.sha256(sources().encode()).hexdigest()
+    return sourcepin.digest(SOURCES)
 
 
 def _payload(event: ws_events.Event) -> bytes:

@@ -389,10 +389,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
     from sandgate.addons.pinned import check_sets
+    from sandgate.addons.sourcepin import check_version
 
     try:
+        check_version()  # the one mitmproxy Sandgate's patches were checked against
         check_sets(args.sets)  # before anything heavy is imported or started
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:
         return _err(str(e))
     from sandgate.addons.socks5 import parse_allow
     from sandgate.identity.agents import agents_from

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import re
 
-from sandgate.netguard import is_numeric_label, parse_ip_literal
+from sandgate.netguard import ip_text, is_numeric_label, parse_ip_literal
 from sandgate.policy.model import HostPattern
 from sandgate.text import has_control_chars
 
@@ -57,10 +57,10 @@ def _normalise_host(raw: str) -> str:
         ip = parse_ip_literal(h)
         if ip is None or ip.version != 6:
             raise ValueError(f"host {raw!r} is not a valid IPv6 literal")
-        return str(ip)
+        return ip_text(ip)
     ip = parse_ip_literal(h)
     if ip is not None:
-        return str(ip)
+        return ip_text(ip)
     if ":" in h:
         raise ValueError(f"host {raw!r} contains a port or is not a valid IPv6 address; "
                          "name the host only")
