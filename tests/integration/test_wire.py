@@ -300,36 +300,27 @@ def test_quoted_crlf_in_a_chunk_extension_gets_a_readable_400(wire_proxy, raw):
 
 # ---------------------------------------------------------------- CONNECT streams over HTTP/2
 
-def test_each_http2_connect_stream_keeps_its_own_tunnel(wire_proxy):
-    """TLS + h2 to the proxy port, three CONNECT streams on one connection (allowed, allowed,
-    refused by policy to be answered inside), then a request on each stream: each is judged
-    against its own stream's CONNECT (the audit says so: its own host, and the deferred
-    refusal only on the refused stream). Before, the last CONNECT's record (and target
-    address) was every stream's. (mitmproxy ends a CONNECT stream with its 200, so answers
-    cannot come back; the judgement is what this checks. The layers inside take the client's
-    ALPN, h2, so the request inside is HTTP/2 too.)"""
-    from tests.support.h2tunnels import H2Proxy, inner_h2_request
+@pytest.mark.parametrize("rfc9113", [True, False], ids=["rfc9113", "scheme-and-path"])
+def test_an_http2_connect_to_the_proxy_port_gets_no_tunnel(wire_proxy, rfc9113):
+    """TLS + h2 to the proxy port, a CONNECT stream: mitmproxy 12.3.1 with h2 4.4 serves no
+    CONNECT over HTTP/2. h2 refuses a CONNECT block with :scheme and :path (RFC 9113 8.5),
+    mitmproxy's request parser one without them (it needs :scheme); either ends the whole
+    connection, and no tunnel is granted or judged. (mitmproxy 11.0.2 with h2 4.1 answered the
+    second spelling 200, and several streams of one connection could each be a tunnel:
+    addons/tunnels.py keeps one record per CONNECT stream, and pins that parser, so a
+    mitmproxy that serves them again is looked at.)"""
+    from tests.support.h2tunnels import H2Proxy
 
     auth = proxy_auth("coding-agent", token(wire_proxy))
     mark = len(wire_proxy.audit())
     c = H2Proxy(wire_proxy.host, wire_proxy.port, str(wire_proxy.ca))
     try:
-        streams = {host: c.connect(f"{host}:443", auth)
-                   for host in ("raw.wire.test", "get.wire.test", "denied.wire.test")}
-        assert {h: s.status for h, s in streams.items()} == dict.fromkeys(streams, 200)
-        for host, st in streams.items():
-            c.send(st, inner_h2_request(f"{host}:443", f"/from/{host}"))
-        for _ in range(5):
-            c.pump()
+        with pytest.raises(ConnectionError):  # closed or reset: no answer on the stream
+            st = c.connect("raw.wire.test:443", auth, rfc9113=rfc9113)
+            assert st.status is None
+            c.pump(1.0)
     finally:
         c.close()
-
-    def event(host: str) -> dict:
-        return wait_new_audit(wire_proxy, mark, lambda e: e.get("event") == "request"
-                              and (e.get("path") or "").startswith(f"/from/{host}"))
-
-    for host in ("raw.wire.test", "get.wire.test"):
-        ev = event(host)
-        assert (ev["host"], ev["decision"], ev["code"]) == (host, "deny", "not_tls"), ev["reason"]
-    ev = event("denied.wire.test")
-    assert (ev["host"], ev["code"]) == ("denied.wire.test", "no_rule"), ev
+    time.sleep(0.3)
+    assert not [e for e in wire_proxy.audit()[mark:]
+                if e.get("event") in ("connect", "request") and e.get("decision") == "allow"]

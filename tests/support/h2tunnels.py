@@ -2,9 +2,10 @@
 streams on the one connection (the `h2` library for framing, Python's ssl). Every wait has a
 deadline.
 
-mitmproxy 11.0.2 answers a CONNECT stream with a 200 that ends the stream (END_STREAM), so
-nothing comes back through such a tunnel; what the client sends on the stream still reaches
-the tunnel's layers and is judged (and audited) there.
+mitmproxy 11.0.2 answered a CONNECT stream with a 200 that ends the stream (END_STREAM), so
+nothing came back through such a tunnel; what the client sent on the stream still reached
+the tunnel's layers and was judged there. mitmproxy 12.3.1 (h2 4.4) serves no CONNECT over
+HTTP/2 at all: either spelling ends the connection (tests/integration/test_wire.py).
 """
 
 from __future__ import annotations
@@ -70,14 +71,15 @@ class H2Proxy:
                 st.reset = True
         self._flush()
 
-    def connect(self, target: str, auth: str) -> Stream:
+    def connect(self, target: str, auth: str, rfc9113: bool = True) -> Stream:
         sid = self.h2.get_next_available_stream_id()
         st = self.streams[sid] = Stream(sid)
-        # :scheme and :path as well: h2 4.1 (mitmproxy's) refuses a request block without them,
-        # RFC 9113 8.5 or not; this is how an h2 client gets a CONNECT through to mitmproxy
-        self.h2.send_headers(sid, [(b":method", b"CONNECT"), (b":scheme", b"https"),
-                                   (b":authority", target.encode()), (b":path", b"/"),
-                                   (b"proxy-authorization", auth.encode())])
+        # RFC 9113 8.5: :method and :authority only; h2 4.1 (mitmproxy 11's) wanted :scheme
+        # and :path too, and mitmproxy 11 served that form (rfc9113=False)
+        headers = [(b":method", b"CONNECT"), (b":authority", target.encode())]
+        if not rfc9113:
+            headers += [(b":scheme", b"https"), (b":path", b"/")]
+        self.h2.send_headers(sid, [*headers, (b"proxy-authorization", auth.encode())])
         self._flush()
         deadline = time.monotonic() + self.timeout
         while st.status is None and not st.reset and time.monotonic() < deadline:

@@ -60,6 +60,11 @@ _PINNED: dict[str, tuple[Any, str]] = {
     "body_size_limit": (None, "bounds what is buffered before a request is judged "
                         "(--max-request-body)"),
     "ssl_verify_upstream_trusted_ca": (None, "upstream trust roots (--upstream-ca)"),
+    "emudhra": (False, "it signs the sandboxes' certificates with a publicly known (compromised) "
+                "CA key: anyone could then impersonate any upstream to a sandbox"),
+    "emudhra_old": (False, "as emudhra (the same compromised key, another chain order)"),
+    "store_streamed_bodies": (False, "it keeps every streamed body whole in memory: requests "
+                              "with injected credentials, responses of any size"),
     "tcp_timeout": (600, "the idle timeout of every connection is --idle-timeout (whole "
                     "seconds, rounded up; 0: mitmproxy's 600 s)"),
 }

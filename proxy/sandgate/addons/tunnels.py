@@ -7,7 +7,7 @@ the others, so a stream's requests were held to another stream's tunnel.
 
 The key is the upstream `Server` object of the CONNECT's stream: every layer inside the tunnel
 (the TLS layers, the inner HTTP layer and its flows, the raw TCP relay, the dial) shares that
-object, so each hook finds its own stream's tunnel from what it is given. mitmproxy 11.0.2 gives
+object, so each hook finds its own stream's tunnel from what it is given. mitmproxy 11.0.2 gave
 all streams of one connection the same Server object, and its CONNECT handling sets that
 object's address: `install` gives each CONNECT stream a fresh one first (so two streams also
 no longer overwrite each other's target address). SOCKS5 has one tunnel per connection (key
@@ -33,8 +33,12 @@ _MARK = "_sandgate_tunnels"
 # A change fails tests/unit/test_patch_sources.py::test_tunnels_source_is_pinned.
 SOURCES = (
     "mitmproxy.proxy.layers.http:HttpStream.handle_connect",
+    # mitmproxy 12.3.1 serves no CONNECT over HTTP/2 (this parser needs :scheme, which h2 4.4
+    # refuses on a CONNECT): one CONNECT per connection, for now. When that changes, the
+    # per-stream records matter again: looked at, not assumed.
+    "mitmproxy.proxy.layers.http._http2:parse_h2_request_headers",
 )
-SOURCE_SHA256 = "9cd3d6fdbf9334f865533507dc9a0caaf9e64d35efa0ccf40e4df78ff6e9a294"
+SOURCE_SHA256 = "ea392456f1d5c4aad1ea7ee9b8ff43bfb6cf2ba69ed25298aa5020fa6da8e05d"
 
 
 def sources() -> str:

@@ -71,8 +71,12 @@ SOURCES = (
     "mitmproxy.proxy.layers.http:HttpLayer.get_connection",
     "mitmproxy.proxy.server:ConnectionHandler.__init__",
     "mitmproxy.proxy.server:ConnectionHandler.open_connection",
+    # what an idle HTTP/2 session is made of (_h2_idle)
+    "mitmproxy.proxy.layers.http._http2:Http2Client.__init__",
+    "mitmproxy.proxy.layers.http._http_h2:BufferedH2Connection.__init__",
+    "h2.frame_buffer:FrameBuffer.__init__",
 )
-SOURCE_SHA256 = "9a94933c3d5a4fa0694d7bda49b4ac6282f02083c85fc93f5b2ad67b727587c0"
+SOURCE_SHA256 = "e33028493528e1af28e71ccb242278b8fff91118cd00ea26979a2d38b02f5819"
 
 
 def sources() -> str:
@@ -172,7 +176,7 @@ def _h2_idle(h2c: Any) -> bool:
             and conn.open_outbound_streams == 0 and conn.open_inbound_streams == 0
             and conn.state_machine.state is not h2.connection.ConnectionState.CLOSED
             and not len(getattr(conn, "_data_to_send", b""))
-            and not len(conn.incoming_buffer.data)
+            and not len(conn.incoming_buffer._data)  # h2 4.4 (4.1: .data)
             and not any(conn.stream_buffers.values()))
 
 
@@ -296,6 +300,11 @@ async def _open_adopted(handler: Any, command: commands.OpenConnection, p: Parke
     """open_connection for an adopted connection: the parked transport instead of a dial (its
     checks were made for the same key), then the same read loop and end hook."""
     srv = command.connection
+    # On Python 3.12+ mitmproxy runs tasks eagerly (Master.run: asyncio's eager task factory):
+    # this one starts inside server_event, before server_event registers its own ConnectionIO
+    # for the connection (without reader or writer). Yield once, so that the registration
+    # below, with the parked transport, is the one that stays.
+    await asyncio.sleep(0)
     srv.state = ConnectionState.OPEN
     # from here the handler owns the transport: its read loop's end closes it (or parks it)
     handler.transports[srv] = server.ConnectionIO(handler=asyncio.current_task(),
