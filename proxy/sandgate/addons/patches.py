@@ -106,10 +106,11 @@ def _h2_error_status(original: Any) -> Any:
     error page it sends for a Sandgate timeout is a 504."""
     def _handle_event(self: Any, event: Any) -> Generator[Any, Any, None]:
         if not (isinstance(event, ResponseProtocolError) and TIMEOUT_MARK in event.message):
-            return (yield from original(self, event))
+            yield from original(self, event)
+            return
         setattr(self.h2_conn, _H2_STATUS, 504)
         try:
-            return (yield from original(self, event))
+            yield from original(self, event)
         finally:
             setattr(self.h2_conn, _H2_STATUS, None)
 
