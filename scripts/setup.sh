@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up everything Sandgate needs on a fresh Debian machine (Python 3.11+): idempotent.
+# Set up everything Sandgate needs on a fresh Debian machine (Python 3.12+, 3.13 preferred):
+# idempotent.
 #   scripts/setup.sh          the proxy: .venv with sandgate installed
 #   scripts/setup.sh --test   also test tools: curl, iproute2, the SDK client and provider venvs
 #   scripts/setup.sh --no-apt the proxy's .venv only, never apt (the fast lane; no root needed)
@@ -10,7 +11,18 @@ no_apt=0
 [[ "${1:-}" == "--test" ]] && want_test=1
 [[ "${1:-}" == "--no-apt" ]] && no_apt=1
 
-PY=${PYTHON:-python3}
+# The interpreter: $PYTHON if set, else the newest suitable one found (scripts/python.sh).
+# shellcheck source=scripts/python.sh
+source scripts/python.sh
+# Debian's python3 (3.13 on Debian 13) lacks venv/ensurepip until python3-venv is installed.
+if ((!no_apt)) && [[ -z ${PYTHON:-} ]] && command -v python3 >/dev/null \
+    && python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))' \
+    && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
+PY=$(find_python) || exit 1
+echo "== setup: Python $(python_ok "$PY") ($PY)"
 need_apt=()
 command -v curl >/dev/null || need_apt+=(curl)
 if ((want_test)); then
@@ -49,29 +61,30 @@ if ((want_test)); then
   [[ -x /usr/sbin/rsyslogd ]] || need_apt+=(rsyslog)
   compgen -G '/usr/lib/*/rsyslog/lmnsd_gtls.so' >/dev/null || need_apt+=(rsyslog-gnutls)
 fi
-"$PY" -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if ((${#need_apt[@]} && !no_apt)); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if [[ ! -x .venv/bin/python ]]; then
-  "$PY" -m venv .venv
-fi
+# A venv built with another interpreter (an older Python, or before the move to 3.12+) is
+# made again: its packages were built for that one.
+fresh_venv .venv "$PY"
+# Exactly the locked versions, each checked against its hash (requirements/dev.lock; the
+# documented update command is in docs/development.md), then Sandgate itself without
+# dependencies: nothing outside the lock file is installed.
 stamp=.venv/.sandgate-installed
-if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+lock=requirements/dev.lock
+if [[ ! -f $stamp || pyproject.toml -nt $stamp || $lock -nt $stamp ]]; then
+  .venv/bin/pip install -q --require-hashes -r "$lock"
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
   touch "$stamp"
 fi
 
 if ((want_test)); then
   # The official SDKs run as real clients from their own venv: their newest releases need
   # h11>=0.16, which mitmproxy 11.0.2 (the newest on Python 3.11) cannot share an env with.
-  if [[ ! -x .venv-clients/bin/python ]]; then
-    "$PY" -m venv .venv-clients
-  fi
+  fresh_venv .venv-clients "$PY"
   # Pinned (tests/requirements-clients.txt): reinstalled when the pins move.
   pins=tests/requirements-clients.txt
   if [[ ! -f .venv-clients/.installed ]] || ! cmp -s "$pins" .venv-clients/.installed; then
@@ -103,9 +116,7 @@ if ((want_test)); then
   # The hosted-sandbox provider SDKs (tests/integration/test_providers.py): their own venv, as
   # they pin protobuf/grpclib/httpx on their own; sandgate.providers comes from proxy/ on
   # PYTHONPATH (it needs only the standard library).
-  if [[ ! -x .venv-providers/bin/python ]]; then
-    "$PY" -m venv .venv-providers
-  fi
+  fresh_venv .venv-providers "$PY"
   pins=tests/requirements-providers.txt
   if [[ ! -f .venv-providers/.installed ]] || ! cmp -s "$pins" .venv-providers/.installed; then
     .venv-providers/bin/pip install -q -r "$pins"
@@ -113,9 +124,7 @@ if ((want_test)); then
   fi
   # Arize Phoenix, a real OpenTelemetry collector (tests/integration/test_audit_export.py): its
   # own venv, as it pins many packages of its own.
-  if [[ ! -x .venv-phoenix/bin/python ]]; then
-    "$PY" -m venv .venv-phoenix
-  fi
+  fresh_venv .venv-phoenix "$PY"
   pins=tests/requirements-phoenix.txt
   if [[ ! -f .venv-phoenix/.installed ]] || ! cmp -s "$pins" .venv-phoenix/.installed; then
     .venv-phoenix/bin/pip install -q -r "$pins"

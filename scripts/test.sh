@@ -23,6 +23,8 @@ else
   .ci/docker-setup.sh
 fi
 echo "== setup took $((SECONDS - t0)) s"
+# The SBOM of the environment under test (sbom/, CycloneDX; docs/development.md "The SBOM")
+scripts/sbom.sh
 .venv/bin/ruff check proxy tests
 .venv/bin/mypy
 .venv/bin/sandgate check policies
