@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Make a Docker engine and the local sandbox base image available: idempotent, fresh Debian
-# bookworm as root. No image registry is needed: the base image is built with debootstrap.
+# (12 or 13) as root. No image registry is needed: the base image is built with debootstrap.
 #
 #   1. apt-get install docker.io debootstrap docker-compose   (only what is missing)
 #   2. start dockerd in the background          (only if `docker info` fails; waits <= 60 s)
-#   3. build sandgate-base:bookworm             (only if the image does not exist)
+#   3. build sandgate-base:trixie             (only if the image does not exist)
 #
-# Environment: SANDGATE_BASE_IMAGE (default sandgate-base:bookworm), DEBIAN_MIRROR
+# Environment: SANDGATE_BASE_IMAGE (default sandgate-base:trixie), DEBIAN_MIRROR
 # (default: the Debian archive this machine's apt sources name), DOCKERD_LOG (default /var/log/sandgate-dockerd.log),
 # DOCKERD_WAIT (seconds, default 60), DOCKERD_ARGS (extra dockerd arguments, word-split; e.g. a
 # second engine: -H unix:///x.sock --data-root ... with DOCKER_HOST=unix:///x.sock).
 set -euo pipefail
 
-BASE_IMAGE=${SANDGATE_BASE_IMAGE:-sandgate-base:bookworm}
+BASE_IMAGE=${SANDGATE_BASE_IMAGE:-sandgate-base:trixie}
 # The Debian archive apt already uses here (first `deb` source that serves the suite's main
 # archive, not -security): debootstrap fetches from the same place as apt-get.
 apt_mirror() {
@@ -33,7 +33,8 @@ apt_mirror() {
 MIRROR=${DEBIAN_MIRROR:-$(apt_mirror || true)}
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/sandgate-dockerd.log}
 DOCKERD_WAIT=${DOCKERD_WAIT:-60}
-SUITE=bookworm
+# Debian 13: Python 3.13, what Sandgate's lock files and wheelhouse are built for
+SUITE=trixie
 PACKAGES=python3,python3-pip,python3-venv,curl,ca-certificates,git,iproute2,dnsutils,iptables
 
 t_all=$SECONDS
@@ -48,7 +49,7 @@ need_apt=()
 command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
 command -v docker >/dev/null 2>&1 || need_apt+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
-# Compose: v2 plugin if present; Debian bookworm ships only v1 (docker-compose).
+# Compose: v2 plugin if present; Debian bookworm ships only v1 (docker-compose), trixie both.
 docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 \
   || need_apt+=(docker-compose)
 if ((${#need_apt[@]})); then

@@ -4,7 +4,7 @@
 #   1. sandbox_images/build.sh: the agent's SDK wheelhouse + sandgate-agent:dev, sandgate-bash-tool:dev
 #   2. the Sandgate wheelhouse sandbox_images/sandgate/wheels (gitignored): `pip wheel` of this
 #      repository (a copy of pyproject.toml, README.md and proxy/) and all its dependencies, for
-#      the host's CPython (3.11 on bookworm, the same as the image's)
+#      the host's .venv CPython (3.13, the same as the image's Debian 13 python3)
 #   3. the iptables .debs of the sandbox-firewall image, sandbox_images/firewall/debs (gitignored):
 #      from apt's cache on the host, else `apt-get download` (skipped when the base image already
 #      has iptables, or when the host has no apt: the image build then uses apt-get itself)
@@ -16,14 +16,14 @@
 # then also fetches haproxy's and redis-server's .debs for sandbox_images/{haproxy,redis}/debs).
 #
 # The compose command is `docker compose` (v2 plugin) if it works, else `docker-compose` (v1;
-# Debian bookworm's package, installed with apt-get when missing and running as root).
-# Environment: BASE_IMAGE (default sandgate-base:bookworm), PYTHON (whose pip builds the wheels).
+# Debian's package, installed with apt-get when missing and running as root).
+# Environment: BASE_IMAGE (default sandgate-base:trixie), PYTHON (whose pip builds the wheels).
 # Prints `COMPOSE=<command>` on its last line.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(dirname "$HERE")
 WHEELS=$HERE/sandgate/wheels
-export BASE_IMAGE=${BASE_IMAGE:-sandgate-base:bookworm}
+export BASE_IMAGE=${BASE_IMAGE:-sandgate-base:trixie}
 export DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0}  # the classic builder: no buildx plugin needed
 export COMPOSE_DOCKER_CLI_BUILD=${COMPOSE_DOCKER_CLI_BUILD:-0}
 
@@ -88,10 +88,15 @@ tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' -cf - proxy | tar -C "$sr
 rm -f "$WHEELS"/sandgate-*.whl
 pip_args=(--quiet --disable-pip-version-check wheel --wheel-dir "$WHEELS" --find-links "$WHEELS")
 if ((download)); then
-  log "pip wheel sandgate + dependencies -> $WHEELS (pip of $py)"
+  log "pip wheel sandgate + locked dependencies -> $WHEELS (pip of $py)"
+  # The dependencies exactly as locked, each file checked against its hash
+  # (requirements/proxy.lock); the image installs from this wheelhouse only (--no-index).
+  "$py" -m pip "${pip_args[@]}" --require-hashes -r "$REPO/requirements/proxy.lock" \
+    2> >(quiet_pip >&2) || die "pip wheel of requirements/proxy.lock failed"
   # setuptools too: the build backend, so that --no-download can build without an index.
-  "$py" -m pip "${pip_args[@]}" "setuptools>=68" "$src[openbao]" 2> >(quiet_pip >&2) \
-    || die "pip wheel failed"
+  "$py" -m pip "${pip_args[@]}" "setuptools>=68" 2> >(quiet_pip >&2) || die "pip wheel failed"
+  "$py" -m pip "${pip_args[@]}" --no-deps --no-build-isolation "$src" 2> >(quiet_pip >&2) \
+    || die "pip wheel of sandgate failed"
 else
   log "pip wheel sandgate --no-index (the dependencies must already be in $WHEELS)"
   "$py" -m pip "${pip_args[@]}" --no-index "$src[openbao]" 2> >(quiet_pip >&2) \
@@ -102,6 +107,11 @@ trap - EXIT
 log "wheelhouse ready: $(find "$WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheels ($((SECONDS - t)) s)"
 
 # --- 3. .debs for the images that add Debian packages to the base (no network in `docker build`) --
+base_codename() {  # the Debian release of the base image (cached)
+  [[ -n ${_base_codename:-} ]] || _base_codename=$(docker run --rm --entrypoint sh "$BASE_IMAGE" \
+    -c '. /etc/os-release; echo "${VERSION_CODENAME:-}"' 2>/dev/null || true)
+  echo "$_base_codename"
+}
 # fetch_debs DIR CHECK PKG...: fill DIR with PKG's .debs from apt's cache or `apt-get download`,
 # unless CHECK (a shell command) succeeds in the base image (then DIR is emptied: nothing needed).
 fetch_debs() {
@@ -111,6 +121,21 @@ fetch_debs() {
   if docker run --rm --entrypoint sh "$BASE_IMAGE" -c "$check" >/dev/null 2>&1; then
     log "$name: the base image has what it needs: no .debs"
     rm -f "$dir"/*.deb
+    return 0
+  fi
+  # A host of another Debian release than the base image (a bookworm host, the trixie base):
+  # the .debs come from the base image's own apt, which resolves the packages' dependencies
+  # for its release (the first package named is the one wanted; apt adds what it needs).
+  if [[ $(base_codename) != "$(. /etc/os-release 2>/dev/null; echo "${VERSION_CODENAME:-}")" ]]; then
+    ((download)) || { [[ -n $(find "$dir" -maxdepth 1 -name '*.deb') ]] && return 0; \
+      die "$name .debs missing in $dir (run once without --no-download)"; }
+    log "$name: apt-get --download-only $1 in $BASE_IMAGE"
+    rm -f "$dir"/*.deb
+    docker run --rm -v "$dir:/out" --entrypoint sh "$BASE_IMAGE" -c \
+      "apt-get update -qq && apt-get install -y -qq --no-install-recommends --download-only \
+       -o Dir::Cache::archives=/out '$1' >/dev/null && rm -rf /out/partial /out/lock" \
+      || die "$name: apt-get --download-only $1 in $BASE_IMAGE failed"
+    log "$name .debs ready: $(find "$dir" -maxdepth 1 -name '*.deb' | wc -l) ($((SECONDS - t)) s)"
     return 0
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -136,7 +161,7 @@ fetch_debs() {
   fi
   log "$name .debs ready: $(find "$dir" -maxdepth 1 -name '*.deb' | wc -l) ($((SECONDS - t)) s)"
 }
-# What iptables and haproxy need beyond a minimal Debian bookworm (same suite as the base image).
+# What iptables and haproxy need beyond a minimal Debian (the base image's suite).
 fetch_debs "$HERE/firewall/debs" 'command -v iptables-nft && command -v iptables-legacy' \
   iptables libip4tc2 libip6tc2 libxtables12 libmnl0 libnetfilter-conntrack3 libnfnetlink0 \
   libnftnl11 netbase

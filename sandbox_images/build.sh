@@ -10,22 +10,22 @@
 #                           (sandbox_images/bash-tool/wheels, gitignored, filled like the agent's)
 #
 # The agent's SDKs come from a wheelhouse (sandbox_images/agent/wheels, gitignored) that this
-# script fills on the host with `pip download` for the image's Python (cp311, glibc linux). It is
+# script fills on the host with `pip download` for the image's Python (cp313, glibc linux). It is
 # reused when it already holds both SDKs; --refresh downloads again. If PyPI is unreachable and
 # the wheelhouse is empty the agent image is built without the SDKs (a warning says so), unless
 # SANDGATE_REQUIRE_SDK=1 makes that an error (for the bash-tool wheelhouse too).
 #
 #   sandbox_images/build.sh [--refresh] [--no-download] [agent|bash-tool ...]
 #
-# Environment: BASE_IMAGE (default sandgate-base:bookworm), AGENT_TAG, BASH_TOOL_TAG, PYTHON
-# (the interpreter whose pip downloads the wheels), SANDBOX_PY_VERSION (default 311).
+# Environment: BASE_IMAGE (default sandgate-base:trixie), AGENT_TAG, BASH_TOOL_TAG, PYTHON
+# (the interpreter whose pip downloads the wheels), SANDBOX_PY_VERSION (default 313).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(dirname "$HERE")
-BASE_IMAGE=${BASE_IMAGE:-sandgate-base:bookworm}
+BASE_IMAGE=${BASE_IMAGE:-sandgate-base:trixie}
 AGENT_TAG=${AGENT_TAG:-sandgate-agent:dev}
 BASH_TOOL_TAG=${BASH_TOOL_TAG:-sandgate-bash-tool:dev}
-PY_VERSION=${SANDBOX_PY_VERSION:-311}
+PY_VERSION=${SANDBOX_PY_VERSION:-313}
 WHEELS=$HERE/agent/wheels
 export DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0}  # the classic builder: no buildx plugin needed
 
