@@ -324,3 +324,36 @@ def test_an_http2_connect_to_the_proxy_port_gets_no_tunnel(wire_proxy, rfc9113):
     time.sleep(0.3)
     assert not [e for e in wire_proxy.audit()[mark:]
                 if e.get("event") in ("connect", "request") and e.get("decision") == "allow"]
+
+
+# ---------------------------------------------------------------- h11 0.16 and h2 4.4
+
+def test_a_chunk_without_its_crlf_never_reaches_the_upstream(wire_proxy, raw):
+    """A chunked request body whose chunk is followed by two bytes other than CRLF: h11 0.14
+    (mitmproxy 11's) skipped any two bytes there, so "1\\r\\naXY0..." read as the body "a",
+    while a server that counts differently could read a second request out of the same bytes
+    (CVE-2025-43859). h11 0.16 refuses it: the request is answered 400 and never forwarded."""
+    before = len(raw.requests)
+    out = h1_in_tunnel(wire_proxy, "coding-agent", token(wire_proxy), "raw.wire.test:443",
+                       b"POST /host HTTP/1.1\r\nHost: raw.wire.test\r\n"
+                       b"Transfer-Encoding: chunked\r\n\r\n"
+                       b"1\r\naXY0\r\n\r\n", timeout=5)
+    assert out.split(b"\r\n", 1)[0].startswith(b"HTTP/1.1 400 "), out[:200]
+    assert refusal_doc(out.partition(b"\r\n\r\n")[2].decode())["code"] == "bad_request"
+    assert len(raw.requests) == before
+
+
+def test_an_http2_request_with_two_host_headers_never_reaches_the_upstream(wire_proxy, raw):
+    """Inside a tunnel, HTTP/2 (forwarded to the HTTP/1.1 upstream) with :authority and two
+    `host` fields that disagree: h2 4.4.1 refuses the header block (a malformed request);
+    Sandgate's own head checks refused it before as well. Either way nothing is forwarded."""
+    from tests.support.tunnel import h2_request
+
+    before = len(raw.requests)
+    res = h2_request(wire_proxy, "coding-agent", token(wire_proxy), "raw.wire.test:443", [
+        (b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"raw.wire.test"),
+        (b":path", b"/host"), (b"host", b"raw.wire.test"), (b"host", b"get.wire.test")],
+        timeout=5)
+    assert res.status != 200, res
+    assert b"host=" not in res.body
+    assert len(raw.requests) == before
