@@ -29,10 +29,20 @@ async def test_every_pinned_option_exists_in_this_mitmproxy():
 
 @pytest.mark.parametrize("spec", ["stream_large_bodies=1k", "mode=socks5",
                                   "validate_inbound_headers=false", "connection_strategy=eager",
-                                  "ssl_insecure=true", "ignore_hosts=.*", " scripts = x.py"])
+                                  "ssl_insecure=true", "ignore_hosts=.*", " scripts = x.py",
+                                  # new in mitmproxy 12
+                                  "emudhra=true", "emudhra_old=true",
+                                  "store_streamed_bodies=true", "tcp_timeout=86400"])
 def test_set_of_a_pinned_option_is_refused(spec):
     with pytest.raises(ValueError, match="pinned by Sandgate"):
         check_sets([spec])
+
+
+def test_the_idle_timeout_is_mitmproxys_tcp_timeout_in_whole_seconds():
+    # mitmproxy 12 reads its idle watchdog's timeout from the tcp_timeout option (an int)
+    assert pinned("1m", None, idle_timeout=1.5)["tcp_timeout"] == 2
+    assert pinned("1m", None, idle_timeout=300)["tcp_timeout"] == 300
+    assert pinned("1m", None, idle_timeout=None)["tcp_timeout"] == 600  # off: mitmproxy's own
 
 
 def test_set_of_other_options_is_allowed():
