@@ -32,6 +32,7 @@ from sandgate.stages import (
     s30_body,
     s35_call,
     s36_sigv4,
+    s37_llm,
     s38_ask,
     s40_forward,
     s50_inject,
@@ -61,6 +62,7 @@ REQUEST_PATH: tuple[Stage, ...] = (
     s30_body.check,
     s35_call.judge,
     s36_sigv4.judge,  # a signing rule judges what the signature covers (operation, sources)
+    s37_llm.judge,  # an LLM call: model, output cap, budget reserved (sandgate.spend)
     s38_ask.hold,  # `action: ask`: waits for approval; nothing prepared, injected or dialled
     s40_forward.prepare_head,
     s50_inject.inject,

@@ -1,0 +1,107 @@
+"""Judge the LLM call: model, output cap and budget of an inference request (sandgate.llmcall,
+sandgate.spend), once its body is complete.
+
+A request to a provider's host (or on a rule with `llm: {api}`) that is an inference call is
+read strictly (model, output cap, streaming) and decided again with it by the one decide() that
+explain and fixtures use: a rule whose `llm.models` does not list the model, or whose
+`max_tokens` the call exceeds (`on_max_tokens: refuse`), does not match (403 model_not_allowed,
+400 max_tokens_over_cap, unless a later rule allows it). Then the body is made what the rule
+says (the cap lowered; an OpenAI stream asked for its usage chunk, taken out of the answer
+again by s70_scrub), and the call's worst case is reserved against its budget (429
+spend_exhausted; Redis down: 503 state_unavailable). Every refusal from here on is answered in
+the provider's own error format (sandgate.refusal), so the SDK raises its usual error.
+
+The usage is read from the answer as it passes (s70_scrub) and settled when the flow ends
+(sandgate.spend.settle, from s90_audit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mitmproxy import http
+
+from sandgate.addons.state import FlowRecord
+from sandgate.decision import decide, reported
+from sandgate.errors import BadRequest, Code, Refused
+from sandgate.llmcall import (
+    CallUnreadable,
+    read_call,
+    recognise,
+    with_max_tokens,
+    with_usage_chunk,
+)
+from sandgate.spend import LlmFlow, amounts, price_of, worst_case
+from sandgate.stages import s30_body
+from sandgate.stages.context import GateState
+
+
+async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
+    """The LLM stage: nothing to do unless the allowed request is an inference call."""
+    head = rec.decision
+    if head is None or not head.allowed or head.tunnel or head.rule is None \
+            or rec.caller is None or rec.info is None:
+        return
+    rule = head.rule
+    api = recognise(flow.request.method, rec.info.host, rec.info.path,
+                    rule.llm.api if rule.llm is not None else None)
+    if api is None:
+        return
+    llm = rec.llm = LlmFlow(api)  # from here on, refusals speak the provider's format
+    req = flow.request
+    if req.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+        raise BadRequest(Code.BAD_REQUEST, "an LLM call's body must not be compressed: "
+                         "Sandgate judges its model and output cap as sent")
+    body = req.raw_content or b""
+    try:
+        call = read_call(api, rec.info.path, body)
+    except CallUnreadable as e:
+        raise BadRequest(Code.BAD_REQUEST, f"the LLM call cannot be judged: {e}",
+                         hint="send one JSON object, each key once") from None
+    llm.call = call
+    policy = st.flow_policy(rec)
+    identity = rec.caller.identity
+    d = rec.decision = decide(policy, identity, rec.info,
+                              rec.call.call if rec.call is not None else None, rec.aws, call)
+    if not d.allowed:
+        if not reported(policy, identity, d):
+            raise d.refused()
+        rec.reported = True  # forwarded without credentials; audited as `report`
+        return
+    if d.rule is not rule:
+        await s30_body.check(st, flow, rec)  # the rule that forwards it: its limit, its secrets
+    assert d.rule is not None
+    f = d.rule.llm
+    changed = body
+    if d.lower_max_tokens is not None:
+        changed = with_max_tokens(api, changed, d.lower_max_tokens)
+        llm.notes.append(f"max_tokens lowered to {d.lower_max_tokens}")
+        call = llm.call = dataclasses.replace(call, max_tokens=d.lower_max_tokens)
+    if api == "openai-chat" and call.stream and not call.include_usage:
+        changed = with_usage_chunk(changed)  # the usage chunk: read, then taken out
+        llm.drop_usage_chunk = True
+    if changed is not body:
+        req.content = changed
+    if f is None or f.budget is None:
+        return
+    budget = policy.budgets[f.budget]
+    who = identity if budget.scope == "identity" else rec.caller.sandbox
+    if who is None:
+        raise Refused(
+            Code.SANDBOX_REQUIRED, f"budget '{budget.name}' is counted per sandbox and the "
+            "caller has no sandbox id",
+            hint="call with a token or label that names the sandbox")
+    cap = call.max_tokens
+    if cap is None:
+        raise Refused(Code.MAX_TOKENS_OVER_CAP, f"the call sets no output cap (max_tokens) and "
+                      f"budget '{budget.name}' counts its worst case",
+                      hint="set max_tokens in the request, or `llm: {max_tokens: N, "
+                      "on_max_tokens: lower}` on the rule")
+    price = price_of(policy.prices, call.model)
+    if budget.cost_usd is not None and price is None:
+        raise Refused(Code.MODEL_NOT_ALLOWED, f"model {str(call.model)[:100]!r} has no price "
+                      f"and budget '{budget.name}' counts cost",
+                      hint="add the model to the policy's `prices:`")
+    llm.budget, llm.price = budget, price
+    llm.reservation = await st.counts.reserve(
+        budget, who, amounts(worst_case(call, cap), price))

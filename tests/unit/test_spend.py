@@ -1,0 +1,211 @@
+"""Spend and models: `llm:` rules judged by decide(), `budgets:` windows reserved and settled,
+prices, and refusals in each provider's error shape."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandgate.decision import judge
+from sandgate.errors import Code, LimitExceeded
+from sandgate.llmcall import LlmCall, Usage, stated_call
+from sandgate.policy.loader import PolicyError, load_policy_dir
+from sandgate.policy.model import Budget, Price, Source
+from sandgate.refusal import Refusal
+from sandgate.spend import (
+    Amounts,
+    SpendWindows,
+    amounts,
+    cost_micros,
+    price_of,
+    shipped_prices,
+    worst_case,
+)
+
+POLICY = """
+version: v1
+secrets:
+  anthropic: {mount: secret, path: llm/anthropic, field: key, hosts: [api.anthropic.com]}
+budgets:
+  day: {output_tokens: 1000, cost_usd: 2.5, per: 1d}
+prices:
+  - {model: "claude-sonnet-4*", input: 1, output: 2}
+identities:
+  agent:
+    rules:
+      - name: claude
+        hosts: [api.anthropic.com]
+        inject: {headers: {x-api-key: "{{ secrets.anthropic }}"}}
+        llm: {models: ["claude-sonnet-*"], max_tokens: 4096, budget: day}
+      - name: haiku-lowered
+        hosts: [api.anthropic.com]
+        llm: {models: ["claude-haiku-*"], max_tokens: 100, on_max_tokens: lower}
+"""
+
+
+def load(tmp_path: Path, text: str = POLICY):
+    (tmp_path / "p.yaml").write_text(textwrap.dedent(text))
+    return load_policy_dir(tmp_path)
+
+
+def verdict(policy, model: str | None, max_tokens: int | None = None):
+    return judge(policy, "agent", "POST", "https://api.anthropic.com/v1/messages", {},
+                 llm=stated_call(model, max_tokens) if model else
+                 LlmCall("anthropic", None, max_tokens, False)).decision
+
+
+def test_models_and_caps_judged_by_decide(tmp_path):
+    policy = load(tmp_path)
+    ok = verdict(policy, "claude-sonnet-4-5", 4096)
+    assert ok.allowed and ok.rule_name == "claude" and ok.lower_max_tokens is None
+    d = verdict(policy, "claude-opus-4-1", 10)
+    assert (d.allowed, d.code) == (False, Code.MODEL_NOT_ALLOWED)
+    assert "claude-opus-4-1" in d.reason and "claude-sonnet-*" in (d.hint or "")
+    d = verdict(policy, "claude-sonnet-4-5", 4097)
+    assert (d.allowed, d.code) == (False, Code.MAX_TOKENS_OVER_CAP)
+    assert "4096" in d.reason
+    d = verdict(policy, "claude-sonnet-4-5", None)  # no cap asked: the model's own, refused
+    assert d.code == Code.MAX_TOKENS_OVER_CAP
+    d = verdict(policy, None, 10)
+    assert d.code == Code.MODEL_NOT_ALLOWED and "names no model" in d.reason
+    # a later rule may allow what the first does not: lowered to its cap
+    d = verdict(policy, "claude-haiku-4-5", 5000)
+    assert d.allowed and d.rule_name == "haiku-lowered" and d.lower_max_tokens == 100
+    assert verdict(policy, "claude-haiku-4-5", 50).lower_max_tokens is None
+    # the head stage decides without the call: the rule matches, the body is judged later
+    head = judge(policy, "agent", "POST", "https://api.anthropic.com/v1/messages", {})
+    assert head.decision.allowed and head.decision.rule_name == "claude"
+
+
+def test_fixtures_and_check_know_models(tmp_path):
+    from sandgate.policy.fixtures import run_policy_test
+
+    text = POLICY + textwrap.dedent("""
+    tests:
+      - {identity: agent, request: POST https://api.anthropic.com/v1/messages,
+         model: claude-opus-4, expect: deny, code: model_not_allowed}
+      - {identity: agent, request: POST https://api.anthropic.com/v1/messages,
+         model: claude-sonnet-4, max_tokens: 5000, expect: deny, code: max_tokens_over_cap}
+      - {identity: agent, request: POST https://api.anthropic.com/v1/messages,
+         model: claude-haiku-4-5, max_tokens: 5000, expect: allow, rule: haiku-lowered}
+    """)
+    policy = load(tmp_path, text)
+    results = [run_policy_test(policy, t) for t in policy.tests]
+    assert [r.passed for r in results] == [True, True, True], [r.message for r in results]
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("      - {name: x, hosts: [a.example], llm: {budget: nope}}\n", "budget 'nope'"),
+    ("      - {name: x, hosts: [a.example], llm: {on_max_tokens: lower}}\n",
+     "needs `max_tokens`"),
+    ("      - {name: x, hosts: [a.example], action: deny, llm: {models: [a]}}\n",
+     "not on a deny"),
+    ("      - {name: x, hosts: [a.example], llm: {max_tokens: 0}}\n", "allows no output"),
+])
+def test_rule_mistakes_are_load_errors(tmp_path, extra, message):
+    with pytest.raises(PolicyError, match=message):
+        load(tmp_path, POLICY + extra)
+
+
+def test_budget_mistakes_are_load_errors(tmp_path):
+    with pytest.raises(PolicyError, match="limits nothing"):
+        load(tmp_path, POLICY.replace("{output_tokens: 1000, cost_usd: 2.5, per: 1d}",
+                                      "{per: 1d}"))
+    with pytest.raises(PolicyError, match="per"):
+        load(tmp_path, POLICY.replace("per: 1d", "per: soon"))
+
+
+def test_prices_policy_first_then_shipped(tmp_path):
+    policy = load(tmp_path)
+    assert policy.prices[0].model == "claude-sonnet-4*"
+    assert price_of(policy.prices, "claude-sonnet-4-5") == policy.prices[0]
+    shipped = price_of((), "claude-sonnet-4-5")
+    assert shipped is not None and shipped in shipped_prices()
+    assert price_of((), "gpt-4o-mini-2024") != price_of((), "gpt-4o-2024")  # specific first
+    assert price_of(policy.prices, "no-such-model") is None
+    p = Price("m", input=3, output=15, cached_input=0.3)
+    # 1M input (400k cached), 1M output: 0.6M*3 + 0.4M*0.3 + 1M*15 µ$ per token
+    assert cost_micros(p, Usage(1_000_000, 1_000_000, 400_000)) == 1_800_000 + 120_000 \
+        + 15_000_000
+    assert cost_micros(None, Usage(5, 5)) == 0
+
+
+def budget(**kw) -> Budget:
+    return Budget(name="b", per=60, scope="identity", source=Source("f", 1), **kw)
+
+
+def test_window_admits_while_anything_is_left_and_settles():
+    w = SpendWindows()
+    b = budget(output_tokens=100)
+    key = "k"
+    r1 = w.reserve(key, b, "agent", Amounts(0, 60), now=0)
+    r2 = w.reserve(key, b, "agent", Amounts(0, 30), now=1)
+    r3 = w.reserve(key, b, "agent", Amounts(0, 30), now=2)  # 90 used: something left
+    with pytest.raises(LimitExceeded) as e:
+        w.reserve(key, b, "agent", Amounts(0, 1), now=3)
+    assert e.value.code == Code.SPEND_EXHAUSTED and e.value.retry_after == 57
+    w.settle(r1, Amounts(0, 10))  # spent less than reserved: given back
+    w.settle(r2, Amounts(0, 10))
+    assert w.used(key) == Amounts(0, 50)
+    w.reserve(key, b, "agent", Amounts(0, 1), now=4)
+    w.settle(r3, Amounts(0, 0))
+    w.reserve(key, b, "agent", Amounts(0, 500), now=60)  # a new window
+    w.settle(r3, Amounts(0, 0))  # of the old window: changes nothing
+    assert w.used(key) == Amounts(0, 500)
+
+
+@given(calls=st.lists(st.tuples(st.integers(1, 50), st.integers(0, 50)), max_size=40),
+       limit=st.integers(1, 300))
+def test_window_overrun_is_at_most_one_calls_worst_case(calls, limit):
+    """Whatever the order of reserving and settling, what a window counts passes its limit by
+    less than the worst case of the call admitted last."""
+    w = SpendWindows()
+    b = budget(output_tokens=limit)
+    open_: list = []
+    biggest = 0
+    for i, (worst, spent) in enumerate(calls):
+        try:
+            open_.append((w.reserve("k", b, "a", Amounts(0, worst), now=0),
+                          min(spent, worst)))
+            biggest = max(biggest, worst)
+        except LimitExceeded:
+            pass
+        if i % 3 == 2 and open_:
+            res, spent_ = open_.pop(0)
+            w.settle(res, Amounts(0, spent_))
+        used = w.used("k")
+        assert used is None or used.output_tokens < limit + biggest
+
+
+def test_worst_case_and_amounts():
+    c = LlmCall("anthropic", "claude-sonnet-4", 200, False, input_bytes=1234)
+    assert worst_case(c, 200) == Usage(1234, 200)
+    assert amounts(Usage(10, 20), Price("m", 1, 2)) == Amounts(10, 20, 50)
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai-chat", "openai-responses", "gemini"])
+@pytest.mark.parametrize("code,status", [(Code.MODEL_NOT_ALLOWED, 403),
+                                         (Code.SPEND_EXHAUSTED, 429),
+                                         (Code.MAX_TOKENS_OVER_CAP, 400)])
+def test_refusals_in_the_providers_shape(dialect, code, status):
+    r = Refusal(code, "why", identity="agent", hint="fix", retry_after=5, dialect=dialect)
+    doc = json.loads(r.body())
+    assert r.status == status and r.headers()["X-Sandgate-Reason"] == str(code)
+    assert doc["sandgate"]["code"] == str(code)
+    if dialect == "anthropic":
+        assert doc["type"] == "error" and doc["error"]["type"] in (
+            "permission_error", "rate_limit_error", "invalid_request_error")
+    elif dialect == "gemini":
+        assert doc["error"]["code"] == status and doc["error"]["status"] in (
+            "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT")
+    else:
+        assert doc["error"]["code"] == str(code)
+    assert f"sandgate: {code}: why (fix)" == doc["error"]["message"]
+    plain = json.loads(Refusal(code, "why").body())
+    assert plain["error"] == "sandgate_refused"
+
