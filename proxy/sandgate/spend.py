@@ -203,23 +203,32 @@ class LlmFlow:
         return out
 
 
-def settle(counts: Counts, llm: LlmFlow | None, never_sent: bool) -> None:
-    """The flow ended (answered, refused or failed): its reservation is replaced by what the
-    answer says it spent; by nothing when it was `never_sent` upstream; else (an answer
-    without readable usage, an upstream failure) the worst case stays counted."""
+def settlement(llm: LlmFlow | None, never_sent: bool) -> tuple[Reservation, Amounts] | None:
+    """What settles the call's reservation (once; None: nothing to settle): what the answer
+    says it spent; nothing when it was `never_sent` upstream; None (the worst case stays
+    counted) for an answer without readable usage or an upstream failure."""
     if llm is None or llm.reservation is None or llm.settled:
-        return
+        return None
     llm.settled = True
     usage = llm.usage
     if usage is None:
         if not never_sent:
-            return
+            return None
         usage = Usage()
-    res, spent = llm.reservation, amounts(usage, llm.price)
+    return llm.reservation, amounts(usage, llm.price)
+
+
+def settle(counts: Counts, llm: LlmFlow | None, never_sent: bool) -> None:
+    """Settle the call's reservation (see `settlement`), in a task: the proxy's hooks that end
+    a flow (response, error) cannot wait. Started in the response hook, before the client is
+    sent the end of the answer, it reaches the counter before the client's next call can."""
+    todo = settlement(llm, never_sent)
+    if todo is None:
+        return
 
     async def run() -> None:
         try:
-            await counts.settle(res, spent)
+            await counts.settle(*todo)
         except Exception:
             log.exception("sandgate: settling an LLM budget failed; its worst case stays")
 

@@ -21,6 +21,7 @@ from mitmproxy import connection, dns, http, tcp, tls, udp
 from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers import modes
 
+from sandgate import spend
 from sandgate.addons import capture, readable, relay
 from sandgate.addons.socks5 import REP_NOT_ALLOWED, Socks5ConnectData, connect_flow
 from sandgate.addons.state import FlowRecord
@@ -192,7 +193,12 @@ class Gate(GateState):
         s70_scrub.response_headers(self, flow, _record(flow))
 
     def response(self, flow: http.HTTPFlow) -> None:
-        s70_scrub.finish(self, flow, _record(flow))
+        rec = _record(flow)
+        s70_scrub.finish(self, flow, rec)
+        # an LLM call's reservation settled from its usage: started here, before the client is
+        # sent the end of the answer (mitmproxy sends it after this hook), so that a next call
+        # finds it settled (sandgate.spend)
+        spend.settle(self.counts, rec.llm, False)
         s90_audit.audit(self, flow)
 
     def error(self, flow: http.HTTPFlow) -> None:

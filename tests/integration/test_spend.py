@@ -1,0 +1,336 @@
+"""Spend and models (#39) end to end: the official anthropic, openai and google-genai SDKs,
+holding placeholder keys, through `sandgate run` with OpenBao, against stand-in APIs that answer
+with real usage fields (tests/support/llmapis.py), streaming and not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import (
+    ANTHROPIC_KEY,
+    OPENAI_KEY,
+    SECRET_VALUES,
+    Proxy,
+    start_proxy,
+    stop_proxy,
+)
+from tests.support.llmapis import CACHED, INPUT, OUTPUT, REASONING, LlmServer
+from tests.support.pki import make_pki
+from tests.support.secrets import assert_no_secret, assert_secret_equal
+
+pytestmark = pytest.mark.integration
+
+CLIENT_PY = Path(__file__).parents[2] / ".venv-clients" / "bin" / "python"
+LLM_IP = "127.0.0.39"
+NAMES = ["anthropic.llm.test", "openai.llm.test", "gemini.llm.test"]
+TIGHT = 50  # output tokens of budget `tight`: each call asks for 20, spends OUTPUT (10)
+SHARED = 100  # output tokens of budget `shared`, spent by concurrent calls asking 20 each
+CAP = 20
+
+POLICY = f"""version: v1
+secrets:
+  anthropic: {{vault: secret/data/llm/anthropic, field: api_key}}
+  openai: {{vault: secret/data/llm/openai, field: api_key}}
+budgets:
+  tight: {{output_tokens: {TIGHT}, per: 1h}}
+  shared: {{output_tokens: {SHARED}, per: 1h, scope: sandbox}}
+templates:
+  apis:
+    - name: anthropic
+      hosts: [anthropic.llm.test]
+      methods: [POST]
+      paths: [/v1/messages]
+      inject: {{headers: {{x-api-key: "{{{{ secrets.anthropic }}}}"}}}}
+      private_cidrs: [{LLM_IP}/32]
+      llm: {{api: anthropic, models: ["claude-sonnet-*"], max_tokens: 64}}
+    - name: openai
+      hosts: [openai.llm.test]
+      methods: [POST]
+      paths: [/v1/chat/completions]
+      inject: {{headers: {{authorization: "Bearer {{{{ secrets.openai }}}}"}}}}
+      private_cidrs: [{LLM_IP}/32]
+      llm: {{api: openai, models: ["gpt-4o-mini*"], max_tokens: 32, on_max_tokens: lower}}
+    - name: gemini
+      hosts: [gemini.llm.test]
+      methods: [POST]
+      paths: ["/v1beta/models/**"]
+      inject: {{headers: {{x-goog-api-key: "{{{{ secrets.openai }}}}"}}}}
+      private_cidrs: [{LLM_IP}/32]
+      llm: {{api: gemini, models: ["gemini-2.5-*"]}}
+identities:
+  agent:
+    use: [apis]
+  budgeted:
+    rules:
+      - name: anthropic
+        hosts: [anthropic.llm.test]
+        methods: [POST]
+        paths: [/v1/messages]
+        inject: {{headers: {{x-api-key: "{{{{ secrets.anthropic }}}}"}}}}
+        private_cidrs: [{LLM_IP}/32]
+        llm: {{api: anthropic, max_tokens: {CAP}, budget: tight}}
+  crowd:
+    rules:
+      - name: openai
+        hosts: [openai.llm.test]
+        methods: [POST]
+        paths: [/v1/chat/completions]
+        inject: {{headers: {{authorization: "Bearer {{{{ secrets.openai }}}}"}}}}
+        private_cidrs: [{LLM_IP}/32]
+        llm: {{api: openai, max_tokens: {CAP}, budget: shared}}
+"""
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory) -> Iterator[tuple[Proxy, LlmServer]]:
+    tmp = tmp_path_factory.mktemp("spend")
+    pki = make_pki(tmp / "pki", NAMES)
+    server = LlmServer(LLM_IP, 443, str(pki.cert), str(pki.key)).start()
+    yield pki, server  # type: ignore[misc]
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory, vault, llm) -> Iterator[Proxy]:
+    pki, _server = llm
+    tmp = tmp_path_factory.mktemp("spendproxy")
+    policies = tmp / "policies"
+    policies.mkdir()
+    (policies / "spend.yaml").write_text(POLICY)
+    p = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token},
+                    pki, *[f"--resolve={n}={LLM_IP}" for n in NAMES])
+    yield p
+    stop_proxy(p)
+    logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
+    assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+
+
+@pytest.fixture
+def apis(llm):
+    server = llm[1]
+    server.apis.calls.clear()
+    return server.apis
+
+
+def sdk(proxy: Proxy, identity: str, script: str, sandbox: str | None = None) -> dict:
+    """Run `script` with the SDK venv; it prints one JSON line (the last line) to return."""
+    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
+    token = proxy.token(identity, sandbox=sandbox)
+    env.update({
+        "HTTPS_PROXY": f"http://{identity}:{token}@{proxy.host}:{proxy.port}",
+        "NO_PROXY": "", "SSL_CERT_FILE": str(proxy.ca),
+        "ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic",
+        "ANTHROPIC_BASE_URL": "https://anthropic.llm.test",
+        "OPENAI_API_KEY": "sandgate-placeholder-openai",
+        "OPENAI_BASE_URL": "https://openai.llm.test/v1",
+    })
+    r = subprocess.run([str(CLIENT_PY), "-c", PRELUDE + script], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "the SDK output")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+PRELUDE = """
+import json, sys
+def error(e):
+    resp = getattr(e, "response", None)
+    return {"error": type(e).__name__, "status": getattr(e, "status_code", None),
+            "message": str(e),
+            "retry_after": resp.headers.get("retry-after") if resp is not None else None}
+"""
+
+ANTHROPIC = """
+import anthropic
+client = anthropic.Anthropic(max_retries=0)
+def call(model, max_tokens, stream):
+    try:
+        if stream:
+            with client.messages.stream(model=model, max_tokens=max_tokens,
+                                        messages=[{"role": "user", "content": "hi"}]) as s:
+                text = "".join(s.text_stream)
+                m = s.get_final_message()
+        else:
+            m = client.messages.create(model=model, max_tokens=max_tokens,
+                                       messages=[{"role": "user", "content": "hi"}])
+            text = m.content[0].text
+        return {"text": text, "output": m.usage.output_tokens}
+    except anthropic.APIStatusError as e:
+        return error(e)
+"""
+
+
+def anthropic_call(proxy: Proxy, identity: str, model: str, max_tokens: int,
+                   stream: bool) -> dict:
+    return sdk(proxy, identity, ANTHROPIC + f"print(json.dumps(call({model!r}, {max_tokens}, "
+                                            f"{stream})))")
+
+
+def audits(proxy: Proxy, identity: str) -> list[dict]:
+    return [e for e in proxy.audit() if e.get("identity") == identity and "llm" in e]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_anthropic_call_allowed_and_its_usage_audited(proxy, apis, stream):
+    before = len(audits(proxy, "agent"))
+    out = anthropic_call(proxy, "agent", "claude-sonnet-4-5", 64, stream)
+    assert out["text"] in ("hello from the stand-in", "hello streamed")
+    assert out["output"] == OUTPUT
+    assert_secret_equal(apis.calls[-1].headers.get("x-api-key"), ANTHROPIC_KEY, "x-api-key")
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "agent" and "llm" in e
+                          and len(audits(proxy, "agent")) > before)
+    assert ev["llm"]["api"] == "anthropic" and ev["llm"]["model"] == "claude-sonnet-4-5"
+    assert ev["llm"]["stream"] is stream and ev["llm"]["max_tokens"] == 64
+    assert ev["llm"]["usage"] == {"input_tokens": INPUT, "output_tokens": OUTPUT,
+                                  "cached_tokens": CACHED, "reasoning_tokens": 0}
+    # the shipped price of claude-sonnet-4*: 3 $/M in, 0.3 cached, 15 out
+    assert ev["llm"]["cost_usd"] == pytest.approx(
+        ((INPUT - CACHED) * 3 + CACHED * 0.3 + OUTPUT * 15) / 1e6, abs=1e-6)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_disallowed_model_refused_with_the_reason_in_the_sdk(proxy, apis, stream):
+    out = anthropic_call(proxy, "agent", "claude-opus-4-1", 64, stream)
+    assert out["error"] == "PermissionDeniedError" and out["status"] == 403
+    assert "model_not_allowed" in out["message"] and "claude-opus-4-1" in out["message"]
+    assert not apis.calls  # never forwarded
+
+
+def test_max_tokens_over_cap_refused_with_the_reason_in_the_sdk(proxy, apis):
+    out = anthropic_call(proxy, "agent", "claude-sonnet-4-5", 65, False)
+    assert out["error"] == "BadRequestError" and out["status"] == 400
+    assert "max_tokens_over_cap" in out["message"] and "64" in out["message"]
+    assert not apis.calls
+
+
+OPENAI = """
+import openai
+client = openai.OpenAI(max_retries=0)
+def call(model, max_tokens, stream, include_usage=False):
+    try:
+        kw = {"stream_options": {"include_usage": True}} if include_usage else {}
+        r = client.chat.completions.create(
+            model=model, max_tokens=max_tokens, stream=stream, **kw,
+            messages=[{"role": "user", "content": "hi"}])
+        if not stream:
+            return {"text": r.choices[0].message.content, "output": r.usage.completion_tokens}
+        chunks = list(r)
+        return {"text": "".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+                "chunks": len(chunks),
+                "usage_chunks": sum(1 for c in chunks if c.usage is not None)}
+    except openai.APIStatusError as e:
+        return error(e)
+"""
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_openai_stream_usage_read_without_changing_what_the_client_sees(proxy, apis,
+                                                                          include_usage):
+    out = sdk(proxy, "agent", OPENAI + f"print(json.dumps(call('gpt-4o-mini', 500, True, "
+                                       f"{include_usage})))")
+    assert out["text"] == "hello streamed"
+    # Sandgate asked for the usage chunk; the client gets it only when it asked itself
+    assert apis.calls[-1].body["stream_options"] == {"include_usage": True}
+    assert (out["chunks"], out["usage_chunks"]) == ((3, 1) if include_usage else (2, 0))
+    # over the rule's cap of 32 with `on_max_tokens: lower`: forwarded with the cap
+    assert apis.calls[-1].body["max_tokens"] == 32
+    assert_secret_equal(apis.calls[-1].headers.get("authorization"), f"Bearer {OPENAI_KEY}",
+                        "authorization")
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "agent"
+                          and (e.get("llm") or {}).get("api") == "openai-chat")
+    assert ev["llm"]["usage"] == {"input_tokens": INPUT, "output_tokens": OUTPUT,
+                                  "cached_tokens": CACHED, "reasoning_tokens": REASONING}
+    assert ev["llm"]["max_tokens"] == 32 and "max_tokens lowered to 32" in ev["llm"]["notes"]
+
+
+def test_openai_disallowed_model(proxy, apis):
+    out = sdk(proxy, "agent", OPENAI + "print(json.dumps(call('gpt-4o', 10, False)))")
+    assert out["error"] == "PermissionDeniedError" and "model_not_allowed" in out["message"]
+    assert not apis.calls
+
+
+GEMINI = """
+from google import genai
+from google.genai import types, errors
+client = genai.Client(api_key="sandgate-placeholder-gemini", http_options=types.HttpOptions(
+    base_url="https://gemini.llm.test", api_version="v1beta"))
+def call(model, stream):
+    try:
+        if stream:
+            parts = list(client.models.generate_content_stream(model=model, contents="hi"))
+            return {"text": "".join(p.text or "" for p in parts)}
+        r = client.models.generate_content(model=model, contents="hi")
+        return {"text": r.text, "output": r.usage_metadata.candidates_token_count}
+    except errors.APIError as e:
+        return {"error": type(e).__name__, "status": e.code, "message": str(e)}
+"""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_gemini_usage_and_allow_list(proxy, apis, stream):
+    out = sdk(proxy, "agent", GEMINI + f"print(json.dumps(call('gemini-2.5-flash', {stream})))")
+    assert out["text"] == "hello", out
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "agent"
+                          and (e.get("llm") or {}).get("api") == "gemini"
+                          and e["llm"].get("stream") is stream)
+    assert ev["llm"]["model"] == "gemini-2.5-flash"
+    assert ev["llm"]["usage"]["input_tokens"] == INPUT
+    assert ev["llm"]["usage"]["output_tokens"] == OUTPUT
+    out = sdk(proxy, "agent", GEMINI + f"print(json.dumps(call('gemini-1.5-pro', {stream})))")
+    assert out["status"] == 403 and "model_not_allowed" in out["message"]
+
+
+def test_token_budget_allows_exactly_what_it_should(proxy, apis):
+    """Each call asks for 20 output tokens (its reservation) and spends 10: a budget of 50 lets
+    a call through while anything is left, so 5 calls (10, 20, 30, 40, 50 spent), then 429."""
+    script = ANTHROPIC + (
+        "print(json.dumps([call('claude-sonnet-4-5', 20, i % 2 == 1) for i in range(7)]))")
+    out = sdk(proxy, "budgeted", script)
+    assert [o.get("output") for o in out[:5]] == [OUTPUT] * 5, out
+    for refused in out[5:]:
+        assert refused["error"] == "RateLimitError" and refused["status"] == 429
+        assert "spend_exhausted" in refused["message"] and "tight" in refused["message"]
+        assert int(refused["retry_after"]) > 3000  # the 1h window's rest
+    assert len(apis.calls) == 5
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "budgeted"
+                          and e.get("code") == "spend_exhausted")
+    assert ev["llm"]["budget"] == "tight"
+
+
+CONCURRENT = OPENAI + """
+from concurrent.futures import ThreadPoolExecutor
+with ThreadPoolExecutor(12) as pool:
+    out = list(pool.map(lambda i: call("gpt-4o-mini", 20, i % 2 == 0), range(24)))
+print(json.dumps(out))
+"""
+
+
+def test_concurrent_calls_never_pass_the_budget_by_more_than_one_call(proxy, apis):
+    """24 calls at once (12 in flight), each reserving 20 and spending 10, on a budget of 100
+    per sandbox: the calls in flight never spend more than the budget plus one call's worst
+    case (reservations count while in flight), and every reservation is settled: later calls
+    go through until the budget is spent, exactly."""
+    apis.delay = 0.2
+    try:
+        out = sdk(proxy, "crowd", CONCURRENT, sandbox="sb-1")
+    finally:
+        apis.delay = 0.0
+    ok = [o for o in out if "error" not in o]
+    assert ok and all(o["status"] == 429 and "spend_exhausted" in o["message"]
+                      for o in out if "error" in o)
+    assert OUTPUT * len(ok) <= SHARED + CAP, out
+    later = sdk(proxy, "crowd", OPENAI + "print(json.dumps([call('gpt-4o-mini', 20, False) "
+                                         "for _ in range(12)]))", sandbox="sb-1")
+    ok += [o for o in later if "error" not in o]
+    assert OUTPUT * len(ok) == SHARED, (out, later)  # admitted while anything was left
+    assert "error" in later[-1] and len(apis.calls) == len(ok)
+    # another sandbox has its own budget
+    assert "error" not in sdk(proxy, "crowd", OPENAI + "print(json.dumps(call('m', 5, False)))",
+                              sandbox="sb-2")
