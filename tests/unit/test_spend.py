@@ -209,3 +209,28 @@ def test_refusals_in_the_providers_shape(dialect, code, status):
     plain = json.loads(Refusal(code, "why").body())
     assert plain["error"] == "sandgate_refused"
 
+
+
+def test_metrics_count_tokens_and_cost_by_identity_sandbox_and_model(tmp_path):
+    from sandgate import audit as A
+    from sandgate.metrics import Metrics
+
+    policy = load(tmp_path)
+    m = Metrics(lambda: policy)
+    usage = {"input_tokens": 12, "output_tokens": 10, "cached_tokens": 4,
+             "reasoning_tokens": 0}
+    for model in ("claude-sonnet-4-5", "claude-sonnet-4-5", "made-up-model-xyz"):
+        m.on_audit("request", {A.IDENTITY: "agent", A.SANDBOX: "sb-1", A.RULE: "claude",
+                               A.DECISION: "allow", A.LLM: {
+                                   "model": model, "usage": usage, "cost_usd": 0.5}})
+    m.on_audit("request", {A.IDENTITY: "agent", A.RULE: "claude", A.DECISION: "deny",
+                           A.CODE: "model_not_allowed", A.LLM: {"model": "x"}})
+    text = m.render().decode()
+    line = ('sandgate_llm_tokens_total{identity="agent",kind="output",model="claude-sonnet-*",'
+            'sandbox="sb-1"} 20.0')
+    assert line in text
+    assert ('sandgate_llm_tokens_total{identity="agent",kind="cached",model="unknown",'
+            'sandbox="sb-1"} 4.0') in text  # a model no glob names: not its own label
+    assert ('sandgate_llm_cost_usd_total{identity="agent",model="claude-sonnet-*",'
+            'sandbox="sb-1"} 1.0') in text
+    assert "made-up-model" not in text and 'kind="reasoning"' not in text
