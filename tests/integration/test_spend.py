@@ -334,3 +334,94 @@ def test_concurrent_calls_never_pass_the_budget_by_more_than_one_call(proxy, api
     # another sandbox has its own budget
     assert "error" not in sdk(proxy, "crowd", OPENAI + "print(json.dumps(call('m', 5, False)))",
                               sandbox="sb-2")
+
+
+# --- three replicas sharing one Redis ---------------------------------------------------------
+
+REDIS_IP = "127.0.39.1"
+FLEET_BUDGET = 100
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, vault, llm) -> Iterator[list[Proxy]]:
+    """Three `sandgate run` processes with one Redis (`--state`), one token key and CA."""
+    import shutil
+
+    from tests.support.redis import RedisServer
+
+    pki, _server = llm
+    tmp = tmp_path_factory.mktemp("spendfleet")
+    redis = RedisServer(tmp / "redis", REDIS_IP, 6379).start()
+    policies = tmp / "policies"
+    policies.mkdir()
+    (policies / "spend.yaml").write_text(POLICY.replace(
+        f"shared: {{output_tokens: {SHARED}", f"shared: {{output_tokens: {FLEET_BUDGET}"))
+    args = [*[f"--resolve={n}={LLM_IP}" for n in NAMES], "--state", redis.url,
+            "--state-prefix", "spendtest:", "--state-timeout", "2", "--no-watch"]
+    env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}
+    started: list[Proxy] = []
+    try:
+        for name in ("a", "b", "c"):
+            (tmp / name).mkdir()
+            if started:  # the same token key and CA as replica a
+                shutil.copytree(started[0].confdir, tmp / name / "conf")
+            started.append(start_proxy(tmp / name, policies, env, pki, *args))
+        yield started
+    finally:
+        for p in started:
+            stop_proxy(p)
+        redis.stop()
+
+
+FLEET = OPENAI + """
+import os
+from concurrent.futures import ThreadPoolExecutor
+urls = json.loads(os.environ["PROXIES"])
+clients = [openai.OpenAI(max_retries=0, http_client=openai.DefaultHttpxClient(proxy=u))
+           for u in urls]
+def on(i, stream):
+    c = clients[i % len(clients)]
+    try:
+        r = c.chat.completions.create(model="gpt-4o-mini", max_tokens=20, stream=stream,
+                                      messages=[{"role": "user", "content": "hi"}])
+        if stream:
+            list(r)
+        return {"ok": i % len(clients)}
+    except openai.APIStatusError as e:
+        return error(e)
+burst = int(os.environ["BURST"])
+with ThreadPoolExecutor(12) as pool:
+    first = list(pool.map(lambda i: on(i, i % 2 == 0), range(burst)))
+then = [on(i, False) for i in range(int(os.environ["THEN"]))]
+print(json.dumps([first, then]))
+"""
+
+
+def test_three_replicas_share_one_budget(replicas, apis):
+    """Concurrent calls spread over three replicas: together they never pass the budget by more
+    than one call's worst case, and once all settled the budget is spent exactly."""
+    identity, sandbox = "crowd", "fleet-sb"
+    token = replicas[0].token(identity, sandbox=sandbox)
+    urls = [f"http://{identity}:{token}@{p.host}:{p.port}" for p in replicas]
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
+    env.update({"PROXIES": json.dumps(urls), "BURST": "30", "THEN": "15", "NO_PROXY": "",
+                "SSL_CERT_FILE": str(replicas[0].ca),
+                "OPENAI_API_KEY": "sandgate-placeholder-openai",
+                "OPENAI_BASE_URL": "https://openai.llm.test/v1"})
+    apis.delay = 0.2
+    try:
+        r = subprocess.run([str(CLIENT_PY), "-c", PRELUDE + FLEET], capture_output=True,
+                           text=True, env=env, timeout=180)
+    finally:
+        apis.delay = 0.0
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, then = json.loads(r.stdout.strip().splitlines()[-1])
+    ok_first = [o for o in first if "ok" in o]
+    assert OUTPUT * len(ok_first) <= FLEET_BUDGET + CAP, first
+    ok = ok_first + [o for o in then if "ok" in o]
+    assert OUTPUT * len(ok) == FLEET_BUDGET, (first, then)
+    assert len({o["ok"] for o in ok}) > 1  # more than one replica served calls
+    refused = [o for o in first + then if "ok" not in o]
+    assert refused and all(o["status"] == 429 and "spend_exhausted" in o["message"]
+                           for o in refused)
+    assert len(apis.calls) == len(ok)
