@@ -81,6 +81,7 @@ class Code(StrEnum):
     MODEL_NOT_ALLOWED = "model_not_allowed"  # the call's model is not in the rule's `models`
     MAX_TOKENS_OVER_CAP = "max_tokens_over_cap"  # asks for more output than `max_tokens`
     SPEND_EXHAUSTED = "spend_exhausted"  # a `budgets:` entry's tokens or cost are spent
+    OWN_CREDENTIAL = "own_credential"  # a key of the sandbox's own to an API Sandgate keys
 
 
 STATUS: dict[Code, int] = {
@@ -123,6 +124,7 @@ STATUS: dict[Code, int] = {
     Code.MODEL_NOT_ALLOWED: 403,
     Code.MAX_TOKENS_OVER_CAP: 400,
     Code.SPEND_EXHAUSTED: 429,
+    Code.OWN_CREDENTIAL: 403,
 }
 
 

@@ -55,7 +55,8 @@ templates:
       paths: [/v1/chat/completions]
       inject: {{headers: {{authorization: "Bearer {{{{ secrets.openai }}}}"}}}}
       private_cidrs: [{LLM_IP}/32]
-      llm: {{api: openai, models: ["gpt-4o-mini*"], max_tokens: 32, on_max_tokens: lower}}
+      llm: {{api: openai, models: ["gpt-4o-mini*"], max_tokens: 32, on_max_tokens: lower,
+             own_credentials: replace}}
     - name: gemini
       hosts: [gemini.llm.test]
       methods: [POST]
@@ -248,6 +249,33 @@ def test_openai_stream_usage_read_without_changing_what_the_client_sees(proxy, a
     assert ev["llm"]["usage"] == {"input_tokens": INPUT, "output_tokens": OUTPUT,
                                   "cached_tokens": CACHED, "reasoning_tokens": REASONING}
     assert ev["llm"]["max_tokens"] == 32 and "max_tokens lowered to 32" in ev["llm"]["notes"]
+
+
+def test_own_credential_refused_on_anthropic(proxy, apis):
+    """The SDK holds the placeholder in x-api-key, and a key of its own in Authorization
+    (ANTHROPIC_AUTH_TOKEN): refused, so no budget, allow-list or audit is side-stepped."""
+    script = ANTHROPIC.replace("anthropic.Anthropic(max_retries=0)",
+                               "anthropic.Anthropic(max_retries=0, auth_token='sk-ant-own-1')")
+    out = sdk(proxy, "agent", script + "print(json.dumps(call('claude-sonnet-4-5', 10, False)))")
+    assert out["error"] == "PermissionDeniedError" and "own_credential" in out["message"]
+    assert "header authorization" in out["message"]
+    assert not apis.calls
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "agent"
+                          and e.get("code") == "own_credential")
+    assert any("refused" in i for i in ev["injected"])
+
+
+def test_own_credential_replaced_on_openai(proxy, apis):
+    script = OPENAI.replace("openai.OpenAI(max_retries=0)", "openai.OpenAI(max_retries=0, "
+                            "default_headers={'x-api-key': 'own-key-2'})")
+    out = sdk(proxy, "agent", script + "print(json.dumps(call('gpt-4o-mini', 10, False)))")
+    assert out["text"] == "hello from the stand-in"
+    assert "x-api-key" not in apis.calls[-1].headers  # only Sandgate's credential went
+    assert_secret_equal(apis.calls[-1].headers.get("authorization"), f"Bearer {OPENAI_KEY}",
+                        "authorization")
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "agent"
+                          and any("removed" in i for i in e.get("injected") or ()))
+    assert "header x-api-key" in " ".join(ev["injected"])
 
 
 def test_openai_disallowed_model(proxy, apis):

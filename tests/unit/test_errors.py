@@ -58,6 +58,7 @@ CASES = [
     (Refused(Code.UPGRADE_REFUSED, "r"), 403),
     (Refused(Code.MODEL_NOT_ALLOWED, "r"), 403),
     (Refused(Code.MAX_TOKENS_OVER_CAP, "r"), 400),
+    (Refused(Code.OWN_CREDENTIAL, "r"), 403),
     (LimitExceeded(Code.SPEND_EXHAUSTED, "r", retry_after=60), 429),
     (ApprovalRefused(Code.APPROVAL_PENDING, "r", approval="ap_x", retry_after=30), 202),
     (ApprovalRefused(Code.APPROVAL_DENIED, "r", approval="ap_x"), 403),

@@ -234,3 +234,47 @@ def test_metrics_count_tokens_and_cost_by_identity_sandbox_and_model(tmp_path):
     assert ('sandgate_llm_cost_usd_total{identity="agent",model="claude-sonnet-*",'
             'sandbox="sb-1"} 1.0') in text
     assert "made-up-model" not in text and 'kind="reasoning"' not in text
+
+
+@pytest.mark.parametrize("mode", ["refuse", "replace"])
+def test_own_credentials_refused_or_removed(tmp_path, mode):
+    from mitmproxy.test import tflow
+
+    from sandgate.addons.state import FlowRecord
+    from sandgate.errors import Refused
+    from sandgate.request import parse_url
+    from sandgate.stages.s37_llm import own_credentials
+
+    policy = load(tmp_path, POLICY.replace("budget: day}", f"budget: day, own_credentials: "
+                                                           f"{mode}}}"))
+    rule = policy.identities["agent"].rules[0]
+    url = "https://api.anthropic.com/v1/messages?key=own-3&keep=1"
+
+    def flow(**headers: str):
+        f = tflow.tflow()
+        f.request.url = url
+        for k, v in headers.items():
+            f.request.headers[k.replace("_", "-")] = v
+        rec = FlowRecord(info=parse_url("POST", url), placeholders=dict(policy.placeholders))
+        return f, rec
+
+    placeholder = next(iter(policy.placeholders))
+    # the placeholder (anywhere), and the header the rule injects, are not the sandbox's own
+    f, rec = flow(authorization=f"Bearer {placeholder}", x_api_key="own-but-overwritten")
+    f.request.url = url.partition("?")[0]
+    rec.info = parse_url("POST", f.request.url)
+    own_credentials(f, rec, rule)
+    assert not rec.injected
+    f, rec = flow(authorization="Bearer sk-own-1", x_goog_api_key="own-2")
+    if mode == "refuse":
+        with pytest.raises(Refused) as e:
+            own_credentials(f, rec, rule)
+        assert e.value.code == Code.OWN_CREDENTIAL
+        assert "header authorization, header x-goog-api-key, query key" in e.value.reason
+        assert "sk-own" not in e.value.reason and "refused" in rec.injected[0]
+    else:
+        own_credentials(f, rec, rule)
+        assert "authorization" not in f.request.headers
+        assert "x-goog-api-key" not in f.request.headers
+        assert list(f.request.query.items(multi=True)) == [("keep", "1")]
+        assert "removed" in rec.injected[0]

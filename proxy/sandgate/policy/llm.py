@@ -41,7 +41,7 @@ def compile_llm(rs: RuleSpec, loc: Loc, rep: Report) -> LlmRule | None:
         return None
     return LlmRule(api=spec.api, models=tuple(spec.models) if spec.models else None,
                    max_tokens=spec.max_tokens, on_max_tokens=spec.on_max_tokens,
-                   budget=spec.budget)
+                   budget=spec.budget, own_credentials=spec.own_credentials)
 
 
 def compile_budget(name: str, spec: BudgetDefSpec, loc: Loc, src: Source,

@@ -390,6 +390,8 @@ class LlmRule:
     max_tokens: int | None = None  # the largest output cap a call may ask for
     on_max_tokens: Literal["refuse", "lower"] = "refuse"  # over the cap (or none given)
     budget: str | None = None  # a `budgets:` name
+    # a credential the sandbox brought itself, on a rule that injects one (stages/s37_llm)
+    own_credentials: Literal["refuse", "replace"] = "refuse"
 
 
 @dataclass(frozen=True, slots=True)

@@ -326,6 +326,11 @@ class LlmSpec(_Strict):
     on_max_tokens: Literal["refuse", "lower"] = Field(
         default="refuse", description="refuse (400 max_tokens_over_cap) or lower (the cap is "
         "set to max_tokens in the forwarded body) a call over the cap or without one.")
+    own_credentials: Literal["refuse", "replace"] = Field(
+        default="refuse", description="On a rule that injects a credential: a credential "
+        "the sandbox brought itself (its own authorization, x-api-key, api-key, "
+        "x-goog-api-key header or `key` query parameter, not a placeholder) is refused (403 "
+        "own_credential) or removed before the injection (replace). The audit says which.")
     budget: str | None = Field(
         default=None, description="A `budgets:` name: the call reserves its worst case "
         "before it is forwarded and settles its real usage when it ends.")

@@ -31,9 +31,58 @@ from sandgate.llmcall import (
     with_max_tokens,
     with_usage_chunk,
 )
+from sandgate.policy.model import Rule
 from sandgate.spend import LlmFlow, amounts, price_of, worst_case
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
+
+# Where clients carry an API key: OpenAI and others (authorization), Anthropic (x-api-key),
+# Azure OpenAI (api-key), Gemini (x-goog-api-key, or a `key` query parameter).
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
+CREDENTIAL_QUERY = "key"
+
+
+def own_credentials(flow: http.HTTPFlow, rec: FlowRecord, rule: Rule) -> None:
+    """On a rule with `llm:` that injects a credential, only Sandgate's credential may reach
+    the metered API: a credential the sandbox brought itself (in a place the rule's injection
+    does not overwrite, holding no placeholder of the policy's) is refused (403
+    own_credential, `own_credentials: refuse`, the default) or removed (`replace`); the audit
+    says which (`injected`)."""
+    f, inj = rule.llm, rule.inject
+    if f is None or inj is None or rec.reported:
+        return
+    req = flow.request
+    set_headers = {n for n, _ in inj.headers} | ({"authorization"} if inj.basic else set())
+    set_query = {n for n, _ in inj.query}
+    placeholders = tuple(rec.placeholders or ())
+    found: list[str] = []
+    for name in CREDENTIAL_HEADERS:
+        if name in set_headers:
+            continue  # overwritten by the injection
+        values = req.headers.get_all(name)
+        if values and not all(any(p in v for p in placeholders) for v in values):
+            found.append(f"header {name}")
+    if CREDENTIAL_QUERY not in set_query and rec.info is not None and rec.info.query:
+        values = [v for n, v in rec.info.query if n.lower() == CREDENTIAL_QUERY]
+        if values and not all(any(p in v for p in placeholders) for v in values):
+            found.append(f"query {CREDENTIAL_QUERY}")
+    if not found:
+        return
+    where = ", ".join(found)
+    if f.own_credentials == "refuse":
+        rec.injected.append(f"the sandbox's own credential ({where}): refused")
+        raise Refused(Code.OWN_CREDENTIAL, f"the request carries a credential of its own "
+                      f"({where}) to an API whose key Sandgate injects (rule '{rule.name}')",
+                      hint="remove the key from the client (use the placeholder): Sandgate "
+                      "sets the credential itself")
+    for item in found:
+        kind, _, name = item.partition(" ")
+        if kind == "header":
+            del req.headers[name]
+        else:
+            req.query = [(n, v) for n, v in req.query.items(multi=True)
+                         if n.lower() != CREDENTIAL_QUERY]
+    rec.injected.append(f"the sandbox's own credential ({where}): removed")
 
 
 async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
@@ -46,6 +95,7 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     api = recognise(flow.request.method, rec.info.host, rec.info.path,
                     rule.llm.api if rule.llm is not None else None)
     if api is None:
+        own_credentials(flow, rec, rule)  # any request on a metered API's rule
         return
     llm = rec.llm = LlmFlow(api)  # from here on, refusals speak the provider's format
     req = flow.request
@@ -71,6 +121,7 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     if d.rule is not rule:
         await s30_body.check(st, flow, rec)  # the rule that forwards it: its limit, its secrets
     assert d.rule is not None
+    own_credentials(flow, rec, d.rule)
     f = d.rule.llm
     changed = body
     if d.lower_max_tokens is not None:
