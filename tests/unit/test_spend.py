@@ -278,3 +278,29 @@ def test_own_credentials_refused_or_removed(tmp_path, mode):
         assert "x-goog-api-key" not in f.request.headers
         assert list(f.request.query.items(multi=True)) == [("keep", "1")]
         assert "removed" in rec.injected[0]
+
+
+def test_lint_knows_an_llm_rule_does_not_cover_the_calls_it_refuses(tmp_path):
+    """The rule after one whose models or cap refuse some calls is not shadowed by it (the
+    decision goes on to it); one whose llm: lets through all it does is."""
+    from sandgate.policy.lint import lint_policy
+    from sandgate.policy.model import LlmRule
+    from sandgate.policy.overlap import llm_covers
+
+    def shadowed(text: str) -> bool:
+        findings = lint_policy(load(tmp_path, text))
+        return any("never applies" in f.message for f in findings)
+
+    assert not shadowed(POLICY)  # haiku-lowered after claude (other models): it decides
+    assert shadowed(POLICY.replace('llm: {models: ["claude-haiku-*"]',
+                                   'llm: {models: ["claude-sonnet-4*"]').replace(
+        "max_tokens: 100, on_max_tokens: lower}", "max_tokens: 100}"))
+    a = LlmRule(models=("claude-*",), max_tokens=100)
+    assert llm_covers(a, LlmRule(models=("claude-sonnet-*", "claude-x"), max_tokens=50))
+    assert not llm_covers(a, LlmRule(models=("claude-*",), max_tokens=200))
+    assert not llm_covers(a, LlmRule(models=("claude-*",), max_tokens=50,
+                                     on_max_tokens="lower"))
+    assert not llm_covers(a, LlmRule(models=("gpt-*",), max_tokens=50))
+    assert not llm_covers(a, None) and llm_covers(None, a)
+    assert llm_covers(LlmRule(budget="b"), None)
+    assert not llm_covers(LlmRule(models=("c-?",)), LlmRule(models=("c-*",)))
