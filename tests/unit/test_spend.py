@@ -304,3 +304,43 @@ def test_lint_knows_an_llm_rule_does_not_cover_the_calls_it_refuses(tmp_path):
     assert not llm_covers(a, None) and llm_covers(None, a)
     assert llm_covers(LlmRule(budget="b"), None)
     assert not llm_covers(LlmRule(models=("c-?",)), LlmRule(models=("c-*",)))
+
+
+def test_report_spend_totals_from_audit_files(tmp_path):
+    import gzip
+
+    from tests.support.cli import run_cli
+
+    def ev(identity, model, decision="allow", out=10, cost=0.25, code=None, sandbox="s1"):
+        llm = {"api": "anthropic", "model": model, "budget": "day"}
+        if decision == "allow":
+            llm.update(usage={"input_tokens": 12, "output_tokens": out, "cached_tokens": 4,
+                              "reasoning_tokens": 0}, cost_usd=cost)
+        return json.dumps({"event": "request", "identity": identity, "sandbox": sandbox,
+                           "decision": decision, "code": code, "llm": llm})
+
+    (tmp_path / "a.jsonl").write_text("\n".join([
+        ev("agent", "claude-sonnet-4-5"), ev("agent", "claude-sonnet-4-5", out=5),
+        ev("agent", "claude-opus-4", "deny", code="model_not_allowed"),
+        json.dumps({"event": "request", "identity": "agent", "decision": "allow"}),  # no llm
+        json.dumps({"event": "checkpoint"}), "not json"]) + "\n")
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write(ev("other", "gpt-4o-mini", sandbox="s2") + "\n")
+    r = run_cli("report", "--spend", str(tmp_path / "a.jsonl"), "--spend",
+                str(tmp_path / "b.jsonl.gz"), "--by", "identity,model", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows == [
+        {"identity": "agent", "model": "claude-opus-4", "calls": 0, "refused": 1,
+         "input_tokens": 0, "output_tokens": 0, "cached_tokens": 0, "reasoning_tokens": 0,
+         "cost_usd": 0.0, "refusals": {"model_not_allowed": 1}},
+        {"identity": "agent", "model": "claude-sonnet-4-5", "calls": 2, "refused": 0,
+         "input_tokens": 24, "output_tokens": 15, "cached_tokens": 8, "reasoning_tokens": 0,
+         "cost_usd": 0.5, "refusals": {}},
+        {"identity": "other", "model": "gpt-4o-mini", "calls": 1, "refused": 0,
+         "input_tokens": 12, "output_tokens": 10, "cached_tokens": 4, "reasoning_tokens": 0,
+         "cost_usd": 0.25, "refusals": {}}]
+    r = run_cli("report", "--spend", str(tmp_path / "a.jsonl"), "--by", "sandbox")
+    assert r.returncode == 0 and "| s1 | 2 | 1 | 24 | 15 | 8 | 0 | 0.500000 |" in r.stdout
+    r = run_cli("report", "--spend", str(tmp_path / "a.jsonl"), "--by", "path")
+    assert r.returncode == 2 and "--by takes" in r.stderr
