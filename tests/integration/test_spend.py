@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.admin_support import ADMIN_TOKEN, Admin, delta, wait_for
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
     OPENAI_KEY,
     SECRET_VALUES,
     Proxy,
+    free_port,
     start_proxy,
     stop_proxy,
 )
@@ -52,7 +54,7 @@ templates:
     - name: openai
       hosts: [openai.llm.test]
       methods: [POST]
-      paths: [/v1/chat/completions]
+      paths: [/v1/chat/completions, /v1/responses]
       inject: {{headers: {{authorization: "Bearer {{{{ secrets.openai }}}}"}}}}
       private_cidrs: [{LLM_IP}/32]
       llm: {{api: openai, models: ["gpt-4o-mini*"], max_tokens: 32, on_max_tokens: lower,
@@ -98,18 +100,28 @@ def llm(tmp_path_factory) -> Iterator[tuple[Proxy, LlmServer]]:
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory, vault, llm) -> Iterator[Proxy]:
+def admin(tmp_path_factory, vault, llm) -> Iterator[Admin]:
     pki, _server = llm
     tmp = tmp_path_factory.mktemp("spendproxy")
     policies = tmp / "policies"
     policies.mkdir()
     (policies / "spend.yaml").write_text(POLICY)
-    p = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token},
-                    pki, *[f"--resolve={n}={LLM_IP}" for n in NAMES])
-    yield p
+    port = free_port()
+    p = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token,
+                                    "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN},
+                    pki, *[f"--resolve={n}={LLM_IP}" for n in NAMES],
+                    "--admin", f"127.0.0.1:{port}")
+    a = Admin(p, f"http://127.0.0.1:{port}", policies)
+    wait_for(lambda: a.get("/healthz", token=None)[0] == 200, 15, "the admin listener")
+    yield a
     stop_proxy(p)
     logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
     assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+
+
+@pytest.fixture(scope="module")
+def proxy(admin) -> Proxy:
+    return admin.proxy
 
 
 @pytest.fixture
@@ -179,8 +191,9 @@ def audits(proxy: Proxy, identity: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_anthropic_call_allowed_and_its_usage_audited(proxy, apis, stream):
+def test_anthropic_call_allowed_and_its_usage_audited(admin, proxy, apis, stream):
     before = len(audits(proxy, "agent"))
+    metrics = admin.metrics()
     out = anthropic_call(proxy, "agent", "claude-sonnet-4-5", 64, stream)
     assert out["text"] in ("hello from the stand-in", "hello streamed")
     assert out["output"] == OUTPUT
@@ -194,6 +207,17 @@ def test_anthropic_call_allowed_and_its_usage_audited(proxy, apis, stream):
     # the shipped price of claude-sonnet-4*: 3 $/M in, 0.3 cached, 15 out
     assert ev["llm"]["cost_usd"] == pytest.approx(
         ((INPUT - CACHED) * 3 + CACHED * 0.3 + OUTPUT * 15) / 1e6, abs=1e-6)
+    labels = {"identity": "agent", "sandbox": "none", "model": "claude-sonnet-*"}
+
+    def counted() -> dict | None:  # the metrics listener runs after the audit line is written
+        m = admin.metrics()
+        return m if delta(metrics, m, "sandgate_llm_cost_usd_total", **labels) > 0 else None
+
+    after = wait_for(counted, 5, "the call's metrics")
+    for kind, n in (("input", INPUT), ("output", OUTPUT), ("cached", CACHED)):
+        assert delta(metrics, after, "sandgate_llm_tokens_total", kind=kind, **labels) == n
+    assert delta(metrics, after, "sandgate_llm_cost_usd_total", **labels) == pytest.approx(
+        ev["llm"]["cost_usd"])
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -276,6 +300,39 @@ def test_own_credential_replaced_on_openai(proxy, apis):
     ev = proxy.wait_audit(lambda e: e.get("identity") == "agent"
                           and any("removed" in i for i in e.get("injected") or ()))
     assert "header x-api-key" in " ".join(ev["injected"])
+
+
+RESPONSES = """
+import openai
+client = openai.OpenAI(max_retries=0)
+def call(model, max_output_tokens, stream):
+    try:
+        r = client.responses.create(model=model, input="hi", stream=stream,
+                                    max_output_tokens=max_output_tokens)
+        if not stream:
+            return {"text": r.output_text, "output": r.usage.output_tokens}
+        events = list(r)
+        return {"text": "".join(getattr(e, "delta", "") for e in events
+                                if e.type == "response.output_text.delta"),
+                "events": [e.type for e in events]}
+    except openai.APIStatusError as e:
+        return error(e)
+"""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_openai_responses_usage_and_cap(proxy, apis, stream):
+    out = sdk(proxy, "agent", RESPONSES + f"print(json.dumps(call('gpt-4o-mini', 1000, "
+                                          f"{stream})))")
+    assert out["text"] == "hello from the stand-in", out
+    assert apis.calls[-1].body["max_output_tokens"] == 32  # lowered to the rule's cap
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "agent"
+                          and (e.get("llm") or {}).get("api") == "openai-responses"
+                          and e["llm"].get("stream") is stream)
+    assert ev["llm"]["usage"] == {"input_tokens": INPUT, "output_tokens": OUTPUT,
+                                  "cached_tokens": CACHED, "reasoning_tokens": REASONING}
+    out = sdk(proxy, "agent", RESPONSES + f"print(json.dumps(call('o3', 10, {stream})))")
+    assert out["status"] == 403 and "model_not_allowed" in out["message"]
 
 
 def test_openai_disallowed_model(proxy, apis):

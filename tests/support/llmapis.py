@@ -33,6 +33,7 @@ class LlmApis:
         app = web.Application()
         app.router.add_post("/v1/messages", self.anthropic)
         app.router.add_post("/v1/chat/completions", self.openai)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_post("/v1beta/models/{call}", self.gemini)
         return app
 
@@ -111,6 +112,32 @@ class LlmApis:
             events.append((None, {**chunk, "choices": [], "usage": usage}))
         events.append((None, "[DONE]"))
         return await self._sse(request, events)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._read(request)
+        out = min(OUTPUT, int(body.get("max_output_tokens", OUTPUT)))
+        usage = {"input_tokens": INPUT, "output_tokens": out, "total_tokens": INPUT + out,
+                 "input_tokens_details": {"cached_tokens": CACHED},
+                 "output_tokens_details": {"reasoning_tokens": REASONING}}
+        text = {"type": "output_text", "text": "hello from the stand-in", "annotations": []}
+        item = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+                "content": [text]}
+        resp = {"id": "resp_1", "object": "response", "created_at": 0, "model": body["model"],
+                "status": "completed", "output": [item], "parallel_tool_calls": True,
+                "tool_choice": "auto", "tools": [], "usage": usage}
+        if not body.get("stream"):
+            return web.json_response(resp)
+        started = {**resp, "status": "in_progress", "output": [], "usage": None}
+        return await self._sse(request, [
+            ("response.created", {"type": "response.created", "sequence_number": 0,
+                                  "response": started}),
+            ("response.output_text.delta", {
+                "type": "response.output_text.delta", "sequence_number": 1,
+                "item_id": "msg_1", "output_index": 0, "content_index": 0,
+                "delta": "hello from the stand-in", "logprobs": []}),
+            ("response.completed", {"type": "response.completed", "sequence_number": 2,
+                                    "response": resp}),
+        ])
 
     async def gemini(self, request: web.Request) -> web.StreamResponse:
         body = await self._read(request)
