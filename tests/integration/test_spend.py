@@ -42,6 +42,7 @@ secrets:
 budgets:
   tight: {{output_tokens: {TIGHT}, per: 1h}}
   shared: {{output_tokens: {SHARED}, per: 1h, scope: sandbox}}
+  roomy: {{output_tokens: 1000000, cost_usd: 100, per: 1h}}
 templates:
   apis:
     - name: anthropic
@@ -58,7 +59,7 @@ templates:
       inject: {{headers: {{authorization: "Bearer {{{{ secrets.openai }}}}"}}}}
       private_cidrs: [{LLM_IP}/32]
       llm: {{api: openai, models: ["gpt-4o-mini*"], max_tokens: 32, on_max_tokens: lower,
-             own_credentials: replace}}
+             own_credentials: replace, budget: roomy}}
     - name: gemini
       hosts: [gemini.llm.test]
       methods: [POST]
@@ -69,6 +70,15 @@ templates:
 identities:
   agent:
     use: [apis]
+  compat:
+    rules:
+      - name: openai-compatible
+        hosts: [openai.llm.test]
+        methods: [POST]
+        paths: [/v1/chat/completions]
+        inject: {{headers: {{authorization: "Bearer {{{{ secrets.openai }}}}"}}}}
+        private_cidrs: [{LLM_IP}/32]
+        llm: {{api: openai}}
   budgeted:
     rules:
       - name: anthropic
@@ -273,6 +283,16 @@ def test_openai_stream_usage_read_without_changing_what_the_client_sees(proxy, a
     assert ev["llm"]["usage"] == {"input_tokens": INPUT, "output_tokens": OUTPUT,
                                   "cached_tokens": CACHED, "reasoning_tokens": REASONING}
     assert ev["llm"]["max_tokens"] == 32 and "max_tokens lowered to 32" in ev["llm"]["notes"]
+
+
+def test_no_budget_on_a_compatible_server_leaves_the_stream_request_as_sent(proxy, apis):
+    """Without a budget to count, Sandgate does not add `stream_options` on a host that is
+    not OpenAI's (a compatible server may not know it): the usage is then not read."""
+    out = sdk(proxy, "compat", OPENAI + "print(json.dumps(call('any-model', 5, True)))")
+    assert out["text"] == "hello streamed" and out["usage_chunks"] == 0
+    assert "stream_options" not in apis.calls[-1].body
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "compat" and "llm" in e)
+    assert "usage" not in ev["llm"] and ev["llm"]["model"] == "any-model"
 
 
 def test_own_credential_refused_on_anthropic(proxy, apis):

@@ -25,6 +25,7 @@ from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.llmcall import (
+    KNOWN_HOSTS,
     CallUnreadable,
     read_call,
     recognise,
@@ -128,8 +129,13 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         changed = with_max_tokens(api, changed, d.lower_max_tokens)
         llm.notes.append(f"max_tokens lowered to {d.lower_max_tokens}")
         call = llm.call = dataclasses.replace(call, max_tokens=d.lower_max_tokens)
-    if api == "openai-chat" and call.stream and not call.include_usage:
-        changed = with_usage_chunk(changed)  # the usage chunk: read, then taken out
+    # OpenAI's stream has no usage unless asked: asked for (then taken out of the answer) on
+    # OpenAI's own API, and on any server where a budget needs it (an OpenAI-compatible
+    # server that does not know `stream_options` may refuse it: without a budget, its usage
+    # goes unread rather than its calls refused)
+    if api == "openai-chat" and call.stream and not call.include_usage and (
+            KNOWN_HOSTS.get(rec.info.host) == "openai" or (f is not None and f.budget)):
+        changed = with_usage_chunk(changed)
         llm.drop_usage_chunk = True
     if changed is not body:
         req.content = changed
