@@ -344,3 +344,26 @@ def test_report_spend_totals_from_audit_files(tmp_path):
     assert r.returncode == 0 and "| s1 | 2 | 1 | 24 | 15 | 8 | 0 | 0.500000 |" in r.stdout
     r = run_cli("report", "--spend", str(tmp_path / "a.jsonl"), "--by", "path")
     assert r.returncode == 2 and "--by takes" in r.stderr
+
+
+def test_explain_reads_the_llm_call_from_the_body_as_the_proxy_does(tmp_path):
+    from tests.support.cli import run_cli
+
+    load(tmp_path)
+    url = "https://api.anthropic.com/v1/messages"
+
+    def explain(body: str, *extra: str):
+        (tmp_path / "body.json").write_text(body)
+        r = run_cli("explain", "--policies", str(tmp_path), "--identity", "agent",
+                    "--body-file", str(tmp_path / "body.json"), *extra, "POST", url)
+        return r.returncode, json.loads(r.stdout) if r.stdout.strip() else r.stderr
+
+    code, out = explain('{"model": "claude-opus-4-1", "max_tokens": 10}')
+    assert code == 1 and out["code"] == "model_not_allowed"
+    code, out = explain('{"model": "claude-haiku-4-5", "max_tokens": 5000}')
+    assert code == 0 and out["rule"] == "haiku-lowered"
+    code, out = explain('{"model": "a", "model": "claude-sonnet-4-5", "max_tokens": 10}')
+    assert code == 1 and out["code"] == "bad_request" and "given twice" in out["reason"]
+    code, out = explain("{}", "--model", "claude-sonnet-4-5", "--max-tokens", "10")
+    assert code == 0 and out["llm"] == {"model": "claude-sonnet-4-5", "max_tokens": 10,
+                                        "budget": "day"}
