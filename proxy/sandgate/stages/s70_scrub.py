@@ -91,6 +91,9 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
     def stream(chunk: bytes) -> bytes | list[bytes]:
         try:
             out = scrubber(chunk)
+            if reader is not None:  # an LLM call's usage read from what the client gets
+                out = [p for p in [*(reader.feed(c) for c in out), *(
+                    [] if chunk else [reader.end()])] if p]
         except Exception as e:  # fail closed: nothing more of this body reaches the client
             # the type only: a message could quote the body
             log.error("sandgate: scrubbing a response body failed (%s); cutting it",
@@ -101,9 +104,6 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
                 flow.kill()
             return []
         rec.redactions = scrubber.replacements
-        if reader is not None:  # an LLM call's usage read from what the client gets
-            out = [p for p in [*(reader.feed(c) for c in out), *(
-                [] if chunk else [reader.end()])] if p]
         rec.bytes_out += sum(len(c) for c in out)
         return out
 
