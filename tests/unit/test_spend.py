@@ -367,3 +367,34 @@ def test_explain_reads_the_llm_call_from_the_body_as_the_proxy_does(tmp_path):
     code, out = explain("{}", "--model", "claude-sonnet-4-5", "--max-tokens", "10")
     assert code == 0 and out["llm"] == {"model": "claude-sonnet-4-5", "max_tokens": 10,
                                         "budget": "day"}
+
+
+def test_diff_and_narrower_than_know_llm(tmp_path):
+    from sandgate.policy.proofs import prove_narrower
+    from sandgate.policy.reach_diff import reach_diff
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old = load(tmp_path / "old")
+    wider = POLICY.replace('models: ["claude-sonnet-*"], max_tokens: 4096, budget: day',
+                           'models: ["claude-*"], max_tokens: 4096, budget: day')
+    d = reach_diff(old, load(tmp_path / "new", wider))
+    assert d.widened and "llm {models claude-sonnet-*" in str(d.as_dict())
+    assert "-> {models claude-*" in str(d.as_dict())
+    unbudgeted = POLICY.replace("max_tokens: 4096, budget: day}", "max_tokens: 4096}")
+    assert reach_diff(old, load(tmp_path / "new", unbudgeted)).widened
+    narrower = POLICY.replace('models: ["claude-sonnet-*"]', 'models: ["claude-sonnet-4-5"]')
+    d = reach_diff(old, load(tmp_path / "new", narrower))
+    assert not d.widened and d.narrowed
+    # narrower_than: an identity without the other's llm: limits is not proved narrower
+    two = POLICY + textwrap.dedent("""
+      free:
+        narrower_than: agent
+        rules:
+          - name: claude
+            hosts: [api.anthropic.com]
+            inject: {headers: {x-api-key: "{{ secrets.anthropic }}"}}
+    """).replace("\n", "\n  ")
+    p = load(tmp_path / "new", two.replace("\n  \n", "\n"))
+    result = prove_narrower(p, "free", "agent")
+    assert not result.ok and "llm:" in result.details[0]
