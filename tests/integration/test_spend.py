@@ -43,6 +43,7 @@ budgets:
   tight: {{output_tokens: {TIGHT}, per: 1h}}
   shared: {{output_tokens: {SHARED}, per: 1h, scope: sandbox}}
   roomy: {{output_tokens: 1000000, cost_usd: 100, per: 1h}}
+  pricey: {{cost_usd: 0.0005, per: 1h}}
 templates:
   apis:
     - name: anthropic
@@ -70,6 +71,15 @@ templates:
 identities:
   agent:
     use: [apis]
+  pricey:
+    rules:
+      - name: anthropic
+        hosts: [anthropic.llm.test]
+        methods: [POST]
+        paths: [/v1/messages]
+        inject: {{headers: {{x-api-key: "{{{{ secrets.anthropic }}}}"}}}}
+        private_cidrs: [{LLM_IP}/32]
+        llm: {{api: anthropic, max_tokens: {CAP}, budget: pricey}}
   compat:
     rules:
       - name: openai-compatible
@@ -407,6 +417,21 @@ def test_token_budget_allows_exactly_what_it_should(proxy, apis):
     ev = proxy.wait_audit(lambda e: e.get("identity") == "budgeted"
                           and e.get("code") == "spend_exhausted")
     assert ev["llm"]["budget"] == "tight"
+
+
+def test_cost_budget_priced_by_the_shipped_table(proxy, apis):
+    """claude-sonnet-4* at 3 $/M in (0.3 cached), 15 out: each call costs 176 µ$ (12 in, 4 of
+    them cached, 10 out) and reserves its worst case; a budget of 500 µ$ admits calls while
+    anything is left: 3 (0, 176, 352 spent before each), then 429. A model without a price is
+    refused: the budget could not count it."""
+    script = ANTHROPIC + (
+        "print(json.dumps([call('claude-sonnet-4-5', 20, False) for i in range(5)]"
+        " + [call('no-price-model', 20, False)]))")
+    out = sdk(proxy, "pricey", script)
+    assert [o.get("output") for o in out[:3]] == [OUTPUT] * 3, out
+    assert all(o.get("status") == 429 and "spend_exhausted" in o["message"] for o in out[3:5])
+    assert out[5]["status"] == 403 and "has no price" in out[5]["message"]
+    assert len(apis.calls) == 3
 
 
 CONCURRENT = OPENAI + """
