@@ -87,7 +87,9 @@ def own_credentials(flow: http.HTTPFlow, rec: FlowRecord, rule: Rule) -> None:
 
 
 async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
-    """The LLM stage: nothing to do unless the allowed request is an inference call."""
+    """The LLM stage: nothing to do unless the allowed request is an inference call. A rule
+    with `llm:` judges it strictly (an unreadable body is refused); on a rule without, a
+    provider's call is only read for its usage (an unreadable one is left alone)."""
     head = rec.decision
     if head is None or not head.allowed or head.tunnel or head.rule is None \
             or rec.caller is None or rec.info is None:
@@ -98,12 +100,23 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     if api is None:
         own_credentials(flow, rec, rule)  # any request on a metered API's rule
         return
-    llm = rec.llm = LlmFlow(api)  # from here on, refusals speak the provider's format
     req = flow.request
-    if req.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+    body = req.raw_content or b""
+    compressed = req.headers.get("content-encoding", "identity").strip().lower() not in (
+        "", "identity")
+    if rule.llm is None:
+        # no rule judges it (the first allowing rule has no `llm:`): its usage is read for the
+        # audit and metrics when its body can be read, and nothing is refused for it
+        try:
+            call = None if compressed else read_call(api, rec.info.path, body)
+        except CallUnreadable:
+            call = None
+        if call is None:
+            return
+    llm = rec.llm = LlmFlow(api)  # from here on, refusals speak the provider's format
+    if compressed:
         raise BadRequest(Code.BAD_REQUEST, "an LLM call's body must not be compressed: "
                          "Sandgate judges its model and output cap as sent")
-    body = req.raw_content or b""
     try:
         call = read_call(api, rec.info.path, body)
     except CallUnreadable as e:
