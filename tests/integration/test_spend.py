@@ -80,6 +80,17 @@ identities:
         inject: {{headers: {{x-api-key: "{{{{ secrets.anthropic }}}}"}}}}
         private_cidrs: [{LLM_IP}/32]
         llm: {{api: anthropic, max_tokens: {CAP}, budget: pricey}}
+  subst:
+    rules:
+      - name: anthropic
+        hosts: [anthropic.llm.test]
+        methods: [POST]
+        paths: [/v1/messages]
+        inject: {{headers: {{x-api-key: "{{{{ secrets.anthropic }}}}"}}}}
+        substitute: [openai]
+        substitute_body: true
+        private_cidrs: [{LLM_IP}/32]
+        llm: {{api: anthropic, max_tokens: 16, on_max_tokens: lower}}
   compat:
     rules:
       - name: openai-compatible
@@ -303,6 +314,22 @@ def test_no_budget_on_a_compatible_server_leaves_the_stream_request_as_sent(prox
     assert "stream_options" not in apis.calls[-1].body
     ev = proxy.wait_audit(lambda e: e.get("identity") == "compat" and "llm" in e)
     assert "usage" not in ev["llm"] and ev["llm"]["model"] == "any-model"
+
+
+def test_a_lowered_cap_keeps_body_substitution_in_place(proxy, apis):
+    """The cap is lowered by rewriting the body; a `substitute_body` rule's placeholders are
+    then found again in the rewritten body, so the value lands where the placeholder was."""
+    script = ANTHROPIC.replace(
+        "messages=[{\"role\": \"user\", \"content\": \"hi\"}])\n            text",
+        "messages=[{\"role\": \"user\", \"content\": \"hi\"}],\n"
+        "                metadata={\"user_id\": \"sandgate-placeholder-openai\"})\n"
+        "            text")
+    assert "metadata" in script
+    out = sdk(proxy, "subst", script + "print(json.dumps(call('claude-x', 500, False)))")
+    assert out["output"] == OUTPUT, out
+    sent = apis.calls[-1].body
+    assert sent["max_tokens"] == 16
+    assert_secret_equal(sent["metadata"]["user_id"], OPENAI_KEY, "the substituted body value")
 
 
 def test_own_credential_refused_on_anthropic(proxy, apis):

@@ -152,6 +152,9 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         llm.drop_usage_chunk = True
     if changed is not body:
         req.content = changed
+        # the body the upstream receives is the one judged: its size, leaks and the places
+        # of its placeholders (a `substitute_body` rule's plan points into the bytes)
+        await s30_body.check(st, flow, rec)
     if f is None or f.budget is None:
         return
     budget = policy.budgets[f.budget]
