@@ -9,6 +9,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -500,15 +501,22 @@ FLEET_BUDGET = 100
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory, vault, llm) -> Iterator[list[Proxy]]:
+def fleet_redis(tmp_path_factory) -> Iterator[Any]:
+    from tests.support.redis import RedisServer
+
+    redis = RedisServer(tmp_path_factory.mktemp("spendredis"), REDIS_IP, 6379).start()
+    yield redis
+    redis.stop()
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, vault, llm, fleet_redis) -> Iterator[list[Proxy]]:
     """Three `sandgate run` processes with one Redis (`--state`), one token key and CA."""
     import shutil
 
-    from tests.support.redis import RedisServer
-
     pki, _server = llm
     tmp = tmp_path_factory.mktemp("spendfleet")
-    redis = RedisServer(tmp / "redis", REDIS_IP, 6379).start()
+    redis = fleet_redis
     policies = tmp / "policies"
     policies.mkdir()
     (policies / "spend.yaml").write_text(POLICY.replace(
@@ -527,7 +535,6 @@ def replicas(tmp_path_factory, vault, llm) -> Iterator[list[Proxy]]:
     finally:
         for p in started:
             stop_proxy(p)
-        redis.stop()
 
 
 FLEET = OPENAI + """
@@ -582,3 +589,27 @@ def test_three_replicas_share_one_budget(replicas, apis):
     assert refused and all(o["status"] == 429 and "spend_exhausted" in o["message"]
                            for o in refused)
     assert len(apis.calls) == len(ok)
+
+
+def test_redis_down_budgeted_calls_fail_closed(replicas, fleet_redis, apis):
+    """With the shared state gone, a budgeted call cannot be counted: refused (503
+    state_unavailable, in OpenAI's error shape) and never forwarded."""
+    fleet_redis.kill()
+    try:
+        identity = "crowd"
+        token = replicas[1].token(identity, sandbox="down-sb")
+        env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
+        env.update({"HTTPS_PROXY": f"http://{identity}:{token}@{replicas[1].host}:"
+                                   f"{replicas[1].port}",
+                    "NO_PROXY": "", "SSL_CERT_FILE": str(replicas[0].ca),
+                    "OPENAI_API_KEY": "sandgate-placeholder-openai",
+                    "OPENAI_BASE_URL": "https://openai.llm.test/v1"})
+        r = subprocess.run([str(CLIENT_PY), "-c", PRELUDE + OPENAI + "print(json.dumps("
+                            "call('gpt-4o-mini', 5, False)))"], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["status"] == 503 and "state_unavailable" in out["message"]
+        assert "LLM budget" in out["message"] and not apis.calls
+    finally:
+        fleet_redis.start()
