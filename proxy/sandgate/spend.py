@@ -221,7 +221,8 @@ def settlement(llm: LlmFlow | None, never_sent: bool) -> tuple[Reservation, Amou
 def settle(counts: Counts, llm: LlmFlow | None, never_sent: bool) -> None:
     """Settle the call's reservation (see `settlement`), in a task: the proxy's hooks that end
     a flow (response, error) cannot wait. Started in the response hook, before the client is
-    sent the end of the answer, it reaches the counter before the client's next call can."""
+    sent the end of the answer; a later reservation of the same budget in this process waits
+    for it (`settled`), so a client's next call always finds this one settled."""
     todo = settlement(llm, never_sent)
     if todo is None:
         return
@@ -232,9 +233,26 @@ def settle(counts: Counts, llm: LlmFlow | None, never_sent: bool) -> None:
         except Exception:
             log.exception("sandgate: settling an LLM budget failed; its worst case stays")
 
+    key = todo[0].key
     task = asyncio.ensure_future(run())
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
+    _pending.setdefault(key, set()).add(task)
+
+    def done(t: asyncio.Future[None]) -> None:
+        held = _pending.get(key)
+        if held is not None:
+            held.discard(t)
+            if not held:
+                del _pending[key]
+
+    task.add_done_callback(done)
 
 
-_pending: set[asyncio.Future[None]] = set()
+async def settled(key_of: str) -> None:
+    """The settlements of this budget counter started so far in this process, done (each is
+    one short state call; a failing one only logs)."""
+    held = [t for k, tasks in list(_pending.items()) if k.endswith(key_of) for t in tasks]
+    if held:
+        await asyncio.gather(*held, return_exceptions=True)
+
+
+_pending: dict[str, set[asyncio.Future[None]]] = {}  # reservation key -> settlements running

@@ -398,3 +398,34 @@ def test_diff_and_narrower_than_know_llm(tmp_path):
     p = load(tmp_path / "new", two.replace("\n  \n", "\n"))
     result = prove_narrower(p, "free", "agent")
     assert not result.ok and "llm:" in result.details[0]
+
+
+async def test_a_reservation_waits_for_this_processs_settlements():
+    """The settlement runs in a task (the response hook cannot wait); the next reservation of
+    the same budget waits for it, so a client's next call finds its last one settled."""
+    import asyncio
+
+    from sandgate import spend
+    from sandgate.llmcall import UsageReader
+    from sandgate.spend import LlmFlow, budget_key, settle, settled
+
+    class SlowCounts:
+        def __init__(self) -> None:
+            self.windows = SpendWindows()
+
+        async def settle(self, res, actual) -> None:
+            await asyncio.sleep(0.05)  # a state call taking its time
+            self.windows.settle(res, actual)
+
+    counts = SlowCounts()
+    b = budget(output_tokens=20)
+    key = budget_key(b, "a")
+    flow = LlmFlow("anthropic", reader=UsageReader("anthropic", "application/json", "/v1/m"))
+    flow.reader.feed(b'{"usage": {"input_tokens": 1, "output_tokens": 2}}')  # type: ignore
+    flow.reader.end()  # type: ignore[union-attr]
+    flow.reservation = counts.windows.reserve(key, b, "a", Amounts(0, 20), now=0)
+    settle(counts, flow, False)  # type: ignore[arg-type]
+    assert spend._pending
+    await settled(key)
+    assert counts.windows.used(key) == Amounts(1, 2) and not spend._pending
+    counts.windows.reserve(key, b, "a", Amounts(0, 20), now=1)  # room again

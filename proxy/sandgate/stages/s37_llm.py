@@ -33,7 +33,7 @@ from sandgate.llmcall import (
     with_usage_chunk,
 )
 from sandgate.policy.model import Rule
-from sandgate.spend import LlmFlow, amounts, price_of, worst_case
+from sandgate.spend import LlmFlow, amounts, budget_key, price_of, settled, worst_case
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
 
@@ -176,5 +176,6 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
                       f"and budget '{budget.name}' counts cost",
                       hint="add the model to the policy's `prices:`")
     llm.budget, llm.price = budget, price
+    await settled(budget_key(budget, who))  # this process's earlier calls settled first
     llm.reservation = await st.counts.reserve(
         budget, who, amounts(worst_case(call, cap), price))
