@@ -58,6 +58,8 @@ ERROR = "error"  # what went wrong upstream or in transport (not a refusal)
 LISTENER = "listener"  # the way in: "http" (the proxy port) or "socks5" (--socks5)
 GATEWAY = "gateway"  # the gateway prefix a request came in under; absent for proxied requests
 INJECTED = "injected"  # how credentials went in beyond headers ("name@v: body json: ...")
+# an LLM call (sandgate.spend): api, model, max_tokens, stream, usage, cost_usd, budget, notes
+LLM = "llm"
 
 # Free-text fields a sandbox can influence (path, Host, reasons quoting them): scrubbed of every
 # cached secret value before an event is written.
@@ -141,6 +143,8 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
         **({INJECTED: rec.injected} if rec.injected else {}),
         **(rec.call.fields() if rec.call is not None else {}),  # JSON-RPC calls
+        **({LLM: rec.llm.doc(rec.policy.prices if rec.policy is not None else ())}
+           if rec.llm is not None else {}),
     }
 
 
@@ -157,12 +161,17 @@ def scrub_fields(fields: dict[str, Any], secrets: SecretSet) -> dict[str, Any]:
         return fields
     texts = [v for key in SCRUBBED if isinstance(v := fields.get(key), str)]
     texts += [v for call in fields.get("rpc") or () for v in call.values() if isinstance(v, str)]
+    llm = fields.get(LLM)
+    if isinstance(llm, dict) and isinstance(llm.get("model"), str):  # the sandbox's string
+        texts.append(llm["model"])
     if not secrets.scrub_text("\n".join(texts))[1]:
         return fields  # no value in their concatenation, so none in any of them: one scan
     for key in SCRUBBED:
         value = fields.get(key)
         if isinstance(value, str):
             fields[key] = secrets.scrub_text(value)[0]
+    if isinstance(llm, dict) and isinstance(llm.get("model"), str):
+        llm["model"] = secrets.scrub_text(llm["model"])[0]
     for call in fields.get("rpc") or ():  # method, tool and id are the sandbox's strings
         for k, v in call.items():
             if isinstance(v, str):

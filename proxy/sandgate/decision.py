@@ -17,12 +17,14 @@ from typing import Literal
 
 from sandgate.errors import AddressRefused, Code, Refused, SandboxRequired
 from sandgate.jsonrpc import Call, Message
+from sandgate.llmcall import LlmCall
 from sandgate.netguard import choose_address, classify, known_addresses, parse_ip_literal
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import (
     MCP_HOUSEKEEPING,
     CallFilter,
     Identity,
+    LlmRule,
     Policy,
     Rule,
     glob_matches,
@@ -55,6 +57,9 @@ class Decision:
     # allowed by an `action: ask` rule (`rule`): the proxy holds the request until approved
     # (sandgate.approvals), the fourth outcome
     ask: bool = False
+    # an LLM call (decided with `llm=`) on a rule with `llm: {on_max_tokens: lower}` asking for
+    # more output than its cap, or none: the proxy forwards it with this cap
+    lower_max_tokens: int | None = None
 
     @property
     def outcome(self) -> Outcome:
@@ -120,7 +125,7 @@ def _l7_matches(rule: Rule, scheme: str, host: str, port: int, method: str, path
 
 
 def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = None,
-           aws: AwsParts | None = None) -> Decision:
+           aws: AwsParts | None = None, llm: LlmCall | None = None) -> Decision:
     """Judge a request; with `call`, also the JSON-RPC messages of its body (sandgate.jsonrpc)
     against the `mcp:`/`jsonrpc:` of the rules that match it: an allow rule with such a filter
     matches only when it allows every message, and a deny entry (deny_tools, deny_methods) of
@@ -131,7 +136,10 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
     signature would vouch for (sandgate.secrets.aws_request): a signing rule matches only when
     it judges all of it (its `operations:`, its `copy_sources:`, no header it does not judge).
     `aws` None: not read yet (the proxy's head stage; the proxy decides again with it before
-    anything is signed)."""
+    anything is signed). With `llm`, also the LLM call the body makes (sandgate.llmcall): a
+    rule with `llm:` matches only when its `models` list the call's model and its output cap
+    is within `max_tokens` (or the rule lowers it: Decision.lower_max_tokens); `llm` None:
+    not read yet (the proxy decides again with it once the body is read)."""
     ident = policy.identities.get(identity)
     if ident is None:
         return _unknown_identity(policy, identity)
@@ -157,6 +165,7 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
     limits: list[int] = []
     missed: tuple[Rule, Message, str] | None = None  # the first rule a call did not fit
     unsigned: tuple[Rule, str, str] | None = None  # the first signing rule that would not sign
+    llm_unfit: tuple[Rule, Code, str, str] | None = None  # the first `llm:` rule it misfits
     for rule in ident.rules:
         if not _l7_matches(rule, scheme, host, req.port, method, path, req.query):
             continue
@@ -191,6 +200,11 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
                     if missed is None or _closeness(why) > _closeness(missed[2]):
                         missed = (rule, msg, why)
                     continue
+        if llm is not None and rule.llm is not None:
+            misfit_llm = llm_misfit(rule.llm, llm)
+            if misfit_llm is not None:
+                llm_unfit = llm_unfit or (rule, *misfit_llm)
+                continue
         if rule.ask is not None and not _housekeeping(rule, method, call):
             ask = ask or rule
         elif allow is None:
@@ -204,7 +218,12 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
                 "in its mcp: to hold it)" if allow.ask is not None else "")
         return Decision(True, None, f"allowed by rule '{allow.name}' of identity '{identity}' "
                         f"({allow.source}){kept}", rule=allow,
-                        call_limit=min(limits) if limits else None)
+                        call_limit=min(limits) if limits else None,
+                        lower_max_tokens=_lowered(allow, llm))
+    if llm_unfit is not None:
+        rule, code, why, fix = llm_unfit
+        return Decision(False, code, f"{why} for {identity} (rule '{rule.name}')", rule=rule,
+                        hint=fix, detail=f"rule '{rule.name}' is defined at {rule.source}")
     if unsigned is not None:
         rule, why, fix = unsigned
         return Decision(
@@ -226,6 +245,36 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
         f"identity '{identity}' has no rule allowing {target}",
         hint=_no_rule_hint(ident, scheme, host, req.port, method, path, req.query),
     )
+
+
+def llm_misfit(f: LlmRule, c: LlmCall) -> tuple[Code, str, str] | None:
+    """None when the rule's `llm:` lets the call through (perhaps with its cap lowered);
+    otherwise (code, why, how to fix)."""
+    if f.models is not None:
+        if c.model is None:
+            return (Code.MODEL_NOT_ALLOWED, "the call names no model",
+                    "name the model in the request (the rule allows "
+                    f"{', '.join(f.models)})")
+        if not any(glob_matches(p, c.model) for p in f.models):
+            return (Code.MODEL_NOT_ALLOWED, f"model {c.model[:100]!r} is not allowed",
+                    f"use one of the allowed models ({', '.join(f.models)}), or add it to the "
+                    "rule's llm.models")
+    if f.max_tokens is not None and f.on_max_tokens == "refuse":
+        if c.max_tokens is None:
+            return (Code.MAX_TOKENS_OVER_CAP, "the call sets no output cap (max_tokens) and "
+                    f"the rule caps it at {f.max_tokens}",
+                    f"set max_tokens (at most {f.max_tokens}) in the request")
+        if c.max_tokens > f.max_tokens:
+            return (Code.MAX_TOKENS_OVER_CAP, f"max_tokens {c.max_tokens} is over the cap of "
+                    f"{f.max_tokens}", f"ask for at most {f.max_tokens} output tokens")
+    return None
+
+
+def _lowered(rule: Rule, c: LlmCall | None) -> int | None:
+    f = rule.llm
+    if c is None or f is None or f.max_tokens is None or f.on_max_tokens != "lower":
+        return None
+    return f.max_tokens if c.max_tokens is None or c.max_tokens > f.max_tokens else None
 
 
 def _upgrade_refused(identity: str, rule: Rule, upgrade: str, target: str) -> Decision:
@@ -533,7 +582,7 @@ def judge_sandbox(policy: Policy, identity: str, d: Decision, sandbox: str | Non
 
 def decide_request(policy: Policy, identity: str, req: RequestInfo,
                    gateway: bool = False, call: Call | None = None,
-                   aws: AwsParts | None = None) -> Decision:
+                   aws: AwsParts | None = None, llm: LlmCall | None = None) -> Decision:
     """What the proxy does with a request as a client sends it, in the order the proxy meets it.
 
     An https request through the proxy comes inside a CONNECT tunnel: the tunnel is judged
@@ -556,7 +605,7 @@ def decide_request(policy: Policy, identity: str, req: RequestInfo,
                 "host are inspected")
         if not c.allowed and not reported(policy, identity, c):
             return c
-    return decide(policy, identity, req, call, aws)
+    return decide(policy, identity, req, call, aws, llm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -585,7 +634,8 @@ def judge(policy: Policy, identity: str, method: str, target: str,
           overrides: Mapping[str, str], sandbox: str | None = None,
           gateway: bool = False, call: Call | None = None,
           upgrade: str | None = None,
-          headers: Sequence[tuple[str, str]] = ()) -> Verdict:
+          headers: Sequence[tuple[str, str]] = (),
+          llm: LlmCall | None = None) -> Verdict:
     """`METHOD URL` (or `CONNECT host:port`) through the proxy's request parser, decision
     (`decide_request`: the tunnel first), sandbox step and, where the address is known, its
     address step. Raises ValueError for a bad request. `sandbox` is the caller's sandbox id
@@ -595,7 +645,8 @@ def judge(policy: Policy, identity: str, method: str, target: str,
     the body; a tunnelled request's body is never seen); `upgrade`: the protocol the request
     asks to switch to ("websocket"; with `call`, a message on that WebSocket); `headers`: the
     request's headers, of which a signing rule judges those a SigV4 signature covers (no body:
-    an Action is given in the query).
+    an Action is given in the query); `llm`: the LLM call its body makes (judged by the
+    rules' `llm:` as the proxy judges the body).
 
     A passthrough tunnel is dialled at CONNECT; an intercepted one dials per request inside it,
     so a CONNECT verdict checks the address only for passthrough.
@@ -611,7 +662,7 @@ def judge(policy: Policy, identity: str, method: str, target: str,
         return Verdict(f"CONNECT {shown}", d, note, True)
     req = dataclasses.replace(parse_url(method, target), upgrade=upgrade)
     d = decide_request(policy, identity, req, gateway, call,
-                       aws_parts(headers, req.query, path=req.path))
+                       aws_parts(headers, req.query, path=req.path), llm)
     d = judge_sandbox(policy, identity, d, sandbox)
     d, note = judge_address(d, req.host, req.port, overrides, reported(policy, identity, d))
     query = target.partition("#")[0].partition("?")[2]  # shown as given (parsed by parse_url)

@@ -77,6 +77,11 @@ class Code(StrEnum):
     APPROVALS_FULL = "approvals_full"  # the proxy holds as many approvals as it may
     # the fleet's shared state (--state redis://) cannot be reached in time (sandgate/state/)
     STATE_UNAVAILABLE = "state_unavailable"
+    # LLM calls on a rule with `llm:` (sandgate/llmcall.py, sandgate/spend.py)
+    MODEL_NOT_ALLOWED = "model_not_allowed"  # the call's model is not in the rule's `models`
+    MAX_TOKENS_OVER_CAP = "max_tokens_over_cap"  # asks for more output than `max_tokens`
+    SPEND_EXHAUSTED = "spend_exhausted"  # a `budgets:` entry's tokens or cost are spent
+    OWN_CREDENTIAL = "own_credential"  # a key of the sandbox's own to an API Sandgate keys
 
 
 STATUS: dict[Code, int] = {
@@ -116,6 +121,10 @@ STATUS: dict[Code, int] = {
     Code.TOO_MANY_PENDING: 429,
     Code.APPROVALS_FULL: 503,
     Code.STATE_UNAVAILABLE: 503,
+    Code.MODEL_NOT_ALLOWED: 403,
+    Code.MAX_TOKENS_OVER_CAP: 400,
+    Code.SPEND_EXHAUSTED: 429,
+    Code.OWN_CREDENTIAL: 403,
 }
 
 
@@ -208,7 +217,7 @@ class LimitExceeded(Refused):
     `retry_after` (whole seconds, rounded up) becomes the 429's Retry-After header."""
 
     codes = frozenset({Code.HEADERS_TOO_LARGE, Code.RATE_LIMITED, Code.BUDGET_EXHAUSTED,
-                       Code.TOO_MANY_CONNECTIONS})
+                       Code.TOO_MANY_CONNECTIONS, Code.SPEND_EXHAUSTED})
 
     def __init__(self, code: Code, reason: str, hint: str | None = None,
                  retry_after: int | None = None) -> None:

@@ -18,8 +18,10 @@ from sandgate.decision import (
     reported,
     shown_outcome,
 )
-from sandgate.errors import BadRequest, Refused
+from sandgate.errors import BadRequest, Code, Refused
 from sandgate.jsonrpc import Call
+from sandgate.llmcall import CallUnreadable, LlmCall, recognise
+from sandgate.llmcall import read_call as read_llm_call
 from sandgate.policy.ask import ask_fields
 from sandgate.policy.calls import call_fields
 from sandgate.policy.model import Policy
@@ -35,7 +37,8 @@ def explain(policy: Policy, identity: str, method: str, url: str,
             resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
             gateway: bool = False, call: Call | None = None,
             websocket: bool = False, headers: Sequence[tuple[str, str]] = (),
-            body: bytes | None = None) -> tuple[dict[str, Any], bool]:
+            body: bytes | None = None,
+            llm: LlmCall | None = None) -> tuple[dict[str, Any], bool]:
     """(the explanation, allowed). Raises ValueError (a BadRequest) for a request that cannot
     be judged. Secrets appear by name only. `resolve` pins names as `sandgate run --resolve`
     does, so that the address step can be shown; `sandbox` is the caller's sandbox id (None: a
@@ -45,16 +48,21 @@ def explain(policy: Policy, identity: str, method: str, url: str,
     is a message on it); `headers`: (name, value) pairs the request carries (a signing rule
     judges those a SigV4 signature covers, and the MCP metadata headers the call stage checks
     against the call); `body`: the request body as sent, read as the proxy's call stage reads
-    it (`judge_body`; instead of `call`). A tunnelled request is "allowed" (it is forwarded)
+    it (`judge_body`; instead of `call`; an LLM call in it is read as the proxy's LLM stage
+    reads it). `llm`: the LLM call the body makes (model, max_tokens), judged by the rules'
+    `llm:` as the proxy judges the body. A tunnelled request is "allowed" (it is forwarded)
     with decision `tunnel`."""
     if body is not None and (call is not None or websocket):
         raise ValueError("give the body or the call (mcp_tool, rpc_method, mcp_resource, a "
                          "WebSocket message), not both")
     v = judge(policy, identity, method, url, resolve, sandbox, gateway, call,
-              "websocket" if websocket else None, headers)
+              "websocket" if websocket else None, headers, llm)
     if not websocket:
         v, call = judge_body(policy, identity, method, url, resolve, sandbox, gateway, v,
                              body, headers, call)
+        if llm is None and body and v.decision.allowed:
+            v, llm = judge_llm_body(policy, identity, method, url, resolve, sandbox, gateway,
+                                    v, body, headers, call)
     d = v.decision
     decision = shown_outcome(policy, identity, d)
     report = decision == "report"
@@ -73,6 +81,8 @@ def explain(policy: Policy, identity: str, method: str, url: str,
         out["tunnel"] = ("forwarded uninspected: the proxy never sees this request (any method, "
                          "path or query), injects nothing and scrubs nothing")
     out.update(call_fields(d, call))
+    if llm is not None:
+        out["llm"] = llm_fields(d, llm)
     if d.ask and d.rule is not None and d.rule.ask is not None:
         out["approval"] = ask_fields(d.rule.ask)
     if ident is not None and ident.mode != "enforce":
@@ -119,6 +129,30 @@ def explain(policy: Policy, identity: str, method: str, url: str,
     return out, d.allowed
 
 
+def judge_llm_body(policy: Policy, identity: str, method: str, url: str,
+                   resolve: Mapping[str, str], sandbox: str | None, gateway: bool,
+                   head: Verdict, body: bytes, headers: Sequence[tuple[str, str]],
+                   call: Call | None) -> tuple[Verdict, LlmCall | None]:
+    """The verdict once an LLM call's body is read, as the proxy's LLM stage (s37_llm) reads
+    it: recognised by the provider's host or the allowing rule's `llm: {api}`, read by
+    `llmcall.read_call` (an unreadable body is refused, bad_request), judged again with it."""
+    rule = head.decision.rule
+    req = parse_url(method, url)
+    api = recognise(method, req.host, req.path,
+                    rule.llm.api if rule is not None and rule.llm is not None else None)
+    if api is None:
+        return head, None
+    try:
+        llm = read_llm_call(api, req.path, body)
+    except CallUnreadable as e:
+        return dataclasses.replace(head, decision=Decision(
+            False, Code.BAD_REQUEST, f"the LLM call cannot be judged: {e}",
+            hint="send one JSON object, each key once",
+            detail="the LLM stage refuses the body before any rule judges it")), None
+    return judge(policy, identity, method, url, resolve, sandbox, gateway, call, None,
+                 headers, llm), llm
+
+
 def judge_body(policy: Policy, identity: str, method: str, url: str,
                resolve: Mapping[str, str], sandbox: str | None, gateway: bool, head: Verdict,
                body: bytes | None, headers: Sequence[tuple[str, str]], call: Call | None
@@ -163,8 +197,8 @@ def judge_body(policy: Policy, identity: str, method: str, url: str,
 def explain_request(policy: Policy, identity: str, method: str, url: str,
                     resolve: Mapping[str, str] = _NO_OVERRIDES, sandbox: str | None = None,
                     gateway: bool = False, call: Call | None = None, websocket: bool = False,
-                    headers: Sequence[tuple[str, str]] = (), body: bytes | None = None
-                    ) -> tuple[dict[str, Any], bool]:
+                    headers: Sequence[tuple[str, str]] = (), body: bytes | None = None,
+                    llm: LlmCall | None = None) -> tuple[dict[str, Any], bool]:
     """`explain`, where with `gateway` the URL is a gateway path (e.g. /anthropic/v1/messages):
     mapped to its upstream request by the gateway listener's own `route`, then judged as the
     gateway judges it (no CONNECT precedes it). Raises ValueError for a path no gateway serves
@@ -172,13 +206,26 @@ def explain_request(policy: Policy, identity: str, method: str, url: str,
     request opens a WebSocket (see `explain`)."""
     if not gateway:
         return explain(policy, identity, method, url, resolve, sandbox, call=call,
-                       websocket=websocket, headers=headers, body=body)
+                       websocket=websocket, headers=headers, body=body, llm=llm)
     from sandgate.gateway import gateway_url
 
     upstream, gw = gateway_url(policy.gateways, method, url)
     out, allowed = explain(policy, identity, method, upstream, resolve, sandbox, gateway=True,
-                           call=call, websocket=websocket, headers=headers, body=body)
+                           call=call, websocket=websocket, headers=headers, body=body,
+                           llm=llm)
     return {"gateway": gw.prefix, "gateway_path": url, **out}, allowed
+
+
+def llm_fields(d: Decision, llm: LlmCall) -> dict[str, Any]:
+    """What explain says of an LLM call: what it asks for, the cap it is forwarded with, and
+    the budget it is counted against."""
+    f = d.rule.llm if d.allowed and d.rule is not None else None
+    out: dict[str, Any] = {"model": llm.model, "max_tokens": llm.max_tokens}
+    if f is not None:
+        if d.lower_max_tokens is not None:
+            out["forwarded_max_tokens"] = d.lower_max_tokens
+        out["budget"] = f.budget
+    return out
 
 
 def _why(d: Decision) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sandgate import audit as A
 from sandgate.errors import Code
 from sandgate.policy.model import Policy, glob_matches
+from sandgate.spend import shipped_prices
 
 UNKNOWN = "unknown"
 NONE = "none"
@@ -34,6 +35,8 @@ LIMIT_CODES = frozenset(str(c) for c in (
 APPROVAL_ACTIONS = frozenset({"requested", "voted", "decided", "used", "timed_out", "withdrawn",
                               "webhook_sent", "webhook_failed"})
 _MAX_CHILDREN = 4096  # remembered label children (Metrics._child); past that, looked up
+MAX_SANDBOX_LABELS = 1000  # distinct sandbox label values; later sandboxes count as "other"
+TOKEN_KINDS = ("input", "output", "cached", "reasoning")
 _VAULT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -60,6 +63,11 @@ class _Bounds:
         self.tool_globs = sorted({g for f in filters for g in (*(f.tools or ()), *f.deny_tools)})
         self.method_globs = sorted({g for f in filters for g in (*(f.allowed_methods or ()),
                                                                  *f.deny_methods)})
+        # LLM model label values: the rules' `llm.models`, then the price globs (sandgate.spend)
+        self.model_globs = list(dict.fromkeys(
+            [g for i in policy.identities.values() for r in i.rules if r.llm is not None
+             for g in r.llm.models or ()]
+            + [p.model for p in (*policy.prices, *shipped_prices())]))
 
 
 class Metrics:
@@ -122,6 +130,16 @@ class Metrics:
             "sandgate_dns_answers", "Policy DNS queries (--dns) by outcome: answer, nodata, "
             "nxdomain and refused (the policy refused), nxdomain_upstream, servfail, "
             "unknown_source, rate_limited, formerr, notimp, dropped", ["outcome"], registry=r)
+        self.llm_tokens = Counter(
+            "sandgate_llm_tokens", "Tokens LLM calls spent as their answers report them, by "
+            "identity, sandbox, model (the policy's glob it matches) and kind (input, output; "
+            "cached and reasoning are parts of those)",
+            ["identity", "sandbox", "model", "kind"], registry=r)
+        self.llm_cost = Counter(
+            "sandgate_llm_cost_usd", "US dollars LLM calls cost (priced by the policy's prices "
+            "and the shipped table), by identity, sandbox and model",
+            ["identity", "sandbox", "model"], registry=r)
+        self._sandboxes: set[str] = set()
         self.redactions = Counter(
             "sandgate_redactions", "Secret values scrubbed from what went back to sandboxes",
             registry=r)
@@ -213,6 +231,31 @@ class Metrics:
                               self._named(c.get("tool"), self._b().tool_globs),
                               "report" if decision == "report" else outcome).inc()
 
+    def _sandbox(self, value: object) -> str:
+        if not isinstance(value, str):
+            return NONE
+        if value in self._sandboxes:
+            return value
+        if len(self._sandboxes) < MAX_SANDBOX_LABELS:
+            self._sandboxes.add(value)
+            return value
+        return "other"
+
+    def _count_llm(self, identity: str, fields: Mapping[str, Any]) -> None:
+        llm = fields.get(A.LLM)
+        if not isinstance(llm, dict) or not isinstance(llm.get("usage"), dict):
+            return
+        sandbox = self._sandbox(fields.get(A.SANDBOX))
+        model = self._named(llm.get("model"), self._b().model_globs)
+        usage = llm["usage"]
+        for kind in TOKEN_KINDS:
+            n = usage.get(f"{kind}_tokens")
+            if isinstance(n, int) and n > 0:
+                self._child(self.llm_tokens, identity, sandbox, model, kind).inc(n)
+        cost = llm.get("cost_usd")
+        if isinstance(cost, int | float) and cost > 0:
+            self._child(self.llm_cost, identity, sandbox, model).inc(cost)
+
     def on_audit(self, event: str, fields: Mapping[str, Any]) -> None:
         code = fields.get(A.CODE)
         if event in ("request", "connect", "limit") and code in LIMIT_CODES:
@@ -232,6 +275,7 @@ class Metrics:
             for s in fields.get(A.SECRETS) or ():
                 self._child(self.injections, self.secret_label(str(s).partition("@")[0])).inc()
             self._count_calls(identity, decision, fields)
+            self._count_llm(identity, fields)
         elif event == "approval":
             action = str(fields.get("action") or UNKNOWN)
             self.approvals.labels(action if action in APPROVAL_ACTIONS else UNKNOWN).inc()

@@ -28,6 +28,9 @@ class Refusal:
     # failure is a 401 with WWW-Authenticate rather than a 407.
     gateway: bool = False
     approval: str | None = None  # the approval request's id (approval_* codes)
+    # the LLM API the refused request called (sandgate.llmcall.Api): the body then has that
+    # provider's error shape, so its SDK raises its usual error with the reason
+    dialect: str | None = None
 
     @classmethod
     def from_error(cls, error: Refused, identity: str | None = None,
@@ -44,7 +47,8 @@ class Refusal:
         return STATUS[self.code]
 
     def body(self) -> bytes:
-        return (json.dumps(self.doc(), indent=1) + "\n").encode()
+        doc = self.doc() if self.dialect is None else provider_doc(self.dialect, self)
+        return (json.dumps(doc, indent=1) + "\n").encode()
 
     def doc(self) -> dict[str, object]:
         """The refusal as JSON (the HTTP body; `error.data.sandgate` of a JSON-RPC error)."""
@@ -75,3 +79,32 @@ class Refusal:
 
 
 _AUTH = frozenset({Code.AUTH_REQUIRED, Code.AUTH_INVALID})
+
+
+# The error types each provider's API (and so its SDK) uses per status.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error"}
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                 403: "permission_denied", 404: "not_found", 413: "invalid_request_error",
+                 429: "rate_limit_exceeded"}
+_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                  404: "NOT_FOUND", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
+                  503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
+def provider_doc(dialect: str, r: Refusal) -> dict[str, object]:
+    """The refusal in an LLM provider's own error shape (Anthropic, OpenAI, Gemini), with
+    Sandgate's code in its message and its whole refusal under `sandgate`."""
+    message = f"sandgate: {r.code}: {r.reason}" + (f" ({r.hint})" if r.hint else "")
+    status = r.status
+    if dialect == "anthropic":
+        return {"type": "error", "error": {
+            "type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
+            "sandgate": r.doc()}
+    if dialect == "gemini":
+        return {"error": {"code": status, "message": message,
+                          "status": _GOOGLE_STATUS.get(status, "INTERNAL")},
+                "sandgate": r.doc()}
+    return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
+                      "param": None, "code": str(r.code)}, "sandgate": r.doc()}

@@ -35,6 +35,7 @@ from tests.integration.conftest import (
     start_proxy,
     stop_proxy,
 )
+from tests.support.round2 import refusal_doc
 from tests.support.secrets import assert_no_secret
 from tests.support.upstream import UpstreamServer
 
@@ -366,7 +367,7 @@ def test_denied(proxy, upstream):
     assert r.returncode == 0 and "denied" in r.stdout, r.stderr
     text, code = finish(c)
     assert code == 403
-    doc = json.loads(text.rpartition("\n\n")[2])
+    doc = refusal_doc(text.rpartition("\n\n")[2])
     assert doc["code"] == "approval_denied" and doc["approval"] == ap["id"]
     assert "bob" in doc["reason"]
     assert seen(upstream, "/v1/messages") == before
@@ -380,7 +381,7 @@ def test_timed_out(proxy, upstream, receiver):
     ap = pending_for(proxy, "/short/x")
     text, code = finish(c)
     assert code == 403
-    doc = json.loads(text.rpartition("\n\n")[2])
+    doc = refusal_doc(text.rpartition("\n\n")[2])
     assert doc["code"] == "approval_timeout" and doc["approval"] == ap["id"]
     assert seen(upstream, "/short/x") == 0
     proxy.proxy.wait_audit(lambda e: e["event"] == "approval" and e.get("action") == "timed_out"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -18,6 +17,7 @@ from tests.integration.conftest import (
     stop_proxy,
 )
 from tests.support.bao import SeedableVault
+from tests.support.round2 import refusal_doc
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration
@@ -45,7 +45,7 @@ def test_vault_down_before_first_use(tmp_path, own_vault, upstream, pki):
         before = len(upstream.seen)
         body, status = _llm(p)
         assert status == 503
-        doc = json.loads(body)
+        doc = refusal_doc(body)
         assert doc["code"] == "secret_unavailable"
         assert "anthropic" in doc["reason"]
         assert len(upstream.seen) == before
@@ -96,7 +96,7 @@ def test_vault_slow_gives_503_not_a_hang(tmp_path, upstream, pki):
         body, status = _llm(p)
         assert status == 503
         assert time.monotonic() - t0 < 14
-        assert "timed out" in json.loads(body)["reason"]
+        assert "timed out" in refusal_doc(body)["reason"]
         assert len(upstream.seen) == before
         # other requests are not blocked behind the slow Vault
         r = curl(p, "bash-tool", "https://upstream.test/docs/x")
@@ -118,7 +118,7 @@ def test_vault_token_expired(tmp_path, own_vault, upstream, pki):
         before = len(upstream.seen)
         body, status = _llm(p)
         assert status == 503
-        reason = json.loads(body)["reason"].lower()
+        reason = refusal_doc(body)["reason"].lower()
         assert "token" in reason or "permission" in reason or "denied" in reason
         assert len(upstream.seen) == before
     finally:

@@ -74,3 +74,22 @@ def test_anthropic_sdk_as_bash_tool_is_refused(proxy, upstream):
              {"ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic"})
     assert r.returncode != 0
     assert len(upstream.seen) == before
+
+
+def test_a_rule_without_llm_only_reads_the_usage(proxy, upstream):
+    """On a rule without `llm:` a provider's call is read for the audit's usage, and a body
+    Sandgate cannot read as a call (a key given twice, not JSON) is forwarded as before, never
+    refused for it (docs/spend.md)."""
+    from tests.integration.conftest import curl, split_status
+
+    r = _run(proxy, "coding-agent", ANTHROPIC_SCRIPT,
+             {"ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    ev = proxy.wait_audit(lambda e: e.get("identity") == "coding-agent" and "llm" in e)
+    assert ev["llm"]["model"] == "claude-test" and ev["llm"]["usage"]["output_tokens"] == 1
+    before = len(upstream.seen)
+    for body in ('{"model": "a", "model": "b", "max_tokens": 1}', "not json"):
+        out = curl(proxy, "coding-agent", "https://api.anthropic.com/v1/messages",
+                   "-X", "POST", "-H", "content-type: application/json", "--data", body)
+        assert split_status(out.stdout)[1] == 200, out.stdout
+    assert len(upstream.seen) == before + 2

@@ -21,7 +21,8 @@ from redis.backoff import NoBackoff
 
 from sandgate.errors import Code, LimitExceeded, StateUnavailable
 from sandgate.limits import Limiter, LimitsConfig
-from sandgate.policy.model import IdentityLimits, SecretBudget
+from sandgate.policy.model import Budget, IdentityLimits, SecretBudget, Source
+from sandgate.spend import Amounts, SpendWindows, budget_key
 from sandgate.state import StateConfig, scripts
 from sandgate.state.fleet import Fleet
 from sandgate.state.health import StateHealth
@@ -159,6 +160,98 @@ async def test_concurrent_spends_never_exceed_the_budget(server: RedisServer,
     assert sum(1 for o in out if o[0] == 0) == 25
     for c in clients:
         await c.aclose()
+
+
+# ------------------------------------------------------------------------------ LLM spend
+
+def spend_budget(output: int | None = None, cost: float | None = None, per: int = 60) -> Budget:
+    return Budget(name="b", per=per, scope="identity", source=Source("f", 1),
+                  output_tokens=output, cost_usd=cost)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 40), st.integers(0, 40)),
+                    min_size=1, max_size=30),
+       limit=st.integers(1, 120))
+def test_spend_scripts_match_the_process_windows(server: RedisServer,
+                                                 ops: list[tuple[bool, int, int]],
+                                                 limit: int) -> None:
+    """Any sequence of reservations and settlements: Redis admits and counts exactly as one
+    process's SpendWindows does (the per-process and fleet counts are one semantics)."""
+
+    async def run() -> None:
+        c = client(server)
+        await c.flushall()
+        fleet, local = counts(c), SpendWindows()
+        b = spend_budget(output=limit, cost=limit / 1_000_000)
+        open_r: list = []
+        open_l: list = []
+        for settle_first, worst, spent in ops:
+            if settle_first and open_r:
+                actual = Amounts(0, min(spent, open_r[0].reserved.output_tokens), spent)
+                await fleet.settle(open_r.pop(0), actual)
+                local.settle(open_l.pop(0), actual)
+            want = Amounts(3, worst, worst)
+            try:
+                open_l.append(local.reserve(budget_key(b, "a"), b, "a", want, now=0))
+                granted_l = True
+            except LimitExceeded:
+                granted_l = False
+            try:
+                open_r.append(await fleet.reserve(b, "a", want))
+                granted_r = True
+            except LimitExceeded as e:
+                assert e.code == Code.SPEND_EXHAUSTED and e.retry_after
+                granted_r = False
+            assert granted_r == granted_l
+        key = fleet.cfg.key("spend", budget_key(b, "a"))
+        got = await c.hmget(key, "i", "o", "c")
+        assert Amounts(*(int(v) for v in got)) == local.used(budget_key(b, "a"))
+        await c.aclose()
+
+    asyncio.run(run())
+
+
+async def test_concurrent_reservations_never_pass_the_limit_by_more_than_one_call(
+        server: RedisServer, r: aioredis.Redis) -> None:
+    """200 reservations of 20 at once from 8 connections on a limit of 100: exactly 5 (0, 20,
+    40, 60 and 80 counted when each was admitted); the last one ends at the limit."""
+    fleets = [counts(client(server), f"p{i}") for i in range(8)]
+    b = spend_budget(output=100)
+
+    async def one(i: int) -> bool:
+        try:
+            await fleets[i % 8].reserve(b, "a", Amounts(0, 20, 0))
+            return True
+        except LimitExceeded:
+            return False
+
+    out = await asyncio.gather(*(one(i) for i in range(200)))
+    assert sum(out) == 5
+    for f in fleets:
+        await f.r.aclose()
+
+
+async def test_a_settlement_after_its_window_ended_changes_nothing(r: aioredis.Redis) -> None:
+    fleet = counts(r)
+    b = spend_budget(output=100, per=1)
+    res = await fleet.reserve(b, "a", Amounts(0, 50, 0))
+    await asyncio.sleep(1.2)  # the window expired on the server's clock
+    await fleet.reserve(b, "a", Amounts(0, 30, 0))  # a new window
+    await fleet.settle(res, Amounts(0, 0, 0))  # of the old one: no debt to the new
+    key = fleet.cfg.key("spend", budget_key(b, "a"))
+    assert await r.hget(key, "o") == "30"
+
+
+async def test_state_down_llm_budget_fails_closed(tmp_path: Path) -> None:
+    dead = aioredis.Redis(unix_socket_path=str(tmp_path / "none.sock"), decode_responses=True,
+                          socket_connect_timeout=0.2, socket_timeout=0.2,
+                          retry=Retry(NoBackoff(), 0))
+    with pytest.raises(StateUnavailable) as e:
+        await counts(dead).reserve(spend_budget(output=10), "a", Amounts(0, 1, 0))
+    assert e.value.code == Code.STATE_UNAVAILABLE and "LLM budget" in e.value.reason
+    await dead.aclose()
 
 
 # ------------------------------------------------------------------------------ connections

@@ -105,5 +105,7 @@ def refusal_doc(body: bytes | str) -> dict:
         for s in SECRET_VALUES:  # never print a value, even in a failure
             shown = shown.replace(s, fingerprint(s))
         raise AssertionError(f"not Sandgate's JSON refusal body: {shown!r}") from None
+    if isinstance(doc.get("sandgate"), dict):  # an LLM call: the provider's error shape
+        doc = doc["sandgate"]                     # with Sandgate's refusal inside (refusal.py)
     assert doc.get("error") == "sandgate_refused", doc
     return doc

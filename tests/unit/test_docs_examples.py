@@ -35,7 +35,8 @@ from tests.support.docs_examples import REPO, SHELL, Example, all_examples, poli
 EXAMPLES = all_examples()
 YAML = [e for e in EXAMPLES if e.lang in ("yaml", "yml")
         and not (e.marker and e.marker[0] == "not loaded")]
-TOP_LEVEL = {"secrets", "templates", "identities", "tests", "gateways", "webhooks"}
+TOP_LEVEL = {"secrets", "templates", "identities", "tests", "gateways", "webhooks", "budgets",
+             "prices"}
 RUN = [e for e in EXAMPLES if e.lang in SHELL and (e.marker is None or e.marker[0] == "run")]
 JSON = [e for e in EXAMPLES if e.lang == "json"]
 

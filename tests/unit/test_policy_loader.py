@@ -389,7 +389,8 @@ def test_json_schema():
     schema = policy_json_schema()
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]) == {"version", "secrets", "templates", "identities",
-                                         "tests", "gateways", "webhooks"}
+                                         "tests", "gateways", "webhooks", "budgets",
+                                         "prices"}
     assert schema["$defs"]["GatewaySpec"]["required"] == ["prefix", "upstream", "token_header"]
     assert schema["$defs"]["RuleSpec"]["additionalProperties"] is False
     assert schema["$defs"]["RuleSpec"]["required"] == ["name"]  # hosts, or public: true

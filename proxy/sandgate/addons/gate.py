@@ -21,6 +21,7 @@ from mitmproxy import connection, dns, http, tcp, tls, udp
 from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers import modes
 
+from sandgate import spend
 from sandgate.addons import capture, readable, relay
 from sandgate.addons.socks5 import REP_NOT_ALLOWED, Socks5ConnectData, connect_flow
 from sandgate.addons.state import FlowRecord
@@ -32,6 +33,7 @@ from sandgate.stages import (
     s30_body,
     s35_call,
     s36_sigv4,
+    s37_llm,
     s38_ask,
     s40_forward,
     s50_inject,
@@ -61,6 +63,7 @@ REQUEST_PATH: tuple[Stage, ...] = (
     s30_body.check,
     s35_call.judge,
     s36_sigv4.judge,  # a signing rule judges what the signature covers (operation, sources)
+    s37_llm.judge,  # an LLM call: model, output cap, budget reserved (sandgate.spend)
     s38_ask.hold,  # `action: ask`: waits for approval; nothing prepared, injected or dialled
     s40_forward.prepare_head,
     s50_inject.inject,
@@ -190,7 +193,12 @@ class Gate(GateState):
         s70_scrub.response_headers(self, flow, _record(flow))
 
     def response(self, flow: http.HTTPFlow) -> None:
-        s70_scrub.finish(self, flow, _record(flow))
+        rec = _record(flow)
+        s70_scrub.finish(self, flow, rec)
+        # an LLM call's reservation settled from its usage: started here, before the client is
+        # sent the end of the answer (mitmproxy sends it after this hook), so that a next call
+        # finds it settled (sandgate.spend)
+        spend.settle(self.counts, rec.llm, False)
         s90_audit.audit(self, flow)
 
     def error(self, flow: http.HTTPFlow) -> None:

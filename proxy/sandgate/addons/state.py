@@ -17,6 +17,7 @@ from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo
 from sandgate.secrets.aws_request import AwsParts
 from sandgate.secrets.body import BodyPlan
+from sandgate.spend import LlmFlow
 
 if TYPE_CHECKING:
     from sandgate.addons.calls import CallState
@@ -140,6 +141,8 @@ class FlowRecord:
     # the upstream connection this request may reuse: whose, from where, to what (s60_dial;
     # addons/upstreampool.py says why that key is safe). None: dial as usual, never parked
     reuse: tuple[str, str | None, str, tuple[str, int] | None, str, int, str] | None = None
+    # an LLM API call (stages/s37_llm.py): what it asked, reserved and spent (sandgate.spend)
+    llm: LlmFlow | None = None
 
     @property
     def refused(self) -> bool:

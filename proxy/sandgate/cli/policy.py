@@ -50,6 +50,11 @@ def register(sub: Any) -> None:
                          help="the caller's sandbox id (as in its token or Docker label); "
                          "without it, a rule needing a per-sandbox secret is sandbox_required")
     add_call_args(explain)  # --mcp-tool, --mcp-args, --rpc-method, --websocket (call_cli)
+    explain.add_argument("--model", default=None, metavar="NAME",
+                         help="the request is an LLM call asking for this model (judged by the "
+                         "rules' llm:)")
+    explain.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                         help="with --model: the output cap the call asks for")
     explain.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'",
                          help="a header the request carries (repeatable), e.g. "
                          "'x-amz-copy-source: /bucket/key': a rule that signs judges those a "
@@ -238,6 +243,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from sandgate.explain import explain_request
+    from sandgate.llmcall import stated_call
     from sandgate.policy.loader import PolicyError, load_policy_dir
     from sandgate.request import parse_header_line
 
@@ -270,7 +276,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         headers = [parse_header_line(h) for h in args.header]
         out, allowed = explain_request(policy, args.identity, args.method, args.url, resolve,
                                        args.sandbox, args.gateway, call_from_args(args),
-                                       args.websocket, headers, body)
+                                       args.websocket, headers, body,
+                                       stated_call(args.model, args.max_tokens))
     except ValueError as e:
         return _err(f"bad request: {e}")
     print(json.dumps(out, indent=2))

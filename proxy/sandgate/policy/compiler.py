@@ -26,6 +26,7 @@ from sandgate.policy.ask import compile_ask
 from sandgate.policy.calls import compile_call, compile_test_call
 from sandgate.policy.dnstypes import compile_dns, compile_dns_test
 from sandgate.policy.lint_codes import CODES
+from sandgate.policy.llm import compile_llm
 from sandgate.policy.model import (
     ANY_PUBLIC_HOST,
     DEFAULT_SUBSTITUTE_HEADERS,
@@ -698,7 +699,8 @@ def _compile_rule(
             "set `schemes: [https]` on this rule (or drop the credentials)")
 
     meta = _compile_meta(rs, loc, rep)
-    ask = compile_ask(rs, loc, rep)  # `action: ask`: an allow rule held for approval
+    ask = compile_ask(rs, loc, rep)
+    llm = compile_llm(rs, loc, rep)  # `action: ask`: an allow rule held for approval
 
     if n_before.count:
         return None
@@ -714,7 +716,7 @@ def _compile_rule(
         github_scope=_compile_github_scope(rs, loc, rep) if rs.github_app else None,
         public=rs.public, where=loc, meta=meta, call=call, ask=ask, dns_types=dns_types,
         forward_trace_context=rs.forward_trace_context, operations=operations,
-        copy_sources=copy_sources,
+        copy_sources=copy_sources, llm=llm,
     )
 
 
@@ -1052,10 +1054,18 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
         report((*loc, "headers"), "a CONNECT tunnel carries no request headers",
                "write `request: METHOD URL` in this fixture, or remove `headers`")
         ok = False
+    if spec.max_tokens is not None and spec.model is None:
+        report((*loc, "max_tokens"), "`max_tokens` is the cap an LLM call asks for",
+               "add `model:` (the call's model), or remove `max_tokens`")
+        ok = False
+    if spec.model is not None and method.upper() != "POST":
+        report((*loc, "model"), "an LLM call is a POST request",
+               "write e.g. `request: POST https://api.anthropic.com/v1/messages`")
+        ok = False
     if not ok or not call_ok:
         return None
     return PolicyTest(identity=spec.identity, method=method.upper(), url=url,
                       expect=spec.expect, rule=spec.rule, source=src, inject=inject,
                       code=spec.code, passthrough=spec.passthrough, sandbox=spec.sandbox,
                       gateway=spec.gateway, call=call, websocket=spec.websocket,
-                      headers=tuple(headers))
+                      headers=tuple(headers), model=spec.model, max_tokens=spec.max_tokens)

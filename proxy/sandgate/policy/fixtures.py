@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sandgate.decision import ADDRESS_UNCHECKED, Decision, decide_name, judge
 from sandgate.errors import Code
 from sandgate.gateway import gateway_url
+from sandgate.llmcall import stated_call
 from sandgate.policy.model import Policy, PolicyTest, Rule
 from sandgate.request import parse_url
 from sandgate.secrets.credential_form import is_form
@@ -80,7 +81,7 @@ def run_policy_test(policy: Policy, test: PolicyTest,
             url, _gw = gateway_url(policy.gateways, test.method, test.url)
         v = judge(policy, test.identity, test.method, url, resolve or {}, test.sandbox,
                   test.gateway, test.call, "websocket" if test.websocket else None,
-                  test.headers)
+                  test.headers, stated_call(test.model, test.max_tokens))
     except ValueError as e:
         d = Decision(False, Code.BAD_REQUEST, f"bad request: {e}")
         return FixtureResult(test, d, False, str(e))

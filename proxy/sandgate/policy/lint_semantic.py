@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandgate.decision import decide_connect, judge
+from sandgate.llmcall import stated_call
 from sandgate.netguard import classify, parse_ip_literal
 from sandgate.policy.callproofs import common_call
 from sandgate.policy.lint import _deny_reaches
@@ -543,7 +544,8 @@ def _fixtures(policy: Policy,
             continue
         try:
             v = judge(policy, t.identity, t.method, t.url, {}, call=t.call,
-                      upgrade="websocket" if t.websocket else None, headers=t.headers)
+                      upgrade="websocket" if t.websocket else None, headers=t.headers,
+                      llm=stated_call(t.model, t.max_tokens))
         except ValueError:
             continue
         host, port, scheme = _host_port(t.url)

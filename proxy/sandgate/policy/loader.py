@@ -35,20 +35,25 @@ from sandgate.policy.compiler import (
 )
 from sandgate.policy.gateways import check_overlaps, compile_gateway
 from sandgate.policy.limits import compile_limits
+from sandgate.policy.llm import compile_budget, compile_price
 from sandgate.policy.model import (
+    Budget,
     Gateway,
     Identity,
     Policy,
     PolicyTest,
+    Price,
     Rule,
     SecretRef,
     Source,
     Webhook,
 )
 from sandgate.policy.schema import (
+    BudgetDefSpec,
     GatewaySpec,
     IdentitySpec,
     PolicyFile,
+    PriceSpec,
     RuleSpec,
     SecretSpec,
     TestSpec,
@@ -193,6 +198,8 @@ class _FilePart:
     uses: list[SecretUse] = field(default_factory=list)
     gateways: list[tuple[Gateway, Loc]] = field(default_factory=list)
     webhooks: dict[str, tuple[Webhook, Loc]] = field(default_factory=dict)
+    budgets: dict[str, tuple[Budget, Loc]] = field(default_factory=dict)
+    prices: list[Price] = field(default_factory=list)
 
     def line(self, loc: Loc) -> int:
         return line_of(self.root, loc)
@@ -390,6 +397,20 @@ def _load_file(path: Path, problems: list[PolicyProblem]) -> _FilePart | None:
         if gw is not None:
             part.gateways.append((gw, gloc))
     load_webhooks(part, _section(data, "webhooks", dict, report), report)
+    for bname, braw in _section(data, "budgets", dict, report).items():
+        bloc: Loc = ("budgets", bname)
+        bspec = _validate(BudgetDefSpec, braw, bloc, report)
+        if bspec is not None:
+            budget = compile_budget(str(bname), bspec, bloc, Source(file, part.line(bloc)),
+                                    report)
+            if budget is not None:
+                part.budgets[budget.name] = (budget, bloc)
+    for i, praw in enumerate(_section(data, "prices", list, report)):
+        ploc: Loc = ("prices", i)
+        pspec = _validate(PriceSpec, praw, ploc, report)
+        price = compile_price(pspec, ploc, report) if pspec is not None else None
+        if price is not None:
+            part.prices.append(price)
     return part
 
 
@@ -739,7 +760,33 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
     return Policy(identities=dict(identities), secrets=dict(secrets), tests=tuple(tests),
                   files=tuple(p.file for p in parts), templates=dict(template_first),
                   gateways=tuple(gw for gw, _ in gateways),
-                  webhooks=_merge_webhooks(parts, identities, problems))
+                  webhooks=_merge_webhooks(parts, identities, problems),
+                  budgets=_merge_budgets(parts, identities, problems),
+                  prices=tuple(p for part in parts for p in part.prices))
+
+
+def _merge_budgets(parts: list[_FilePart], identities: Mapping[str, Identity],
+                   problems: list[PolicyProblem]) -> dict[str, Budget]:
+    """`budgets:` of every file (names unique), and every `llm.budget` named there."""
+    budgets: dict[str, Budget] = {}
+    for part in parts:
+        for name, (budget, bloc) in part.budgets.items():
+            first = budgets.get(name)
+            if first is not None:
+                problems.append(part.problem(bloc, f"budget {name!r} is also defined at "
+                                             f"{first.source}", "give each budget one name"))
+                continue
+            budgets[name] = budget
+    for ident in identities.values():
+        for r in ident.rules:
+            if r.llm is None or r.llm.budget is None or r.llm.budget in budgets:
+                continue
+            problems.append(PolicyProblem(
+                r.source.file, r.source.line, field_path((*r.where, "llm", "budget")),
+                f"rule '{r.name}' names budget {r.llm.budget!r}, which is not defined",
+                f"define it under `budgets:` (in any policy file); defined: "
+                f"{', '.join(sorted(budgets)) or '(none)'}"))
+    return budgets
 
 
 def _merge_webhooks(parts: list[_FilePart], identities: Mapping[str, Identity],

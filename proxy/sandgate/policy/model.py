@@ -381,6 +381,44 @@ class Webhook:
 
 
 @dataclass(frozen=True, slots=True)
+class LlmRule:
+    """`llm:` of a rule: its requests are LLM API calls (sandgate.llmcall), judged by model and
+    output cap, and counted against a budget (sandgate.spend)."""
+
+    api: Literal["anthropic", "openai", "gemini"] | None = None  # None: by the provider's host
+    models: tuple[str, ...] | None = None  # globs (glob_matches) a call's model must match
+    max_tokens: int | None = None  # the largest output cap a call may ask for
+    on_max_tokens: Literal["refuse", "lower"] = "refuse"  # over the cap (or none given)
+    budget: str | None = None  # a `budgets:` name
+    # a credential the sandbox brought itself, on a rule that injects one (stages/s37_llm)
+    own_credentials: Literal["refuse", "replace"] = "refuse"
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A `budgets:` entry: spend per window of `per` seconds, per identity or per sandbox,
+    shared by every rule naming it. A limit left None is not limited."""
+
+    name: str
+    per: int
+    scope: Literal["identity", "sandbox"]
+    source: Source
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million tokens of the models matching `model` (a glob)."""
+
+    model: str
+    input: float
+    output: float
+    cached_input: float | None = None  # None: as `input`
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     name: str
     identity: str
@@ -425,6 +463,7 @@ class Rule:
     # (sandgate.secrets.aws_request)
     operations: tuple[str, ...] | None = None
     copy_sources: tuple[PathPattern, ...] | None = None
+    llm: LlmRule | None = None  # `llm:`: model allow-list, output cap, budget (sandgate.spend)
 
     @property
     def verb(self) -> Literal["allow", "deny", "ask"]:
@@ -480,6 +519,9 @@ class PolicyTest:
     # a `dns:` fixture (method "DNS", url the name): the query type looked up
     qtype: str | None = None
     headers: tuple[tuple[str, str], ...] = ()  # `headers:`: (lower-case name, value)
+    # `model:` / `max_tokens:`: the request is an LLM call asking for these (sandgate.llmcall)
+    model: str | None = None
+    max_tokens: int | None = None
 
     @property
     def dns(self) -> bool:
@@ -518,6 +560,9 @@ class Policy:
     templates: Mapping[str, Source] = field(default_factory=dict)  # name -> where defined
     gateways: tuple[Gateway, ...] = ()  # `gateways:` of every file, prefixes unique
     webhooks: Mapping[str, Webhook] = field(default_factory=dict)  # approval announcements
+    budgets: Mapping[str, Budget] = field(default_factory=dict)  # `budgets:` of every file
+    # `prices:` of every file, first match wins, before the shipped table (sandgate.spend)
+    prices: tuple[Price, ...] = ()
 
     @property
     def placeholders(self) -> Mapping[str, str]:

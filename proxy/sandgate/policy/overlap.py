@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
-from sandgate.policy.model import HostPattern, Rule
+from sandgate.policy.model import HostPattern, LlmRule, Rule, glob_matches
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern, match_segments
 
 Loc = tuple[str | int, ...]
@@ -86,6 +86,29 @@ def signed_covers(earlier: Rule, later: Rule) -> bool:
         any(path_covers(e, s) for e in earlier.copy_sources) for s in later.copy_sources)
 
 
+def llm_covers(earlier: LlmRule | None, later: LlmRule | None) -> bool:
+    """Does `earlier`'s `llm:` let through every LLM call `later`'s does (sound, not complete)?
+    A model glob is covered by an equal one or by a glob without `?` matching its text; a
+    refused cap by a refused cap at least as large (a lowering rule lets every cap through)."""
+    refuses_caps = earlier is not None and earlier.max_tokens is not None and (
+        earlier.on_max_tokens == "refuse")
+    if earlier is None or (earlier.models is None and not refuses_caps):
+        return True
+    if later is None or later.api != earlier.api:
+        return False  # calls it does not recognise: judged by neither
+    if earlier.models is not None:
+        if later.models is None:
+            return False
+        if not all(any(e == m or ("?" not in e and glob_matches(e, m)) for e in earlier.models)
+                   for m in later.models):
+            return False
+    if refuses_caps:
+        assert earlier.max_tokens is not None
+        return (later.max_tokens is not None and later.on_max_tokens == "refuse"
+                and later.max_tokens <= earlier.max_tokens)
+    return True
+
+
 def covers(earlier: Rule, later: Rule) -> bool:
     """Does `earlier` match every inspected request that `later` matches?"""
     if earlier.passthrough or later.passthrough:
@@ -98,6 +121,8 @@ def covers(earlier: Rule, later: Rule) -> bool:
         return False  # it matches only the JSON-RPC calls its mcp:/jsonrpc: allows
     if later.call is not None and (later.call.deny_methods or later.call.deny_tools):
         return False  # its deny entries refuse calls whichever rule decides
+    if not llm_covers(earlier.llm, later.llm):
+        return False  # it matches only the LLM calls its llm: lets through
     if earlier.methods is not None and (later.methods is None
                                         or not later.methods <= earlier.methods):
         return False

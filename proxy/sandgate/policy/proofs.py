@@ -579,6 +579,18 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
         return ProofResult("narrower_than", claim, False, src,
                            details=(f"identity '{missing}' is not defined",))
     rules = (*n_ident.rules, *o_ident.rules)
+    # `llm:` (model allow-lists, refused caps, budgets: sandgate.spend) narrows what a rule lets
+    # through below what this proof enumerates. On the narrow identity's rules that only makes
+    # it narrower; on the other's it could hide a wider grant, which is not compared yet: not
+    # proved rather than proved wrongly.
+    limiting = [r for r in o_ident.rules if r.llm is not None and (
+        r.llm.models is not None or r.llm.budget is not None
+        or (r.llm.max_tokens is not None and r.llm.on_max_tokens == "refuse"))]
+    if limiting:
+        return ProofResult("narrower_than", claim, False, src, details=(
+            f"not proved: rule '{limiting[0].name}' of '{other}' ({limiting[0].source}) limits "
+            "LLM calls with `llm:` (models, output cap, budget), which this proof does not "
+            "compare yet",))
     hosts = host_witnesses(p for r in rules for p in r.hosts)
 
     # L7: every request decide() allows.

@@ -31,7 +31,7 @@ from sandgate.policy.callproofs import calls_gained, tools_gained
 from sandgate.policy.calls import describe_filter
 from sandgate.policy.grants import Delta, credential_text, describe_gate, grant_deltas, grant_key
 from sandgate.policy.model import Identity, Policy, Rule, SecretRef
-from sandgate.policy.overlap import signed_covers
+from sandgate.policy.overlap import llm_covers, signed_covers
 from sandgate.policy.proofs import _applies, cidrs_covered, glob_nfa, host_witnesses
 from sandgate.policy.reach import Witness, cells, decider, path_search
 
@@ -122,7 +122,7 @@ def _grant(secrets: Secrets, r: Rule | None, host: str) -> str:
 
 def _terms(r: Rule) -> tuple[object, ...]:
     return (r.secrets, r.private_cidrs, r.max_request_bytes, r.call, r.operations,
-            r.copy_sources)
+            r.copy_sources, r.llm)
 
 
 def _wider(o: Rule, n: Rule) -> bool:
@@ -130,7 +130,16 @@ def _wider(o: Rule, n: Rule) -> bool:
     return (not n.secrets <= o.secrets or not cidrs_covered(n.private_cidrs, o.private_cidrs)
             or (o.max_request_bytes is not None and (n.max_request_bytes is None
                                                      or n.max_request_bytes > o.max_request_bytes))
-            or calls_gained(o, n) != [] or not signed_covers(o, n))
+            or calls_gained(o, n) != [] or not signed_covers(o, n)
+            or not llm_covers(o.llm, n.llm) or _budget_dropped(o, n))
+
+
+def _budget_dropped(o: Rule, n: Rule) -> bool:
+    """The old rule counted its LLM calls against a budget; the new one counts them against
+    another, or none (a budget's own limits are compared by name only)."""
+    ob = o.llm.budget if o.llm is not None else None
+    nb = n.llm.budget if n.llm is not None else None
+    return ob is not None and nb != ob
 
 
 def _changed_note(o: Rule, n: Rule, deltas: Sequence[Delta],
@@ -143,12 +152,26 @@ def _changed_note(o: Rule, n: Rule, deltas: Sequence[Delta],
         parts.append(f"max_request_bytes {o.max_request_bytes} -> {n.max_request_bytes}")
     if o.call != n.call:
         parts.append(_calls_note(o, n, tools))
+    if o.llm != n.llm:
+        parts.append(f"llm {_llm_words(o)} -> {_llm_words(n)}")
     for key in ("operations", "copy_sources"):  # what a signing rule signs
         ov, nv = _signed(o, key), _signed(n, key)
         if ov != nv:
             parts.append(f"{key} {ov} -> {nv}")
     return (f"{'; '.join(parts)} (rule '{o.name}' ({o.source}) -> rule '{n.name}' "
             f"({n.source}))")
+
+
+def _llm_words(r: Rule) -> str:
+    f = r.llm
+    if f is None:
+        return "none"
+    words = [f"models {', '.join(f.models)}" if f.models else "any model"]
+    if f.max_tokens is not None:
+        words.append(f"max_tokens {f.max_tokens} ({f.on_max_tokens})")
+    if f.budget is not None:
+        words.append(f"budget {f.budget}")
+    return "{" + "; ".join(words) + "}"
 
 
 def _signed(r: Rule, key: str) -> str:

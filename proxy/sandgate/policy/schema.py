@@ -306,6 +306,61 @@ class WebhookSpec(_Strict):
         "'TIMESTAMP.BODY'.")
 
 
+class LlmSpec(_Strict):
+    """The rule's requests are LLM API calls: judged by model and output cap, counted against a
+    budget (docs/spend.md)."""
+
+    api: Literal["anthropic", "openai", "gemini"] | None = Field(
+        default=None, description="The API the rule's hosts speak: anthropic (Messages), openai "
+        "(chat completions and Responses, OpenAI-compatible servers too) or gemini "
+        "(generateContent). Default: known by the provider's own host (api.anthropic.com, "
+        "api.openai.com, generativelanguage.googleapis.com).")
+    models: list[str] | None = Field(
+        default=None, min_length=1, description="Globs the call's model must match, e.g. "
+        "[\"claude-sonnet-*\", \"gpt-4.1-mini\"] ('*' any run of characters). Another model: "
+        "403 model_not_allowed. Default: any model.")
+    max_tokens: int | None = Field(
+        default=None, description="The largest output cap a call may ask for (max_tokens, "
+        "max_completion_tokens, max_output_tokens, generationConfig.maxOutputTokens). A call "
+        "asking for more, or for none: see on_max_tokens.")
+    on_max_tokens: Literal["refuse", "lower"] = Field(
+        default="refuse", description="refuse (400 max_tokens_over_cap) or lower (the cap is "
+        "set to max_tokens in the forwarded body) a call over the cap or without one.")
+    own_credentials: Literal["refuse", "replace"] = Field(
+        default="refuse", description="On a rule that injects a credential: a credential "
+        "the sandbox brought itself (its own authorization, x-api-key, api-key, "
+        "x-goog-api-key header or `key` query parameter, not a placeholder) is refused (403 "
+        "own_credential) or removed before the injection (replace). The audit says which.")
+    budget: str | None = Field(
+        default=None, description="A `budgets:` name: the call reserves its worst case "
+        "before it is forwarded and settles its real usage when it ends.")
+
+
+class BudgetDefSpec(_Strict):
+    """A token and cost budget per window, shared by the rules whose `llm.budget` names it."""
+
+    input_tokens: int | None = Field(default=None, description="Input tokens per window.")
+    output_tokens: int | None = Field(default=None, description="Output tokens per window.")
+    cost_usd: float | int | None = Field(
+        default=None, description="US dollars per window, priced by `prices:` and the "
+        "shipped price table.")
+    per: str | int = Field(description="The window: 30s, 15m, 1h, 1d, or seconds.")
+    scope: Literal["identity", "sandbox"] = Field(
+        default="identity", description="Counted per calling identity, or per sandbox "
+        "(a caller without a sandbox id is refused: sandbox_required).")
+
+
+class PriceSpec(_Strict):
+    """A price in US dollars per million tokens, for the models matching `model`."""
+
+    model: str = Field(description="A glob over model names, e.g. claude-sonnet-4*.")
+    input: float | int = Field(description="Per million input tokens.")
+    output: float | int = Field(description="Per million output tokens.")
+    cached_input: float | int | None = Field(
+        default=None, description="Per million input tokens read from the cache (default: "
+        "input).")
+
+
 class DnsSpec(_Strict):
     """`dns:` of a rule: what the policy DNS (`sandgate run --dns`) answers for its hosts
     beyond A and AAAA (docs/dns.md)."""
@@ -430,6 +485,9 @@ class RuleSpec(_Strict):
         "filtered as a request body and its answer are. Without it such a rule refuses any "
         "protocol upgrade (403 upgrade_refused): a WebSocket would carry calls no rule "
         "judged.")
+    llm: LlmSpec | None = Field(
+        default=None, description="The rule carries LLM API calls: model allow-list, output "
+        "cap and token/cost budget (docs/spend.md).")
     dns: DnsSpec | None = Field(
         default=None, description="The policy DNS also answers these query types for the "
         "rule's hosts (A and AAAA always are), e.g. {types: [TXT]}.")
@@ -527,13 +585,21 @@ class TestSpec(_Strict):
         "(whitespace and the order of key=value pairs do not matter), which must equal the "
         "form of what the proxy would inject.")
     code: Literal["no_rule", "denied_by_rule", "internal_address",
-                  "sandbox_required", "upgrade_refused"] | None = Field(
+                  "sandbox_required", "upgrade_refused", "model_not_allowed",
+                  "max_tokens_over_cap"] | None = Field(
         default=None, description="For expect: deny, why: no_rule (nothing allows it), "
         "denied_by_rule (a deny rule matches), internal_address (allowed, but the address "
         "is non-public and not in private_cidrs; known for IP literals and --resolve names), "
         "sandbox_required (the allowing rule binds a per-sandbox secret and the fixture gives "
         "no `sandbox:`), upgrade_refused (a `websocket: true` fixture on a rule with mcp:/"
-        "jsonrpc: that does not say `websocket: true`).")
+        "jsonrpc: that does not say `websocket: true`), model_not_allowed and "
+        "max_tokens_over_cap (a `model:` fixture on a rule with `llm:`).")
+    model: str | None = Field(
+        default=None, description="The request is an LLM call (POST) asking for this model: "
+        "judged by the rules' `llm:` as the proxy judges the body.")
+    max_tokens: int | None = Field(
+        default=None, description="With `model`: the output cap the call asks for (default: "
+        "none).")
     sandbox: str | None = Field(
         default=None, description="The caller's sandbox id (as in its token or Docker label). "
         "Without it the caller has none: a rule binding a per-sandbox secret (a "
@@ -620,3 +686,9 @@ class PolicyFile(_Strict):
         default_factory=dict, description="Named receivers of approval requests (an `action: "
         "ask` rule's `approval.webhook`), sent by Sandgate itself. Names are unique across "
         "files.")
+    budgets: dict[str, BudgetDefSpec] | None = Field(
+        default_factory=dict, description="Named token and cost budgets, each shared by the "
+        "rules whose `llm.budget` names it. Names are unique across files.")
+    prices: list[PriceSpec] | None = Field(
+        default_factory=list, description="Model prices that win over the shipped table "
+        "(first match wins).")

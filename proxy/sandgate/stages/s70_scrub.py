@@ -31,6 +31,7 @@ from sandgate.addons.stream import (
 from sandgate.addons.wsjoin import WsJoin
 from sandgate.errors import Code, Refused
 from sandgate.inject import find_leaks_in
+from sandgate.llmcall import UsageReader
 from sandgate.refusal import Refusal
 from sandgate.stages.context import GateState
 from sandgate.stages.s30_body import exfiltration, leak_names
@@ -75,6 +76,8 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
     if scrub_whole_candidate(resp, secrets):
         rec.scrub_whole = True  # small and of known length: buffered, scrubbed in response
         return
+    if rec.llm is not None and rec.llm.drop_usage_chunk:
+        resp.headers.pop("content-length", None)  # the usage chunk Sandgate asked for goes
     encoding = resp.headers.get("content-encoding", "identity").strip().lower()
     scrubber = ResponseScrubber(secrets, encoding, resp, flow.request.http_version,
                                 flow.request.path)
@@ -83,9 +86,14 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         resp.stream = answer_instead(resp, rec.refusal, flow.client_conn.alpn != b"h2")
         return
 
+    reader = _usage_reader(flow, rec)
+
     def stream(chunk: bytes) -> bytes | list[bytes]:
         try:
             out = scrubber(chunk)
+            if reader is not None:  # an LLM call's usage read from what the client gets
+                out = [p for p in [*(reader.feed(c) for c in out), *(
+                    [] if chunk else [reader.end()])] if p]
         except Exception as e:  # fail closed: nothing more of this body reaches the client
             # the type only: a message could quote the body
             log.error("sandgate: scrubbing a response body failed (%s); cutting it",
@@ -102,6 +110,17 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
     resp.stream = calls.wrap_stream(rec, flow, stream)  # MCP list answers filtered
 
 
+def _usage_reader(flow: http.HTTPFlow, rec: FlowRecord) -> UsageReader | None:
+    """An LLM call's answer (stages/s37_llm.py): its usage read as it passes (sandgate.llmcall),
+    the OpenAI usage chunk Sandgate asked for taken out. Error answers carry none."""
+    resp = flow.response
+    if rec.llm is None or resp is None or resp.status_code >= 300 or rec.refused:
+        return None
+    rec.llm.reader = UsageReader(rec.llm.api, resp.headers.get("content-type", ""),
+                                 flow.request.path, rec.llm.drop_usage_chunk)
+    return rec.llm.reader
+
+
 def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     """The whole response: a buffered body scrubbed, trailers scrubbed (HTTP/2) or dropped.
     Should this fail, the flow is killed: nothing of the response is sent."""
@@ -114,6 +133,11 @@ def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
                 refuse(flow, refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, str(e))))
             if not rec.refused:
                 calls.filter_whole(rec, resp)  # MCP list answers filtered
+                reader = _usage_reader(flow, rec)
+                if reader is not None:  # an LLM call's usage
+                    kept = reader.feed(resp.raw_content or b"") + reader.end()
+                    if reader.dropped:
+                        resp.content = kept
             rec.bytes_out = len(resp.raw_content or b"")
         if resp is not None and resp.trailers and rec.refused:
             resp.trailers = None  # the upstream's answer was replaced: none of it goes

@@ -44,6 +44,8 @@ def refusal_for(st: GateState, flow: http.HTTPFlow, error: Refused) -> Refusal:
         target = A.redact_path(flow.request.path)  # no gateway matched: its own path
     identity = rec.caller.identity if rec.caller is not None else None
     refusal = Refusal.from_error(error, identity=identity, target=target, gateway=gateway)
+    if rec.llm is not None:  # an LLM call: the provider's error shape (sandgate.refusal)
+        refusal = dataclasses.replace(refusal, dialect=rec.llm.api)
     secrets = st.secrets(rec)
     if secrets.empty:
         return refusal

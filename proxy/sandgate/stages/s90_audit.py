@@ -11,6 +11,7 @@ import logging
 from mitmproxy import connection, http
 
 from sandgate import audit as A
+from sandgate import spend
 from sandgate.errors import Code, Refused
 from sandgate.stages.context import GateState, record
 from sandgate.stages.s80_refuse import refusal_for
@@ -32,6 +33,9 @@ def audit(st: GateState, flow: http.HTTPFlow, event: str = "request") -> None:
         return
     rec.audited = True
     try:
+        # an LLM call's reservation: what it really spent (nothing, if never sent upstream)
+        spend.settle(st.counts, rec.llm,
+                     rec.refused and flow.server_conn.timestamp_start is None)
         fields = A.scrub_fields(A.flow_fields(flow, rec), st.secrets(rec))
         st.cfg.audit.emit(event, **fields)
         if st.cfg.flow_audited is not None:  # --otlp: the flow's span (sandgate.export)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from sandgate.policy.model import IdentityLimits, SecretBudget
+from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
+from sandgate.spend import Amounts, Reservation
 
 
 class Counts(Protocol):
@@ -28,6 +29,15 @@ class Counts(Protocol):
     async def spend(self, budgets: Sequence[tuple[str, SecretBudget | None]]) -> None:
         """One injection of each secret, all or none: LimitExceeded(budget_exhausted), or
         StateUnavailable when it cannot be counted."""
+
+    async def reserve(self, budget: Budget, who: str, want: Amounts) -> Reservation:
+        """An LLM call's worst case, counted against `budget` for `who` (an identity or a
+        sandbox) while the window has anything left (sandgate.spend):
+        LimitExceeded(spend_exhausted), or StateUnavailable when it cannot be counted."""
+
+    async def settle(self, res: Reservation, actual: Amounts) -> None:
+        """The call ended: its reservation replaced by what it spent (best effort: a failed
+        settlement leaves the worst case counted, never less)."""
 
     async def sandbox_ended(self, sandbox: str) -> bool:
         """Has the fleet ended this sandbox (its tokens are refused)?"""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sandgate.limits import Limiter
-from sandgate.policy.model import IdentityLimits, SecretBudget
+from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
+from sandgate.spend import Amounts, Reservation, SpendWindows, budget_key
 
 
 class LocalCounts:
@@ -14,6 +15,7 @@ class LocalCounts:
 
     def __init__(self, limiter: Callable[[], Limiter]) -> None:
         self._limiter = limiter
+        self.spend_windows = SpendWindows()
 
     async def admit(self, identity: str, limits: IdentityLimits | None) -> None:
         self._limiter().admit(identity, limits)
@@ -27,6 +29,12 @@ class LocalCounts:
 
     async def spend(self, budgets: Sequence[tuple[str, SecretBudget | None]]) -> None:
         self._limiter().spend(budgets)
+
+    async def reserve(self, budget: Budget, who: str, want: Amounts) -> Reservation:
+        return self.spend_windows.reserve(budget_key(budget, who), budget, who, want)
+
+    async def settle(self, res: Reservation, actual: Amounts) -> None:
+        self.spend_windows.settle(res, actual)
 
     async def sandbox_ended(self, sandbox: str) -> bool:
         # one process: DELETE /v1/sandboxes revokes its leases; its tokens end by their TTL

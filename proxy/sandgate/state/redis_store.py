@@ -5,6 +5,7 @@ server's clock; Python sends arguments and reads the verdict. Keys (under `--sta
 
     rate:<identity>:<rps>:<burst>       token bucket (hash); expires once it would be full
     budget:<secret>:<calls>:<per>       calls in the current window; expires when it ends
+    spend:<budget>:<scope>:<who>:<limits>:<per>   an LLM budget's window (hash w, i, o, c)
     conns:<identity>                    hash process -> open connections
     proc:<process>                      the process's lease, refreshed by its heartbeat
 
@@ -31,7 +32,8 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from sandgate.errors import StateUnavailable
 from sandgate.limits import Limiter, budget_exhausted, rate_limited, too_many_connections
-from sandgate.policy.model import IdentityLimits, SecretBudget
+from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
+from sandgate.spend import Amounts, Reservation, budget_key, limits_of, spend_exhausted
 from sandgate.state import StateConfig, scripts
 from sandgate.state.health import StateHealth
 
@@ -63,6 +65,8 @@ class RedisCounts:
         self.fleet = fleet
         self._rate = r.register_script(scripts.RATE)
         self._budget = r.register_script(scripts.BUDGET)
+        self._reserve = r.register_script(scripts.SPEND_RESERVE)
+        self._settle = r.register_script(scripts.SPEND_SETTLE)
         self._acquire = r.register_script(scripts.CONN_ACQUIRE)
         self._release = r.register_script(scripts.CONN_RELEASE)
         self.leased: dict[str, str] = {}  # client id -> conns key it is counted under
@@ -124,6 +128,31 @@ class RedisCounts:
         if int(index):
             name, budget = held[int(index) - 1]
             raise budget_exhausted(name, budget, int(left_ms) / 1000)
+
+    # ------------------------------------------------------------------ LLM spend
+
+    async def reserve(self, budget: Budget, who: str, want: Amounts) -> Reservation:
+        key = self.cfg.key("spend", budget_key(budget, who))
+        lim = limits_of(budget)
+        args = [lim.input_tokens, lim.output_tokens, lim.cost_micros, want.input_tokens,
+                want.output_tokens, want.cost_micros, budget.per * 1000]
+        try:
+            refused, value = await self.call(self._reserve, [key], args)
+        except StateDown:  # never counted per process: fail closed
+            raise StateUnavailable(down_reason(self.cfg) + ": an LLM budget cannot be "
+                                   "counted") from None
+        if int(refused):
+            raise spend_exhausted(budget, who, int(value) / 1000)
+        window = value.decode() if isinstance(value, bytes) else str(value)
+        return Reservation(key, window, want)
+
+    async def settle(self, res: Reservation, actual: Amounts) -> None:
+        d = actual.minus(res.reserved)
+        try:
+            await self.call(self._settle, [res.key],
+                            [res.window, d.input_tokens, d.output_tokens, d.cost_micros])
+        except StateDown:  # the worst case stays counted: fewer calls, never more
+            log.warning("sandgate: an LLM budget's settlement was not counted (state down)")
 
     # ------------------------------------------------------------------ connections
 

@@ -18,6 +18,17 @@ BUDGET (several secrets, all or none). KEYS = one counter per secret (its window
     counter is incremented, and a counter started by this call expires after its `per`: the
     window starts at the first call after the previous window ended. Answers {0, 0}.
 
+SPEND_RESERVE (an LLM call's worst case, one budget). KEYS[1] = the window (a hash: w, i, o, c),
+    ARGV = limits in, out, cost (-1: none), the amounts in, out, cost, per_ms. While every
+    limited amount is under its limit (reservations in flight count), the amounts are added
+    and the answer is {0, window id}; else nothing changes and the answer is {1, ms until the
+    window ends}. A window starts at its first call (its id: the server's time in µs then) and
+    expires after `per`.
+
+SPEND_SETTLE. KEYS[1] = the same hash, ARGV = the window id, the differences in, out, cost
+    (spent minus reserved). Applied only to the window reserved in (floored at 0): a window
+    that ended has no debt.
+
 CONN_ACQUIRE (open connections of one identity). KEYS[1] = a hash process -> connections,
     ARGV = this process, the limit, the prefix of process lease keys.  The sum counts only
     processes whose lease key (`<prefix><process>`, refreshed by the process's heartbeat)
@@ -72,6 +83,42 @@ for i = 1, #KEYS do
   end
 end
 return {0, 0}
+"""
+
+SPEND_RESERVE = """
+local w = redis.call('HGET', KEYS[1], 'w')
+if w then
+  local used = redis.call('HMGET', KEYS[1], 'i', 'o', 'c')
+  for k = 1, 3 do
+    local limit = tonumber(ARGV[k])
+    if limit >= 0 and tonumber(used[k] or '0') >= limit then
+      local left = redis.call('PTTL', KEYS[1])
+      if left < 0 then left = tonumber(ARGV[7]) end
+      return {1, left}
+    end
+  end
+else
+  local t = redis.call('TIME')
+  w = t[1] .. string.format('%06d', tonumber(t[2]))
+  redis.call('HSET', KEYS[1], 'w', w, 'i', 0, 'o', 0, 'c', 0)
+  redis.call('PEXPIRE', KEYS[1], ARGV[7])
+end
+redis.call('HINCRBY', KEYS[1], 'i', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'o', ARGV[5])
+redis.call('HINCRBY', KEYS[1], 'c', ARGV[6])
+return {0, w}
+"""
+
+SPEND_SETTLE = """
+if redis.call('HGET', KEYS[1], 'w') ~= ARGV[1] then
+  return 0
+end
+local names = {'i', 'o', 'c'}
+for k = 1, 3 do
+  local n = redis.call('HINCRBY', KEYS[1], names[k], ARGV[k + 1])
+  if n < 0 then redis.call('HSET', KEYS[1], names[k], 0) end
+end
+return 1
 """
 
 CONN_ACQUIRE = """
