@@ -35,7 +35,7 @@ DOCKERD_LOG=${DOCKERD_LOG:-/var/log/sandgate-dockerd.log}
 DOCKERD_WAIT=${DOCKERD_WAIT:-60}
 # Debian 13: Python 3.13, what Sandgate's lock files and wheelhouse are built for
 SUITE=trixie
-PACKAGES=python3,python3-pip,python3-venv,curl,ca-certificates,git,iproute2,dnsutils,iptables
+PACKAGES=python3,python3-pip,python3-venv,curl,ca-certificates,git,iproute2,bind9-dnsutils,iptables
 
 t_all=$SECONDS
 log() { echo "== docker-setup: $*"; }
