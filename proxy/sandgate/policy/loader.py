@@ -14,7 +14,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -765,52 +765,52 @@ def _merge(parts: list[_FilePart], problems: list[PolicyProblem]) -> Policy:
                   prices=tuple(p for part in parts for p in part.prices))
 
 
+_T = TypeVar("_T", Budget, Webhook)
+
+
+def _merge_named(parts: list[_FilePart], identities: Mapping[str, Identity],
+                 problems: list[PolicyProblem], kind: str,
+                 defined: Callable[[_FilePart], Mapping[str, tuple[_T, Loc]]],
+                 named: Callable[[Rule], str | None], field: tuple[str, str]) -> dict[str, _T]:
+    """A top-level section of every file (`budgets:`, `webhooks:`: names unique across files),
+    and every rule's reference to one of its names checked (`field` is where the rule names it).
+    """
+    found: dict[str, _T] = {}
+    for part in parts:
+        for name, (item, loc) in defined(part).items():
+            first = found.get(name)
+            if first is not None:
+                problems.append(part.problem(loc, f"{kind} {name!r} is also defined at "
+                                             f"{first.source}", f"give each {kind} one name"))
+                continue
+            found[name] = item
+    for ident in identities.values():
+        rule: Rule
+        for rule in ident.rules:
+            ref = named(rule)
+            if ref is None or ref in found:
+                continue
+            problems.append(PolicyProblem(
+                rule.source.file, rule.source.line, field_path((*rule.where, *field)),
+                f"rule '{rule.name}' names {kind} {ref!r}, which is not defined",
+                f"define it under `{kind}s:` (in any policy file); defined: "
+                f"{', '.join(sorted(found)) or '(none)'}"))
+    return found
+
+
 def _merge_budgets(parts: list[_FilePart], identities: Mapping[str, Identity],
                    problems: list[PolicyProblem]) -> dict[str, Budget]:
     """`budgets:` of every file (names unique), and every `llm.budget` named there."""
-    budgets: dict[str, Budget] = {}
-    for part in parts:
-        for name, (budget, bloc) in part.budgets.items():
-            first = budgets.get(name)
-            if first is not None:
-                problems.append(part.problem(bloc, f"budget {name!r} is also defined at "
-                                             f"{first.source}", "give each budget one name"))
-                continue
-            budgets[name] = budget
-    for ident in identities.values():
-        for r in ident.rules:
-            if r.llm is None or r.llm.budget is None or r.llm.budget in budgets:
-                continue
-            problems.append(PolicyProblem(
-                r.source.file, r.source.line, field_path((*r.where, "llm", "budget")),
-                f"rule '{r.name}' names budget {r.llm.budget!r}, which is not defined",
-                f"define it under `budgets:` (in any policy file); defined: "
-                f"{', '.join(sorted(budgets)) or '(none)'}"))
-    return budgets
+    return _merge_named(parts, identities, problems, "budget", lambda p: p.budgets,
+                        lambda r: r.llm.budget if r.llm is not None else None, ("llm", "budget"))
 
 
 def _merge_webhooks(parts: list[_FilePart], identities: Mapping[str, Identity],
                     problems: list[PolicyProblem]) -> dict[str, Webhook]:
     """`webhooks:` of every file (names unique), and every ask rule's webhook named there."""
-    hooks: dict[str, Webhook] = {}
-    for part in parts:
-        for name, (hook, wloc) in part.webhooks.items():
-            first = hooks.get(name)
-            if first is not None:
-                problems.append(part.problem(wloc, f"webhook {name!r} is also defined at "
-                                             f"{first.source}", "give each webhook one name"))
-                continue
-            hooks[name] = hook
-    for ident in identities.values():
-        for r in ident.rules:
-            if r.ask is None or r.ask.webhook is None or r.ask.webhook in hooks:
-                continue
-            problems.append(PolicyProblem(
-                r.source.file, r.source.line, field_path((*r.where, "approval", "webhook")),
-                f"rule '{r.name}' names webhook {r.ask.webhook!r}, which is not defined",
-                f"define it under `webhooks:` (in any policy file); defined: "
-                f"{', '.join(sorted(hooks)) or '(none)'}"))
-    return hooks
+    return _merge_named(parts, identities, problems, "webhook", lambda p: p.webhooks,
+                        lambda r: r.ask.webhook if r.ask is not None else None,
+                        ("approval", "webhook"))
 
 
 def _gateway_problem(part: _FilePart, loc: Loc,
