@@ -60,6 +60,9 @@ GATEWAY = "gateway"  # the gateway prefix a request came in under; absent for pr
 INJECTED = "injected"  # how credentials went in beyond headers ("name@v: body json: ...")
 # an LLM call (sandgate.spend): api, model, max_tokens, stream, usage, cost_usd, budget, notes
 LLM = "llm"
+# true on a request that asks to open a WebSocket (its upgrade): the messages that follow on it
+# are `websocket` events
+WEBSOCKET = "websocket"
 
 # Free-text fields a sandbox can influence (path, Host, reasons quoting them): scrubbed of every
 # cached secret value before an event is written.
@@ -141,6 +144,7 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         ERROR: flow.error.msg if flow.error and not refusal else None,
         LISTENER: listener(flow),
         **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
+        **({WEBSOCKET: True} if info is not None and info.upgrade == "websocket" else {}),
         **({INJECTED: rec.injected} if rec.injected else {}),
         **(rec.call.fields() if rec.call is not None else {}),  # JSON-RPC calls
         **({LLM: rec.llm.doc(rec.policy.prices if rec.policy is not None else ())}

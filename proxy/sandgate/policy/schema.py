@@ -480,11 +480,12 @@ class RuleSpec(_Strict):
         default=None, description="The rule carries generic JSON-RPC 2.0: the messages of "
         "every request body are judged by method.")
     websocket: bool | None = Field(
-        default=None, description="With `mcp:` or `jsonrpc:` only: true lets a WebSocket be "
-        "opened on the rule's URLs, and every message on it, both ways, is judged and "
-        "filtered as a request body and its answer are. Without it such a rule refuses any "
-        "protocol upgrade (403 upgrade_refused): a WebSocket would carry calls no rule "
-        "judged.")
+        default=None, description="With `mcp:`, `jsonrpc:` or `llm:` only: true lets a "
+        "WebSocket be opened on the rule's URLs, and every message on it, both ways, is judged "
+        "and filtered as a request body and its answer are (with `llm:`: the Responses API's "
+        "WebSocket transport, each `response.create` judged by model and output cap; not "
+        "with `llm.budget`). Without it such a rule refuses any protocol upgrade (403 "
+        "upgrade_refused): a WebSocket would carry calls no rule judged.")
     llm: LlmSpec | None = Field(
         default=None, description="The rule carries LLM API calls: model allow-list, output "
         "cap and token/cost budget (docs/spend.md).")
