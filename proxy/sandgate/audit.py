@@ -43,7 +43,9 @@ HOST = "host"
 PORT = "port"
 PATH = "path"
 RULE = "rule"
-DECISION = "decision"  # "allow" / "deny" / "report" (refused by the rules, forwarded uninjected)
+# "allow" / "deny" / "report" (refused by the rules, forwarded uninjected) / "challenge" (a 407
+# asking a client that sent no proxy credentials for them)
+DECISION = "decision"
 CODE = "code"
 REASON = "reason"
 SECRETS = "secrets"  # list of "name@version"
@@ -110,6 +112,10 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         else "deny"
     if refusal is None and rec.reported:
         decision = "report"
+    elif refusal is not None and refusal.challenge and listener(flow) != "socks5":
+        # asked for its credentials, which such a client then sends: not a refusal (no
+        # `deny` line per client start in a SIEM); the SOCKS5 listener has no challenge
+        decision = "challenge"
     code = refusal.code if refusal else (rec.decision.code if rec.decision else None)
     if flow.error and not refusal and decision == "allow":
         code = None

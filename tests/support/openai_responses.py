@@ -1,10 +1,14 @@
-"""A stand-in for the OpenAI Responses API (`POST /v1/responses`, server-sent events), served
-on its real host name by the tests, that scripts one shell tool call and then a final answer,
-as Codex sees them: a request that offers the `exec_command` function (and carries no call
-output) gets a streamed `function_call` of it with `{"cmd": command}`; the request that carries
-its `function_call_output` gets a message with `final` and that output. Anything else is a JSON
-404 in the API's error shape (Codex then falls back, e.g. from its WebSocket transport). Every
-request is recorded (the key only as the test compares it: never printed)."""
+"""A stand-in for the OpenAI Responses API, served on its real host name by the tests, over both
+of its transports: `POST /v1/responses` (server-sent events) and its WebSocket (`GET
+/v1/responses` with an upgrade; one `{"type": "response.create", ...}` message per call, the
+events of the response back, one text message each). It scripts one shell tool call and then a
+final answer, as Codex sees them: a request that offers the `exec_command` function (and carries
+no call output) gets a `function_call` of it with `{"cmd": command}`; the request that carries
+its `function_call_output` gets a message with `final` and that output, streamed as
+`response.output_text.delta` events (with `leak`, the key received is in it, cut between two
+deltas: the join the scrubber must stop). Anything else is a JSON 404 in the API's error shape
+(Codex then falls back, e.g. from its WebSocket transport). Every request and message is
+recorded (the key only as the test compares it: never printed)."""
 
 from __future__ import annotations
 
