@@ -8,6 +8,7 @@ asked is no refusal storm (docs/clients.md)."""
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import subprocess
 import urllib.error
@@ -57,6 +58,18 @@ def test_curl_proxy_anyauth_plain_http_with_a_body(proxy: Proxy, plain_upstream)
     assert "proxy-authorization" not in plain_upstream.seen[-1].headers
     (challenge,) = _challenges(proxy, seen)
     assert challenge["event"] == "request" and challenge["decision"] == "challenge"
+
+
+def test_curl_proxy_anyauth_post_body_is_sent_again_identified(proxy: Proxy,
+                                                             plain_upstream) -> None:
+    """A POST with a body: the challenged request's body is never read; curl sends it again
+    with the credentials, and that request is judged as the identity's (here: no rule allows
+    a POST to plain.test, so 403 for coding-agent, not another 407)."""
+    r = _anyauth(proxy, "coding-agent", "http://plain.test/post", "-d", '{"x": 1}')
+    body, status = split_status(r.stdout)
+    assert status == 403, r.stderr[-2000:]
+    doc = json.loads(body)
+    assert doc["code"] == "no_rule" and doc["identity"] == "coding-agent"
 
 
 def test_urllib_proxy_basic_auth_handler(proxy: Proxy, plain_upstream) -> None:
