@@ -153,6 +153,14 @@ tests:
     v = judge(policy, "agent", "GET", "https://api.openai.com/v1/responses", {},
               upgrade="websocket", llm=stated_call("o4-mini"))
     assert v.decision.code == Code.MODEL_NOT_ALLOWED
+    from sandgate.explain import explain_request
+
+    out, allowed = explain_request(policy, "agent", "GET",
+                                   "https://api.openai.com/v1/responses", websocket=True)
+    assert allowed and "each response.create" in out["llm"]["websocket"]
+    out, allowed = explain_request(policy, "agent", "GET",
+                                   "https://api.openai.com/v1/chat/completions", websocket=True)
+    assert not allowed and out["code"] == "upgrade_refused"
 
 
 # ---------------------------------------------------------------- the calls: judge_client
