@@ -53,6 +53,12 @@ identities:
       - {name: other, hosts: [api.openai.com], methods: [GET], paths: [/v1/responses],
          websocket: true, llm: {models: ["o4*"]},
          inject: {headers: {authorization: "Bearer {{ secrets.other }}"}}}
+  asker:
+    rules:
+      - {name: ws, hosts: [api.openai.com], methods: [GET], paths: [/v1/responses],
+         websocket: true, llm: {models: ["gpt-5*"]}}
+      - {name: hold, action: ask, hosts: [api.openai.com], methods: [GET],
+         paths: [/v1/responses]}
   watcher:
     mode: report
     rules:
@@ -212,6 +218,14 @@ def test_report_mode_refuses_a_model_as_a_post_is_refused(policy: Policy) -> Non
     v = judge_client(_ws(policy, "watcher"), _create("o4-mini"), True, False)
     assert not v.forward and not v.reported and v.refused is not None
     assert judge_client(_ws(policy, "watcher"), _create("gpt-5"), True, False).forward
+
+
+def test_a_call_an_ask_rule_holds_is_refused(policy: Policy) -> None:
+    """A call on a WebSocket cannot be held for approval: refused, never sent unheld."""
+    ws = WsLlm(decide(policy, "asker", WS), False, policy, "asker", WS, 100_000)
+    v = judge_client(ws, _create("gpt-5"), True, False)
+    assert not v.forward and v.refused is not None
+    assert v.refused.code == Code.DENIED_BY_RULE and "held" in v.refused.reason
 
 
 def test_a_call_another_rule_allows_is_not_sent_with_the_upgrades_credentials(

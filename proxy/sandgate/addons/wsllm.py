@@ -111,7 +111,7 @@ def judge_client(ws: WsLlm, content: bytes, text: bool, fragmented: bool) -> Ver
     d = decide(ws.policy, ws.identity, ws.info, None, None, call)
     v = Verdict(True, call, d)
     if d.allowed:
-        refused = _other_credentials(ws, d)
+        refused = _held(d) or _other_credentials(ws, d)
         if refused is not None:
             v.forward, v.refused = False, refused
         elif d.lower_max_tokens is not None:
@@ -123,6 +123,13 @@ def judge_client(ws: WsLlm, content: bytes, text: bool, fragmented: bool) -> Ver
         return v
     v.forward, v.refused = False, d.refused()
     return v
+
+
+def _held(d: Decision) -> Refused | None:
+    if not d.ask:
+        return None
+    return Refused(Code.DENIED_BY_RULE, f"{d.reason}; a call on a WebSocket cannot be held "
+                   "for approval", "send the call as a POST request, which can be held")
 
 
 def _other_credentials(ws: WsLlm, d: Decision) -> Refused | None:
