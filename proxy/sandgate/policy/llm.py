@@ -2,9 +2,11 @@
 decision judges the model and cap: sandgate.decision; the proxy counts: sandgate.spend).
 
 Checked here: model globs are not empty, a cap is at least 1, `on_max_tokens: lower` has a cap
-to lower to, `llm:` only on intercepted allow rules, a budget limits something and its window is
-a duration, prices are not negative. Budget names a rule uses are checked once the files are
-merged (sandgate.policy.loader), like every other cross-file name.
+to lower to, `llm:` only on intercepted allow rules, `websocket: true` (the Responses API's
+WebSocket, judged by sandgate.addons.wsllm) only where a GET can open one and without a budget,
+a budget limits something and its window is a duration, prices are not negative. Budget names
+a rule uses are checked once the files are merged (sandgate.policy.loader), like every other
+cross-file name.
 """
 
 from __future__ import annotations
@@ -38,14 +40,15 @@ def compile_llm(rs: RuleSpec, loc: Loc, rep: Report) -> LlmRule | None:
             "add max_tokens, or remove on_max_tokens")
         ok = False
     websocket = bool(rs.websocket)
-    if websocket and (rs.mcp is not None or rs.jsonrpc is not None):
-        pass  # one `websocket:` for the rule's call filter and its LLM calls alike
-    elif websocket and rs.action == "ask":
+    # with mcp:/jsonrpc: too, sandgate.policy.calls checks the key (one message, not two)
+    checked = rs.mcp is not None or rs.jsonrpc is not None
+    if websocket and not checked and rs.action == "ask":
         rep((*loc, "websocket"), "an `action: ask` rule cannot take `websocket: true`: an "
             "approval holds one HTTP request, and a WebSocket's calls cannot be held",
             "remove `websocket` (calls then go as POSTs, each held for approval)")
         ok = False
-    elif websocket and rs.methods is not None and "GET" not in {m.upper() for m in rs.methods}:
+    elif websocket and not checked and rs.methods is not None and "GET" not in {
+            m.upper() for m in rs.methods}:
         rep((*loc, "websocket"), "`websocket: true` has no effect: a WebSocket is opened by a "
             "GET, and the rule's `methods` does not list GET", "add GET to `methods`, or "
             "remove `websocket`")
