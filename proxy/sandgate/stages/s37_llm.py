@@ -34,7 +34,15 @@ from sandgate.llmcall import (
 )
 from sandgate.policy.model import Rule
 from sandgate.policy.paths import normalise_path
-from sandgate.spend import LlmFlow, amounts, budget_key, price_of, settled, worst_case
+from sandgate.spend import (
+    LlmFlow,
+    amounts,
+    budget_key,
+    model_label,
+    price_of,
+    settled,
+    worst_case,
+)
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
 
@@ -182,4 +190,5 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     llm.budget, llm.price = budget, price
     await settled(budget_key(budget, who))  # this process's earlier calls settled first
     llm.reservation = await st.counts.reserve(
-        budget, who, amounts(worst_case(call, cap), price))
+        budget, who, amounts(worst_case(call, cap), price), identity=identity,
+        model=model_label(f.models or (), policy.prices, call.model))
