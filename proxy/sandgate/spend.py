@@ -48,6 +48,10 @@ def shipped_prices() -> tuple[Price, ...]:
                  for e in yaml.safe_load(text))
 
 
+# Per call, the price and the model's label are looked up by glob over the policy's and the
+# shipped prices: memoised (bounded: a sandbox chooses the model strings; a reload brings new
+# `prices` tuples, which are part of the key).
+@functools.lru_cache(maxsize=4096)
 def price_of(overrides: tuple[Price, ...], model: str | None) -> Price | None:
     """The first price whose glob matches the model: the policy's, then the shipped ones."""
     if model is None:
@@ -92,6 +96,7 @@ def worst_case(call: LlmCall, cap: int) -> Usage:
     return Usage(input_tokens=call.input_bytes, output_tokens=cap)
 
 
+@functools.lru_cache(maxsize=1024)
 def limits_of(budget: Budget) -> Amounts:
     """The budget's limits as Amounts (-1: not limited)."""
     return Amounts(
@@ -130,6 +135,7 @@ class Reservation:
     model: str = UNKNOWN_MODEL
 
 
+@functools.lru_cache(maxsize=4096)
 def model_label(globs: tuple[str, ...], prices: tuple[Price, ...], model: str | None) -> str:
     """The policy's name for a call's model: the first of the rule's `llm.models` globs that
     matches it, else the price glob it is priced by, else `unknown` (never the string a
@@ -302,15 +308,16 @@ class LlmFlow:
 
 def settlement(llm: LlmFlow | None, never_sent: bool) -> tuple[Reservation, Amounts] | None:
     """What settles the call's reservation (once; None: nothing to settle): what the answer
-    says it spent; nothing when it was `never_sent` upstream; None (the worst case stays
-    counted) for an answer without readable usage or an upstream failure."""
+    says it spent; nothing when it was `never_sent` upstream; its worst case (what it
+    reserved: the count does not change, the call is no longer in flight) for an answer
+    without readable usage or an upstream failure."""
     if llm is None or llm.reservation is None or llm.settled:
         return None
     llm.settled = True
     usage = llm.usage
     if usage is None:
         if not never_sent:
-            return None
+            return llm.reservation, llm.reservation.reserved
         usage = Usage()
     return llm.reservation, amounts(usage, llm.price)
 
