@@ -224,3 +224,18 @@ def test_diff_reports_each_widening_of_llm(tmp_path):
     d = diff(BASE.replace('models: ["claude-sonnet-*", "claude-haiku-*"]',
                           'models: ["claude-s*", "claude-haiku-*"]'))
     assert d.widened and "now passes" in str(d.as_dict())
+
+
+def test_report_shows_what_llm_lets_through_and_holds_calls_to(tmp_path):
+    """`sandgate report`'s notes say a rule's `llm:` (on main: nothing)."""
+    from sandgate.policy.report import build_report, format_json
+
+    (tmp_path / "p.yaml").write_text(textwrap.dedent(BASE).replace(
+        "NARROW", '{models: ["claude-haiku-*"], max_tokens: 100, on_max_tokens: lower, '
+                  'own_credentials: replace}'))
+    doc = format_json(build_report(load_policy_dir(tmp_path), "t"))
+    assert ("LLM calls judged (API by host): models claude-sonnet-*, claude-haiku-*; "
+            "max_tokens 4096 (over it refused); budget day (output_tokens 1000, cost_usd 2.5 "
+            "per 86400s per identity); a sandbox's own key refused.") in doc
+    assert ("models claude-haiku-*; max_tokens 100 (lowered to it); a sandbox's own key "
+            "replaced.") in doc
