@@ -239,3 +239,31 @@ def test_report_shows_what_llm_lets_through_and_holds_calls_to(tmp_path):
             "per 86400s per identity); a sandbox's own key refused.") in doc
     assert ("models claude-haiku-*; max_tokens 100 (lowered to it); a sandbox's own key "
             "replaced.") in doc
+
+
+def test_rules_naming_no_method_are_judged_on_post(tmp_path):
+    """Rules without `methods:` still see LLM calls (POSTs): the proof names POST rather than
+    letting a fresh method stand for it."""
+    base = BASE.replace("        methods: [POST]\n", "")
+    assert prove(tmp_path, '{models: ["claude-haiku-4*"], max_tokens: 1000, budget: day}',
+                 base).ok
+    out = counterexample(tmp_path, '{models: ["claude-*"], max_tokens: 4096, budget: day}', base)
+    assert out.startswith("POST ") and "LLM call of model" in out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["v1", "messages", "chat", "completions", "responses",
+                                 "m:generateContent", ":streamGenerateContent", "x",
+                                 "generateContent", "models"]), min_size=0, max_size=4),
+       st.booleans())
+def test_the_proofs_inference_paths_are_what_recognise_reads(segments, slash):
+    """The path languages the proof adds (API_PATHS) hold exactly the paths llmcall.recognise
+    takes for an inference call, per API family."""
+    from sandgate.llmcall import recognise
+    from sandgate.policy.llmproofs import API_PATHS, FAMILY_APIS
+
+    path = "/" + "/".join(segments) + ("/" if slash and segments else "")
+    for family, apis in FAMILY_APIS.items():
+        got = recognise("POST", "h.example", path, family)
+        for api in apis:
+            assert any(p.matches(path) for p in API_PATHS[api]) == (got == api), (path, api)

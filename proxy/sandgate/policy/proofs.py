@@ -635,6 +635,10 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
         upgrades.append("websocket")
         if "GET" not in methods:
             methods.append("GET")
+    if any(r.llm is not None for r in rules) and "POST" not in methods:
+        # an LLM call is a POST (llmcall.recognise): named explicitly, as GET is above (the
+        # fresh method stands for it otherwise, and is never judged as a call)
+        methods.insert(0, "POST")
     queries = query_cells(rules)
     if queries is None:
         return ProofResult("narrower_than", claim, False, src, details=(
