@@ -267,3 +267,29 @@ def test_the_proofs_inference_paths_are_what_recognise_reads(segments, slash):
         got = recognise("POST", "h.example", path, family)
         for api in apis:
             assert any(p.matches(path) for p in API_PATHS[api]) == (got == api), (path, api)
+
+
+def test_a_providers_host_under_a_wildcard_is_its_own_witness(tmp_path):
+    """`*.anthropic.com` covers api.anthropic.com, whose calls are judged without `api:`: the
+    other identity's allow-list judges them there, so an identity without one is refuted
+    (the wildcard's fresh witness alone is no provider's host: nothing judged)."""
+    base = """
+    version: v1
+    identities:
+      agent:
+        rules:
+          - name: claude
+            hosts: ["*.anthropic.com"]
+            methods: [POST]
+            llm: {models: ["claude-haiku-*"]}
+      free:
+        narrower_than: agent
+        rules:
+          - name: claude
+            hosts: ["*.anthropic.com"]
+            methods: [POST]
+            llm: NARROW
+    """
+    assert prove(tmp_path, '{models: ["claude-haiku-4*"]}', base).ok
+    out = counterexample(tmp_path, '{max_tokens: 10}', base)
+    assert "api.anthropic.com" in out and "LLM call" in out

@@ -58,6 +58,7 @@ from sandgate.llmcall import KNOWN_HOSTS
 from sandgate.netguard import parse_ip_literal
 from sandgate.policy.callproofs import NOT_A_CALL, acting, call_witnesses, passes, shown
 from sandgate.policy.grants import Delta, Secrets, grant_deltas
+from sandgate.policy.hosts import compile_host_pattern
 from sandgate.policy.llmproofs import (
     API_PATHS,
     APIS,
@@ -619,7 +620,11 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
         return ProofResult("narrower_than", claim, False, src,
                            details=(f"identity '{missing}' is not defined",))
     rules = (*n_ident.rules, *o_ident.rules)
-    hosts = host_witnesses(p for r in rules for p in r.hosts)
+    # a provider's own host is recognised without `api:` (llmcall.KNOWN_HOSTS): its own
+    # witness where a rule judges LLM calls, never stood for by another host of a wildcard
+    known = [compile_host_pattern(h) for h in KNOWN_HOSTS] if any(
+        r.llm is not None for r in rules) else []
+    hosts = host_witnesses([*(p for r in rules for p in r.hosts), *known])
 
     # L7: every request decide() allows.
     schemes = sorted({s for r in rules for s in r.schemes})
