@@ -173,6 +173,8 @@ def _llm_words(r: Rule) -> str:
         words.append(f"max_tokens {f.max_tokens} ({f.on_max_tokens})")
     if f.budget is not None:
         words.append(f"budget {f.budget}")
+    if f.own_credentials == "replace":
+        words.append("own credentials replaced")
     return "{" + "; ".join(words) + "}"
 
 
