@@ -293,3 +293,33 @@ def test_a_providers_host_under_a_wildcard_is_its_own_witness(tmp_path):
     assert prove(tmp_path, '{models: ["claude-haiku-4*"]}', base).ok
     out = counterexample(tmp_path, '{max_tokens: 10}', base)
     assert "api.anthropic.com" in out and "LLM call" in out
+
+
+def test_calls_on_the_responses_websocket_are_compared(tmp_path):
+    """On a rule with `websocket: true`, a `response.create` on the WebSocket is judged by the
+    rules' `llm:` (sandgate.addons.wsllm): a wider model list there refutes the claim, on the
+    upgrade (GET) the POSTs never see."""
+    base = """
+    version: v1
+    identities:
+      agent:
+        rules:
+          - name: codex
+            hosts: [api.openai.com]
+            methods: [GET]
+            paths: [/v1/responses]
+            websocket: true
+            llm: {models: ["gpt-5*"]}
+      free:
+        narrower_than: agent
+        rules:
+          - name: codex
+            hosts: [api.openai.com]
+            methods: [GET]
+            paths: [/v1/responses]
+            websocket: true
+            llm: NARROW
+    """
+    assert prove(tmp_path, '{models: ["gpt-5-mini*"]}', base).ok
+    out = counterexample(tmp_path, '{models: ["gpt-*"]}', base)
+    assert out.startswith("GET ") and "WebSocket" in out and "LLM call of model" in out

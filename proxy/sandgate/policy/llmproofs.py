@@ -356,6 +356,8 @@ def judged_as_llm(policy: Policy, identity: str, req: RequestInfo, call: Call | 
     if w is None or not head.allowed or head.tunnel or head.rule is None:
         return head, False
     rule = head.rule
+    if req.upgrade is not None:  # a message on the WebSocket (sandgate.addons.wsllm)
+        return _ws_message(policy, identity, req, head, rule, w)
     api = recognise(req.method, req.host, normalise_path(req.path),
                     rule.llm.api if rule.llm is not None else None)
     if api is None:
@@ -366,6 +368,24 @@ def judged_as_llm(policy: Policy, identity: str, req: RequestInfo, call: Call | 
         return Decision(False, Code.BAD_REQUEST, f"rule '{rule.name}' judges LLM calls and the "
                         "body is not one it can read (400 bad_request)", rule=rule), False
     return decide_request(policy, identity, req, call=call, llm=witness_call(w)), True
+
+
+def _ws_message(policy: Policy, identity: str, req: RequestInfo, head: Decision, rule: Rule,
+                w: LlmWitness) -> tuple[Decision, bool]:
+    """wsllm.judge_client's verdict on a `response.create` making the call `w`."""
+    if rule.llm is None:
+        return head, False  # a WebSocket no `llm:` rule opened: its messages are not read
+    if w == UNREADABLE:
+        return Decision(False, Code.BAD_REQUEST, f"rule '{rule.name}' judges LLM calls and the "
+                        "message is not one it can read (the WebSocket is closed)",
+                        rule=rule), False
+    d = decide_request(policy, identity, req, llm=witness_call(w))
+    if d.allowed and d.rule is not None and (d.ask or (
+            d.rule is not rule and d.rule.secrets != rule.secrets)):
+        return Decision(False, Code.DENIED_BY_RULE, f"{d.reason}; on a WebSocket the call "
+                        "cannot be held, nor run with other credentials than the upgrade's",
+                        rule=d.rule), True
+    return d, True
 
 
 def llm_gap(narrow: Rule, narrow_judged: bool, other: Rule, other_judged: bool,

@@ -529,12 +529,15 @@ def _grant_widened(narrow: Rule, other: Rule, secrets: Secrets, host: str) -> li
 
 def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
               host: str, llm: LlmWitness | None = None,
-              budgets: Mapping[str, Budget] | None = None) -> tuple[int, str] | None:
+              budgets: Mapping[str, Budget] | None = None,
+              upgrade: str | None = None) -> tuple[int, str] | None:
     """Within one cell (the rules that apply there, in order): a normalised path on which the
     narrow identity allows, with the rule at the returned index, and the other identity does
     not allow with a compatible rule; None when there is no such path. `llm`: the LLM call the
     body makes (sandgate.policy.llmproofs), judged where a rule's host or `api:` makes the
-    path an inference call (the paths of each API are languages of the search too)."""
+    path an inference call (the paths of each API are languages of the search too); on a
+    WebSocket (`upgrade`) the call is a message, judged when the upgrade's rule has `llm:`
+    (sandgate.addons.wsllm)."""
     k, m = len(narrow), len(other)
     known = KNOWN_HOSTS.get(host)
 
@@ -544,6 +547,8 @@ def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
         if llm is None or head is None:
             return head, False
         f = rules[head].llm
+        if upgrade is not None:
+            return _ws_final(rules, vec, head, llm)
         family = known or (f.api if f is not None else None)
         if family is None or not any(apis[APIS.index(a)] for a in FAMILY_APIS[family]):
             return head, False  # not an inference call: never read
@@ -566,7 +571,7 @@ def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
         return None
 
     languages: list[tuple[PathPattern, ...] | None] = [r.paths for r in (*narrow, *other)]
-    if llm is not None:
+    if llm is not None and upgrade is None:
         languages += [API_PATHS[a] for a in APIS]
     w = find_path(languages, lambda vec: verdict(vec) is not None)
     if w is None:
@@ -574,6 +579,25 @@ def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
     a = verdict([lang is None or glob_nfa(lang).matches(w) for lang in languages])
     assert a is not None
     return a, w
+
+
+def _ws_final(rules: Sequence[Rule], vec: Sequence[bool], head: int,
+              llm: LlmWitness) -> tuple[int | None, bool]:
+    """A message on a WebSocket whose upgrade rule `head` allowed (sandgate.addons.wsllm):
+    unjudged unless that rule has `llm:`; else refused when unreadable, and decided with the
+    call, refused when the deciding rule would hold it (ask) or binds other secrets than the
+    upgrade's rule (its credentials ride on the WebSocket)."""
+    if rules[head].llm is None:
+        return head, False
+    if llm == UNREADABLE:
+        return None, False  # the WebSocket is closed
+    model, cap = llm
+    d = _decider(rules, [v and llm_fits(r.llm, model, cap) for r, v in zip(rules, vec,
+                                                                         strict=True)])
+    if d is None or rules[d].ask is not None or (
+            d != head and rules[d].secrets != rules[head].secrets):
+        return None, True
+    return d, True
 
 
 def _secrets(names: Iterable[str]) -> str:
@@ -707,15 +731,19 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                                         for r in (*n_app, *o_app))
                             # an LLM call is a POST on a rule with `llm:` (or a provider's
                             # host, whose calls only such a rule judges)
-                            judging = method == "POST" and upgrade is None and any(
+                            # host, whose calls only such a rule judges), or a message on
+                            # a WebSocket an `llm: {websocket: true}` rule let open
+                            judging = (upgrade == "websocket" or (
+                                method == "POST" and upgrade is None)) and any(
                                 r.llm is not None for r in (*n_app, *o_app))
                             for lw in llm_calls if judging else [None]:
                                 key = (tuple(_shape(r) for r in n_app),
                                        (host,) if signs else (), tuple(_shape(r) for r in o_app),
-                                       lw, KNOWN_HOSTS.get(host) if lw is not None else None)
+                                       lw, KNOWN_HOSTS.get(host) if lw is not None else None,
+                                       upgrade)
                                 if key not in memo:
                                     memo[key] = _cell_gap(n_app, o_app, policy.secrets, host,
-                                                          lw, policy.budgets)
+                                                          lw, policy.budgets, upgrade)
                                 gap = memo[key]
                                 if gap is not None:
                                     shown_query = involved_query(query, rules, scheme, host,
