@@ -323,3 +323,25 @@ def test_calls_on_the_responses_websocket_are_compared(tmp_path):
     assert prove(tmp_path, '{models: ["gpt-5-mini*"]}', base).ok
     out = counterexample(tmp_path, '{models: ["gpt-*"]}', base)
     assert out.startswith("GET ") and "WebSocket" in out and "LLM call of model" in out
+
+
+def test_diff_calls_opening_the_responses_websocket_a_widening(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    rule = """
+    version: v1
+    identities:
+      agent:
+        rules:
+          - name: codex
+            hosts: [api.openai.com]
+            methods: [GET, POST]
+            paths: [/v1/responses]
+            WS
+            llm: {models: ["gpt-5*"]}
+    """
+    (tmp_path / "old" / "p.yaml").write_text(textwrap.dedent(rule).replace("WS", "# none"))
+    (tmp_path / "new" / "p.yaml").write_text(textwrap.dedent(rule).replace(
+        "WS", "websocket: true"))
+    d = reach_diff(load_policy_dir(tmp_path / "old"), load_policy_dir(tmp_path / "new"))
+    assert d.widened and "websocket: true" in str(d.as_dict())

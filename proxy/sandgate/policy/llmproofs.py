@@ -263,6 +263,9 @@ def llm_widenings(old: Rule, new: Rule, old_budgets: Mapping[str, Budget],
     why = budget_wider(ob, nb)
     if why is not None:
         out.append(LlmWidening(why))
+    if o is not None and not o.websocket and n is not None and n.websocket:
+        out.append(LlmWidening("websocket: true (the Responses WebSocket, refused before, is "
+                               "opened; each call on it judged)"))
     if own_keys_pass(new) and not own_keys_pass(old):
         out.append(LlmWidening("own_credentials refuse -> replace (a request with the "
                                "sandbox's own key is forwarded)"))
