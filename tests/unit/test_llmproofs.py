@@ -345,3 +345,13 @@ def test_diff_calls_opening_the_responses_websocket_a_widening(tmp_path):
         "WS", "websocket: true"))
     d = reach_diff(load_policy_dir(tmp_path / "old"), load_policy_dir(tmp_path / "new"))
     assert d.widened and "websocket: true" in str(d.as_dict())
+
+
+def test_diff_a_budget_moved_in_its_file_is_no_change(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    text = textwrap.dedent(BASE).replace("NARROW", '{models: ["claude-haiku-*"], budget: day}')
+    (tmp_path / "old" / "p.yaml").write_text(text)
+    (tmp_path / "new" / "p.yaml").write_text(text.replace("budgets:\n", "budgets:\n\n\n"))
+    d = reach_diff(load_policy_dir(tmp_path / "old"), load_policy_dir(tmp_path / "new"))
+    assert d.changes == []

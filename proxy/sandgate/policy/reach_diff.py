@@ -136,9 +136,12 @@ def _wider(o: Rule, n: Rule, ob: Budgets, nb: Budgets) -> bool:
             or llm_widenings(o, n, ob, nb) != [])
 
 
-def _budget(budgets: Budgets, r: Rule) -> Budget | None:
-    """The budget a rule's `llm:` counts against, as its policy defines it."""
-    return budgets.get(r.llm.budget) if r.llm is not None and r.llm.budget else None
+def _budget(budgets: Budgets, r: Rule) -> tuple[object, ...] | None:
+    """The budget a rule's `llm:` counts against, as its policy defines it (where it is
+    written left out: a budget moved in its file is the same budget)."""
+    b = budgets.get(r.llm.budget) if r.llm is not None and r.llm.budget else None
+    return None if b is None else (b.name, b.per, b.scope, b.input_tokens, b.output_tokens,
+                                   b.cost_usd)
 
 
 def _changed_note(o: Rule, n: Rule, deltas: Sequence[Delta], tools: Iterable[str] = (),
