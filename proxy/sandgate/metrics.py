@@ -38,6 +38,7 @@ _MAX_CHILDREN = 4096  # remembered label children (Metrics._child); past that, l
 _MAX_MODEL_LABELS = 4096  # model strings whose label is remembered (_Bounds.model_label)
 MAX_SANDBOX_LABELS = 1000  # distinct sandbox label values; later sandboxes count as "other"
 TOKEN_KINDS = ("input", "output", "cached", "reasoning")
+_TOKEN_KEYS = tuple((k, f"{k}_tokens") for k in TOKEN_KINDS)  # the audit usage's keys
 _VAULT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -262,8 +263,8 @@ class Metrics:
         sandbox = self._sandbox(fields.get(A.SANDBOX))
         model = self._b().model_label(llm.get("model"))
         usage = llm["usage"]
-        for kind in TOKEN_KINDS:
-            n = usage.get(f"{kind}_tokens")
+        for kind, key in _TOKEN_KEYS:
+            n = usage.get(key)
             if isinstance(n, int) and n > 0:
                 self._child(self.llm_tokens, identity, sandbox, model, kind).inc(n)
         cost = llm.get("cost_usd")
