@@ -66,14 +66,32 @@ class Stack:
 
 def sandbox_tool_command(proxy: Proxy, api: str) -> str:
     """What the model asks the shell tool to run in the sandbox: the model API with the
-    agent's token it inherited, with a proxy and no token, and with no proxy at all."""
+    agent's token it inherited, with a proxy and no token, with no proxy at all, a raw
+    connection to the proxy port with the agent's token, and a raw socket."""
+    host = api.split("/")[2]
     curl = (f'curl -sS -o /dev/null --max-time 20 --cacert "$NODE_EXTRA_CA_CERTS" -d {{}} '
             f'{api}')
     return (f'{curl} -w "inherited:%{{http_code}}/%{{http_connect}} "; '
             f'{curl} -w "bare:%{{http_code}}/%{{http_connect}} " '
             f'--proxy http://{proxy.host}:{proxy.port}; '
             f'env -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy {curl} --noproxy "*" '
-            f'--connect-timeout 5 -w "direct:%{{http_code}}"')
+            f'--connect-timeout 5 -w "direct:%{{http_code}} "; '
+            f"python3 -c '{raw_connect(host)}'; "
+            'python3 -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 6)" '
+            '2>/dev/null && echo rawsock:open || echo rawsock:denied')
+
+
+def raw_connect(host: str) -> str:
+    """A raw TCP connection to the proxy port, the agent's token (from the environment the
+    tool inherited) written by hand: one line of Python, in single quotes."""
+    return ('import os, socket, base64, urllib.parse as u; '
+            'p = u.urlsplit(os.environ["HTTPS_PROXY"]); '
+            's = socket.create_connection((p.hostname, p.port), 10); '
+            'a = base64.b64encode((u.unquote(p.username) + ":" + u.unquote(p.password))'
+            '.encode()).decode(); '
+            f's.sendall(("CONNECT {host}:443 HTTP/1.1\\r\\nHost: {host}:443\\r\\n'
+            'Proxy-Authorization: Basic " + a + "\\r\\n\\r\\n").encode()); '
+            'print("raw:" + s.recv(100).split()[1].decode(), end=" ")')
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +158,7 @@ def check_tool_result(result: str) -> None:
     # tool identity (403), and without a proxy nothing is reachable from the sandbox
     assert "inherited:000/407" in result and "bare:403/200" in result, result
     assert "direct:000" in result, result
+    assert "raw:407" in result and "rawsock:denied" in result, result
 
 
 def test_claude_code_in_a_sandbox_with_the_split(stack: Stack) -> None:
