@@ -182,6 +182,10 @@ def test_claude_code_in_a_sandbox_with_the_split(stack: Stack) -> None:
         (e["identity"], e["identity_source"], e["path"]) for e in events
         if e.get("code") == "no_rule"}, events
     assert any(e.get("sandbox", "").startswith("sbx-") for e in events)
+    # its other hosts: refused as its template says, nothing else
+    assert {e["path"] for e in events if e["identity"] == "claude-code"
+            and e.get("decision") == "deny"} <= {"/api/claude_code/settings",
+                                                 "/api/claude_code/policy_limits"}, events
     # the registration is gone with the agent
     assert not list(stack.agents.glob("*.json"))
 
@@ -210,3 +214,8 @@ def test_codex_in_a_sandbox_with_the_split(stack: Stack) -> None:
     assert ("codex-tool", "process/tool", "/v1/responses") in {
         (e["identity"], e["identity_source"], e["path"]) for e in events
         if e.get("code") == "no_rule"}, events
+    # its other hosts (plugins, models, metrics, the update check): refused as its template
+    # says, and the git fetch of its plugins is a process it starts, so the tool's
+    assert {e["host"] for e in events if e.get("decision") == "deny"} <= {
+        "api.openai.com", "chatgpt.com", "ab.chatgpt.com", "api.github.com", "github.com"}, events
+    assert all(e["identity"] == "codex-tool" for e in events if e["host"] == "github.com")
