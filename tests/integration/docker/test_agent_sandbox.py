@@ -6,7 +6,7 @@ network's gateway with the agent's policy template (policies/agents), OpenBao, a
 `--agent-dir`/`--agent-split`; a stand-in of the model API on its real host name scripts one
 shell tool call and a final answer. No network at test time: the CLIs come from the lock.
 
-Checked for Claude Code and Codex: the model calls carry the key from OpenBao and the sandbox
+Checked for Claude Code, Codex, OpenCode and Gemini CLI: the model calls carry the key from OpenBao and the sandbox
 holds only the placeholder; the CLI's shell tool is the tool identity (its inherited token: 407;
 no token: 403 for NAME-tool; no proxy: nothing reachable); the stand-in never sees the tool; the
 audit names process/agent and process/tool.
@@ -37,6 +37,8 @@ from tests.integration.docker.conftest import docker_with_images
 from tests.integration.test_agent_split_clis import (
     AGENTS,
     API,
+    GEMINI_API,
+    GEMINI_KEY,
     OPENAI_API,
     TEMPLATES,
     claude_binary,
@@ -44,6 +46,7 @@ from tests.integration.test_agent_split_clis import (
     template,
 )
 from tests.support.anthropic_api import StandInToolTurn
+from tests.support.gemini_api import StandInGemini
 from tests.support.openai_responses import StandInResponses
 from tests.support.pki import make_pki
 from tests.support.secrets import assert_no_secret, assert_secret_equal
@@ -52,6 +55,7 @@ from tests.support.upstream import AppThread
 # this file's loopback addresses (the host's namespace: Docker needs it): the stand-ins
 API_IP = "127.0.137.2"  # api.anthropic.com
 OPENAI_IP = "127.0.137.3"  # api.openai.com
+GEMINI_IP = "127.0.137.4"  # generativelanguage.googleapis.com
 CLI_DIR = AGENTS / "node_modules"
 
 
@@ -60,6 +64,7 @@ class Stack:
     proxy: Proxy
     api: StandInToolTurn
     openai: StandInResponses
+    gemini: StandInGemini
     agents: Path
     network: SandboxNetwork
 
@@ -105,9 +110,13 @@ def stack(tmp_path_factory, vault, agent_client) -> Iterator[Stack]:
     network = ensure_network_info(agent_client)
     assert network.host_firewall
     tmp = tmp_path_factory.mktemp("agent-sandbox")
-    pki = make_pki(tmp / "pki", ["api.anthropic.com", "api.openai.com"])
-    api = StandInToolTurn(tool=("Bash", "bash"), command="true")
+    pki = make_pki(tmp / "pki", ["api.anthropic.com", "api.openai.com",
+                                 "generativelanguage.googleapis.com"])
+    vault.put_kv2("llm/gemini", {"api_key": GEMINI_KEY})
+    api = StandInToolTurn(tool=("Bash", "bash"), command="true")  # Claude Code's, OpenCode's
     openai = StandInResponses(command="true")
+    gemini = StandInGemini(command="true")
+    gemini_server = AppThread(gemini.app(), pki.cert, pki.key, GEMINI_IP).start()
     server = AppThread(api.app(), pki.cert, pki.key, API_IP).start()
     openai_server = AppThread(openai.app(), pki.cert, pki.key, OPENAI_IP).start()
     (tmp / "policies").mkdir()
@@ -115,6 +124,8 @@ def stack(tmp_path_factory, vault, agent_client) -> Iterator[Stack]:
     (tmp / "policies" / "claude-code.yaml").write_text(
         template("claude-code", "anthropic", API_IP))
     (tmp / "policies" / "codex.yaml").write_text(template("codex", "openai", OPENAI_IP))
+    (tmp / "policies" / "opencode.yaml").write_text(template("opencode", "anthropic", API_IP))
+    (tmp / "policies" / "gemini.yaml").write_text(template("gemini", "gemini", GEMINI_IP))
     agents = tmp / "agents"
     agents.mkdir()
     os.chmod(agents, 0o755)
@@ -122,19 +133,24 @@ def stack(tmp_path_factory, vault, agent_client) -> Iterator[Stack]:
                                                 "VAULT_TOKEN": vault.root_token}, pki,
                         f"--resolve=api.anthropic.com={API_IP}",
                         f"--resolve=api.openai.com={OPENAI_IP}",
+                        f"--resolve=generativelanguage.googleapis.com={GEMINI_IP}",
                         f"--agent-dir={agents}",
                         "--agent-split=claude-code=claude-code-tool",
                         "--agent-split=codex=codex-tool",
+                        "--agent-split=opencode=opencode-tool",
+                        "--agent-split=gemini=gemini-tool",
                         listen_host=network.gateway)
     api.command = sandbox_tool_command(proxy, API)
     openai.command = sandbox_tool_command(proxy, OPENAI_API)
+    gemini.command = sandbox_tool_command(proxy, GEMINI_API)
     try:
-        yield Stack(proxy, api, openai, agents, network)
+        yield Stack(proxy, api, openai, gemini, agents, network)
     finally:
         stop_proxy(proxy)
         server.stop()
         openai_server.stop()
-    assert_no_secret([proxy.logs(), proxy.audit_file.read_text()], SECRET_VALUES,
+        gemini_server.stop()
+    assert_no_secret([proxy.logs(), proxy.audit_file.read_text()], [*SECRET_VALUES, GEMINI_KEY],
                      "the proxy's log and audit")
 
 
@@ -219,3 +235,43 @@ def test_codex_in_a_sandbox_with_the_split(stack: Stack) -> None:
     assert {e["host"] for e in events if e.get("decision") == "deny"} <= {
         "api.openai.com", "chatgpt.com", "ab.chatgpt.com", "api.github.com", "github.com"}, events
     assert all(e["identity"] == "codex-tool" for e in events if e["host"] == "github.com")
+
+
+def test_opencode_in_a_sandbox_with_the_split(stack: Stack) -> None:
+    before = len(stack.api.calls)
+    r = sandbox_run(stack, "opencode", "opencode", "run", "--pure", "--auto", "-m",
+                    "anthropic/claude-sonnet-4-5", "Call the model API from the shell.")
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "OpenCode's output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    assert stack.api.results, f"the tool's result never came back: {r.stdout[-1500:]}"
+    check_tool_result(stack.api.results[-1])
+    calls = stack.api.calls[before:]
+    assert len(calls) >= 2
+    for call in calls:
+        assert_secret_equal(call.headers.get("x-api-key"), ANTHROPIC_KEY, "the injected key")
+    events = audit_of(stack.proxy, {"opencode", "opencode-tool"})
+    assert {(e["identity"], e["identity_source"], e["rule"]) for e in events
+            if e.get("decision") == "allow"} == {("opencode", "process/agent", "messages")}
+    assert ("opencode-tool", "process/tool", "/v1/messages") in {
+        (e["identity"], e["identity_source"], e["path"]) for e in events
+        if e.get("code") == "no_rule"}, events
+
+
+def test_gemini_cli_in_a_sandbox_with_the_split(stack: Stack) -> None:
+    before = len(stack.gemini.calls)
+    r = sandbox_run(stack, "gemini-cli", "gemini", "-m", "gemini-2.5-pro", "--yolo", "-p",
+                    "Call the model API from the shell.")
+    assert_no_secret([r.stdout, r.stderr], [*SECRET_VALUES, GEMINI_KEY], "Gemini CLI's output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    assert stack.gemini.results, f"the tool's result never came back: {r.stdout[-1500:]}"
+    check_tool_result(stack.gemini.results[-1])
+    calls = [c for c in stack.gemini.calls[before:] if c.method == "POST"]
+    assert len(calls) >= 2
+    for call in calls:
+        assert_secret_equal(call.headers.get("x-goog-api-key"), GEMINI_KEY, "the injected key")
+    events = audit_of(stack.proxy, {"gemini", "gemini-tool"})
+    assert {(e["identity"], e["identity_source"], e["rule"]) for e in events
+            if e.get("decision") == "allow"} == {("gemini", "process/agent", "generate")}
+    assert ("gemini-tool", "process/tool") in {
+        (e["identity"], e["identity_source"]) for e in events
+        if e.get("code") == "no_rule"}, events
