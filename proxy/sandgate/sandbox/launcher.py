@@ -197,6 +197,15 @@ def _shutdown(sock: Any) -> None:
         raw.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+    # the HTTP response docker-py keeps on the socket: closed first, through its buffered
+    # reader, or its finalizer later flushes a closed file ("Exception ignored ... I/O
+    # operation on closed file" on the CLI's stderr)
+    response = getattr(sock, "_response", None)
+    if response is not None:
+        try:
+            response.close()
+        except (OSError, ValueError):
+            pass
     try:
         sock.close()
     except OSError:

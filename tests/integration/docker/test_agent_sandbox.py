@@ -6,10 +6,11 @@ network's gateway with the agent's policy template (policies/agents), OpenBao, a
 `--agent-dir`/`--agent-split`; a stand-in of the model API on its real host name scripts one
 shell tool call and a final answer. No network at test time: the CLIs come from the lock.
 
-Checked for Claude Code, Codex, OpenCode and Gemini CLI: the model calls carry the key from OpenBao and the sandbox
-holds only the placeholder; the CLI's shell tool is the tool identity (its inherited token: 407;
-no token: 403 for NAME-tool; no proxy: nothing reachable); the stand-in never sees the tool; the
-audit names process/agent and process/tool.
+Checked for Claude Code, Codex, OpenCode and Gemini CLI: the model calls carry the key from
+OpenBao and the sandbox holds only the placeholder; the CLI's shell tool is the tool identity
+(its inherited token: 407; no token: 403 for NAME-tool; no proxy: nothing reachable; a raw
+connection with the agent's token: 407; a raw socket: EPERM); the stand-in never sees the
+tool; the audit names process/agent and process/tool.
 """
 
 from __future__ import annotations
@@ -156,12 +157,15 @@ def stack(tmp_path_factory, vault, agent_client) -> Iterator[Stack]:
 
 def sandbox_run(stack: Stack, agent: str, *cmd: str) -> subprocess.CompletedProcess[str]:
     """The one command a user types (this machine has no Yama: --allow-ptrace says so)."""
-    return subprocess.run(
+    r = subprocess.run(
         [*SANDGATE, "sandbox", "run", "--agent", agent, "--cli-dir", str(CLI_DIR),
          "--agent-dir", str(stack.agents), "--confdir", str(stack.proxy.confdir),
          "--proxy-port", str(stack.proxy.port), "--memory", "2g", "--timeout", "240",
          "--allow-ptrace", "--", *cmd],
         capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL)
+    # the launcher's own stderr is clean: no finalizer noise from the exec's socket
+    assert "Exception ignored" not in r.stderr, r.stderr[-1500:]
+    return r
 
 
 def audit_of(proxy: Proxy, identities: set[str]) -> list[dict]:
