@@ -13,7 +13,7 @@ import yaml
 from sandgate.cli import main
 from sandgate.proxyenv import ENV_NAMES
 from sandgate.sandbox import agents
-from sandgate.sandbox.agentrun import GATE, child_of
+from sandgate.sandbox.agentrun import GATE, agent_registration, child_of
 from sandgate.sandbox.errors import SandboxError
 
 ROOT = Path(__file__).parents[2]
@@ -120,3 +120,24 @@ def test_cli_refusals(argv: list[str], message: str,
     code = main(["sandbox", "run", *argv])
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def _fake_process(proc: Path, pid: int, netns: str, start: int) -> None:
+    (proc / str(pid) / "ns").mkdir(parents=True)
+    (proc / str(pid) / "ns" / "net").symlink_to(netns)
+    fields = ["S", *["0"] * 18, str(start)]  # field 22 (start time) is the 20th after the name
+    (proc / str(pid) / "stat").write_text(f"{pid} (sh) {' '.join(fields)}\n")
+
+
+def test_the_agent_is_registered_only_in_the_sandboxs_namespace(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    _fake_process(proc, 100, "net:[4026532001]", 5)  # the container's init
+    _fake_process(proc, 140, "net:[4026532001]", 77)  # the gated agent shell
+    _fake_process(proc, 150, "net:[4026531840]", 78)  # the host's namespace
+    reg = agent_registration(proc, 140, 100, "codex", "codex-tool", "sbx-1")
+    assert (reg.pid, reg.start, reg.identity, reg.tool_identity, reg.sandbox) == (
+        140, 77, "codex", "codex-tool", "sbx-1")
+    # another namespace, or a pid this /proc does not show (another PID namespace): refused
+    for pid in (150, 999):
+        with pytest.raises(SandboxError, match="Docker host's PID namespace"):
+            agent_registration(proc, pid, 100, "codex", "codex-tool", "sbx-1")

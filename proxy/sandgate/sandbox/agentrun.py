@@ -80,6 +80,23 @@ def wait_agent_pid(client: docker.DockerClient, exec_id: str, proc: Path,
                        "registered")
 
 
+def agent_registration(proc: Path, pid: int, container_pid: int, identity: str,
+                       tool_identity: str, sandbox: str) -> Registration:
+    """The registration of host pid `pid` as the sandbox's agent. Raises SandboxError when this
+    host's /proc does not show it in the sandbox's network namespace (the launcher runs in
+    another PID namespace than Docker's: the lookup would find nothing, so refuse now)."""
+    ns = net_namespace(proc, pid)
+    if ns is None or ns != net_namespace(proc, container_pid):
+        raise SandboxError(
+            f"process {pid} is not in the sandbox's network namespace as this host's /proc "
+            "shows it: run the launcher (and Sandgate) in the Docker host's PID namespace, "
+            "as root")
+    start = start_time(proc, pid)
+    if start is None:
+        raise SandboxError(f"cannot read the start time of the agent's process {pid}")
+    return Registration(pid, start, identity, tool_identity, sandbox)
+
+
 def run_agent(client: docker.DockerClient, spec: SandboxSpec, profile: AgentProfile,
               tool_identity: str, cmd: Sequence[str], *, agent_dir: Path,
               cli_mount: str | None = None, timeout: float = 600,
@@ -107,24 +124,15 @@ def run_agent(client: docker.DockerClient, spec: SandboxSpec, profile: AgentProf
             if not r.ok:
                 raise SandboxError(f"could not write ~/{rel} in the sandbox: {r.stderr[-300:]}")
         sbx.container.reload()
-        container_ns = net_namespace(proc, int(sbx.container.attrs["State"]["Pid"]))
+        container_pid = int(sbx.container.attrs["State"]["Pid"])
         # in the sandbox, not on this host; it only releases the agent, nothing trusts it
         gate = f"/tmp/.sandgate-agent-{secrets.token_hex(8)}"  # noqa: S108
         registered: list[Path] = []
 
         def register(exec_id: str) -> None:
             pid = wait_agent_pid(client, exec_id, proc)
-            ns = net_namespace(proc, pid)
-            if ns is None or ns != container_ns:
-                raise SandboxError(
-                    f"process {pid} is not in the sandbox's network namespace as this host's "
-                    "/proc shows it: run the launcher (and Sandgate) in the Docker host's PID "
-                    "namespace, as root")
-            start = start_time(proc, pid)
-            if start is None:
-                raise SandboxError(f"cannot read the start time of the agent's process {pid}")
-            registered.append(write_registration(
-                agent_dir, Registration(pid, start, spec.identity, tool_identity, sbx.id)))
+            registered.append(write_registration(agent_dir, agent_registration(
+                proc, pid, container_pid, spec.identity, tool_identity, sbx.id)))
             opened = sbx.container.exec_run(["touch", gate])
             if opened.exit_code != 0:
                 raise SandboxError(f"could not release the agent (exit {opened.exit_code})")
