@@ -37,6 +37,7 @@ from tests.support.anthropic_api import StandInToolTurn
 from tests.support.gemini_api import StandInGemini
 from tests.support.openai_responses import StandInResponses
 from tests.support.pki import make_pki
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 from tests.support.upstream import AppThread
 
@@ -474,16 +475,11 @@ print(out["messages"][-1].content)
 
 
 def deepagents_python() -> Path:
-    """A Python with deepagents and langchain-anthropic: the project's .venv, else the clients'
-    (.venv-clients, Python 3.11, until they share one). Missing is a failure, never a skip."""
-    for venv in (".venv", ".venv-clients"):
-        python = ROOT / venv / "bin" / "python"
-        if python.exists() and subprocess.run(
-                [str(python), "-c", "import deepagents, langchain_anthropic"],
-                capture_output=True, timeout=120).returncode == 0:
-            return python
-    pytest.fail("deepagents is not installed in .venv or .venv-clients: run scripts/setup.sh "
-                "--test")
+    """The test run's own interpreter: deepagents and langchain-anthropic are in the dev
+    environment (the `clients` extra, requirements/dev.lock). Missing is a failure, never a
+    skip."""
+    need_sdk("deepagents", "langchain_anthropic")
+    return CLIENT_PY
 
 
 def test_deepagents_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
