@@ -25,7 +25,7 @@ UPSTREAM_IP = "127.0.0.2"
 OLD_SERVER_IP = "127.0.0.10"  # an HTTP/1.0 server (Python's http.server), see test_clients.py
 NAMES = ["api.anthropic.com", "api.openai.com", "upstream.test", "*.upstream.test", "old.test",
          "inside.test", "meta.test", "plain.test", "other.test", "tunnel.test",
-         "*.r2.test",  # the round-2 servers (tests/support/round2.py)
+         "*.r2.test",  # the side-channel servers (tests/support/proxy_stack.py)
          "*.wire.test"]  # tests/integration/test_wire.py
 # Obvious fakes: what the upstream must see and no sandbox, log or output may contain.
 ANTHROPIC_KEY = "test-anthropic-REAL-key-7f3a9c1e5b"

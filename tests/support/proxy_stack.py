@@ -1,4 +1,5 @@
-"""Fixtures and helpers shared by tests/integration/test_round2_*.py.
+"""Fixtures and helpers shared by tests/integration/test_side_channels.py and
+test_request_integrity.py.
 
 Each test module imports the fixtures it uses; they are module-scoped, so the servers of one
 module are gone before the next module binds the same addresses. Addresses (127.0.0.2:80/443
@@ -23,7 +24,7 @@ from tests.integration.conftest import Proxy, start_proxy, stop_proxy
 from tests.support.secrets import assert_no_secret, fingerprint
 
 HERE = Path(__file__).resolve().parent.parent / "integration"
-POLICIES_R2 = HERE / "policies_round2"
+POLICIES_R2 = HERE / "policies_channel_servers"
 
 R2_RESOLVE = {
     "ws.r2.test": "127.0.0.3",
@@ -46,7 +47,7 @@ def vault_env(vault) -> dict[str, str]:
 
 
 def r2_proxy_running(tmp_path_factory, vault, pki) -> Iterator[Proxy]:
-    """`sandgate run` with policies_round2/ and the names above (a test module's fixture
+    """`sandgate run` with policies_channel_servers/ and the names above (a test module's fixture
     body: `yield from r2_proxy_running(...)`)."""
     from tests.integration.conftest import SECRET_VALUES
 
@@ -55,7 +56,7 @@ def r2_proxy_running(tmp_path_factory, vault, pki) -> Iterator[Proxy]:
     yield p
     stop_proxy(p)
     logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
-    assert_no_secret([logs], SECRET_VALUES, "the round-2 proxy's logs or audit")
+    assert_no_secret([logs], SECRET_VALUES, "the side-channel proxy's logs or audit")
 
 
 _TOKENS: dict[tuple[int, str], str] = {}
