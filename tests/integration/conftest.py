@@ -177,6 +177,16 @@ def proxy(tmp_path_factory, vault, upstream, plain_upstream, pki) -> Iterator[Pr
     assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
 
 
+@pytest.fixture(scope="module")
+def proxy_stack(tmp_path_factory, vault):
+    """A factory of running proxies for one test module: `proxy_stack(name, pki, policy=...,
+    resolve=..., admin=..., ...)` (tests/support/proxy_stack.py, start_stack) gives a
+    ProxyStack; what a test module started is stopped and checked for secrets after it."""
+    from tests.support.proxy_stack import stack_factory  # it imports this module
+
+    yield from stack_factory(tmp_path_factory, vault)
+
+
 def curl(proxy: Proxy, identity: str | None, url: str, *args: str,
          token: str | None = None) -> subprocess.CompletedProcess[str]:
     cmd = ["curl", "-sS", "--max-time", "15", "--proxy", proxy.url, "--cacert", str(proxy.ca),

@@ -1,9 +1,17 @@
-"""Fixtures and helpers shared by tests/integration/test_side_channels.py and
-test_request_integrity.py.
+"""A running Sandgate for integration tests: `sandgate run` with OpenBao, a policy, its audit
+file and the CA, started by one factory; and the helpers every proxy test shares.
 
-Each test module imports the fixtures it uses; they are module-scoped, so the servers of one
-module are gone before the next module binds the same addresses. Addresses (127.0.0.2:80/443
-belong to the shared fixtures):
+`start_stack()` (and the `proxy_stack` fixture factory in tests/integration/conftest.py, which
+stops what it started at the end of the module) writes the policy, seeds OpenBao, starts
+`sandgate run` (one process unless asked) with the given names resolved and, if asked, its admin
+listener, and gives back a `ProxyStack`: the proxy's address, tokens, a client environment, the
+audit reader and the admin client. Stopping it checks that no secret value reached the proxy's
+log or audit.
+
+The side-channel and request-integrity tests (tests/integration/test_side_channels.py,
+test_request_integrity.py) run their own servers; each test module imports the fixtures it uses;
+they are module-scoped, so the servers of one module are gone before the next module binds the
+same addresses. Addresses (127.0.0.2:80/443 belong to the shared fixtures):
 
     127.0.0.3:443  ws.r2.test     WsServer (aiohttp, TLS)
     127.0.0.4:443  raw.r2.test    RawServer (HTTP/1 by hand, TLS)
@@ -16,11 +24,15 @@ belong to the shared fixtures):
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from tests.integration.conftest import Proxy, start_proxy, stop_proxy
+from tests.integration.admin_support import ADMIN_TOKEN, Admin, wait_for
+from tests.integration.conftest import Proxy, free_port, start_proxy, stop_proxy
 from tests.support.secrets import assert_no_secret, fingerprint
 
 HERE = Path(__file__).resolve().parent.parent / "integration"
@@ -46,17 +58,145 @@ def vault_env(vault) -> dict[str, str]:
     return {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token}
 
 
+def client_env(proxy: Proxy, identity: str) -> dict[str, str]:
+    """The environment of a client process in a sandbox: this process's, less every key, token
+    and Vault variable, with the proxy (and a token of `identity`) and the CA for each runtime."""
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k and "TOKEN" not in k
+           and not k.startswith("VAULT")}
+    env.update({"HTTPS_PROXY": proxy.proxy_url(identity), "NO_PROXY": "",
+                "SSL_CERT_FILE": str(proxy.ca), "NODE_EXTRA_CA_CERTS": str(proxy.ca)})
+    return env
+
+
+@dataclass
+class ProxyStack:
+    """A started `sandgate run`: `proxy` (address, tokens, audit reader, log), `admin` (the
+    admin API client when started with `admin=True`), and what `stop()` checks."""
+
+    proxy: Proxy
+    policies: Path
+    admin_client: Admin | None = None
+    secrets: tuple[str, ...] = ()
+    what: str = "the proxy's logs or audit"
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def admin(self) -> Admin:
+        assert self.admin_client is not None, "start the stack with admin=True"
+        return self.admin_client
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    def token(self, identity: str, ttl: str = "1h", sandbox: str | None = None) -> str:
+        return self.proxy.token(identity, ttl, sandbox)
+
+    def audit(self) -> list[dict[str, Any]]:
+        return self.proxy.audit()
+
+    def wait_audit(self, pred: Callable[[dict[str, Any]], bool],
+                   timeout: float = 5.0) -> dict[str, Any]:
+        return self.proxy.wait_audit(pred, timeout)
+
+    def client_env(self, identity: str) -> dict[str, str]:
+        return client_env(self.proxy, identity)
+
+    def logs_and_audit(self) -> str:
+        p = self.proxy
+        return p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
+
+    def stop(self) -> None:
+        """Stop the proxy (once), then check that no secret value is in its log or audit."""
+        if self._stopped:
+            return
+        self._stopped = True
+        stop_proxy(self.proxy)
+        from tests.integration.conftest import SECRET_VALUES
+
+        assert_no_secret([self.logs_and_audit()], [*SECRET_VALUES, *self.secrets], self.what)
+
+
+def start_stack(tmp: Path, vault: Any, pki: Any, *, policies: Path | None = None,
+                policy: str | Mapping[str, str] | None = None,
+                resolve: Mapping[str, str] | None = None, args: Sequence[str] = (),
+                admin: bool = False, admin_wait: float = 15,
+                admin_token_env: bool | None = None,
+                env: Mapping[str, str] | None = None,
+                seed: Mapping[str, Mapping[str, str]] | None = None,
+                secrets: Sequence[str] = (), what: str = "the proxy's logs or audit"
+                ) -> ProxyStack:
+    """Start `sandgate run` in `tmp` (its confdir, audit file and log go there).
+
+    policies: a policy directory, or policy: the text of one file (`policy.yaml`) or
+    {file name: text}, written to tmp/policies. resolve: {name: address} for `--resolve`.
+    args: more `sandgate run` arguments. admin: an admin listener on a free port with
+    ADMIN_TOKEN (waited for, admin_wait seconds at most); admin_token_env: pass
+    SANDGATE_ADMIN_TOKEN without a listener. env: more environment. seed: {KV v2 path: data}
+    written to OpenBao first. secrets: more values that must not reach the log or audit (the
+    shared fakes are always checked)."""
+    if (policies is None) == (policy is None):
+        raise ValueError("give policies (a directory) or policy (text), not both")
+    if policy is not None:
+        policies = tmp / "policies"
+        policies.mkdir()
+        files = {"policy.yaml": policy} if isinstance(policy, str) else policy
+        for name, text in files.items():
+            (policies / name).write_text(text)
+    assert policies is not None
+    for path, data in (seed or {}).items():
+        vault.put_kv2(path, dict(data))
+    run_env = vault_env(vault)
+    if admin or admin_token_env:
+        run_env["SANDGATE_ADMIN_TOKEN"] = ADMIN_TOKEN
+    run_env.update(env or {})
+    extra = [f"--resolve={name}={ip}" for name, ip in (resolve or {}).items()]
+    admin_port = free_port() if admin else None
+    if admin_port is not None:
+        extra += ["--admin", f"127.0.0.1:{admin_port}"]
+    p = start_proxy(tmp, policies, run_env, pki, *extra, *args)
+    stack = ProxyStack(p, policies, secrets=tuple(secrets), what=what)
+    if admin_port is not None:
+        stack.admin_client = Admin(p, f"http://127.0.0.1:{admin_port}", policies)
+        try:
+            wait_for(lambda: _admin_up(stack.admin), admin_wait, "the admin listener")
+        except BaseException:
+            stack.stop()
+            raise
+    return stack
+
+
+def _admin_up(admin: Admin) -> bool:
+    try:
+        return admin.get("/healthz", token=None, timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+def stack_factory(tmp_path_factory: Any, vault: Any) -> Iterator[Callable[..., ProxyStack]]:
+    """The body of the `proxy_stack` fixture: `proxy_stack(name, pki, **start_stack_args)`
+    starts a stack in a fresh temporary directory; whatever was not stopped by the end of the
+    module's tests is stopped (and checked) then."""
+    started: list[ProxyStack] = []
+
+    def start(name: str, pki: Any, **kwargs: Any) -> ProxyStack:
+        stack = start_stack(tmp_path_factory.mktemp(name), vault, pki, **kwargs)
+        started.append(stack)
+        return stack
+
+    yield start
+    for stack in started:
+        stack.stop()
+
+
 def r2_proxy_running(tmp_path_factory, vault, pki) -> Iterator[Proxy]:
     """`sandgate run` with policies_channel_servers/ and the names above (a test module's fixture
     body: `yield from r2_proxy_running(...)`)."""
-    from tests.integration.conftest import SECRET_VALUES
 
-    tmp = tmp_path_factory.mktemp("r2proxy")
-    p = start_proxy(tmp, POLICIES_R2, vault_env(vault), pki, *resolve_args())
-    yield p
-    stop_proxy(p)
-    logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
-    assert_no_secret([logs], SECRET_VALUES, "the side-channel proxy's logs or audit")
+    stack = start_stack(tmp_path_factory.mktemp("r2proxy"), vault, pki, policies=POLICIES_R2,
+                        resolve={**R2_RESOLVE}, what="the side-channel proxy's logs or audit")
+    yield stack.proxy
+    stack.stop()
 
 
 _TOKENS: dict[tuple[int, str], str] = {}
