@@ -5,8 +5,9 @@ head is cleaned and its body streamed through the scrubber (or, small and of kno
 scrubbed whole), trailers cleaned or dropped; WebSocket messages and control frames (ping, pong,
 close: addons/wscontrol.py) are scrubbed one by one, and one leaving with a credential is not
 relayed and ends the stream; on a rule with mcp:/jsonrpc: each message is then judged as a call
-(addons/wsrpc.py). The set scrubbed is the flow's own (`GateState.secrets(rec)`): what
-was injected into it stays scrubbed whatever the cache does (addons/flowsecrets.py).
+(addons/wsrpc.py), with llm: as an LLM call (addons/wsllm.py). The set scrubbed is the flow's
+own (`GateState.secrets(rec)`): what was injected into it stays scrubbed whatever the cache does
+(addons/flowsecrets.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 
 from mitmproxy import ctx, http
 
-from sandgate.addons import calls, wscontrol, wsrpc
+from sandgate.addons import calls, wscontrol, wsllm, wsrpc
 from sandgate.addons.forward import is_websocket_upgrade
 from sandgate.addons.patches import READ_WHOLE
 from sandgate.addons.state import FlowRecord
@@ -160,10 +161,13 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
     assert flow.websocket is not None
     message = flow.websocket.messages[-1]
     ws = None
+    wl = None
     try:
-        # a rule with mcp:/jsonrpc: (websocket: true): messages are judged. Started here if
-        # websocket_start did not (a hook mitmproxy only logs the failure of): never unjudged
+        # a rule with mcp:/jsonrpc:/llm: (websocket: true): messages are judged. Started here
+        # if websocket_start did not (a hook mitmproxy only logs the failure of): never
+        # unjudged
         ws = wsrpc.state(flow) or wsrpc.start(rec, flow)
+        wl = wsllm.state(flow) or wsllm.start(st, rec, flow)
         if rec.websocket_closed:
             message.drop()
             return
@@ -195,11 +199,13 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
             message.drop()
         elif ws is not None:
             wsrpc.client_message(st, flow, rec, ws, message)
+        elif wl is not None:
+            wsllm.client_message(st, flow, rec, wl, message)
     except Exception:
         log.exception("sandgate: websocket_message failed; dropping the stream")
         rec.websocket_closed = True
         message.drop()
-        if ws is not None or rec.call is not None:  # a WebSocket on a rule judging calls
+        if ws is not None or wl is not None or rec.call is not None:  # judged calls
             wscontrol.close(flow, wsrpc.POLICY_VIOLATION, "sandgate: internal_error")
 
 
@@ -225,9 +231,10 @@ def _websocket_leaks(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
 
 def websocket_start(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     """The WebSocket's control frames are judged by `_websocket_control` (addons/wscontrol);
-    on a rule with mcp:/jsonrpc:, its messages by addons/wsrpc."""
+    on a rule with mcp:/jsonrpc:, its messages by addons/wsrpc; with llm:, by addons/wsllm."""
     flow.metadata[wscontrol.HANDLER_KEY] = functools.partial(_websocket_control, st, flow, rec)
     wsrpc.start(rec, flow)
+    wsllm.start(st, rec, flow)
 
 
 def _websocket_control(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, from_client: bool,
