@@ -4,6 +4,7 @@
     scripts/filename-allowlist.py            # print both lists (what differs from the allowlist)
     scripts/filename-allowlist.py --write    # rewrite tests/unit/filename_allowlist.txt
     scripts/filename-allowlist.py --check    # exit 1 if the tree and the allowlist differ
+    scripts/filename-allowlist.py --suggest  # a new name for test files named after no module
 
 The scheme (docs/development.md, "Test file names"): unit tests sit flat in tests/unit, and
 `tests/unit/test_NAME.py` tests the module whose dotted path below `sandgate`, with the dots
@@ -70,6 +71,25 @@ def mismatches(source: Path = SOURCE, tests: Path = TESTS, repo: Path = REPO) ->
     return sorted(p.relative_to(repo).as_posix() for p in [*lonely_tests, *untested])
 
 
+def suggestions(source: Path = SOURCE, tests: Path = TESTS) -> dict[str, list[str]]:
+    """For each test file named after no module, the names of the modules that the longest tail
+    of its NAME names (`test_policy_lint.py` after policy/lint.py moved to review/lint.py:
+    `test_review_lint.py`): a rename to consider, not a verdict."""
+    modules = module_names(source)
+    out: dict[str, list[str]] = {}
+    for name, path in test_names(tests).items():
+        if any(matches(name, m) for m in modules):
+            continue
+        words = name.split("_")
+        for i in range(1, len(words)):
+            tail = "_".join(words[i:])
+            found = sorted(m for m in modules if matches(tail, m))
+            if found:
+                out[path.name] = [f"test_{m}.py" for m in found]
+                break
+    return out
+
+
 def read_allowlist(path: Path = ALLOWLIST) -> list[str]:
     if not path.is_file():
         return []
@@ -88,6 +108,10 @@ def differences(found: list[str], allowed: list[str]) -> tuple[list[str], list[s
 
 
 def main(argv: list[str]) -> int:
+    if "--suggest" in argv:
+        for test, names in suggestions().items():
+            print(f"{test} -> {' or '.join(names)}")
+        return 0
     found = mismatches()
     if "--write" in argv:
         ALLOWLIST.write_text(render_allowlist(found))

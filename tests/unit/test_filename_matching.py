@@ -79,3 +79,12 @@ def test_a_new_mismatch_and_a_stale_entry_are_both_reported(tmp_path: Path) -> N
     path = tmp_path / "allow.txt"
     path.write_text(FA.render_allowlist(found))
     assert FA.read_allowlist(path) == found  # the header is comments only
+
+
+def test_suggestions_name_the_module_a_moved_test_now_matches(tmp_path: Path) -> None:
+    source, unit = _tree(tmp_path, ["review/lint.py", "policy/loader.py", "a/x_y.py", "b/y.py"],
+                         ["test_policy_lint.py", "test_policy_loader.py", "test_old_y.py",
+                          "test_nothing_at_all.py"])
+    assert FA.suggestions(source, unit) == {
+        "test_policy_lint.py": ["test_review_lint.py"],
+        "test_old_y.py": ["test_a_x_y.py", "test_b_y.py"]}
