@@ -25,7 +25,7 @@ UPSTREAM_IP = "127.0.0.2"
 OLD_SERVER_IP = "127.0.0.10"  # an HTTP/1.0 server (Python's http.server), see test_clients.py
 NAMES = ["api.anthropic.com", "api.openai.com", "upstream.test", "*.upstream.test", "old.test",
          "inside.test", "meta.test", "plain.test", "other.test", "tunnel.test",
-         "*.r2.test",  # the round-2 servers (tests/support/round2.py)
+         "*.r2.test",  # the side-channel servers (tests/support/proxy_stack.py)
          "*.wire.test"]  # tests/integration/test_wire.py
 # Obvious fakes: what the upstream must see and no sandbox, log or output may contain.
 ANTHROPIC_KEY = "test-anthropic-REAL-key-7f3a9c1e5b"
@@ -175,6 +175,16 @@ def proxy(tmp_path_factory, vault, upstream, plain_upstream, pki) -> Iterator[Pr
     stop_proxy(p)
     logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
     assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+
+
+@pytest.fixture(scope="module")
+def proxy_stack(tmp_path_factory, vault):
+    """A factory of running proxies for one test module: `proxy_stack(name, pki, policy=...,
+    resolve=..., admin=..., ...)` (tests/support/proxy_stack.py, start_stack) gives a
+    ProxyStack; what a test module started is stopped and checked for secrets after it."""
+    from tests.support.proxy_stack import stack_factory  # it imports this module
+
+    yield from stack_factory(tmp_path_factory, vault)
 
 
 def curl(proxy: Proxy, identity: str | None, url: str, *args: str,

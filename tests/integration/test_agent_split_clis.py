@@ -29,8 +29,6 @@ from tests.integration.conftest import (
     SANDGATE,
     SECRET_VALUES,
     Proxy,
-    start_proxy,
-    stop_proxy,
 )
 from tests.integration.test_agent_claude_code import claude_binary
 from tests.support.anthropic_api import StandInToolTurn
@@ -90,11 +88,10 @@ def tool_command(proxy: Proxy, api: str = API, ca: str = "NODE_EXTRA_CA_CERTS") 
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, vault) -> Iterator[Stack]:
+def stack(tmp_path_factory, proxy_stack) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("agent-split-clis")
     pki = make_pki(tmp / "pki", ["api.anthropic.com", "api.openai.com",
                                  "generativelanguage.googleapis.com"])
-    vault.put_kv2("llm/gemini", {"api_key": GEMINI_KEY})
     gemini = StandInGemini(command="true")
     gemini_server = AppThread(gemini.app(), pki.cert, pki.key, GEMINI_IP).start()
     # Claude Code's, OpenCode's and deepagents' shell tools
@@ -102,41 +99,36 @@ def stack(tmp_path_factory, vault) -> Iterator[Stack]:
     openai = StandInResponses(command="true")
     server = AppThread(api.app(), pki.cert, pki.key, API_IP).start()
     openai_server = AppThread(openai.app(), pki.cert, pki.key, OPENAI_IP).start()
-    (tmp / "policies").mkdir()
-    (tmp / "policies" / "secrets.yaml").write_text((TEMPLATES / "secrets.yaml").read_text())
-    (tmp / "policies" / "claude-code.yaml").write_text(
-        template("claude-code", "anthropic", API_IP))
-    (tmp / "policies" / "codex.yaml").write_text(template("codex", "openai", OPENAI_IP))
-    (tmp / "policies" / "opencode.yaml").write_text(template("opencode", "anthropic", API_IP))
-    (tmp / "policies" / "gemini.yaml").write_text(template("gemini", "gemini", GEMINI_IP))
-    (tmp / "policies" / "deepagents.yaml").write_text(
-        template("deepagents", "anthropic", API_IP))
     agents = tmp / "agents"
     agents.mkdir()
     os.chmod(agents, 0o755)
-    proxy = start_proxy(tmp, tmp / "policies", {"VAULT_ADDR": vault.addr,
-                                                "VAULT_TOKEN": vault.root_token}, pki,
-                        f"--resolve=api.anthropic.com={API_IP}",
-                        f"--resolve=api.openai.com={OPENAI_IP}",
-                        f"--resolve=generativelanguage.googleapis.com={GEMINI_IP}",
-                        f"--agent-dir={agents}",
-                        "--agent-split=claude-code=claude-code-tool",
-                        "--agent-split=codex=codex-tool",
-                        "--agent-split=opencode=opencode-tool",
-                        "--agent-split=gemini=gemini-tool",
-                        "--agent-split=deepagents=deepagents-tool")
+    running = proxy_stack(
+        "agent-split-clis-proxy", pki, seed={"llm/gemini": {"api_key": GEMINI_KEY}},
+        policy={"secrets.yaml": (TEMPLATES / "secrets.yaml").read_text(),
+                "claude-code.yaml": template("claude-code", "anthropic", API_IP),
+                "codex.yaml": template("codex", "openai", OPENAI_IP),
+                "opencode.yaml": template("opencode", "anthropic", API_IP),
+                "gemini.yaml": template("gemini", "gemini", GEMINI_IP),
+                "deepagents.yaml": template("deepagents", "anthropic", API_IP)},
+        resolve={"api.anthropic.com": API_IP, "api.openai.com": OPENAI_IP,
+                 "generativelanguage.googleapis.com": GEMINI_IP},
+        args=[f"--agent-dir={agents}", "--agent-split=claude-code=claude-code-tool",
+              "--agent-split=codex=codex-tool", "--agent-split=opencode=opencode-tool",
+              "--agent-split=gemini=gemini-tool", "--agent-split=deepagents=deepagents-tool"],
+        secrets=[GEMINI_KEY], what="the proxy's log and audit")
+    proxy = running.proxy
     api.command = tool_command(proxy)
     openai.command = tool_command(proxy, OPENAI_API, "SSL_CERT_FILE")
     gemini.command = tool_command(proxy, GEMINI_API)
     try:
         yield Stack(proxy, api, openai, gemini, agents)
     finally:
-        stop_proxy(proxy)
-        server.stop()
-        openai_server.stop()
-        gemini_server.stop()
-    assert_no_secret([proxy.logs(), proxy.audit_file.read_text()], [*SECRET_VALUES, GEMINI_KEY],
-                     "the proxy's log and audit")
+        try:
+            running.stop()  # and no secret in its log or audit
+        finally:
+            server.stop()
+            openai_server.stop()
+            gemini_server.stop()
 
 
 def agent_run(identity: str, tool: str, agents: Path, sandbox: str) -> list[str]:

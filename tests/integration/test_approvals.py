@@ -35,7 +35,7 @@ from tests.integration.conftest import (
     start_proxy,
     stop_proxy,
 )
-from tests.support.round2 import refusal_doc
+from tests.support.proxy_stack import refusal_doc
 from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret
 from tests.support.upstream import UpstreamServer

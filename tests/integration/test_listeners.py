@@ -1,10 +1,11 @@
 """The HTTP listener's attack classes, on every listener (tests/support/listeners.py).
 
 One `sandgate run` serves the HTTP proxy port and `--socks5`; every test runs once per listener
-(`[http]`, `[socks5]`) with the case tables of test_proxy.py and test_round2_wire.py: injection,
-policy refusals, host tricks, address spellings, names resolving inside, SNI/Host/target
-disagreement, TLS-less and raw tunnels, passthrough, exfiltration (plain and encoded) and response
-scrubbing. What differs between the listeners is only how the tunnel is asked for.
+(`[http]`, `[socks5]`) with the case tables of test_proxy.py and test_request_integrity.py:
+injection, policy refusals, host tricks, address spellings, names resolving inside,
+SNI/Host/target disagreement, TLS-less and raw tunnels, passthrough, exfiltration (plain and
+encoded) and response scrubbing. What differs between the listeners is only how the tunnel is
+asked for.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.integration.test_proxy import (
     PATH_TRICKS,
     TUNNEL_DISAGREEMENTS,
 )
-from tests.integration.test_round2_wire import _forms
+from tests.integration.test_request_integrity import _forms
 from tests.support.listeners import Listener, dual_proxy_running, make_listener
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 from tests.support.tunnel import recv_until_closed

@@ -21,18 +21,16 @@ from typing import Any
 
 import pytest
 
-from tests.integration.admin_support import ADMIN_TOKEN, Admin, wait_for
+from tests.integration.admin_support import Admin, wait_for
 from tests.integration.conftest import (
     GITHUB_TOKEN,
     SECRET_VALUES,
     Proxy,
     curl,
-    free_port,
     split_status,
-    start_proxy,
-    stop_proxy,
 )
 from tests.support.pki import make_pki
+from tests.support.proxy_stack import ProxyStack, client_env, start_stack
 from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret
 
@@ -83,21 +81,15 @@ def mcp_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         proc.wait(10)
 
 
-def _start(tmp: Path, vault: Any, pki: Any, *extra: str) -> Admin:
-    admin_port = free_port()
-    p = start_proxy(tmp, HERE / "policies_mcp", {"VAULT_ADDR": vault.addr,
-                                                  "VAULT_TOKEN": vault.root_token,
-                                                  "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}, pki,
-                    f"--resolve=mcp.test={JSON_IP}", f"--resolve=mcp-sse.test={SSE_IP}",
-                    "--admin", f"127.0.0.1:{admin_port}", *extra)
-    return Admin(p, f"http://127.0.0.1:{admin_port}", HERE / "policies_mcp")
+def _start(tmp: Path, vault: Any, pki: Any, *extra: str) -> ProxyStack:
+    return start_stack(tmp, vault, pki, policies=HERE / "policies_mcp", admin=True,
+                       admin_wait=120, resolve={"mcp.test": JSON_IP, "mcp-sse.test": SSE_IP},
+                       args=extra)
 
 
-def _stop(a: Admin) -> None:
-    p = a.proxy
-    stop_proxy(p)
-    logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
-    assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+def _stop(stack: ProxyStack) -> None:
+    stack.stop()  # and no secret value in its log or audit
+    logs = stack.logs_and_audit()
     # no session id handed out (wrapped) in the logs or the audit
     assert not re.search(r"sgs1\.[A-Za-z0-9_-]+\.", logs)
     assert not [sid for sid in UPSTREAM_SIDS if sid in logs]
@@ -107,19 +99,20 @@ def _stop(a: Admin) -> None:
 def mcp_stack(tmp_path_factory: pytest.TempPathFactory, vault: Any, mcp_servers: Any
               ) -> Iterator[Admin]:
     """`sandgate run` (one process) with its admin listener (Admin.proxy: the proxy)."""
-    a = _start(tmp_path_factory.mktemp("mcp"), vault, mcp_servers)
-    yield a
-    _stop(a)
+    stack = _start(tmp_path_factory.mktemp("mcp"), vault, mcp_servers)
+    yield stack.admin
+    _stop(stack)
 
 
 @pytest.fixture(scope="module")
 def mcp_workers(tmp_path_factory: pytest.TempPathFactory, vault: Any, mcp_servers: Any
                 ) -> Iterator[Admin]:
     """`sandgate run --workers 2`: two processes on one port, the kernel picks per connection."""
-    a = _start(tmp_path_factory.mktemp("mcp-workers"), vault, mcp_servers, "--workers", "2")
+    stack = _start(tmp_path_factory.mktemp("mcp-workers"), vault, mcp_servers, "--workers", "2")
+    a = stack.admin
     wait_for(lambda: a.get("/readyz")[0] == 200, 120, "both workers ready")
     yield a
-    _stop(a)
+    _stop(stack)
 
 
 @pytest.fixture(scope="module")
@@ -127,12 +120,7 @@ def mcp_proxy(mcp_stack: Admin) -> Proxy:
     return mcp_stack.proxy
 
 
-def _env(proxy: Proxy, identity: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if "KEY" not in k and "TOKEN" not in k
-           and not k.startswith("VAULT")}
-    env.update({"HTTPS_PROXY": proxy.proxy_url(identity), "NO_PROXY": "",
-                "SSL_CERT_FILE": str(proxy.ca), "NODE_EXTRA_CA_CERTS": str(proxy.ca)})
-    return env
+_env = client_env  # a sandbox client's environment (tests/support/proxy_stack.py)
 
 
 def _sdk(cmd: list[str], proxy: Proxy, identity: str, url: str, steps: list[list[Any]]

@@ -20,20 +20,15 @@ from typing import Any
 
 import pytest
 
-from tests.integration.admin_support import ADMIN_TOKEN
 from tests.integration.conftest import (
     GITHUB_TOKEN,
-    SECRET_VALUES,
     Proxy,
     curl,
     split_status,
-    start_proxy,
-    stop_proxy,
 )
 from tests.integration.test_mcp import CLIENT_PY, SUPPORT, _post, _wait_port, py_client
 from tests.support.pki import make_pki
 from tests.support.sdk import need_sdk
-from tests.support.secrets import assert_no_secret
 
 pytestmark = pytest.mark.integration
 
@@ -70,17 +65,12 @@ def paged_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory: pytest.TempPathFactory, vault: Any, paged_servers: Any
-          ) -> Iterator[Proxy]:
-    p = start_proxy(tmp_path_factory.mktemp("mcp-stateless"), HERE / "policies_mcp_stateless",
-                    {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token,
-                     "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}, paged_servers,
-                    f"--resolve=mcp-paged.test={JSON_IP}",
-                    f"--resolve=mcp-paged-sse.test={SSE_IP}")
-    yield p
-    stop_proxy(p)
-    logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
-    assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+def proxy(proxy_stack: Any, paged_servers: Any) -> Iterator[Proxy]:
+    stack = proxy_stack("mcp-stateless", paged_servers, policies=HERE / "policies_mcp_stateless",
+                        admin_token_env=True,
+                        resolve={"mcp-paged.test": JSON_IP, "mcp-paged-sse.test": SSE_IP})
+    yield stack.proxy
+    stack.stop()
 
 
 def modern(method: str, i: int, **params: Any) -> tuple[dict[str, Any], list[str]]:

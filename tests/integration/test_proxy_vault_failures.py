@@ -17,7 +17,7 @@ from tests.integration.conftest import (
     stop_proxy,
 )
 from tests.support.bao import SeedableVault
-from tests.support.round2 import refusal_doc
+from tests.support.proxy_stack import refusal_doc
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration

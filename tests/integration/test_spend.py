@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.integration.admin_support import ADMIN_TOKEN, Admin, delta, wait_for
+from tests.integration.admin_support import Admin, delta, wait_for
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
     OPENAI_KEY,
     SECRET_VALUES,
     Proxy,
-    free_port,
     start_proxy,
     stop_proxy,
 )
@@ -131,23 +130,12 @@ def llm(tmp_path_factory) -> Iterator[tuple[Proxy, LlmServer]]:
 
 
 @pytest.fixture(scope="module")
-def admin(tmp_path_factory, vault, llm) -> Iterator[Admin]:
+def admin(proxy_stack, llm) -> Iterator[Admin]:
     pki, _server = llm
-    tmp = tmp_path_factory.mktemp("spendproxy")
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "spend.yaml").write_text(POLICY)
-    port = free_port()
-    p = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.root_token,
-                                    "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN},
-                    pki, *[f"--resolve={n}={LLM_IP}" for n in NAMES],
-                    "--admin", f"127.0.0.1:{port}")
-    a = Admin(p, f"http://127.0.0.1:{port}", policies)
-    wait_for(lambda: a.get("/healthz", token=None)[0] == 200, 15, "the admin listener")
-    yield a
-    stop_proxy(p)
-    logs = p.logs() + (p.audit_file.read_text() if p.audit_file.exists() else "")
-    assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+    stack = proxy_stack("spendproxy", pki, policy={"spend.yaml": POLICY},
+                        resolve=dict.fromkeys(NAMES, LLM_IP), admin=True)
+    yield stack.admin
+    stack.stop()
 
 
 @pytest.fixture(scope="module")

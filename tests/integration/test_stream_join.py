@@ -30,8 +30,6 @@ from tests.integration.conftest import (
     Proxy,
     curl,
     split_status,
-    start_proxy,
-    stop_proxy,
 )
 from tests.support.pki import make_pki
 from tests.support.sdk import CLIENT_PY, need_sdk
@@ -176,26 +174,22 @@ class StreamingUpstream:
 
 
 @pytest.fixture(scope="module")
-def sj(tmp_path_factory: pytest.TempPathFactory, vault) -> Iterator[tuple[Proxy,
-                                                                           StreamingUpstream]]:
+def sj(tmp_path_factory: pytest.TempPathFactory, proxy_stack) -> Iterator[tuple[Proxy,
+                                                                                StreamingUpstream]]:
     tmp = tmp_path_factory.mktemp("sj")
     pki = make_pki(tmp / "pki", [HOST, WS_HOST])
     upstream = StreamingUpstream()
     server = AppThread(upstream.app(), pki.cert, pki.key, IP).start()
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "sj.yaml").write_text(POLICY)
-    proxy = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr,
-                                        "VAULT_TOKEN": vault.root_token}, pki,
-                        f"--resolve={HOST}={IP}", f"--resolve={WS_HOST}={IP}")
+    stack = proxy_stack("sj-proxy", pki, policy={"sj.yaml": POLICY},
+                        resolve={HOST: IP, WS_HOST: IP})
     try:
-        yield proxy, upstream
+        yield stack.proxy, upstream
     finally:
         upstream.release.set()
-        stop_proxy(proxy)
-        server.stop()
-        logs = proxy.logs() + proxy.audit_file.read_text()
-        assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+        try:
+            stack.stop()  # and no secret in its log or audit
+        finally:
+            server.stop()
 
 
 def _sse_data(body: str) -> list[str]:

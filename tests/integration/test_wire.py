@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.conftest import HERE, Proxy, split_status, start_proxy, stop_proxy
+from tests.support.proxy_stack import refusal_doc, token, vault_env, wait_new_audit
 from tests.support.rawupstream import RawRequest, RawServer
-from tests.support.round2 import refusal_doc, token, vault_env, wait_new_audit
 from tests.support.tunnel import h1_in_tunnel, open_tunnel, proxy_auth
 
 pytestmark = pytest.mark.integration

@@ -21,8 +21,8 @@ import pytest
 
 from tests.integration.conftest import HERE, Proxy, split_status, start_proxy, stop_proxy
 from tests.integration.test_wire import RAW_IP, RESOLVE, RESPONDERS
+from tests.support.proxy_stack import token, vault_env
 from tests.support.rawupstream import RawServer
-from tests.support.round2 import token, vault_env
 
 pytestmark = pytest.mark.integration
 

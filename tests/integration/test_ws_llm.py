@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.integration.conftest import OPENAI_KEY, SECRET_VALUES, Proxy, start_proxy, stop_proxy
+from tests.integration.conftest import OPENAI_KEY, SECRET_VALUES, Proxy
 from tests.support.openai_responses import StandInResponses
 from tests.support.pki import make_pki
 from tests.support.secrets import assert_no_secret, assert_secret_equal
@@ -53,25 +53,20 @@ identities:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, vault) -> Iterator[tuple[Proxy,
-                                                                            StandInResponses]]:
+def stack(tmp_path_factory: pytest.TempPathFactory, proxy_stack) -> Iterator[tuple[Proxy,
+                                                                                   StandInResponses]]:
     tmp = tmp_path_factory.mktemp("wsllm")
     pki = make_pki(tmp / "pki", [HOST])
     api = StandInResponses(command="true", leak=True)
     server = AppThread(api.app(), pki.cert, pki.key, IP).start()
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "wsllm.yaml").write_text(POLICY)
-    proxy = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr,
-                                        "VAULT_TOKEN": vault.root_token}, pki,
-                        f"--resolve={HOST}={IP}")
+    running = proxy_stack("wsllm-proxy", pki, policy={"wsllm.yaml": POLICY}, resolve={HOST: IP})
     try:
-        yield proxy, api
+        yield running.proxy, api
     finally:
-        stop_proxy(proxy)
-        server.stop()
-        logs = proxy.logs() + proxy.audit_file.read_text()
-        assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+        try:
+            running.stop()  # and no secret in its log or audit
+        finally:
+            server.stop()
 
 
 def _create(model: str, **extra: Any) -> dict[str, Any]:

@@ -28,14 +28,10 @@ import aiohttp
 import pytest
 import wsproto.events as ev
 
-from tests.integration.admin_support import ADMIN_TOKEN, Admin, wait_for
+from tests.integration.admin_support import Admin, wait_for
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
-    SECRET_VALUES,
     Proxy,
-    free_port,
-    start_proxy,
-    stop_proxy,
 )
 from tests.support.pki import make_pki
 from tests.support.secrets import assert_no_secret
@@ -67,35 +63,21 @@ identities:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, vault) -> Iterator[tuple[Proxy, WsRpcServer,
-                                                                            Admin]]:
+def stack(tmp_path_factory: pytest.TempPathFactory, proxy_stack) -> Iterator[tuple[Proxy,
+                                                                                   WsRpcServer,
+                                                                                   Admin]]:
     tmp = tmp_path_factory.mktemp("wsrpc")
     pki = make_pki(tmp / "pki", [HOST])
     server = WsRpcServer(IP, 443, str(pki.cert), str(pki.key)).start()
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "wsrpc.yaml").write_text(POLICY)
-    aport = free_port()
-    proxy = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr,
-                                        "VAULT_TOKEN": vault.root_token,
-                                        "SANDGATE_ADMIN_TOKEN": ADMIN_TOKEN}, pki,
-                        f"--resolve={HOST}={IP}", "--admin", f"127.0.0.1:{aport}")
-    admin = Admin(proxy, f"http://127.0.0.1:{aport}", policies)
-    wait_for(lambda: _up(admin), 15, "the admin listener")
+    running = proxy_stack("wsrpc-proxy", pki, policy={"wsrpc.yaml": POLICY}, resolve={HOST: IP},
+                          admin=True)
     try:
-        yield proxy, server, admin
+        yield running.proxy, server, running.admin
     finally:
-        stop_proxy(proxy)
-        server.stop()
-        logs = proxy.logs() + proxy.audit_file.read_text()
-        assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
-
-
-def _up(admin: Admin) -> bool:
-    try:
-        return admin.get("/healthz", token=None, timeout=2)[0] == 200
-    except OSError:
-        return False
+        try:
+            running.stop()  # and no secret in its log or audit
+        finally:
+            server.stop()
 
 
 def _rpc(i: int | None, method: str, params: Any = None) -> dict[str, Any]:

@@ -12,13 +12,12 @@ else with a JSON-RPC "method not found" error. Notifications and responses are o
 
 from __future__ import annotations
 
-import asyncio
 import json
-import ssl
-import threading
 from typing import Any
 
 from aiohttp import WSMsgType, web
+
+from tests.support.upstream import AppThread
 
 TOOLS = ["create_issue", "delete_repo", "get_issue", "get_me", "list_issues", "search_code"]
 
@@ -29,11 +28,8 @@ class WsRpcServer:
         self.upgrades: list[tuple[str, dict[str, str]]] = []  # (path, lower-cased headers)
         self.frames: list[str | bytes] = []
         self.methods: list[str] = []
-        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._ctx.load_cert_chain(cert, key)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
+        self._cert, self._key = cert, key
+        self._server: AppThread | None = None
 
     def _answer(self, msg: Any, key: str) -> dict[str, Any] | None:
         if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
@@ -91,19 +87,11 @@ class WsRpcServer:
         return ws
 
     def start(self) -> WsRpcServer:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    async def _start(self) -> None:
         app = web.Application()
         app.router.add_get("/{path:.*}", self._ws)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ctx).start()
+        self._server = AppThread(app, self._cert, self._key, self.host, self.port).start()
+        return self
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        if self._server is not None:
+            self._server.stop()

@@ -12,11 +12,9 @@ and acknowledged with "got <kind>" (a close is not acknowledged: the session end
 
 from __future__ import annotations
 
-import asyncio
-import ssl
-import threading
-
 from aiohttp import WSMsgType, web
+
+from tests.support.upstream import AppThread
 
 
 class WsServer:
@@ -25,11 +23,8 @@ class WsServer:
         self.received: list[str] = []
         self.upgrade_headers: list[dict[str, str]] = []
         self.control: list[tuple[str, bytes]] = []
-        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._ctx.load_cert_chain(cert, key)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
+        self._cert, self._key = cert, key
+        self._server: AppThread | None = None
 
     async def _ws(self, request: web.Request) -> web.WebSocketResponse:
         self.upgrade_headers.append({k.lower(): v for k, v in request.headers.items()})
@@ -74,20 +69,12 @@ class WsServer:
         return ws
 
     def start(self) -> WsServer:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    async def _start(self) -> None:
         app = web.Application()
         app.router.add_get("/ws", self._ws)
         app.router.add_get("/ws-control", self._ws_control)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ctx).start()
+        self._server = AppThread(app, self._cert, self._key, self.host, self.port).start()
+        return self
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        if self._server is not None:
+            self._server.stop()

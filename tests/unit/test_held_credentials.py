@@ -32,7 +32,7 @@ from sandgate.secrets.keyforms import PrivateKey, pem_values
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.unwrap import scrub_unwrapped, unwrapped_view
 from tests.unit.test_fleet_secrets import FakeClock
-from tests.unit.test_github_app_tokens import REF, Fake, _dial
+from tests.unit.test_github_app import REF, Fake, _dial
 
 RSA = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 KEYS: dict[str, PrivateKey] = {"rsa": RSA, "ec": ec.generate_private_key(ec.SECP256R1()),

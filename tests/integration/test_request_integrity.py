@@ -1,4 +1,4 @@
-"""Security round 2, request side: what a sandbox sends must reach the upstream exactly as judged.
+"""Request integrity: what a sandbox sends must reach the upstream exactly as judged.
 
 Every test here looks at both ends: what the client got back, and what the upstream (the shared
 aiohttp upstream, nginx, or a scripted raw server) received. Real parts only: a real `sandgate
@@ -37,8 +37,7 @@ from tests.integration.conftest import (
     stop_proxy,
 )
 from tests.support import nginx as nginx_support
-from tests.support.rawupstream import RawServer, switch_on_any_upgrade
-from tests.support.round2 import (
+from tests.support.proxy_stack import (
     audit_mark,
     r2_proxy_running,
     refusal_doc,
@@ -47,6 +46,7 @@ from tests.support.round2 import (
     vault_env,
     wait_new_audit,
 )
+from tests.support.rawupstream import RawServer, switch_on_any_upgrade
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 from tests.support.tunnel import (
     h1_in_tunnel,

@@ -28,12 +28,9 @@ import zstandard
 from tests.integration.admin_support import wait_for
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
-    SECRET_VALUES,
     Proxy,
     curl,
     split_status,
-    start_proxy,
-    stop_proxy,
 )
 from tests.support.pki import make_pki
 from tests.support.rawupstream import RawRequest, RawServer
@@ -113,27 +110,23 @@ def coded(req: RawRequest) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def r3(tmp_path_factory: pytest.TempPathFactory, vault) -> Iterator[tuple[Proxy, RawServer,
-                                                                           WsServer]]:
+def r3(tmp_path_factory: pytest.TempPathFactory, proxy_stack) -> Iterator[tuple[Proxy, RawServer,
+                                                                                 WsServer]]:
     tmp = tmp_path_factory.mktemp("r3")
     pki = make_pki(tmp / "pki", NAMES)
     raw = RawServer(RAW_IP, 443, str(pki.cert), str(pki.key), responders={
         "/names": header_names, "/mime": mime, "/coded/": coded}).start()
     ws = WsServer(WS_IP, 443, str(pki.cert), str(pki.key)).start()
-    policies = tmp / "policies"
-    policies.mkdir()
-    (policies / "r3.yaml").write_text(POLICY)
-    proxy = start_proxy(tmp, policies, {"VAULT_ADDR": vault.addr,
-                                        "VAULT_TOKEN": vault.root_token}, pki,
-                        f"--resolve=raw.r3.test={RAW_IP}", f"--resolve=ws.r3.test={WS_IP}")
+    stack = proxy_stack("r3-proxy", pki, policy={"r3.yaml": POLICY},
+                        resolve={"raw.r3.test": RAW_IP, "ws.r3.test": WS_IP})
     try:
-        yield proxy, raw, ws
+        yield stack.proxy, raw, ws
     finally:
-        stop_proxy(proxy)
-        raw.stop()
-        ws.stop()
-        logs = proxy.logs() + proxy.audit_file.read_text()
-        assert_no_secret([logs], SECRET_VALUES, "the proxy's logs or audit")
+        try:
+            stack.stop()  # and no secret in its log or audit
+        finally:
+            raw.stop()
+            ws.stop()
 
 
 def _get(proxy: Proxy, path: str, *args: str) -> tuple[str, int, str]:

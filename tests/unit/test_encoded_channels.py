@@ -2,7 +2,7 @@
 quoted-printable), stacked and uncommon content codings, and WebSocket control frames.
 
 The end-to-end versions (a real upstream, curl, a wsproto client) are in
-tests/integration/test_round3_channels.py.
+tests/integration/test_encoded_channels.py.
 """
 
 from __future__ import annotations

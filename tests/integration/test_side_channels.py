@@ -1,4 +1,4 @@
-"""Security round 2, the other channels: responses, WebSocket, trailers, error pages, options,
+"""Side channels: responses, WebSocket, trailers, error pages, options,
 refusal bodies, odd addresses and DNS inside a tunnel.
 
 Each test shows what the client saw (and, where something could go out, what the upstream got).
@@ -35,15 +35,7 @@ from tests.integration.conftest import (
     free_port,
     split_status,
 )
-from tests.support.rawupstream import (
-    H2TrailerServer,
-    RawServer,
-    chunked_with_trailers,
-    echo_credential_forms,
-    malformed_status_quotes_key,
-    reason_quotes_key,
-)
-from tests.support.round2 import (
+from tests.support.proxy_stack import (
     POLICIES_R2,
     audit_mark,
     r2_proxy_running,
@@ -52,6 +44,14 @@ from tests.support.round2 import (
     token,
     vault_env,
     wait_new_audit,
+)
+from tests.support.rawupstream import (
+    H2TrailerServer,
+    RawServer,
+    chunked_with_trailers,
+    echo_credential_forms,
+    malformed_status_quotes_key,
+    reason_quotes_key,
 )
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 from tests.support.tunnel import h1_in_tunnel, h2_request, open_tunnel, proxy_auth, split_response
@@ -427,8 +427,8 @@ def test_dns_over_connect_53_is_not_answered(proxy):
             f"DNS answered (rcode {rcode}, {ancount} record(s)); expected REFUSED (5) or nothing"
 
 
-def test_round2_policy_loads():
-    """The round-2 policy itself is valid (a broken file would fail every test above)."""
+def test_channel_servers_policy_loads():
+    """The channel servers' policy itself is valid (a broken file would fail every test above)."""
     r = subprocess.run([*SANDGATE, "check", str(POLICIES_R2)], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
