@@ -33,16 +33,32 @@ from typing import Any
 import h11
 from h11 import _readers as h11_readers
 from mitmproxy import http
+from mitmproxy.net.http import http1
 from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._events import ResponseEndOfMessage
 from mitmproxy.proxy.layers.http._hooks import HttpResponseHeadersHook
 
+from sandgate.errors import Code
+from sandgate.refusal import Refusal
+
 _MARK = "_sandgate_readable"
 
 # What this patch replaces or depends on, each with the SHA-256 of its source: its entry
 # in sandgate.mitm.registry.PATCHES.
+
+
+def refusal_response(code: Code, reason: str) -> bytes:
+    """A refusal as HTTP/1 bytes, closing the connection (for errors below the hooks)."""
+    r = Refusal(code, reason)
+    headers = {**r.headers(), "connection": "close"}
+    return bytes(http1.assemble_response(http.Response.make(r.status, r.body(), headers)))
+
+
+def bad_request_response(reason: str) -> bytes:
+    """A 400 `bad_request` refusal as HTTP/1 bytes (for errors below the hooks)."""
+    return refusal_response(Code.BAD_REQUEST, reason)
 
 
 EARLY = "sandgate-answer-early"  # flow.metadata: the refusal is sent before the body is read
@@ -152,8 +168,6 @@ def _wrap_send(original: Any) -> Any:
 
 def _wrap_read_body(original: Any) -> Any:
     def read_body(self: Any, event: events.Event) -> Generator[Any, Any, None]:
-        from sandgate.mitm.guards.wirelimits import bad_request_response
-
         for command in original(self, event):  # read_body yields no blocking command
             if (isinstance(command, commands.CloseConnection) and command.connection is self.conn
                     and self.response is None and self.request is not None):

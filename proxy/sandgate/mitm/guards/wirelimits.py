@@ -52,7 +52,6 @@ import h2.exceptions
 import h2.frame_buffer
 from hyperframe.frame import HeadersFrame
 from mitmproxy import connection, http
-from mitmproxy.net.http import http1
 from mitmproxy.proxy import commands, events, server
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import tls as tls_layer
@@ -64,7 +63,6 @@ from sandgate import audit as A
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.mitm.guards import corrections, dialorigin, readable
-from sandgate.refusal import Refusal
 
 log = logging.getLogger("sandgate")
 
@@ -119,17 +117,6 @@ def head_bytes(req: http.Request) -> int:
     return n
 
 
-def _refusal_response(code: Code, reason: str) -> bytes:
-    r = Refusal(code, reason)
-    headers = {**r.headers(), "connection": "close"}
-    return bytes(http1.assemble_response(http.Response.make(r.status, r.body(), headers)))
-
-
-def bad_request_response(reason: str) -> bytes:
-    """A 400 `bad_request` refusal as HTTP/1 bytes (for errors below the hooks)."""
-    return _refusal_response(Code.BAD_REQUEST, reason)
-
-
 def _peer(conn: connection.Connection) -> str | None:
     p = conn.peername
     return f"{p[0]}:{p[1]}" if p else None
@@ -174,7 +161,7 @@ def _refuse_head(self: Any, code: Code, reason: str) -> Generator[Any, Any, None
     answer instead of a reset (readable.py). A head past its time is not: closed at once."""
     self._sg_head_deadline = None
     _emit("limit", code, reason, self.conn)
-    yield commands.SendData(self.conn, _refusal_response(code, reason))
+    yield commands.SendData(self.conn, readable.refusal_response(code, reason))
     self.state = self.done
     if code == Code.HEADERS_TOO_LARGE:
         yield from readable.close_gracefully(self)
