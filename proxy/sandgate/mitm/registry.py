@@ -70,6 +70,9 @@ class Pin:
 
 @dataclass(frozen=True)
 class Patch:
+    """One patch: its module (sandgate.mitm.guards or .speedups), why, what it pins, and how it
+    is installed."""
+
     name: str
     module: ModuleType
     reason: str
