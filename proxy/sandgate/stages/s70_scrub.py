@@ -225,8 +225,8 @@ def _websocket_leaks(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
 
 
 def websocket_start(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
-    """The WebSocket's control frames are judged by `_websocket_control` (addons/wscontrol);
-    on a rule with mcp:/jsonrpc:, its messages by addons/wsrpc."""
+    """The WebSocket's control frames are judged by `_websocket_control` (mitm/guards/wscontrol);
+    on a rule with mcp:/jsonrpc:, its messages by stages/wsrpc."""
     flow.metadata[wscontrol.HANDLER_KEY] = functools.partial(_websocket_control, st, flow, rec)
     wsrpc.start(rec, flow)
 
