@@ -598,11 +598,12 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
     ports = sorted({p for r in rules for p in r.ports})
     named = {m for r in rules if r.methods is not None for m in r.methods}
     methods = [*sorted(named), _fresh_method(named)]
-    # A WebSocket (a GET) on a rule with mcp:/jsonrpc: is refused unless it opts in: one
-    # more witness, on GET (named explicitly: the fresh method stands for it otherwise).
+    # A WebSocket (a GET) on a rule with mcp:/jsonrpc:/llm: is refused unless it opts in:
+    # one more witness, on GET (named explicitly: the fresh method stands for it otherwise).
     upgrades: list[str | None] = [None]
-    if any(r.call is not None for r in rules):
-        methods.sort(key=lambda m: m != "POST")  # JSON-RPC calls are POSTed: shown first
+    if any(r.call is not None or r.llm is not None for r in rules):
+        if any(r.call is not None for r in rules):
+            methods.sort(key=lambda m: m != "POST")  # JSON-RPC calls are POSTed: shown first
         upgrades.append("websocket")
         if "GET" not in methods:
             methods.append("GET")

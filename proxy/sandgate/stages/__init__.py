@@ -24,6 +24,7 @@ and what they share besides context.py (no number: not a step of the path):
     clienthello.py    a captured ClientHello judged as the CONNECT it stands for (s15_capture)
     rpccalls.py       the JSON-RPC / MCP work of s35_call and of s70_scrub's list answers
     wsrpc.py          the same over WebSocket (s70_scrub)
+    wsllm.py          an llm: rule's calls over WebSocket (s70_scrub)
 
 Why `sNN_` names: a module name cannot start with a digit, and the number makes `ls` show the
 path a request takes. The numbers go in tens, as unit files and rule files do, so a stage that
