@@ -33,6 +33,7 @@ from sandgate.secrets.vault import SecretBroker
 from sandgate.tokens import issue_token, parse_ttl
 
 if TYPE_CHECKING:
+    from sandgate.spend import WindowView
     from sandgate.state.fleet import Fleet
 
 log = logging.getLogger("sandgate.admin")
@@ -71,6 +72,9 @@ class AdminState:
     fleet: Fleet | None = None
     # the recent decisions the web console shows (fed by the audit stream: runner.py)
     recent: EventRing | None = None
+    # the LLM budget windows open now, as the proxy counts them (the console's spend view):
+    # this process's, or the fleet's with --state (sandgate.state.counts.Counts.open_windows)
+    spend_windows: Callable[[], Awaitable[list[WindowView]]] | None = None
     # wrong tokens per source, shared by the admin API and the console's login (admin_login)
     login_limit: FailureLimit = field(default_factory=FailureLimit)
 
