@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
-from sandgate.stages.rpccalls import CallState, _filter_json, _SseFilter
+from sandgate.stages.flow import CallState
+from sandgate.stages.rpccalls import _filter_json, _SseFilter
 
 POLICY = """
 version: v1

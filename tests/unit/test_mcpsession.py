@@ -15,8 +15,8 @@ from sandgate.errors import BadRequest, Code, Refused
 from sandgate.mcpsession import MAC_CHARS, PREFIX, SessionIdError, session_key, unwrap, wrap
 from sandgate.policy.loader import load_policy_dir
 from sandgate.request import RequestInfo
-from sandgate.stages.flow import FlowRecord
-from sandgate.stages.rpccalls import SESSION_HEADER, CallState, open_session, response_headers
+from sandgate.stages.flow import CallState, FlowRecord
+from sandgate.stages.rpccalls import SESSION_HEADER, open_session, response_headers
 from sandgate.tokens import issue_token
 
 TOKEN_KEY = b"unit-test-token-key-not-secret!!"

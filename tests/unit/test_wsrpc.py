@@ -26,8 +26,8 @@ from sandgate.mitm.guards import wscontrol
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
+from sandgate.stages.flow import CallState
 from sandgate.stages.forward import upgrade_asked
-from sandgate.stages.rpccalls import CallState
 from sandgate.stages.wsrpc import MAX_PENDING_LISTS, WsRpc, from_server, judge_client
 from tests.unit.fuzz import examples
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sandgate.decision import Decision
+from sandgate.decision import Decision, decide
 from sandgate.errors import Refused
 from sandgate.export.traceparent import TraceHeaders
 from sandgate.identity.base import Caller
+from sandgate.jsonrpc import Call, Message
 from sandgate.netguard import DialTarget
 from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
@@ -21,7 +22,6 @@ from sandgate.spend import LlmFlow
 
 if TYPE_CHECKING:
     from sandgate.scrub.wsjoin import WsJoin
-    from sandgate.stages.rpccalls import CallState
 
 
 @dataclass
@@ -86,6 +86,50 @@ class DialApproval:
     address: tuple[str, int]  # as the request names it once pinned: the IP, or the gateway name
     target: DialTarget  # the checked address to connect to
     name: str  # the host name the request was judged for: the upstream's SNI
+
+
+@dataclass
+class CallState:
+    """What the response side and the audit need of a judged call (the call stage's:
+    sandgate.stages.rpccalls)."""
+
+    policy: Policy
+    identity: str
+    info: RequestInfo
+    call: Call | None = None
+    # per message: "allow", "deny", or "batch" (allowed alone, refused with its batch)
+    outcomes: list[str] = field(default_factory=list)
+    lists: dict[str, str] = field(default_factory=dict)  # id_key -> list method
+    removed: int = 0  # list entries filtered out of the answers
+    # the MCP protocol version the request's session id was bound to (None: none, or unbound)
+    session_version: str | None = None
+    init_id: str | None = None  # id_key of an initialize request: its answer names the version
+    negotiated: str | None = None  # the protocol version that answer named
+    # the session ids of an initialize answer, held back until its version is read
+    pending: tuple[bytes, list[str]] | None = None
+
+    def may(self, method: str, name: str) -> bool:
+        return decide(self.policy, self.identity, self.info,
+                      Call((Message("request", method, 1, name, None),))).allowed
+
+    def fields(self) -> dict[str, Any]:
+        """Audit fields: per message method, tool, id, outcome; arguments only by size+hash."""
+        if self.call is None:
+            return {}
+        rpc = []
+        for m, outcome in zip(self.call.messages, self.outcomes, strict=False):
+            entry: dict[str, Any] = {"kind": m.kind, "method": m.method, "id": m.id,
+                                     "decision": outcome}
+            if m.name is not None:
+                entry["tool" if m.method == "tools/call" else "name"] = m.name
+            if m.args_sha256 is not None:
+                entry["args_bytes"] = m.args_bytes
+                entry["args_sha256"] = m.args_sha256
+            rpc.append(entry)
+        out: dict[str, Any] = {"rpc": rpc}
+        if self.removed:
+            out["rpc_filtered"] = self.removed
+        return out
 
 
 @dataclass

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from mitmproxy import http
@@ -36,13 +35,13 @@ from sandgate import mcpheaders
 from sandgate.callbody import header_mismatch, read_call
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
-from sandgate.jsonrpc import Call, CallError, Id, Message, id_key, loads
+from sandgate.jsonrpc import Call, CallError, Id, id_key, loads
 from sandgate.mcpheaders import HEADER_MISMATCH_CODE
 from sandgate.mcpsession import SessionIdError, unwrap_bound, wrap
 from sandgate.policy.model import Policy
 from sandgate.refusal import REASON_HEADER, Refusal
 from sandgate.request import RequestInfo
-from sandgate.stages.flow import FlowRecord
+from sandgate.stages.flow import CallState, FlowRecord
 
 SESSION_HEADER = "mcp-session-id"
 # The JSON-RPC error code of a call Sandgate refused (implementation-defined server range);
@@ -71,49 +70,6 @@ LISTS = {
 # `cacheScope`: "public" lets any cache serve it to anyone; "private" only within the same
 # authorization context, which behind Sandgate is the identity's own).
 PRIVATE = "private"
-
-
-@dataclass
-class CallState:
-    """What the response side and the audit need of a judged call."""
-
-    policy: Policy
-    identity: str
-    info: RequestInfo
-    call: Call | None = None
-    # per message: "allow", "deny", or "batch" (allowed alone, refused with its batch)
-    outcomes: list[str] = field(default_factory=list)
-    lists: dict[str, str] = field(default_factory=dict)  # id_key -> list method
-    removed: int = 0  # list entries filtered out of the answers
-    # the MCP protocol version the request's session id was bound to (None: none, or unbound)
-    session_version: str | None = None
-    init_id: str | None = None  # id_key of an initialize request: its answer names the version
-    negotiated: str | None = None  # the protocol version that answer named
-    # the session ids of an initialize answer, held back until its version is read
-    pending: tuple[bytes, list[str]] | None = None
-
-    def may(self, method: str, name: str) -> bool:
-        return decide(self.policy, self.identity, self.info,
-                      Call((Message("request", method, 1, name, None),))).allowed
-
-    def fields(self) -> dict[str, Any]:
-        """Audit fields: per message method, tool, id, outcome; arguments only by size+hash."""
-        if self.call is None:
-            return {}
-        rpc = []
-        for m, outcome in zip(self.call.messages, self.outcomes, strict=False):
-            entry: dict[str, Any] = {"kind": m.kind, "method": m.method, "id": m.id,
-                                     "decision": outcome}
-            if m.name is not None:
-                entry["tool" if m.method == "tools/call" else "name"] = m.name
-            if m.args_sha256 is not None:
-                entry["args_bytes"] = m.args_bytes
-                entry["args_sha256"] = m.args_sha256
-            rpc.append(entry)
-        out: dict[str, Any] = {"rpc": rpc}
-        if self.removed:
-            out["rpc_filtered"] = self.removed
-        return out
 
 
 # ------------------------------------------------------------------------- the request side

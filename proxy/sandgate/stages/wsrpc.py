@@ -41,8 +41,8 @@ from sandgate.errors import Code, Refused
 from sandgate.jsonrpc import Call, CallError, id_key, loads, parse
 from sandgate.mitm.guards import wscontrol
 from sandgate.stages.context import GateState
-from sandgate.stages.flow import FlowRecord
-from sandgate.stages.rpccalls import LISTS, CallState, filter_message, outcomes, rpc_errors
+from sandgate.stages.flow import CallState, FlowRecord
+from sandgate.stages.rpccalls import LISTS, filter_message, outcomes, rpc_errors
 from sandgate.stages.s80_refuse import refusal_for
 from sandgate.stages.s90_audit import audit_event
 
