@@ -283,29 +283,6 @@ def test_a_handler_that_fails_empties_the_payload() -> None:
     assert isinstance(out, ws_events.Ping) and out.payload == b""
 
 
-@SETTINGS
-@given(st.lists(st.text(alphabet="ab=x", max_size=9), max_size=12),
-       st.sampled_from(["\n", "\r\n"]), st.text(alphabet="ab=\r\n", max_size=6))
-def test_the_fast_view_equals_the_general_one(lines: list[str], sep: str, tail: str) -> None:
-    from sandgate.scrub.unwrap import _View
-
-    for data in ((sep.join(lines)).encode(), (sep.join(lines) + tail).encode()):
-        fast = _View(data)
-        slow = _View(b"")
-        slow.data = data
-        slow.text = slow._general(data)
-        assert fast.text == slow.text
-        for i in range(len(fast.text)):
-            assert fast.origin(i) == slow.origin(i), (data, i)
-        for tail_window in (4096, 0):  # the walk back from the end, and the full list
-            unwrap._TAIL = tail_window
-            try:
-                for i in range(len(fast.text)):
-                    assert _View(data).origin(i) == slow.origin(i)
-            finally:
-                unwrap._TAIL = 4096
-
-
 def test_binary_media_types_are_scrubbed_without_the_view() -> None:
     assert unwrap.applies_to("multipart/mixed; boundary=x") and unwrap.applies_to("")
     assert unwrap.applies_to("text/plain") and unwrap.applies_to("application/json")

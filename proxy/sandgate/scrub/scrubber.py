@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from sandgate.scrub.literals import LiteralSet
+from sandgate.scrub.view import view_text
 from sandgate.secrets.forms import MIN_DERIVED_LEN, FormKind, classified_forms
 
 REDACTED_TEMPLATE = "[REDACTED:{name}]"
@@ -81,10 +82,6 @@ class SecretSet:
         secrets: Mapping[str, str | bytes] | Iterable[tuple[str, str | bytes]],
         extra: Mapping[str, Iterable[bytes]] = _NO_EXTRA,
     ) -> None:
-        # The unwrapping view (sandgate.scrub.unwrap) imports this module: its spelling of a needle
-        # is imported here, when a set is built.
-        from sandgate.scrub.unwrap import view_text
-
         exact: dict[bytes, _Needle] = {}
         folded: dict[bytes, Hit] = {}
 
