@@ -28,15 +28,15 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tutils
 
-from sandgate import unwrap
-from sandgate.addons import decoding, wscontrol
-from sandgate.addons.stream import ResponseScrubber, answer_instead, clean_head, scrub_whole
 from sandgate.errors import Code
 from sandgate.inject import find_leaks_in
+from sandgate.mitm.guards import wscontrol
 from sandgate.refusal import Refusal
-from sandgate.scrub import SecretSet
+from sandgate.scrub import decoding, unwrap
+from sandgate.scrub.scrubber import SecretSet
+from sandgate.scrub.stream import ResponseScrubber, answer_instead, clean_head, scrub_whole
+from sandgate.scrub.unwrap import scrub_unwrapped, unwrapping_scrubber
 from sandgate.secrets.forms import classified_forms
-from sandgate.unwrap import scrub_unwrapped, unwrapping_scrubber
 from tests.unit.fuzz import examples
 
 KEY = "test-round3-FAKE-key-0a1b2c3d4e5f6a7b8c9d"
@@ -234,11 +234,12 @@ def test_unknown_codings_are_refused_readably() -> None:
 
 
 def test_control_patch_installs_on_this_mitmproxy() -> None:
-    # (its sources are pinned by test_patch_sources.test_wscontrol_source_is_pinned)
-    from sandgate.addons import patches
+    # (its sources are pinned by test_mitm_registry.py::test_source_is_pinned[wscontrol])
+    from sandgate.mitm.guards import corrections
 
-    patches.install()
-    assert wscontrol.installed() and patches.installed()
+    corrections.install()
+    wscontrol.install()  # its own entry in sandgate.mitm.registry.PATCHES, after corrections
+    assert wscontrol.installed() and corrections.installed()
     from mitmproxy.proxy.layers import websocket as layer
 
     assert layer.WebsocketConnection.events is wscontrol._events  # type: ignore[comparison-overlap]
@@ -280,29 +281,6 @@ def test_a_handler_that_fails_empties_the_payload() -> None:
 
     out = wscontrol.judged(ws_events.Ping(payload=KEY.encode()), False, boom)
     assert isinstance(out, ws_events.Ping) and out.payload == b""
-
-
-@SETTINGS
-@given(st.lists(st.text(alphabet="ab=x", max_size=9), max_size=12),
-       st.sampled_from(["\n", "\r\n"]), st.text(alphabet="ab=\r\n", max_size=6))
-def test_the_fast_view_equals_the_general_one(lines: list[str], sep: str, tail: str) -> None:
-    from sandgate.unwrap import _View
-
-    for data in ((sep.join(lines)).encode(), (sep.join(lines) + tail).encode()):
-        fast = _View(data)
-        slow = _View(b"")
-        slow.data = data
-        slow.text = slow._general(data)
-        assert fast.text == slow.text
-        for i in range(len(fast.text)):
-            assert fast.origin(i) == slow.origin(i), (data, i)
-        for tail_window in (4096, 0):  # the walk back from the end, and the full list
-            unwrap._TAIL = tail_window
-            try:
-                for i in range(len(fast.text)):
-                    assert _View(data).origin(i) == slow.origin(i)
-            finally:
-                unwrap._TAIL = 4096
 
 
 def test_binary_media_types_are_scrubbed_without_the_view() -> None:

@@ -17,15 +17,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from sandgate import explain
-from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide
 from sandgate.export import otel, setup, traceparent
 from sandgate.export.counters import ExportCounters
 from sandgate.export.marks import FORWARDED, VAULT_END, VAULT_START
 from sandgate.policy.loader import load_policy_dir
 from sandgate.request import parse_url
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
 from sandgate.stages import s40_forward
+from sandgate.stages.flow import FlowRecord
 
 pytestmark = pytest.mark.unit
 

@@ -297,7 +297,7 @@ def test_a_providers_host_under_a_wildcard_is_its_own_witness(tmp_path):
 
 def test_calls_on_the_responses_websocket_are_compared(tmp_path):
     """On a rule with `websocket: true`, a `response.create` on the WebSocket is judged by the
-    rules' `llm:` (sandgate.addons.wsllm): a wider model list there refutes the claim, on the
+    rules' `llm:` (sandgate.stages.wsllm): a wider model list there refutes the claim, on the
     upgrade (GET) the POSTs never see."""
     base = """
     version: v1

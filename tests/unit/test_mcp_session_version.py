@@ -16,7 +16,6 @@ from mitmproxy import http
 from mitmproxy.test import tflow
 
 from sandgate import audit
-from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
@@ -26,6 +25,7 @@ from sandgate.policy.loader import load_policy_dir
 from sandgate.request import RequestInfo
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import context, s35_call, s70_scrub
+from sandgate.stages.flow import FlowRecord
 
 KEY = session_key(b"unit-test-token-key-not-secret!!")
 HOST, PORT = "mcp.example", 80

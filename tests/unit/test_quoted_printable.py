@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from mitmproxy.test import tutils
 
 from sandgate.inject import find_leaks
-from sandgate.scrub import SecretSet
-from sandgate.unwrap import _View, scrub_unwrapped, unwrapping_scrubber
+from sandgate.scrub.scrubber import SecretSet
+from sandgate.scrub.unwrap import scrub_unwrapped, unwrapping_scrubber
+from sandgate.scrub.view import View
 
 KEY = "FAKE/qp+probe/value=0123+abcdef/XYZ"
 SECRETS = SecretSet({"qp": KEY})
@@ -112,10 +113,10 @@ def test_a_secret_holding_an_escape_is_matched_as_written():
 def test_the_fast_view_reads_as_the_general_loop(parts):
     """Escapes decoded line by line (offsets mapped on demand) give the general loop's view."""
     data = b"".join(parts)
-    fast = _View(data)
+    fast = View(data)
     text = fast.text
-    general = _View(data)
+    general = View(data)
     assert general._general(data) == text  # the loop itself, whatever path __init__ took
     for i in range(len(text)):  # mapping back (forces the lazy map): same bytes of the data
         start, end = fast.origin(i), fast.end(i)
-        assert _View(data[start:end]).text == text[i:i + 1] or data[start:end] == text[i:i + 1]
+        assert View(data[start:end]).text == text[i:i + 1] or data[start:end] == text[i:i + 1]

@@ -11,7 +11,6 @@ from mitmproxy import http
 from mitmproxy.test import tflow
 
 from sandgate import audit
-from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide
 from sandgate.errors import Code, Refused
 from sandgate.identity.base import Caller
@@ -20,6 +19,7 @@ from sandgate.policy.loader import load_policy_dir
 from sandgate.request import parse_proxied
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import context, s36_sigv4, s55_sign
+from sandgate.stages.flow import FlowRecord
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """One rule, every transport, for LLM calls: the Responses API's WebSocket transport on a rule
 with `llm:` (decide()'s upgrade_refused, the loader, fixtures, explain) and the calls sent on
-it (sandgate.addons.wsllm). End to end with the real Codex CLI:
+it (sandgate.stages.wsllm). End to end with the real Codex CLI:
 tests/integration/test_agent_split_clis.py::test_codex_websocket_transport."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy.test import tflow
 
-from sandgate.addons import wscontrol
-from sandgate.addons.wsllm import WsLlm, error_event, judge_client
 from sandgate.decision import decide
 from sandgate.errors import Code
 from sandgate.llmcall import CallUnreadable, read_call, read_ws_message
+from sandgate.mitm.guards import wscontrol
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
+from sandgate.stages.wsllm import WsLlm, error_event, judge_client
 from tests.unit.fuzz import examples
 
 SETTINGS = settings(max_examples=examples(100), deadline=None, database=None)
@@ -300,10 +300,9 @@ class Gate:
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
     from sandgate import audit
-    from sandgate.addons import wsllm
     from sandgate.identity.resolve import Identifier
     from sandgate.secrets.vault import SecretBroker, VaultConfig
-    from sandgate.stages import context
+    from sandgate.stages import context, wsllm
 
     policy = _policy()
     broker = SecretBroker(VaultConfig(addr="http://127.0.0.1:9", token="x", role_id=None,
@@ -378,7 +377,7 @@ def test_the_hook_closes_on_what_it_cannot_judge(gate: Gate) -> None:
 
 
 def test_the_hook_fails_closed(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandgate.addons import wsllm
+    from sandgate.stages import wsllm
 
     def boom(*args: Any) -> Any:
         raise RuntimeError("bug")

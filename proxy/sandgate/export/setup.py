@@ -16,11 +16,11 @@ if TYPE_CHECKING:
     from mitmproxy import http
     from prometheus_client.registry import CollectorRegistry
 
-    from sandgate.addons.state import FlowRecord
     from sandgate.audit import AuditLog
     from sandgate.export.otel import SpanExport
     from sandgate.export.syslog import SyslogSink
-    from sandgate.scrub import SecretSet
+    from sandgate.scrub.scrubber import SecretSet
+    from sandgate.stages.flow import FlowRecord
 
 log = logging.getLogger("sandgate")
 

@@ -3,7 +3,7 @@ decision judges the model and cap: sandgate.decision; the proxy counts: sandgate
 
 Checked here: model globs are not empty, a cap is at least 1, `on_max_tokens: lower` has a cap
 to lower to, `llm:` only on intercepted allow rules, `websocket: true` (the Responses API's
-WebSocket, judged by sandgate.addons.wsllm) only where a GET can open one and without a budget,
+WebSocket, judged by sandgate.stages.wsllm) only where a GET can open one and without a budget,
 a budget limits something and its window is a duration, prices are not negative. Budget names
 a rule uses are checked once the files are merged (sandgate.policy.loader), like every other
 cross-file name.

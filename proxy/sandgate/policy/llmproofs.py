@@ -359,7 +359,7 @@ def judged_as_llm(policy: Policy, identity: str, req: RequestInfo, call: Call | 
     if w is None or not head.allowed or head.tunnel or head.rule is None:
         return head, False
     rule = head.rule
-    if req.upgrade is not None:  # a message on the WebSocket (sandgate.addons.wsllm)
+    if req.upgrade is not None:  # a message on the WebSocket (sandgate.stages.wsllm)
         return _ws_message(policy, identity, req, head, rule, w)
     api = recognise(req.method, req.host, normalise_path(req.path),
                     rule.llm.api if rule.llm is not None else None)

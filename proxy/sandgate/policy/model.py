@@ -302,7 +302,7 @@ class CallFilter:
 
     `websocket`: the rule's `websocket: true`. Without it a protocol upgrade (WebSocket or any
     other) on the rule's requests is refused (upgrade_refused); with it a WebSocket is allowed
-    and each of its messages is judged as a body is (sandgate.addons.wsrpc).
+    and each of its messages is judged as a body is (sandgate.stages.wsrpc).
     """
 
     protocol: Literal["mcp", "jsonrpc"]
@@ -393,7 +393,7 @@ class LlmRule:
     # a credential the sandbox brought itself, on a rule that injects one (stages/s37_llm)
     own_credentials: Literal["refuse", "replace"] = "refuse"
     # the rule's `websocket: true`: the Responses API's WebSocket transport may be opened on
-    # its URLs, each `response.create` on it judged as a POST body (sandgate.addons.wsllm);
+    # its URLs, each `response.create` on it judged as a POST body (sandgate.stages.wsllm);
     # without it a protocol upgrade on the rule's requests is refused (upgrade_refused)
     websocket: bool = False
 

@@ -537,7 +537,7 @@ def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
     body makes (sandgate.policy.llmproofs), judged where a rule's host or `api:` makes the
     path an inference call (the paths of each API are languages of the search too); on a
     WebSocket (`upgrade`) the call is a message, judged when the upgrade's rule has `llm:`
-    (sandgate.addons.wsllm)."""
+    (sandgate.stages.wsllm)."""
     k, m = len(narrow), len(other)
     known = KNOWN_HOSTS.get(host)
 
@@ -583,7 +583,7 @@ def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
 
 def _ws_final(rules: Sequence[Rule], vec: Sequence[bool], head: int,
               llm: LlmWitness) -> tuple[int | None, bool]:
-    """A message on a WebSocket whose upgrade rule `head` allowed (sandgate.addons.wsllm):
+    """A message on a WebSocket whose upgrade rule `head` allowed (sandgate.stages.wsllm):
     unjudged unless that rule has `llm:`; else refused when unreadable, and decided with the
     call, refused when the deciding rule would hold it (ask) or binds other secrets than the
     upgrade's rule (its credentials ride on the WebSocket)."""

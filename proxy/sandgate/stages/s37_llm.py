@@ -21,7 +21,6 @@ import dataclasses
 
 from mitmproxy import http
 
-from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.llmcall import (
@@ -45,6 +44,7 @@ from sandgate.spend import (
 )
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
+from sandgate.stages.flow import FlowRecord
 
 # Where clients carry an API key: OpenAI and others (authorization), Anthropic (x-api-key),
 # Azure OpenAI (api-key), Gemini (x-goog-api-key, or a `key` query parameter).

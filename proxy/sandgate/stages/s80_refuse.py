@@ -16,8 +16,8 @@ from mitmproxy.net.dns import response_codes
 from mitmproxy.proxy import server_hooks
 
 from sandgate import audit as A
-from sandgate.addons import wirelimits
 from sandgate.errors import Code, Refused
+from sandgate.mitm.guards import wirelimits
 from sandgate.refusal import Refusal
 from sandgate.stages.context import GateState, record, via_gateway
 
