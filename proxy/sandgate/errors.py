@@ -65,7 +65,7 @@ class Code(StrEnum):
     # --identify-timeout (sandgate/addons/admission.py)
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     SESSION_MISMATCH = "session_mismatch"  # an MCP session id not issued to this identity
-    # MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version disagree with the body (mcpheaders.py)
+    # MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version disagree with the body (rpc/mcpheaders.py)
     HEADER_MISMATCH = "header_mismatch"
     # a protocol upgrade (WebSocket...) on a rule with mcp:/jsonrpc: and no `websocket: true`
     UPGRADE_REFUSED = "upgrade_refused"
@@ -77,7 +77,7 @@ class Code(StrEnum):
     APPROVALS_FULL = "approvals_full"  # the proxy holds as many approvals as it may
     # the fleet's shared state (--state redis://) cannot be reached in time (sandgate/state/)
     STATE_UNAVAILABLE = "state_unavailable"
-    # LLM calls on a rule with `llm:` (sandgate/llmcall.py, sandgate/spend.py)
+    # LLM calls on a rule with `llm:` (sandgate/llm/llmcall.py, sandgate/llm/spend.py)
     MODEL_NOT_ALLOWED = "model_not_allowed"  # the call's model is not in the rule's `models`
     MAX_TOKENS_OVER_CAP = "max_tokens_over_cap"  # asks for more output than `max_tokens`
     SPEND_EXHAUSTED = "spend_exhausted"  # a `budgets:` entry's tokens or cost are spent

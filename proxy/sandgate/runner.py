@@ -19,7 +19,7 @@ from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
-from sandgate import audit, audit_setup, confdir, gctune
+from sandgate import confdir, gctune
 from sandgate.addons import (
     coalesce,
     dialguard,
@@ -41,13 +41,15 @@ from sandgate.addons import (
 )
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
-from sandgate.admin_auth import AdminUser
-from sandgate.admin_login import FailureLimit
+from sandgate.admin.access import AdminUser
+from sandgate.admin.login import FailureLimit
 from sandgate.approvals.service import Approvals
-from sandgate.audit_setup import AuditSettings
+from sandgate.audit import options as audit_setup
+from sandgate.audit import stream as audit
+from sandgate.audit.export import startup as export_setup
+from sandgate.audit.export.startup import ExportConfig
+from sandgate.audit.options import AuditSettings
 from sandgate.console import ring as console_ring
-from sandgate.export import setup as export_setup
-from sandgate.export.setup import ExportConfig
 from sandgate.identity.agents import AgentProcesses
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
@@ -113,7 +115,7 @@ class RunConfig:
     agents: AgentProcesses | None = None
     transparent: tuple[str, int] | None = None  # --transparent HOST:PORT (nftables redirects)
     audit: AuditSettings = field(default_factory=AuditSettings)  # format, chain, rotation
-    admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin_auth)
+    admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin.access)
     admin_login_limit: int = 5  # --admin-login-limit: wrong tokens a minute per source
     dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
     exports: ExportConfig = field(default_factory=ExportConfig)  # --otlp, --audit-syslog
@@ -289,7 +291,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     broker.observer = metrics
     parking.add_metrics(metrics.registry)
     if cfg.transparent is not None:  # the capture tables' counters, read when scraped
-        from sandgate.capture_metrics import add_metrics as add_capture_metrics
+        from sandgate.capture.nft_counters import add_metrics as add_capture_metrics
 
         add_capture_metrics(metrics.registry)
     if shared is not None:
@@ -300,7 +302,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         shared.fleet.on_end = broker.end_sandbox
         shared.fleet.on_reload = lambda: live.reload("fleet")
         if shared.config.lease_kv is not None:  # one dynamic lease per sandbox for the fleet
-            from sandgate.state.leases import BrokerKV, SharedLeases, lease_kv
+            from sandgate.state.fleet_leases import BrokerKV, SharedLeases, lease_kv
 
             mount, prefix = lease_kv(shared.config.lease_kv)
             broker.leases.shared = SharedLeases(shared.counts.r, shared.config,
@@ -423,7 +425,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             pass
     admin_runner = None
     if cfg.admin is not None or cfg.worker is not None:
-        from sandgate.admin import AdminState, start_admin
+        from sandgate.admin.listener import AdminState, start_admin
 
         admin_token = cfg.worker.token if cfg.worker is not None else cfg.admin_token
         assert admin_token is not None

@@ -13,10 +13,10 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.admin import AdminState, build_app
-from sandgate.admin_auth import AdminUser, Authenticator, token_digest
-from sandgate.approvals.model import VoteError
-from sandgate.audit import AuditLog
+from sandgate.admin.access import AdminUser, Authenticator, token_digest
+from sandgate.admin.listener import AdminState, build_app
+from sandgate.approvals.votes import VoteError
+from sandgate.audit.stream import AuditLog
 from sandgate.console import auth, chart
 from sandgate.console.app import CSP, mount
 from sandgate.console.approvals import vote_from_form
@@ -30,7 +30,7 @@ from sandgate.console.ring import (
     merge_refusals,
 )
 from sandgate.console.source import LocalSource, explain_args
-from sandgate.explain import explain_name, explain_request
+from sandgate.explain.answer import explain_name, explain_request
 from sandgate.metrics import Metrics
 from sandgate.policy import live
 

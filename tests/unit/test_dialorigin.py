@@ -12,9 +12,9 @@ from mitmproxy import connection
 from mitmproxy.proxy import commands, server_hooks
 from mitmproxy.test import taddons, tflow
 
-from sandgate import audit
 from sandgate.addons import dialorigin
 from sandgate.addons.gate import Gate, GateConfig
+from sandgate.audit import stream as audit
 from sandgate.identity.resolve import Identifier
 from sandgate.policy.loader import load_policy_dir
 from sandgate.secrets.vault import SecretBroker, VaultConfig

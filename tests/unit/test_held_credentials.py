@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from sandgate import confdir
 from sandgate.addons.flowsecrets import ScrubSets
-from sandgate.audit import AuditLog
-from sandgate.audit_chain import Chain
+from sandgate.audit.chain import Chain
+from sandgate.audit.stream import AuditLog
 from sandgate.policy.loader import load_policy_dir
 from sandgate.runner import own_keys
 from sandgate.scrub import SecretSet

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.policy.lint import lint_dir
 from sandgate.policy.loader import PolicyError, load_policy_dir
+from sandgate.review.lint import lint_dir
 from tests.support.cli import run_cli
 
 CORPUS = Path(__file__).parent / "lint_corpus"

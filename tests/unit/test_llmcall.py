@@ -1,4 +1,4 @@
-"""sandgate.llmcall: which API a request calls, what it asks for, what its answer spent."""
+"""sandgate.llm.llmcall: which API a request calls, what it asks for, what its answer spent."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.llmcall import (
+from sandgate.llm.llmcall import (
     CallUnreadable,
     Usage,
     UsageReader,

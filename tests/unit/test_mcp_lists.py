@@ -14,9 +14,9 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate import audit
 from sandgate.addons.calls import filter_whole
 from sandgate.addons.state import FlowRecord
+from sandgate.audit import stream as audit
 from sandgate.decision import decide
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier

@@ -11,10 +11,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from sandgate import audit as A
-from sandgate.admin import AdminState, build_app
+from sandgate.admin.listener import AdminState, build_app
+from sandgate.audit import stream as A
 from sandgate.decision import decide, decide_connect, reported
-from sandgate.explain import explain
+from sandgate.explain.answer import explain
 from sandgate.metrics import Metrics
 from sandgate.policy import live
 from sandgate.policy.loader import PolicyError, load_policy_dir

@@ -10,8 +10,8 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate import audit
 from sandgate.addons.state import FlowRecord
+from sandgate.audit import stream as audit
 from sandgate.decision import decide
 from sandgate.errors import Code, Refused
 from sandgate.identity.base import Caller

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate import audit
 from sandgate.addons import gate as gate_addon
 from sandgate.addons.state import FlowRecord, Tunnel
+from sandgate.audit import stream as audit
 from sandgate.decision import decide
 from sandgate.errors import Code, LimitExceeded, Refused
 from sandgate.identity.base import Caller

@@ -15,9 +15,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate import capture
 from sandgate.addons.pinned import pinned
-from sandgate.capture import Capture, CaptureError
+from sandgate.capture import nftables as capture
+from sandgate.capture.nftables import Capture, CaptureError
 from sandgate.cli import build_parser
 from sandgate.cli.capture import host_port
 from sandgate.cli.run import cmd_run

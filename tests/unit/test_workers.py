@@ -20,8 +20,8 @@ from sandgate.metrics import Metrics
 from sandgate.policy.loader import load_policy_dir
 from sandgate.workers import aggregate as A
 from sandgate.workers import listen
+from sandgate.workers.admin_front import build_front
 from sandgate.workers.auditlog import WorkerAuditLog
-from sandgate.workers.front import build_front
 from sandgate.workers.supervisor import describe_exit
 
 pytestmark = pytest.mark.unit

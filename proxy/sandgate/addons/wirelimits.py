@@ -60,8 +60,8 @@ from mitmproxy.proxy.layers.http import _http1, _http_h2
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 
-from sandgate import audit as A
 from sandgate.addons import admission, dialorigin, patches, readable, sourcepin
+from sandgate.audit import stream as A
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.refusal import Refusal

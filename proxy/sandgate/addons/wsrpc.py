@@ -3,7 +3,7 @@
 upgrade_refused), judged and filtered exactly as a POSTed body and its answer are.
 
 From the client, each message is one JSON-RPC message or batch: parsed strictly
-(sandgate.jsonrpc.parse), decided by the one decide() with the call (deny entries win, a batch
+(sandgate.rpc.jsonrpc.parse), decided by the one decide() with the call (deny entries win, a batch
 is refused whole), and audited as a `websocket` event with the same `rpc` fields as a POST. A
 refused call is not forwarded; each of its request ids is answered on the WebSocket with the
 JSON-RPC error the POST path returns (sandgate.addons.calls.rpc_errors). A message that cannot
@@ -35,13 +35,13 @@ from typing import Any
 from mitmproxy import ctx, http
 from mitmproxy.websocket import WebSocketMessage
 
-from sandgate import audit as A
 from sandgate.addons import wscontrol
 from sandgate.addons.calls import LISTS, CallState, filter_message, outcomes, rpc_errors
 from sandgate.addons.state import FlowRecord
+from sandgate.audit import stream as A
 from sandgate.decision import Decision, decide, reported
 from sandgate.errors import Code, Refused
-from sandgate.jsonrpc import Call, CallError, id_key, loads, parse
+from sandgate.rpc.jsonrpc import Call, CallError, id_key, loads, parse
 from sandgate.stages.context import GateState
 from sandgate.stages.s80_refuse import refusal_for
 from sandgate.stages.s90_audit import audit_event

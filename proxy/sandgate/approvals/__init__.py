@@ -29,6 +29,6 @@ def approval_store_for(redis: Redis | None, prefix: str = "sandgate",
     caller keeps and closes, unless `owned`: then the store closes it)."""
     if redis is None:
         return MemoryStore()
-    from sandgate.approvals.redis_store import RedisStore
+    from sandgate.approvals.redis_approvals import RedisStore
 
     return RedisStore(redis, prefix=prefix, owned=owned)

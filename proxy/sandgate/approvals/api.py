@@ -1,11 +1,11 @@
-"""The admin API of approvals (registered on the admin app by sandgate.admin.build_app):
+"""The admin API of approvals (registered on the admin app by sandgate.admin.listener.build_app):
 
     GET  /v1/approvals        pending approvals, oldest first (viewer)
     GET  /v1/approvals/{id}   one approval, in any state (viewer)
     POST /v1/approvals/{id}   {"decision": "approve"|"deny", "scope": {"kind": "request"|
                               "sandbox"|"identity", "ttl": SECONDS}, "note": "..."} (approver)
 
-The approver is the authenticated user (sandgate.admin_auth), never a name in the body.
+The approver is the authenticated user (sandgate.admin.access), never a name in the body.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
-from sandgate.admin_auth import USER_KEY, needs
-from sandgate.approvals.model import Approval, VoteError, grant_for
+from sandgate.admin.access import USER_KEY, needs
 from sandgate.approvals.service import Approvals
+from sandgate.approvals.votes import Approval, VoteError, grant_for
 from sandgate.text import has_control_chars
 
 MAX_BODY = 16 * 1024
@@ -73,7 +73,7 @@ def parse_vote(doc: object) -> tuple[str, object, str | None]:
 
 def register(app: web.Application, approvals: Approvals | None, internal: bool = False) -> None:
     """The routes; `internal` (a worker's control socket) adds the grant copy the front sends
-    (sandgate.approvals.front)."""
+    (sandgate.approvals.fanout)."""
     async def listing(_: web.Request) -> web.Response:
         items = await approvals.pending() if approvals is not None else []
         return _json(200, {"approvals": [a.as_dict() for a in items]})

@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sandgate.approvals.model import (
+from sandgate.approvals.store import ApprovalStore, Subscription
+from sandgate.approvals.votes import (
     Approval,
     VoteError,
     fingerprint,
@@ -29,7 +30,6 @@ from sandgate.approvals.model import (
     parse_scope,
     vote,
 )
-from sandgate.approvals.store import ApprovalStore, Subscription
 from sandgate.errors import ApprovalRefused, Code
 from sandgate.policy.model import Policy, Rule
 

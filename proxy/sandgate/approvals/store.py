@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from sandgate.approvals.model import Approval, Grant, grant_key
+from sandgate.approvals.votes import Approval, Grant, grant_key
 
 Change = Callable[[Approval], Approval]
 

@@ -121,7 +121,7 @@ def run_tour(stack: Stack, out: Callable[[str], None]) -> None:
         f"{c.audit.get('redactions')}")
 
     out(f"4. sandgate explain POST {url}, for each identity:")
-    from sandgate.explain import explain
+    from sandgate.explain.answer import explain
     from sandgate.policy.loader import load_policy_dir
 
     policy = load_policy_dir(stack.policies)

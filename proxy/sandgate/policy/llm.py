@@ -1,5 +1,5 @@
 """`llm:` of a rule, `budgets:` and `prices:`: their file form compiled and checked (the
-decision judges the model and cap: sandgate.decision; the proxy counts: sandgate.spend).
+decision judges the model and cap: sandgate.decision; the proxy counts: sandgate.llm.spend).
 
 Checked here: model globs are not empty, a cap is at least 1, `on_max_tokens: lower` has a cap
 to lower to, `llm:` only on intercepted allow rules, a budget limits something and its window is

@@ -34,7 +34,6 @@ from sandgate.policy.compiler import (
     missing_hosts,
 )
 from sandgate.policy.gateways import check_overlaps, compile_gateway
-from sandgate.policy.limits import compile_limits
 from sandgate.policy.llm import compile_budget, compile_price
 from sandgate.policy.model import (
     Budget,
@@ -48,6 +47,7 @@ from sandgate.policy.model import (
     Source,
     Webhook,
 )
+from sandgate.policy.ratelimits import compile_limits
 from sandgate.policy.schema import (
     BudgetDefSpec,
     GatewaySpec,

@@ -155,7 +155,7 @@ def shadowing_rule(rules: Sequence[Rule], index: int) -> Rule | None:
 
     The first matching allow rule wins, so such a rule hides rules[index] completely. Ask rules
     (`action: ask`) win over allow rules wherever they are, so they are compared only with each
-    other here (sandgate.policy.lint_ask says what an ask rule hides)."""
+    other here (sandgate.review.lint_ask says what an ask rule hides)."""
     later = rules[index]
     if later.action != "allow":
         return None

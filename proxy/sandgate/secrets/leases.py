@@ -114,7 +114,7 @@ class LeaseManager:
         # called with a sandbox id when it ends (the broker drops its per-sandbox KV values)
         self.on_sandbox_end: Callable[[str], None] | None = None
         # --state-lease-kv: one lease per (secret, identity, sandbox) for the fleet
-        # (sandgate.state.leases.SharedLeases); None: this process's own leases
+        # (sandgate.state.fleet_leases.SharedLeases); None: this process's own leases
         self.shared: Any = None
 
     # ------------------------------------------------------------------------- audit

@@ -24,9 +24,9 @@ from mitmproxy.connection import ConnectionState
 
 from sandgate.addons.forward import is_websocket_upgrade
 from sandgate.addons.state import FlowRecord
-from sandgate.approvals import headers as H
+from sandgate.approvals import bound_headers as H
 from sandgate.approvals.service import Request
-from sandgate.audit import redact_path
+from sandgate.audit.stream import redact_path
 from sandgate.policy.query_audit import kept_query_names
 from sandgate.stages.context import GateState
 

@@ -17,8 +17,8 @@ from mitmproxy.proxy import server_hooks
 
 from sandgate.addons import dialorigin, parking, relay, tunnels, wirelimits
 from sandgate.addons.state import Conn, DialApproval, FlowRecord
+from sandgate.audit.export.marks import FORWARDED, mark
 from sandgate.errors import Refused
-from sandgate.export.marks import FORWARDED, mark
 from sandgate.netguard import DialTarget, IPNetwork, choose_address, may_dial, resolve
 from sandgate.request import same_host
 from sandgate.stages.context import GateState, allowing_rule, record, via_gateway

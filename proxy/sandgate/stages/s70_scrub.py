@@ -31,7 +31,7 @@ from sandgate.addons.stream import (
 from sandgate.addons.wsjoin import WsJoin
 from sandgate.errors import Code, Refused
 from sandgate.inject import find_leaks_in
-from sandgate.llmcall import UsageReader
+from sandgate.llm.llmcall import UsageReader
 from sandgate.refusal import Refusal
 from sandgate.stages.context import GateState
 from sandgate.stages.s30_body import exfiltration, leak_names
@@ -111,7 +111,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
 
 
 def _usage_reader(flow: http.HTTPFlow, rec: FlowRecord) -> UsageReader | None:
-    """An LLM call's answer (stages/s37_llm.py): its usage read as it passes (sandgate.llmcall),
+    """An LLM call's answer (stages/s37_llm.py): its usage read as it passes (sandgate.llm.llmcall),
     the OpenAI usage chunk Sandgate asked for taken out. Error answers carry none."""
     resp = flow.response
     if rec.llm is None or resp is None or resp.status_code >= 300 or rec.refused:

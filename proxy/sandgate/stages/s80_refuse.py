@@ -15,8 +15,8 @@ from mitmproxy import dns, http, tcp, udp
 from mitmproxy.net.dns import response_codes
 from mitmproxy.proxy import server_hooks
 
-from sandgate import audit as A
 from sandgate.addons import wirelimits
+from sandgate.audit import stream as A
 from sandgate.errors import Code, Refused
 from sandgate.refusal import Refusal
 from sandgate.stages.context import GateState, record, via_gateway

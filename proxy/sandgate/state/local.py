@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sandgate.limits import Limiter
+from sandgate.llm.spend import Amounts, Reservation, SpendWindows, budget_key
 from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
-from sandgate.spend import Amounts, Reservation, SpendWindows, budget_key
 
 
 class LocalCounts:

@@ -12,7 +12,7 @@ from sandgate.limits import Limiter
 from sandgate.state import StateConfig, open_state
 from sandgate.state.fleet import Fleet, process_id
 from sandgate.state.health import StateHealth
-from sandgate.state.redis_store import RedisCounts
+from sandgate.state.redis_counts import RedisCounts
 
 
 @dataclass

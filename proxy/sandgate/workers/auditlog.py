@@ -15,17 +15,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from sandgate.audit import AuditLog
-from sandgate.audit_chain import Chain
-from sandgate.audit_file import AuditFile, Rotation
+from sandgate.audit.chain import Chain
+from sandgate.audit.file import AuditFile, Rotation
+from sandgate.audit.stream import AuditLog
 
 if TYPE_CHECKING:
-    from sandgate.audit_anchor import Anchor
+    from sandgate.audit.anchor import Anchor
 
 WORKER = "worker"
 
 
-# One write() per line on an O_APPEND descriptor (rotation under an flock: audit_file.py).
+# One write() per line on an O_APPEND descriptor (rotation under an flock: audit/file.py).
 AppendLines = AuditFile
 
 

@@ -1,6 +1,6 @@
 """A worker's side of the supervisor: its control socket, and dying with the supervisor.
 
-Each worker serves the ordinary admin API (`sandgate.admin.build_app`: readiness, metrics,
+Each worker serves the ordinary admin API (`sandgate.admin.listener.build_app`: readiness, metrics,
 policy, reload, explain, tokens) on a Unix socket in the supervisor's private run directory
 (mode 0700), authenticated with a random token the supervisor made for this run and passed in
 the environment (never on the command line, which `ps` shows). `/worker/status` adds what the
@@ -61,7 +61,7 @@ def die_with_supervisor() -> None:
 async def start_control(state: Any, role: WorkerRole,
                         status: Callable[[], dict[str, Any]]) -> web.AppRunner:
     """Serve the admin API (`state`: an admin.AdminState) on the worker's control socket."""
-    from sandgate.admin import build_app
+    from sandgate.admin.listener import build_app
 
     app = build_app(state)
 

@@ -381,7 +381,7 @@ class Supervisor:
         front = None
         try:
             if self.cfg.admin is not None:
-                from sandgate.workers.front import build_front
+                from sandgate.workers.admin_front import build_front
 
                 assert self.cfg.admin_token is not None
                 front = web_runner = web.AppRunner(
