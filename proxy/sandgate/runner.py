@@ -302,7 +302,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         shared.fleet.on_end = broker.end_sandbox
         shared.fleet.on_reload = lambda: live.reload("fleet")
         if shared.config.lease_kv is not None:  # one dynamic lease per sandbox for the fleet
-            from sandgate.state.fleet_leases import BrokerKV, SharedLeases, lease_kv
+            from sandgate.state.fleet_leases import BrokerKV, SharedLeases
+            from sandgate.state.url import lease_kv
 
             mount, prefix = lease_kv(shared.config.lease_kv)
             broker.leases.shared = SharedLeases(shared.counts.r, shared.config,

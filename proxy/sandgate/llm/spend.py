@@ -24,16 +24,13 @@ import math
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import yaml
 
 from sandgate.errors import Code, LimitExceeded
 from sandgate.llm.llmcall import Api, LlmCall, Usage, UsageReader
 from sandgate.policy.model import Budget, Price, glob_matches
-
-if TYPE_CHECKING:
-    from sandgate.state.counts import Counts
 
 log = logging.getLogger("sandgate")
 
@@ -218,7 +215,13 @@ def settlement(llm: LlmFlow | None, never_sent: bool) -> tuple[Reservation, Amou
     return llm.reservation, amounts(usage, llm.price)
 
 
-def settle(counts: Counts, llm: LlmFlow | None, never_sent: bool) -> None:
+class Settles(Protocol):
+    """What `settle` needs of the counting (sandgate.state.counts.Counts has it): one call."""
+
+    async def settle(self, res: Reservation, actual: Amounts) -> None: ...
+
+
+def settle(counts: Settles, llm: LlmFlow | None, never_sent: bool) -> None:
     """Settle the call's reservation (see `settlement`), in a task: the proxy's hooks that end
     a flow (response, error) cannot wait. Started in the response hook, before the client is
     sent the end of the answer; a later reservation of the same budget in this process waits

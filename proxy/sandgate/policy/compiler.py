@@ -49,15 +49,12 @@ from sandgate.policy.model import (
     Template,
 )
 from sandgate.policy.paths import PathPattern
-from sandgate.policy.schema import RuleSpec, SecretSpec, TestSpec
+from sandgate.policy.schema import Loc, Report, RuleSpec, SecretSpec, TestSpec
 from sandgate.policy.suffixes import overbroad_wildcard
 from sandgate.request import parse_header, parse_url, split_authority
 from sandgate.secrets.credential_form import is_form, parse_form
 from sandgate.secrets.scope import parse_path
 from sandgate.text import has_control_chars
-
-Loc = tuple[str | int, ...]
-Report = Callable[[Loc, str, str], None]  # (loc, message, fix)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SECRET_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")

@@ -24,7 +24,6 @@ from sandgate.gateway import route
 from sandgate.policy.ask import compile_webhook
 from sandgate.policy.compiler import (
     NAME_RE,
-    Loc,
     SecretUse,
     check_identity_name,
     check_rules,
@@ -52,6 +51,7 @@ from sandgate.policy.schema import (
     BudgetDefSpec,
     GatewaySpec,
     IdentitySpec,
+    Loc,
     PolicyFile,
     PriceSpec,
     RuleSpec,

@@ -206,3 +206,16 @@ def check_identity(identity: str, rules: Sequence[Rule],
                "injected",
                f"move rule '{r.name}' above rule '{hider.name}', or narrow '{hider.name}' "
                "(hosts, methods, paths, query) so it no longer covers it")
+
+
+def deny_reaches(deny: Rule, allow: Rule) -> bool:
+    """Can `deny` refuse something `allow` would let through (a request, or the tunnel)?"""
+    if allow.action != "allow" or not deny.ports & allow.ports:
+        return False
+    if not deny.schemes & allow.schemes:
+        return False
+    if first_host_overlap(deny, allow) is None:
+        return False
+    if allow.passthrough:  # the deny rule refuses (or forces interception of) the tunnel
+        return True
+    return allow.methods is None or deny.methods is None or bool(deny.methods & allow.methods)

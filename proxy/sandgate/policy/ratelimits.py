@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import math
 
-from sandgate.policy.compiler import Loc, Report
 from sandgate.policy.model import IdentityLimits, SecretBudget
-from sandgate.policy.schema import BudgetSpec, LimitsSpec
+from sandgate.policy.schema import BudgetSpec, LimitsSpec, Loc, Report
 from sandgate.tokens import parse_ttl
 
 

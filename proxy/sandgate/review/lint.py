@@ -9,9 +9,7 @@ files in the policy directory that are not read. Each warning names file, line, 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -25,39 +23,18 @@ from sandgate.policy.loader import (
     load_policy_dir,
 )
 from sandgate.policy.model import Identity, Policy, Rule
-from sandgate.policy.overlap import first_host_overlap, shadowing_rule
+from sandgate.policy.overlap import deny_reaches, shadowing_rule
 from sandgate.policy.paths import DOUBLE_STAR
 from sandgate.policy.suffixes import overbroad_wildcard
+from sandgate.review.finding import Finding
 from sandgate.review.hygiene import expiries
 from sandgate.review.lint_ask import ask_findings
 from sandgate.review.lint_calls import Listings, read_listings, tool_findings
 from sandgate.review.lint_mcp import findings as mcp_dns_review_findings
+from sandgate.review.lint_semantic import semantic_findings
 
 Loc = tuple[str | int, ...]
 
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    file: str
-    line: int
-    field: str
-    message: str
-    fix: str
-    severity: str = "warning"
-    code: str = ""  # sandgate.policy.lint_codes (empty: a load error)
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.text}"
-
-    @property
-    def text(self) -> str:
-        """Everything but the location: field, message, fix and code."""
-        fld = f"{self.field}: " if self.field else ""
-        code = f" [{self.code}]" if self.code else ""
-        return f"{fld}{self.message.rstrip('.')}. Fix: {self.fix}{code}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def lint_dir(path: str | Path, mcp_tools: Sequence[str] | None = None) -> list[Finding]:
@@ -109,8 +86,6 @@ def lint_policy(policy: Policy, skipped: Sequence[tuple[str, str]] = (),
     out += [trees.finding("expires-soon",
                           e.rule.source.file, (*e.rule.where, "expires"), e.message, e.fix)
             for e in expiries(policy) if not e.expired]  # expired: `check` fails
-    from sandgate.review.lint_semantic import semantic_findings  # lint.Finding is shared
-
     out += semantic_findings(
         policy, trees.finding,
         lambda code, file, line, fld, msg, fix: Finding(file, line, fld, msg, fix, code=code))
@@ -250,7 +225,7 @@ def _rule_findings(trees: _Trees, ident: Identity, k: int, rule: Rule,
                 "none of this rule's secrets, and a refusal for non-public addresses",
                 f"move rule '{pub.name}' below the rules that name hosts (a `public: true` "
                 "rule is meant to come last)")
-    if rule.action == "deny" and not any(_deny_reaches(rule, a) for a in ident.rules):
+    if rule.action == "deny" and not any(deny_reaches(rule, a) for a in ident.rules):
         add("deny-never-applies",
             (), f"deny rule '{rule.name}' never applies: no allow rule of identity "
             f"'{ident.name}' matches its hosts on its schemes, ports and methods (ports "
@@ -266,19 +241,6 @@ def _may_overlap(a: Rule, b: Rule) -> bool:
     return (not a.passthrough and not b.passthrough and bool(a.schemes & b.schemes)
             and bool(a.ports & b.ports)
             and (a.methods is None or b.methods is None or bool(a.methods & b.methods)))
-
-
-def _deny_reaches(deny: Rule, allow: Rule) -> bool:
-    """Can `deny` refuse something `allow` would let through (a request, or the tunnel)?"""
-    if allow.action != "allow" or not deny.ports & allow.ports:
-        return False
-    if not deny.schemes & allow.schemes:
-        return False
-    if first_host_overlap(deny, allow) is None:
-        return False
-    if allow.passthrough:  # the deny rule refuses (or forces interception of) the tunnel
-        return True
-    return allow.methods is None or deny.methods is None or bool(deny.methods & allow.methods)
 
 
 def _template_looking(trees: _Trees) -> list[Finding]:

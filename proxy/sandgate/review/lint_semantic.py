@@ -28,21 +28,18 @@ import dataclasses
 import ipaddress
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sandgate.decision import decide_connect, judge
 from sandgate.llm.llmcall import stated_call
 from sandgate.netguard import classify, parse_ip_literal
 from sandgate.policy.model import HostPattern, Identity, Policy, Rule
-from sandgate.policy.overlap import host_covers, signed_covers
+from sandgate.policy.overlap import deny_reaches, host_covers, signed_covers
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern
 from sandgate.policy.suffixes import is_public_suffix
 from sandgate.review.callproofs import common_call
-from sandgate.review.lint import _deny_reaches
-from sandgate.review.reach import Witness, decider, find_request, matches
-
-if TYPE_CHECKING:
-    from sandgate.review.lint import Finding
+from sandgate.review.finding import Finding
+from sandgate.review.proofs import decider
+from sandgate.review.reach import Witness, find_request, matches
 
 Loc = tuple[str | int, ...]
 # (code, file, loc, message, fix) -> Finding, with the line of loc in file
@@ -123,7 +120,7 @@ def _deny_gaps(ident: Identity, make: Make) -> list[Finding]:
                 if (f.field, f.code) not in said:
                     said.add((f.field, f.code))
                     out.append(f)
-        coarse = [a for a in ident.rules if _deny_reaches(d, a)]
+        coarse = [a for a in ident.rules if deny_reaches(d, a)]
         if not cut and coarse and not any(a.passthrough for a in coarse):
             a = coarse[0]
             out.append(make("deny-never-applies", d.source.file, _loc(d),

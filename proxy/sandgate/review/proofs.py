@@ -320,7 +320,7 @@ def host_witnesses(patterns: Iterable[HostPattern]) -> list[str]:
     return out
 
 
-def _url_host(host: str) -> str:
+def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
@@ -392,7 +392,7 @@ def prove(policy: Policy) -> list[ProofResult]:
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 
 
-def _fresh_method(named: set[str]) -> str:
+def fresh_method(named: set[str]) -> str:
     for m in _METHODS:
         if m not in named:
             return m
@@ -405,7 +405,7 @@ def _fresh_method(named: set[str]) -> str:
 QueryCell = tuple[tuple[str, str], ...]
 
 
-def _applies(r: Rule, scheme: str, host: str, port: int, method: str,
+def applies(r: Rule, scheme: str, host: str, port: int, method: str,
              query: QueryCell = ()) -> bool:
     """decision._l7_matches without the path."""
     return (not r.passthrough and scheme in r.schemes and port in r.ports
@@ -473,7 +473,7 @@ def query_string(query: QueryCell) -> str:
     return "&".join(f"{quote(n, safe='')}={quote(v, safe='')}" for n, v in query)
 
 
-def _decider(rules: Sequence[Rule], vec: Sequence[bool]) -> int | None:
+def decider(rules: Sequence[Rule], vec: Sequence[bool]) -> int | None:
     """decide() on a membership vector: the index of the rule that decides, or None when a
     deny rule matches or no allow rule does. Deny > ask > allow: the first matching ask rule
     wins over every allow rule (an ask rule is compiled as an allow rule with `ask`)."""
@@ -521,16 +521,16 @@ def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
     k = len(narrow)
 
     def bad(vec: Sequence[bool]) -> bool:
-        a = _decider(narrow, vec[:k])
+        a = decider(narrow, vec[:k])
         if a is None:
             return False
-        o = _decider(other, vec[k:])
+        o = decider(other, vec[k:])
         return o is None or not _compatible(narrow[a], other[o], secrets, host)
 
     w = find_path([r.paths for r in (*narrow, *other)], bad)
     if w is None:
         return None
-    a = _decider(narrow, [r.paths is None or glob_nfa(r.paths).matches(w) for r in narrow])
+    a = decider(narrow, [r.paths is None or glob_nfa(r.paths).matches(w) for r in narrow])
     assert a is not None
     return a, w
 
@@ -597,7 +597,7 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
     schemes = sorted({s for r in rules for s in r.schemes})
     ports = sorted({p for r in rules for p in r.ports})
     named = {m for r in rules if r.methods is not None for m in r.methods}
-    methods = [*sorted(named), _fresh_method(named)]
+    methods = [*sorted(named), fresh_method(named)]
     # A WebSocket (a GET) on a rule with mcp:/jsonrpc: is refused unless it opts in: one
     # more witness, on GET (named explicitly: the fresh method stands for it otherwise).
     upgrades: list[str | None] = [None]
@@ -640,7 +640,7 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                         if tunnels(narrow, scheme, host, port) is not None:
                             continue  # tunnelled, never judged: proved as a CONNECT below
                         n_base = [r for r in n_ident.rules
-                                  if _applies(r, scheme, host, port, method, query)]
+                                  if applies(r, scheme, host, port, method, query)]
                         if not any(r.action == "allow" for r in n_base):
                             continue
                         # A tunnel is reach: the other identity's passthrough tunnel forwards
@@ -648,7 +648,7 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                         o_tunnel = tunnels(other, scheme, host, port)
                         o_base = [o_tunnel] if o_tunnel is not None else [
                             r for r in o_ident.rules
-                            if _applies(r, scheme, host, port, method, query)]
+                            if applies(r, scheme, host, port, method, query)]
                         for upgrade, call in itertools.product(
                                 upgrades if method == "GET" else [None], calls):
                             n_app = acting(n_base, call, upgrade)
@@ -686,7 +686,7 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
             else:
                 why = f"{other} refuses it: {do.reason}"
             return ProofResult("narrower_than", claim, False, src,
-                               counterexample=f"CONNECT {_url_host(host)}:{port}",
+                               counterexample=f"CONNECT {url_host(host)}:{port}",
                                details=(f"{narrow}: {dn.reason}", why))
     # DNS: every query type beyond A/AAAA the policy DNS answers for this identity, it answers
     # for the other (A/AAAA follow the requests above); decide_name is the resolver's own.
@@ -713,7 +713,7 @@ def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src:
     raw = raw_path(path)
     req = RequestInfo(scheme, host, port, method, raw, query)
     qs = f"?{query_string(query)}" if query else ""
-    url = f"{scheme}://{_url_host(host)}:{port}{raw}{qs}"
+    url = f"{scheme}://{url_host(host)}:{port}{raw}{qs}"
     if parse_url(method, url) != req:
         raise ProofError(f"counter-example {method} {url} does not parse back to itself")
     req = dataclasses.replace(req, upgrade=upgrade)

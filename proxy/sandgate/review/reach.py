@@ -16,23 +16,22 @@ from dataclasses import dataclass
 
 from sandgate.policy.model import Rule
 from sandgate.review.proofs import (
-    _applies,
-    _decider,
-    _fresh_method,
-    _url_host,
+    applies,
+    decider,
     find_path,
+    fresh_method,
     glob_nfa,
     host_witnesses,
     query_cells,
     query_string,
     raw_path,
+    url_host,
 )
 
 Vector = Sequence[bool]
 
 # decide() on a membership vector: the index of the deciding allow rule, or None when a deny rule
 # matches or no allow rule does (the proofs' own, so the two cannot drift apart).
-decider = _decider
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +48,7 @@ class Witness:
     @property
     def url(self) -> str:
         qs = f"?{query_string(self.query)}" if self.query else ""
-        return f"{self.scheme}://{_url_host(self.host)}:{self.port}{raw_path(self.path)}{qs}"
+        return f"{self.scheme}://{url_host(self.host)}:{self.port}{raw_path(self.path)}{qs}"
 
     def __str__(self) -> str:
         return f"{self.method} {self.url}"
@@ -57,7 +56,7 @@ class Witness:
 
 def matches(rule: Rule, w: Witness) -> bool:
     """Does `rule` match the witness (decision._l7_matches on the normalised path)?"""
-    return (_applies(rule, w.scheme, w.host, w.port, w.method, w.query)
+    return (applies(rule, w.scheme, w.host, w.port, w.method, w.query)
             and (rule.paths is None or glob_nfa(rule.paths).matches(w.path)))
 
 
@@ -73,7 +72,7 @@ def cells(rules: Sequence[Rule], methods: Sequence[str] | None = None,
     ports = sorted({p for r in rules for p in r.ports if all(p in n.ports for n in need)})
     if methods is None:
         named = {m for r in rules if r.methods is not None for m in r.methods}
-        methods = [*sorted(named), _fresh_method(named)]
+        methods = [*sorted(named), fresh_method(named)]
     methods = [m for m in methods if all(n.methods is None or m in n.methods for n in need)]
     if not (hosts and schemes and ports and methods) or any(n.passthrough for n in need):
         return []
@@ -90,7 +89,7 @@ def find_request(rules: Sequence[Rule], pred: Callable[[Vector], bool],
     that must match for `pred` to hold (only the cells where they apply are searched)."""
     memo: dict[tuple[bool, ...], str | None] = {}
     for scheme, host, port, method, query in cells(rules, methods, required):
-        app = tuple(_applies(r, scheme, host, port, method, query) for r in rules)
+        app = tuple(applies(r, scheme, host, port, method, query) for r in rules)
         if app not in memo:
             memo[app] = path_search(rules, app, pred)
         path = memo[app]

@@ -32,7 +32,7 @@ from sandgate.policy.model import Identity, Policy, Rule, SecretRef
 from sandgate.policy.overlap import llm_covers, signed_covers
 from sandgate.review.callproofs import calls_gained, tools_gained
 from sandgate.review.grants import Delta, credential_text, describe_gate, grant_deltas, grant_key
-from sandgate.review.proofs import _applies, cidrs_covered, glob_nfa, host_witnesses
+from sandgate.review.proofs import applies, cidrs_covered, glob_nfa, host_witnesses
 from sandgate.review.reach import Witness, cells, decider, path_search
 
 Kind = Literal["reachable", "unreachable", "changed", "passthrough", "mode", "dns"]
@@ -285,7 +285,7 @@ def identity_changes(old: Identity | None, new: Identity | None,
     named = {m for r in rules if r.methods is not None for m in r.methods}
     memo: dict[tuple[bool, ...], list[tuple[int | None, int | None, str]]] = {}
     for scheme, host, port, method, query in cells(rules) if rules else []:
-        app = tuple(_applies(r, scheme, host, port, method, query) for r in rules)
+        app = tuple(applies(r, scheme, host, port, method, query) for r in rules)
         if not any(app):
             continue
         if app not in memo:
@@ -489,7 +489,7 @@ def format_text(d: ReachDiff) -> str:
     return "\n".join(out)
 
 
-def _md(text: str) -> str:
+def md_cell(text: str) -> str:
     return html.escape(text, quote=False).replace("|", "\\|").replace("*", "\\*")
 
 
@@ -512,9 +512,9 @@ def format_markdown(d: ReachDiff) -> str:
             sec = c.grant.removeprefix(", ").removeprefix("injects ")
             what = c.note if c.kind in ("mode", "passthrough", "changed", "dns") else c.kind
             sign = ":heavy_plus_sign:" if c.widened else ":heavy_minus_sign:"
-            out.append(f"| {sign} | {_md(what)} | "
-                       f"{_md(c.what if c.kind != 'mode' else '*')}<br>e.g. "
-                       f"`{c.example}` | {_md(by)} | {_md(sec)} |")
+            out.append(f"| {sign} | {md_cell(what)} | "
+                       f"{md_cell(c.what if c.kind != 'mode' else '*')}<br>e.g. "
+                       f"`{c.example}` | {md_cell(by)} | {md_cell(sec)} |")
         out.append("")
     return "\n".join(out)
 

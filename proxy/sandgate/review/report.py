@@ -22,7 +22,7 @@ from sandgate.review.callproofs import common_call
 from sandgate.review.grants import describe_gate
 from sandgate.review.lint_semantic import decides_while_matching
 from sandgate.review.reach import decider, find_request
-from sandgate.review.reach_diff import _md
+from sandgate.review.reach_diff import md_cell
 from sandgate.secrets.describe import gh_app_form, sign_text
 
 
@@ -194,14 +194,14 @@ def format_markdown(rep: Report) -> str:
         out += ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
         for e in ir.entries:
             c = e.cells()
-            out.append("| " + " | ".join(_md(c[k]) for k in _COLUMNS) + " |")
+            out.append("| " + " | ".join(md_cell(c[k]) for k in _COLUMNS) + " |")
         out.append("")
     if rep.secrets:
         out += ["## Secrets", "", "| secret | read from | sent by (identity: rule) |",
                 "|---|---|---|"]
         for name, (where, users) in rep.secrets.items():
             by = "; ".join(f"{i}: {r} ({src})" for i, r, src in users) or "no rule"
-            out.append(f"| {_md(name)} | {_md(where)} | {_md(by)} |")
+            out.append(f"| {md_cell(name)} | {md_cell(where)} | {md_cell(by)} |")
         out.append("")
     return "\n".join(out)
 

@@ -39,7 +39,7 @@ from sandgate.secrets.oauth2 import OAuth2Tokens
 from sandgate.secrets.scope import GLOBAL, Scope, scope_of
 from sandgate.secrets.scope import resolve as resolve_path
 from sandgate.secrets.tokenhttp import Dial
-from sandgate.text import breaks_header
+from sandgate.secrets.values import check_value
 
 log = logging.getLogger("sandgate.vault")
 
@@ -187,18 +187,6 @@ def _classify(e: BaseException) -> _VaultFailure:
         return _VaultFailure("other", f"request to Vault failed ({type(e).__name__})")
     return _VaultFailure("other", f"unexpected error talking to Vault ({type(e).__name__})")
 
-
-def check_value(name: str, value: object) -> str:
-    """Validate a value read from Vault before it may be injected. Never echoes the value."""
-    if not isinstance(value, str):
-        raise SecretError(name, f"secret '{name}' is unusable: its value is not a string "
-                                f"(Vault returned a {type(value).__name__})")
-    if not value:
-        raise SecretError(name, f"secret '{name}' is unusable: its value is empty")
-    if breaks_header(value):
-        raise SecretError(name, f"secret '{name}' is unusable: refusing to inject a value with "
-                                "control characters (CR, LF or NUL)")
-    return value
 
 
 class SecretBroker:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sandgate.state.url import StateURL, parse_state_url
+from sandgate.state.url import lease_kv as parse_lease_kv
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -91,8 +92,6 @@ class StateConfig:
             if not ca_file.is_file():
                 raise ValueError(f"--state-ca {ca_file}: no such file")
         if lease_kv is not None:
-            from sandgate.state.fleet_leases import lease_kv as parse_lease_kv
-
             parse_lease_kv(lease_kv)
         return cls(parsed, prefix, timeout, fail, ca_file, lease_kv)
 

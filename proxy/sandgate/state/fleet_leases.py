@@ -187,12 +187,3 @@ class BrokerKV:
         c = await self._client()
         await self.broker._call(lambda: c.secrets.kv.v2.delete_metadata_and_all_versions(
             path=path, mount_point=self.mount))
-
-
-def lease_kv(spec: str) -> tuple[str, str]:
-    """`--state-lease-kv MOUNT/PREFIX` -> (mount, prefix); ValueError says what is wrong."""
-    mount, _, prefix = spec.strip("/").partition("/")
-    if not mount or not prefix or any(c.isspace() for c in spec) or ".." in spec:
-        raise ValueError(f"--state-lease-kv {spec!r}: expected MOUNT/PREFIX of a KV v2 engine, "
-                         "e.g. secret/sandgate-leases")
-    return mount, prefix.strip("/")
