@@ -17,6 +17,7 @@ import secrets as _secrets
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from sandgate.errors import InvalidInput
 from sandgate.policy.model import ApprovalScope
 
 State = Literal["pending", "approved", "denied", "timeout", "used", "withdrawn"]
@@ -24,7 +25,7 @@ Verdict = Literal["approve", "deny"]
 SCOPE_ORDER: dict[str, int] = {"request": 0, "sandbox": 1, "identity": 2}
 
 
-class VoteError(ValueError):
+class VoteError(InvalidInput):
     """A vote that cannot be taken; `status` is the admin API's answer (400, 403, 404, 409)."""
 
     def __init__(self, status: int, code: str, reason: str) -> None:

@@ -63,9 +63,10 @@ from sandgate.audit.chain import (
     slot,
     verify_signature,
 )
+from sandgate.errors import NotVerified
 
 
-class Broken(Exception):
+class Broken(NotVerified):
     """The first problem found: where and what."""
 
     def __init__(self, file: str, line: int, what: str) -> None:

@@ -33,6 +33,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from sandgate.errors import SetupFailed
 from sandgate.policy.model import Policy
 
 WEB_PORTS = (80, 443)
@@ -43,7 +44,7 @@ COUNTERS = ("captured", "dns_allowed", "dropped_quic", "dropped_dns", "dropped_t
 _TAG = re.compile(r"[^A-Za-z0-9_]")
 
 
-class CaptureError(RuntimeError):
+class CaptureError(SetupFailed):
     """The capture table cannot be built or installed. The message says what to do."""
 
 

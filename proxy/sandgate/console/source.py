@@ -20,6 +20,7 @@ from urllib.parse import quote, urlencode
 
 from sandgate.audit import stream as A
 from sandgate.console.ring import MAX_LIMIT, EventRing, Filter, merge_events, merge_refusals
+from sandgate.errors import Unavailable
 
 if TYPE_CHECKING:
     from sandgate.admin.listener import AdminState
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 WORKER_PREFIX = "/worker/console"
 
 
-class SourceError(Exception):
+class SourceError(Unavailable):
     """The data could not be had (no worker answered): the page says so."""
 
 

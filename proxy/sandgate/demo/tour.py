@@ -21,6 +21,7 @@ from typing import Any
 from sandgate import confdir
 from sandgate.demo.stack import API_HOST, DEMO_SECRET, Stack
 from sandgate.demo.upstream import REFLECT_HEADER, fingerprint
+from sandgate.errors import InternalError
 from sandgate.secrets.devserver import DEMO_SECRETS
 from sandgate.tokens import issue_token
 
@@ -40,7 +41,7 @@ class Answer:
         return doc
 
 
-class DemoFailed(Exception):
+class DemoFailed(InternalError):
     """The stack did not behave as the demo shows it (a bug, or a broken installation)."""
 
 

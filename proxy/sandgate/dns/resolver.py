@@ -25,6 +25,7 @@ import dns.resolver
 from dns.rdatatype import RdataType
 
 from sandgate.dns.cache import ANSWERED, AddressCache
+from sandgate.errors import Unavailable
 
 MAX_CACHED = 10_000
 
@@ -38,7 +39,7 @@ class Answer:
     ttl: int  # the smallest TTL along the chain (0 when nothing was answered)
 
 
-class UpstreamError(Exception):
+class UpstreamError(Unavailable):
     """The upstream resolver did not answer usably (timeout, network, a broken answer)."""
 
 

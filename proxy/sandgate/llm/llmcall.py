@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sandgate import deltas
+from sandgate.errors import InvalidInput
 
 # The APIs as this module names them. A rule declares "anthropic", "openai" (chat completions
 # and Responses, told apart by the path) or "gemini".
@@ -92,7 +93,7 @@ def stated_call(model: str | None, max_tokens: int | None = None) -> LlmCall | N
     return LlmCall("openai-chat", model, max_tokens, False)
 
 
-class CallUnreadable(ValueError):
+class CallUnreadable(InvalidInput):
     """The body cannot be read as the upstream will read it: refused, never guessed."""
 
 

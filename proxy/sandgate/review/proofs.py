@@ -53,6 +53,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from sandgate.decision import Decision, decide_connect, decide_name, decide_request
+from sandgate.errors import InternalError
 from sandgate.netguard import parse_ip_literal
 from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
 from sandgate.policy.overlap import signed_covers
@@ -351,7 +352,7 @@ def cidrs_covered(inner: Sequence[IPNetwork], outer: Sequence[IPNetwork]) -> boo
 # --- results ----------------------------------------------------------------------------------
 
 
-class ProofError(RuntimeError):
+class ProofError(InternalError):
     """The prover and decide() disagree, or a witness cannot be built: a bug, never a verdict."""
 
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sandgate.errors import InvalidInput
+
 # What a tools/call, resources/read or prompts/get names: (method, the params member). The
 # subscriptions name their resource too (MCP's Mcp-Name header mirrors it: sandgate.rpc.mcpheaders).
 NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
@@ -28,7 +30,7 @@ _RESPONSE_KEYS = frozenset({"jsonrpc", "id", "result", "error"})
 Id = int | str
 
 
-class CallError(ValueError):
+class CallError(InvalidInput):
     """The body is not a well-formed JSON-RPC 2.0 message or batch (a safe, short reason)."""
 
 

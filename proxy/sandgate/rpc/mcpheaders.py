@@ -29,6 +29,7 @@ import binascii
 import re
 from collections.abc import Callable, Sequence
 
+from sandgate.errors import InvalidInput
 from sandgate.rpc.jsonrpc import NAMED, VERSION_META, Call, Message
 
 METHOD_HEADER = "mcp-method"
@@ -59,7 +60,7 @@ HINT = ("send Mcp-Method, Mcp-Name and MCP-Protocol-Version once each, exactly a
 Lookup = Callable[[str], Sequence[str]]
 
 
-class HeaderMismatch(ValueError):
+class HeaderMismatch(InvalidInput):
     """A metadata header that does not agree with the body (a safe, short reason)."""
 
 

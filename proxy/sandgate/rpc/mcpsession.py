@@ -33,6 +33,8 @@ import hashlib
 import hmac
 import re
 
+from sandgate.errors import NotVerified
+
 PREFIX = "sgs1"
 MAC_CHARS = 22  # 132 bits of the HMAC
 MAX_WRAPPED = 4096  # far above any real session id; refused before any work
@@ -42,7 +44,7 @@ _VERSION = re.compile(r"[0-9A-Za-z._-]{1,64}")  # MCP revisions are dates; never
 _B64URL = re.compile(r"[A-Za-z0-9_-]+")
 
 
-class SessionIdError(Exception):
+class SessionIdError(NotVerified):
     """A presented session id that does not verify. The message never echoes the id."""
 
 

@@ -8,12 +8,14 @@ from typing import Any
 import docker
 from docker.errors import DockerException
 
+from sandgate.errors import SetupFailed
 
-class DockerUnavailable(RuntimeError):
+
+class DockerUnavailable(SetupFailed):
     """The Docker engine is not running or not reachable. The message says where it looked."""
 
 
-class SandboxError(RuntimeError):
+class SandboxError(SetupFailed):
     """A sandbox could not be created or used. The message says what to do about it."""
 
 

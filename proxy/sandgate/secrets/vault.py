@@ -30,7 +30,7 @@ import hvac
 import hvac.exceptions
 import requests
 
-from sandgate.errors import SecretError
+from sandgate.errors import SecretError, Unavailable
 from sandgate.identity.base import Caller
 from sandgate.policy.model import GitHubScope, SecretRef
 from sandgate.secrets.github_app import GitHubApps
@@ -141,7 +141,7 @@ class BrokerObserver(Protocol):
     def vault_call(self, seconds: float) -> None: ...
 
 
-class _VaultFailure(Exception):
+class _VaultFailure(Unavailable):
     """Internal: a classified, message-safe failure of one Vault call."""
 
     def __init__(self, kind: str, detail: str) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from sandgate.errors import StateUnavailable
+from sandgate.errors import StateUnavailable, Unavailable
 from sandgate.limits import Limiter, budget_exhausted, rate_limited, too_many_connections
 from sandgate.llm.spend import Amounts, Reservation, budget_key, limits_of, spend_exhausted
 from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sandgate.state")
 
 
-class StateDown(Exception):
+class StateDown(Unavailable):
     """The state did not answer (or is known to be down): the caller decides what that means."""
 
 
