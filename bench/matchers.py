@@ -1,10 +1,11 @@
-"""Micro-benchmark of multi-pattern matchers for scrubbing (why `sandgate.literals` is Hyperscan).
+"""Micro-benchmark of multi-pattern matchers for scrubbing (why
+`sandgate.scrub.literals` is Hyperscan).
 
     .venv/bin/python bench/matchers.py [--secrets 21] [--chunk 262144]
 
 Matches the real forms (`sandgate.secrets.forms`) of N secrets over 256 KiB chunks of three
 kinds of data (one repeated byte, random bytes, English text) and prints MB/s per matcher, plus
-`sandgate.scrub`'s streaming scrubber end to end. Candidates that are not installed (only
+`sandgate.scrub.scrubber`'s streaming scrubber end to end. Candidates that are not installed (only
 Hyperscan is a dependency) are skipped: `pip install pyahocorasick ahocorasick-rs google-re2`
 to compare. Asserts nothing; the figures move with the machine, their ratios much less.
 """
@@ -22,15 +23,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proxy"))
 
-from sandgate.literals import LiteralSet
-from sandgate.scrub import SecretSet
+from sandgate.scrub.literals import LiteralSet
+from sandgate.scrub.scrubber import SecretSet
 from sandgate.secrets.forms import classified_forms
 
 
 def matchers(needles: list[bytes]) -> dict[str, Callable[[bytes], object]]:
     out: dict[str, Callable[[bytes], object]] = {}
     lit: LiteralSet[int] = LiteralSet({n: len(n) for n in needles})
-    out["hyperscan (sandgate.literals)"] = lit.ends
+    out["hyperscan (sandgate.scrub.literals)"] = lit.ends
     by_len = sorted(needles, key=len, reverse=True)
     alternation = re.compile(b"|".join(re.escape(n) for n in by_len))
     out["re alternation"] = lambda d: [m.span() for m in alternation.finditer(d)]

@@ -89,7 +89,7 @@ class Code(StrEnum):
     SANDBOX_REQUIRED = "sandbox_required"  # a per-sandbox secret, and the caller has no sandbox id
     AUDIT_UNAVAILABLE = "audit_unavailable"  # the audit log cannot be written: fail closed
     INTERNAL_ERROR = "internal_error"  # an exception inside Sandgate: fail closed
-    # limits (sandgate/limits.py, sandgate/addons/wirelimits.py)
+    # limits (sandgate/limits.py, sandgate/mitm/guards/wirelimits.py)
     HEADERS_TOO_LARGE = "headers_too_large"  # request head over --max-header-bytes/--max-headers
     RATE_LIMITED = "rate_limited"  # the identity's requests per second (token bucket)
     BUDGET_EXHAUSTED = "budget_exhausted"  # a secret's call budget for its window is spent
@@ -97,7 +97,7 @@ class Code(StrEnum):
     HEADER_TIMEOUT = "header_timeout"  # the request head did not arrive within --header-timeout
     IDLE_TIMEOUT = "idle_timeout"  # nothing moved on the connection for --idle-timeout
     # an unidentified connection past --first-byte-timeout, --handshake-timeout or
-    # --identify-timeout (sandgate/addons/admission.py)
+    # --identify-timeout (sandgate/mitm/guards/admission.py)
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     SESSION_MISMATCH = "session_mismatch"  # an MCP session id not issued to this identity
     # MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version disagree with the body (rpc/mcpheaders.py)

@@ -10,12 +10,12 @@ from mitmproxy import http
 
 from sandgate.errors import UnsafeValue
 from sandgate.policy.model import Policy, Rule
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
+from sandgate.scrub.unwrap import unwrapped_view
 from sandgate.secrets.body import BodyPlan
 from sandgate.secrets.body import render as render_body
 from sandgate.secrets.forms import basic_auth_form, query_forms
 from sandgate.text import breaks_header
-from sandgate.unwrap import unwrapped_view
 
 
 def _checked(name: str, value: str) -> str:

@@ -31,9 +31,9 @@ DEFAULT_IDLE_TIMEOUT = 300.0
 DEFAULT_UPSTREAM_CONNECT_TIMEOUT = 10.0
 DEFAULT_UPSTREAM_READ_TIMEOUT = 120.0
 # An idle upstream connection is kept this long for the caller's next client connection
-# (addons/upstreampool.py): under common servers' keep-alive timeouts (5 s and more).
+# (mitm/speedups/upstreampool.py): under common servers' keep-alive timeouts (5 s and more).
 DEFAULT_UPSTREAM_REUSE_IDLE = 2.0
-# Before identification (sandgate/addons/admission.py): short, since a client that means to be
+# Before identification (sandgate/mitm/guards/admission.py): short, since a client that means to be
 # served sends its CONNECT or request at once.
 DEFAULT_FIRST_BYTE_TIMEOUT = 10.0
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0

@@ -28,7 +28,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     300.0)
-# Refusals of Sandgate's own limits (sandgate.limits, sandgate.addons.wirelimits)
+# Refusals of Sandgate's own limits (sandgate.limits, sandgate.mitm.guards.wirelimits)
 LIMIT_CODES = frozenset(str(c) for c in (
     Code.TOO_LARGE, Code.HEADERS_TOO_LARGE, Code.RATE_LIMITED, Code.BUDGET_EXHAUSTED,
     Code.TOO_MANY_CONNECTIONS, Code.HEADER_TIMEOUT, Code.IDLE_TIMEOUT, Code.UPSTREAM_TIMEOUT))

@@ -50,7 +50,7 @@ class RequestInfo:
     path: str
     query: tuple[tuple[str, str], ...] | None = ()
     # the protocol the request asks to switch to, lower case ("websocket", "h2c"...), or None;
-    # set from the head by the proxy (sandgate.addons.forward.upgrade_asked), by explain and
+    # set from the head by the proxy (sandgate.stages.forward.upgrade_asked), by explain and
     # fixtures from their `websocket` flag: a rule with mcp:/jsonrpc: judges it
     upgrade: str | None = None
 

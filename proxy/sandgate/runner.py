@@ -20,26 +20,8 @@ from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
 from sandgate import confdir, gctune
-from sandgate.addons import (
-    coalesce,
-    dialguard,
-    dialorigin,
-    dispatch,
-    handshake,
-    headerlookup,
-    parking,
-    patches,
-    relay,
-    socks5,
-    sourcepin,
-    speed,
-    synchooks,
-    tunnels,
-    upstreampool,
-    wirelimits,
-    writes,
-)
 from sandgate.addons.gate import Gate, GateConfig
+from sandgate.addons.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.admin.access import AdminUser
 from sandgate.admin.login import FailureLimit
@@ -54,9 +36,22 @@ from sandgate.identity.agents import AgentProcesses
 from sandgate.identity.base import AddressIdentitySource, Caller
 from sandgate.identity.resolve import Identifier
 from sandgate.identity.roles import Role, Split
-from sandgate.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.metrics import Metrics
+from sandgate.mitm import pinning
+from sandgate.mitm.guards import corrections, dialguard, dialorigin, socks5, tunnels, wirelimits
+from sandgate.mitm.speedups import (
+    coalesce,
+    dispatch,
+    handshake,
+    headerlookup,
+    parking,
+    relay,
+    speed,
+    synchooks,
+    upstreampool,
+    writes,
+)
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy import live as livepolicy
 from sandgate.policy.model import Policy
@@ -202,7 +197,7 @@ def same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
 
 
 async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
-    sourcepin.check_version()  # the patches below were checked against this mitmproxy only
+    pinning.check_version()  # the patches below were checked against this mitmproxy only
     conf = confdir.ensure_confdir(cfg.confdir)
     confdir.ensure_ca(conf)
     key = confdir.token_key(conf)
@@ -369,7 +364,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
                     cfg.transparent, cfg.limits.idle_timeout)
     opts.update(**values)
     m.addons.add(Pinned(values))
-    patches.install()
+    corrections.install()
     if cfg.worker is not None:
         from sandgate.workers.listen import share_port
 

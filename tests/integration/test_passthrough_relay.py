@@ -1,5 +1,6 @@
-"""Passthrough tunnels are relayed lean once verified (sandgate/addons/relay.py): bytes arrive
-intact both ways over a kept-alive tunnel, and a tunnel whose SNI disagrees is never relayed."""
+"""Passthrough tunnels are relayed lean once verified (sandgate/mitm/speedups/relay.py):
+bytes arrive intact both ways over a kept-alive tunnel, and a tunnel whose SNI disagrees is never
+relayed."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The TLS upstream records the client address of the connection each request came 
 address per upstream connection). Within one client connection mitmproxy keeps its upstream
 connection alive and reuses it for the next request to the same host; across client
 connections an idle one is parked and the same caller's next client connection to the same
-checked address and name reuses it (addons/upstreampool.py). A client connection of another
+checked address and name reuses it (mitm/speedups/upstreampool.py). A client connection of another
 identity, or of another sandbox of the same identity, never gets that upstream connection: a
 desynchronised upstream connection must not hand one sandbox's response to another.
 """

@@ -307,7 +307,7 @@ def test_an_http2_connect_to_the_proxy_port_gets_no_tunnel(wire_proxy, rfc9113):
     mitmproxy's request parser one without them (it needs :scheme); either ends the whole
     connection, and no tunnel is granted or judged. (mitmproxy 11.0.2 with h2 4.1 answered the
     second spelling 200, and several streams of one connection could each be a tunnel:
-    addons/tunnels.py keeps one record per CONNECT stream, and pins that parser, so a
+    mitm/guards/tunnels.py keeps one record per CONNECT stream, and pins that parser, so a
     mitmproxy that serves them again is looked at.)"""
     from tests.support.h2tunnels import H2Proxy
 

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mitmproxy.test import tflow
 
-from sandgate.addons import admission
 from sandgate.limits import ConnectionCounter, Limiter, LimitsConfig
+from sandgate.mitm.guards import admission
 
 
 def test_unidentified_connections_are_capped_per_source_and_released_on_identify():

@@ -22,7 +22,7 @@ from sandgate.approvals.webhook import body_for
 from sandgate.cli.approvals import header_lines, line
 from sandgate.errors import ApprovalRefused, Code
 from sandgate.policy.model import Source, Webhook
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
 from tests.unit.test_approvals import approval, ask_rule, load, pending_one, rule
 
 pytestmark = pytest.mark.unit

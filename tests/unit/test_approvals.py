@@ -571,8 +571,8 @@ def test_the_docs_verification_snippet_verifies_what_sandgate_signs():
 def test_an_upstream_cannot_forge_the_approval_header():
     from mitmproxy import http
 
-    from sandgate.addons.stream import clean_head
-    from sandgate.scrub import SecretSet
+    from sandgate.scrub.scrubber import SecretSet
+    from sandgate.scrub.stream import clean_head
 
     resp = http.Response.make(200, b"", {"X-Sandgate-Approval": "ap_forged", "X-Other": "1"})
     clean_head(resp, SecretSet({}))

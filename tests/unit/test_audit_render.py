@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sandgate.audit import stream as A
 from sandgate.audit.chain import render
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
 
 pytestmark = pytest.mark.unit
 
@@ -88,7 +88,7 @@ header_bytes = st.lists(st.one_of(
 def test_scrub_headers_equals_the_field_by_field_scrub(fs: list[tuple[bytes, bytes]]) -> None:
     from mitmproxy import http
 
-    from sandgate.addons.stream import scrub_headers
+    from sandgate.scrub.stream import scrub_headers
 
     secrets = SecretSet(FAKE)
     want, got = http.Headers(fs), http.Headers(fs)

@@ -28,15 +28,15 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tutils
 
-from sandgate import unwrap
-from sandgate.addons import decoding, wscontrol
-from sandgate.addons.stream import ResponseScrubber, answer_instead, clean_head, scrub_whole
 from sandgate.errors import Code
 from sandgate.inject import find_leaks_in
+from sandgate.mitm.guards import wscontrol
 from sandgate.refusal import Refusal
-from sandgate.scrub import SecretSet
+from sandgate.scrub import decoding, unwrap
+from sandgate.scrub.scrubber import SecretSet
+from sandgate.scrub.stream import ResponseScrubber, answer_instead, clean_head, scrub_whole
+from sandgate.scrub.unwrap import scrub_unwrapped, unwrapping_scrubber
 from sandgate.secrets.forms import classified_forms
-from sandgate.unwrap import scrub_unwrapped, unwrapping_scrubber
 from tests.unit.fuzz import examples
 
 KEY = "test-round3-FAKE-key-0a1b2c3d4e5f6a7b8c9d"
@@ -235,10 +235,10 @@ def test_unknown_codings_are_refused_readably() -> None:
 
 def test_control_patch_installs_on_this_mitmproxy() -> None:
     # (its sources are pinned by test_patch_sources.test_wscontrol_source_is_pinned)
-    from sandgate.addons import patches
+    from sandgate.mitm.guards import corrections
 
-    patches.install()
-    assert wscontrol.installed() and patches.installed()
+    corrections.install()
+    assert wscontrol.installed() and corrections.installed()
     from mitmproxy.proxy.layers import websocket as layer
 
     assert layer.WebsocketConnection.events is wscontrol._events  # type: ignore[comparison-overlap]
@@ -286,7 +286,7 @@ def test_a_handler_that_fails_empties_the_payload() -> None:
 @given(st.lists(st.text(alphabet="ab=x", max_size=9), max_size=12),
        st.sampled_from(["\n", "\r\n"]), st.text(alphabet="ab=\r\n", max_size=6))
 def test_the_fast_view_equals_the_general_one(lines: list[str], sep: str, tail: str) -> None:
-    from sandgate.unwrap import _View
+    from sandgate.scrub.unwrap import _View
 
     for data in ((sep.join(lines)).encode(), (sep.join(lines) + tail).encode()):
         fast = _View(data)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mitmproxy import connection
 from mitmproxy.proxy import commands
 
-from sandgate.addons import coalesce
+from sandgate.mitm.speedups import coalesce
 
 pytestmark = pytest.mark.unit
 

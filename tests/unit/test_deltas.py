@@ -1,4 +1,4 @@
-"""sandgate.deltas: events cut out of a byte stream exactly, and the keys a client joins their
+"""sandgate.scrub.deltas: events cut out of a byte stream exactly, and the keys a client joins their
 string values under, per provider format. No secret values here (see test_joined.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandgate.deltas import (
+from sandgate.scrub.deltas import (
     TEXT_KEY,
     ArrayFramer,
     Event,

@@ -24,8 +24,9 @@ from mitmproxy import connection, options
 from mitmproxy.proxy import commands, events, layer, server
 from mitmproxy.proxy.context import Context
 
-from sandgate.addons import dialguard, relay, wirelimits, writes
 from sandgate.limits import LimitsConfig
+from sandgate.mitm.guards import dialguard, wirelimits
+from sandgate.mitm.speedups import relay, writes
 
 UPSTREAM = ("127.0.15.1", 443)
 

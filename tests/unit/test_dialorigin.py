@@ -12,10 +12,10 @@ from mitmproxy import connection
 from mitmproxy.proxy import commands, server_hooks
 from mitmproxy.test import taddons, tflow
 
-from sandgate.addons import dialorigin
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.audit import stream as audit
 from sandgate.identity.resolve import Identifier
+from sandgate.mitm.guards import dialorigin
 from sandgate.policy.loader import load_policy_dir
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.tokens import issue_token

@@ -15,7 +15,7 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.http import HttpRequestHook, HttpResponseHook
 from mitmproxy.proxy.layers.tcp import TCPLayer
 
-from sandgate.addons import dispatch, relay
+from sandgate.mitm.speedups import dispatch, relay
 
 # ---------------------------------------------------------------------------- dispatch
 
@@ -204,8 +204,8 @@ def test_lean_relay_never_for_a_tcp_flow_that_hooks_see() -> None:
 def test_inert_addons_are_exactly_those_pinned_off() -> None:
     from mitmproxy.addons import default_addons
 
-    from sandgate.addons import speed
     from sandgate.addons.pinned import _PINNED, pinned
+    from sandgate.mitm.speedups import speed
 
     for name, (option, value) in speed.INERT.items():
         assert option in _PINNED, name  # skipping is only sound while the option is pinned
@@ -258,7 +258,7 @@ def test_inert_addons_get_lifecycle_hooks_only() -> None:
 def test_speed_install_drops_only_debug_type_checks() -> None:
     from mitmproxy import http
 
-    from sandgate.addons import speed
+    from sandgate.mitm.speedups import speed
 
     speed.install()
     speed.install()
@@ -290,7 +290,7 @@ class _RawWriter:
 
 
 def test_batched_writer_keeps_bytes_and_order_and_sends_once() -> None:
-    from sandgate.addons import writes
+    from sandgate.mitm.speedups import writes
 
     log: list[Any] = []
     w = writes.Batched(_RawWriter(log))  # type: ignore[arg-type]
@@ -311,7 +311,7 @@ def test_batched_writer_keeps_bytes_and_order_and_sends_once() -> None:
 def test_batched_writers_flush_when_the_event_is_done() -> None:
     from mitmproxy.proxy.server import ConnectionIO
 
-    from sandgate.addons import writes
+    from sandgate.mitm.speedups import writes
 
     writes.install()
     writes.install()
@@ -361,7 +361,7 @@ def test_speed_fork_and_hook_args_are_mitmproxys() -> None:
     from mitmproxy.proxy.context import Context
     from mitmproxy.proxy.layers.http import HttpRequestHeadersHook
 
-    from sandgate.addons import speed
+    from sandgate.mitm.speedups import speed
 
     speed.install()
     client = connection.Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2),
@@ -403,7 +403,7 @@ def test_no_update_hook_built_without_an_update_addon() -> None:
 
 
 def test_speed_option_reads_copy_only_what_can_change() -> None:
-    from sandgate.addons import speed
+    from sandgate.mitm.speedups import speed
 
     speed.install()
     o = options.Options()

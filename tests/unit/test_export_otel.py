@@ -16,7 +16,6 @@ from mitmproxy.test import tflow
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from sandgate.addons.state import FlowRecord
 from sandgate.audit.export import otel, traceparent
 from sandgate.audit.export import startup as setup
 from sandgate.audit.export.counters import ExportCounters
@@ -25,8 +24,9 @@ from sandgate.decision import decide
 from sandgate.explain import answer as explain
 from sandgate.policy.loader import load_policy_dir
 from sandgate.request import parse_url
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
 from sandgate.stages import s40_forward
+from sandgate.stages.flow import FlowRecord
 
 pytestmark = pytest.mark.unit
 

@@ -21,7 +21,7 @@ from sandgate.inject import own_forms
 from sandgate.policy.compiler import parse_template
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import DynamicRef, SecretRef, SecretSlot, Source
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
 from sandgate.secrets.forms import basic_auth_form
 from sandgate.secrets.leases import LeaseManager
 from sandgate.secrets.scope import GLOBAL, Scope, parse_path, resolve, scope_of

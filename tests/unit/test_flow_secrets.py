@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandgate.addons.flowsecrets import Owned, ScrubSets, owned
 from sandgate.errors import SecretError
 from sandgate.identity.base import Caller
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.model import Policy
-from sandgate.scrub import SecretSet
+from sandgate.scrub.flowsecrets import Owned, ScrubSets, owned
+from sandgate.scrub.scrubber import SecretSet
 from sandgate.secrets.retired import Retired
 from sandgate.secrets.scope import parse_path
 from sandgate.secrets.vault import SecretBroker, VaultConfig

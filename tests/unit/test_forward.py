@@ -7,15 +7,15 @@ import gzip
 import pytest
 from mitmproxy.test import tutils
 
-from sandgate.addons.forward import (
+from sandgate.errors import BadRequest, Code
+from sandgate.request import RequestInfo
+from sandgate.stages.forward import (
     check_authority,
     check_upgrade,
     inspectable_body,
     is_websocket_upgrade,
     prepare,
 )
-from sandgate.errors import BadRequest, Code
-from sandgate.request import RequestInfo
 
 INFO = RequestInfo("https", "api.example", 443, "POST", "/v1")
 

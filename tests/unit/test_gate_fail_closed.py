@@ -9,10 +9,10 @@ import pytest
 from mitmproxy.proxy import server_hooks
 from mitmproxy.test import taddons, tflow
 
-from sandgate.addons import dialorigin
 from sandgate.addons.gate import Gate, GateConfig
 from sandgate.audit import stream as audit
 from sandgate.identity.resolve import Identifier
+from sandgate.mitm.guards import dialorigin
 from sandgate.policy.loader import load_policy_dir
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import s20_head, s70_scrub
@@ -193,7 +193,7 @@ async def test_requestheaders_refuses_before_the_body(gate):
         f.request.headers["content-length"] = str(10 * 1024 * 1024)
         await gate.requestheaders(f)
         assert f.response is not None and f.response.status_code == 407
-        # answered now, before the body, which is never read (addons/readable.py)
+        # answered now, before the body, which is never read (mitm/guards/readable.py)
         assert f.metadata["sandgate-answer-early"] is True
         assert f.response.headers["connection"] == "close"
         h2 = plain_flow()

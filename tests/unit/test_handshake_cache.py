@@ -1,4 +1,4 @@
-"""sandgate.addons.handshake: the per-connection conversions mitmproxy repeats are made once,
+"""sandgate.mitm.speedups.handshake: the per-connection conversions mitmproxy repeats are made once,
 and give the same bytes to OpenSSL."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from mitmproxy import certs
 from mitmproxy.utils import asyncio_utils
 
 from sandgate import cakey
-from sandgate.addons import handshake
+from sandgate.mitm.speedups import handshake
 
 
 def test_certificate_and_key_are_converted_once_and_unchanged() -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.coretypes.multidict import _MultiDict
 
-from sandgate.addons import headerlookup
+from sandgate.mitm.speedups import headerlookup
 
 pytestmark = pytest.mark.unit
 

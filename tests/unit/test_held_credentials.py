@@ -20,17 +20,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandgate import confdir
-from sandgate.addons.flowsecrets import ScrubSets
 from sandgate.audit.chain import Chain
 from sandgate.audit.stream import AuditLog
 from sandgate.policy.loader import load_policy_dir
 from sandgate.runner import own_keys
-from sandgate.scrub import SecretSet
+from sandgate.scrub.flowsecrets import ScrubSets
+from sandgate.scrub.scrubber import SecretSet
+from sandgate.scrub.unwrap import scrub_unwrapped, unwrapped_view
 from sandgate.secrets import github_app
 from sandgate.secrets.github_app import GitHubApps
 from sandgate.secrets.keyforms import PrivateKey, pem_values
 from sandgate.secrets.vault import SecretBroker, VaultConfig
-from sandgate.unwrap import scrub_unwrapped, unwrapped_view
 from tests.unit.test_fleet_secrets import FakeClock
 from tests.unit.test_github_app_tokens import REF, Fake, _dial
 

@@ -11,7 +11,7 @@ from mitmproxy.test import tutils
 from sandgate.errors import UnsafeValue
 from sandgate.inject import apply, find_leaks, own_forms
 from sandgate.policy.loader import load_policy_dir
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
 
 POLICY = """
 version: v1

@@ -1,4 +1,4 @@
-"""sandgate.joined: what a client joins across streamed events never holds a secret.
+"""sandgate.scrub.joined: what a client joins across streamed events never holds a secret.
 
 Every secret here is random hypothesis data or an obvious fake, compared with `in` / `not in`
 only, never printed. The properties put a form of a secret (every form `sandgate.secrets.forms`
@@ -20,9 +20,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from mitmproxy.test import tutils
 
-from sandgate.addons.stream import ResponseScrubber, scrub_whole
-from sandgate.joined import EventStream, JoinedScrubber
-from sandgate.scrub import HOLD_AFTER, REDACTED_TEMPLATE, SecretSet
+from sandgate.scrub.joined import EventStream, JoinedScrubber
+from sandgate.scrub.scrubber import HOLD_AFTER, REDACTED_TEMPLATE, SecretSet
+from sandgate.scrub.stream import ResponseScrubber, scrub_whole
 from sandgate.secrets.forms import classified_forms
 from tests.unit.fuzz import examples
 

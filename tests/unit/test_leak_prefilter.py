@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandgate.inject import find_leaks_in, no_values
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
 
 pytestmark = pytest.mark.unit
 

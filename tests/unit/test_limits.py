@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.proxy.layers.http import _http_h2
 
-from sandgate.addons import wirelimits
 from sandgate.cli import build_parser, limits_config
 from sandgate.errors import Code, LimitExceeded
 from sandgate.limits import (
@@ -28,6 +27,7 @@ from sandgate.limits import (
     retry_after,
 )
 from sandgate.metrics import Metrics
+from sandgate.mitm.guards import wirelimits
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import IdentityLimits, Policy, SecretBudget
 

@@ -1,6 +1,6 @@
-"""`sandgate.literals.LiteralSet`: every occurrence of every word, checked against a brute-force
-reference, for any bytes (NUL and non-ASCII included), from any thread; and the streaming
-scrubber built on it equal to the whole-body scrub for large bodies cut anywhere.
+"""`sandgate.scrub.literals.LiteralSet`: every occurrence of every word, checked against a
+brute-force reference, for any bytes (NUL and non-ASCII included), from any thread; and the
+streaming scrubber built on it equal to the whole-body scrub for large bodies cut anywhere.
 
 Values are random hypothesis data or obvious fakes, compared, never printed.
 """
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandgate.literals import LiteralSet
-from sandgate.scrub import SecretSet
+from sandgate.scrub.literals import LiteralSet
+from sandgate.scrub.scrubber import SecretSet
 from sandgate.secrets.forms import classified_forms
 from tests.unit.fuzz import examples
 

@@ -15,7 +15,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from sandgate.addons import sourcepin
+from sandgate.mitm import pinning
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -61,7 +61,7 @@ def test_every_dependency_is_locked_with_hashes(lock: str, extras: tuple[str, ..
     assert len(lines) == len(entries), [ln for ln in lines if "==" not in ln]
     assert all(hashes for _, hashes in entries.values())
     assert "file://" not in text and "sandgate @" not in text  # no local paths, no self
-    assert entries["mitmproxy"][0] == sourcepin.MITMPROXY_VERSION
+    assert entries["mitmproxy"][0] == pinning.MITMPROXY_VERSION
     assert entries["h11"][0] >= "0.16.0"  # CVE-2025-43859: chunked bodies
 
 
@@ -79,6 +79,6 @@ def test_the_sbom_lists_this_mitmproxy(tmp_path: Path) -> None:
     assert bom["bomFormat"] == "CycloneDX"
     assert bom["metadata"]["component"]["name"] == "sandgate"
     versions = {c["name"].lower(): c["version"] for c in bom["components"]}
-    assert versions["mitmproxy"] == sourcepin.MITMPROXY_VERSION
+    assert versions["mitmproxy"] == pinning.MITMPROXY_VERSION
     assert versions["mitmproxy"].startswith("12.")
     assert all(c.get("purl", "").startswith("pkg:pypi/") for c in bom["components"])

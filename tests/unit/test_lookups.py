@@ -1,4 +1,4 @@
-"""addons/speed.py (4, 5): hook arguments and option reads without per-call reflection give
+"""mitm/speedups/speed.py (4, 5): hook arguments and option reads without per-call reflection give
 exactly what mitmproxy's own code gives."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers.http import HttpConnectHook, HttpRequestHook
 from mitmproxy.test import tflow
 
-from sandgate.addons import speed
+from sandgate.mitm.speedups import speed
 
 
 def test_hook_args_are_mitmproxy_s_for_every_hook_class() -> None:

@@ -14,7 +14,6 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate.addons.state import FlowRecord
 from sandgate.audit import stream as audit
 from sandgate.decision import decide
 from sandgate.identity.base import Caller
@@ -23,6 +22,7 @@ from sandgate.policy.loader import load_policy_dir
 from sandgate.request import RequestInfo
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import context, s35_call
+from sandgate.stages.flow import FlowRecord
 
 MODERN = "2026-07-28"
 HEADER_MISMATCH = -32020  # MCP's HeaderMismatch

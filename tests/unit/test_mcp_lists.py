@@ -2,7 +2,7 @@
 (the request that carries a cursor is a list call like the first), resource templates and
 server/discover filtered too, and a filtered result never marked cacheable beyond its caller
 (`cacheScope`). The request is judged by the stage and its answer filtered as the response side
-does (sandgate.addons.calls.filter_whole); SSE chunking: tests/unit/test_mcp_stage.py."""
+does (sandgate.stages.rpccalls.filter_whole); SSE chunking: tests/unit/test_mcp_stage.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate.addons.calls import filter_whole
-from sandgate.addons.state import FlowRecord
 from sandgate.audit import stream as audit
 from sandgate.decision import decide
 from sandgate.identity.base import Caller
@@ -24,6 +22,8 @@ from sandgate.policy.loader import load_policy_dir
 from sandgate.request import RequestInfo
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import context, s35_call
+from sandgate.stages.flow import FlowRecord
+from sandgate.stages.rpccalls import filter_whole
 
 MODERN = "2026-07-28"
 POLICY = """

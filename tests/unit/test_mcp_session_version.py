@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate.addons.state import FlowRecord
 from sandgate.audit import stream as audit
 from sandgate.decision import decide
 from sandgate.identity.base import Caller
@@ -26,6 +25,7 @@ from sandgate.rpc.mcpheaders import KNOWN_VERSIONS
 from sandgate.rpc.mcpsession import SessionIdError, session_key, unwrap, unwrap_bound, wrap
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import context, s35_call, s70_scrub
+from sandgate.stages.flow import FlowRecord
 
 KEY = session_key(b"unit-test-token-key-not-secret!!")
 HOST, PORT = "mcp.example", 80

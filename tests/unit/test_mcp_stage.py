@@ -1,5 +1,5 @@
 """The call stage's response side: list answers filtered, JSON and SSE, however chunked
-(sandgate.addons.calls). Session ids: tests/unit/test_mcpsession.py."""
+(sandgate.stages.rpccalls). Session ids: tests/unit/test_mcpsession.py."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.addons.calls import CallState, _filter_json, _SseFilter
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
+from sandgate.stages.rpccalls import CallState, _filter_json, _SseFilter
 
 POLICY = """
 version: v1
@@ -126,7 +126,7 @@ def test_call_metric_labels_are_bounded_by_the_policy(policy: Policy) -> None:
 
 def test_audit_scrubs_the_sandbox_strings_of_calls() -> None:
     from sandgate.audit import stream as A
-    from sandgate.scrub import SecretSet
+    from sandgate.scrub.scrubber import SecretSet
 
     value = "test-mcp-REAL-token-5e1d"
     fields = A.scrub_fields({"rpc": [{"method": "tools/call", "tool": f"x{value}",

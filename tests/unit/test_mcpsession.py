@@ -1,6 +1,6 @@
 """MCP session ids bound to identity and server by a MAC (sandgate.rpc.mcpsession), and the call
 layer's use of them: the upstream's id wrapped on the way out, unwrapped (or refused) on the
-way in (sandgate.addons.calls.response_headers / open_session)."""
+way in (sandgate.stages.rpccalls.response_headers / open_session)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from mitmproxy.test import tutils
 
-from sandgate.addons.calls import SESSION_HEADER, CallState, open_session, response_headers
-from sandgate.addons.state import FlowRecord
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.policy.loader import load_policy_dir
 from sandgate.request import RequestInfo
 from sandgate.rpc.mcpsession import MAC_CHARS, PREFIX, SessionIdError, session_key, unwrap, wrap
+from sandgate.stages.flow import FlowRecord
+from sandgate.stages.rpccalls import SESSION_HEADER, CallState, open_session, response_headers
 from sandgate.tokens import issue_token
 
 TOKEN_KEY = b"unit-test-token-key-not-secret!!"

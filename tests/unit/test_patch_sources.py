@@ -7,7 +7,6 @@ patch is re-checked against the new code (then its SOURCE_SHA256 is updated), ne
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 import sys
 from pathlib import Path
@@ -15,29 +14,31 @@ from types import ModuleType
 
 import pytest
 
-from sandgate.addons import (
+from sandgate.mitm import pinning
+from sandgate.mitm.guards import (
     admission,
-    coalesce,
+    corrections,
     dialguard,
     dialorigin,
+    readable,
+    socks5,
+    tunnels,
+    wirelimits,
+    wscontrol,
+)
+from sandgate.mitm.speedups import (
+    coalesce,
     dispatch,
     handshake,
     headerlookup,
-    patches,
-    readable,
     relay,
-    socks5,
-    sourcepin,
     speed,
     synchooks,
-    tunnels,
     upstreampool,
-    wirelimits,
     writes,
-    wscontrol,
 )
 
-ADDONS = Path(sourcepin.__file__).parent
+MITM = Path(pinning.__file__).parent
 
 
 def _pinned(module: ModuleType) -> None:
@@ -75,8 +76,8 @@ def test_headerlookup_source_is_pinned() -> None:
     _pinned(headerlookup)
 
 
-def test_patches_source_is_pinned() -> None:
-    _pinned(patches)
+def test_corrections_source_is_pinned() -> None:
+    _pinned(corrections)
 
 
 def test_readable_source_is_pinned() -> None:
@@ -131,7 +132,7 @@ def _copied(original: str, copy: str) -> bool:
 
 
 def test_synchooks_server_event_is_mitmproxys_with_one_step_added() -> None:
-    assert _copied(sourcepin.source(synchooks.SOURCES[0]), inspect.getsource(
+    assert _copied(pinning.source(synchooks.SOURCES[0]), inspect.getsource(
         synchooks.server_event))
 
 
@@ -158,10 +159,10 @@ def test_every_module_that_patches_a_library_pins_its_source() -> None:
     # a new patch must name and pin what it replaces, and get its named test above
     tested = {name.removeprefix("test_").removesuffix("_source_is_pinned")
               for name in globals() if name.endswith("_source_is_pinned")}
-    patching = {p.stem for p in ADDONS.glob("*.py") if _patches_library_code(p)}
+    patching = {p.stem for p in MITM.rglob("*.py") if _patches_library_code(p)}
     assert patching == tested
     for name in tested:
-        module = importlib.import_module(f"sandgate.addons.{name}")
+        module = globals()[name]
         assert isinstance(module.SOURCE_SHA256, str) and len(module.SOURCE_SHA256) == 64
 
 
@@ -171,30 +172,30 @@ def test_a_changed_source_changes_the_digest(tmp_path: Path,
     pkg.write_text("class Layer:\n    def step(self):\n        return 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     refs = ("sg_fake_lib:Layer.step",)
-    before = sourcepin.digest(refs)
-    assert "return 1" in sourcepin.sources(refs)
+    before = pinning.digest(refs)
+    assert "return 1" in pinning.sources(refs)
     pkg.write_text("class Layer:\n    def step(self):\n        return 2\n")
-    sourcepin._module_source.cache_clear()
+    pinning._module_source.cache_clear()
     sys.modules.pop("sg_fake_lib", None)
-    assert sourcepin.digest(refs) != before
+    assert pinning.digest(refs) != before
 
 
 def test_an_unknown_source_is_named() -> None:
     with pytest.raises(LookupError, match="no 'nothing_here'"):
-        sourcepin.source("mitmproxy.proxy.server:ConnectionHandler.nothing_here")
+        pinning.source("mitmproxy.proxy.server:ConnectionHandler.nothing_here")
 
 
 def test_the_installed_mitmproxy_is_the_pinned_one() -> None:
-    sourcepin.check_version()
-    assert sourcepin.installed_version() == sourcepin.MITMPROXY_VERSION
-    pyproject = (ADDONS.parents[2] / "pyproject.toml").read_text()
-    assert f'"mitmproxy=={sourcepin.MITMPROXY_VERSION}"' in pyproject
+    pinning.check_version()
+    assert pinning.installed_version() == pinning.MITMPROXY_VERSION
+    pyproject = (MITM.parents[2] / "pyproject.toml").read_text()
+    assert f'"mitmproxy=={pinning.MITMPROXY_VERSION}"' in pyproject
 
 
 def test_another_mitmproxy_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sourcepin, "installed_version", lambda: "11.0.2")
+    monkeypatch.setattr(pinning, "installed_version", lambda: "11.0.2")
     with pytest.raises(RuntimeError, match=r"needs mitmproxy 12\.3\.1, found 11\.0\.2"):
-        sourcepin.check_version()
+        pinning.check_version()
     from sandgate.cli import main
 
     # `sandgate run` refuses before anything starts (2: the CLI's usage and setup errors)

@@ -12,8 +12,8 @@ from mitmproxy.proxy.layers.http import _http1, _http2, _http3, _http_h2
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 from mitmproxy.test import taddons, tflow
 
-from sandgate.addons import patches
 from sandgate.addons.pinned import _PINNED, Pinned, check_sets, pinned
+from sandgate.mitm.guards import corrections
 from sandgate.refusal import REASON_HEADER
 
 
@@ -66,9 +66,9 @@ async def test_pinned_values_cannot_change_at_run_time():
 
 
 def test_patches_install_once_and_replace_error_pages():
-    patches.install()
-    patches.install()
-    assert patches.installed()
+    corrections.install()
+    corrections.install()
+    assert corrections.installed()
     for status, code in [(400, "bad_request"), (413, "too_large"), (502, "upstream_error"),
                          (504, "upstream_timeout")]:
         raw = _http1.make_error_response(status, "Bad HTTP response line: b'FAKE-SECRET'")
@@ -85,8 +85,8 @@ def test_patches_install_once_and_replace_error_pages():
 def test_sandgate_timeouts_are_answered_504_on_http1_and_http2():
     # mitmproxy 12's error codes have no 504 (ErrorCode.http_status_code): an error whose
     # message carries TIMEOUT_MARK (wirelimits' upstream timeouts) is answered 504 anyway.
-    patches.install()
-    message = f"{patches.TIMEOUT_MARK}: nothing from the upstream for 1s"
+    corrections.install()
+    message = f"{corrections.TIMEOUT_MARK}: nothing from the upstream for 1s"
     raw = _http1.make_error_response(502, message)
     assert raw.startswith(b"HTTP/1.1 504 ")
     assert json.loads(raw.partition(b"\r\n\r\n")[2])["code"] == "upstream_timeout"
@@ -116,8 +116,8 @@ def test_sandgate_timeouts_are_answered_504_on_http1_and_http2():
                                           (b"content-type", b"text/html")])
             yield from ()
 
-        list(patches._h2_error_status(branch)(Layer(), event))
-        assert getattr(server, patches._H2_STATUS, None) is None  # only for that page
+        list(corrections._h2_error_status(branch)(Layer(), event))
+        assert getattr(server, corrections._H2_STATUS, None) is None  # only for that page
         got = client.receive_data(server.data_to_send())
         (resp,) = [e for e in got if isinstance(e, h2.events.ResponseReceived)]
         return dict(resp.headers)
@@ -131,7 +131,7 @@ def test_sandgate_timeouts_are_answered_504_on_http1_and_http2():
 
 
 def test_http1_trailers_are_dropped_not_fatal():
-    patches.install()
+    corrections.install()
     reader = _http1.make_body_reader(None)  # chunked
     from h11._receivebuffer import ReceiveBuffer
 
@@ -149,7 +149,7 @@ def test_http1_trailers_are_dropped_not_fatal():
 
 
 def test_body_size_limit_is_for_requests_only():
-    patches.install()
+    corrections.install()
 
     class Stream:
         flow = tflow.tflow(resp=True)
@@ -161,9 +161,9 @@ def test_body_size_limit_is_for_requests_only():
 
 
 def test_a_response_read_whole_is_held_to_the_body_size_limit():
-    """The answer to an MCP initialize is buffered whole (addons/calls.py) although its length
+    """The answer to an MCP initialize is buffered whole (stages/rpccalls.py) although its length
     is not known: past body_size_limit it is ended with an error, never buffered on."""
-    patches.install()
+    corrections.install()
 
     class Options:
         stream_large_bodies = None
@@ -189,9 +189,9 @@ def test_a_response_read_whole_is_held_to_the_body_size_limit():
         except StopIteration as stop:
             return bool(stop.value)
 
-    Stream.flow.metadata[patches.READ_WHOLE] = True
+    Stream.flow.metadata[corrections.READ_WHOLE] = True
     assert run(Stream()) is False  # within the limit
     Stream.response_body_buf += b"x" * 10
     assert run(Stream()) is True and Stream.flow.error is not None
-    del Stream.flow.metadata[patches.READ_WHOLE]
+    del Stream.flow.metadata[corrections.READ_WHOLE]
     assert run(Stream()) is False  # any other response is streamed: no limit

@@ -1,5 +1,5 @@
-"""The tunnel pipe (sandgate/addons/relay.py `Pipe`): once a verified tunnel relays, each side's
-transport writes straight to the other's. Real sockets (socket pairs) and asyncio's own
+"""The tunnel pipe (sandgate/mitm/speedups/relay.py `Pipe`): once a verified tunnel relays,
+each side's transport writes straight to the other's. Real sockets (socket pairs) and asyncio's own
 transports and StreamReaders, so what is checked is what the proxy runs: order, backpressure,
 and that end of stream and connection loss reach mitmproxy's read loop unchanged."""
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sandgate.addons import relay
+from sandgate.mitm.speedups import relay
 
 pytestmark = pytest.mark.unit
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from mitmproxy.test import tutils
 
 from sandgate.inject import find_leaks
-from sandgate.scrub import SecretSet
-from sandgate.unwrap import _View, scrub_unwrapped, unwrapping_scrubber
+from sandgate.scrub.scrubber import SecretSet
+from sandgate.scrub.unwrap import _View, scrub_unwrapped, unwrapping_scrubber
 
 KEY = "FAKE/qp+probe/value=0123+abcdef/XYZ"
 SECRETS = SecretSet({"qp": KEY})

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
 
-from sandgate.addons import readable
+from sandgate.mitm.guards import readable
 
 
 def _flow(headers: list[tuple[bytes, bytes]], version: bytes = b"HTTP/1.1") -> http.HTTPFlow:

@@ -17,10 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mitmproxy.test import tutils
 
-from sandgate.addons.forward import inspectable_body
 from sandgate.errors import BadRequest, Code
 from sandgate.inject import find_leaks
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
+from sandgate.stages.forward import inspectable_body
 
 FAKE = "FAKE-exfil-probe-value-0123456789"
 SECRETS = SecretSet({"probe": FAKE})

@@ -6,14 +6,14 @@ import gzip
 
 from mitmproxy.test import tutils
 
-from sandgate.addons.stream import (
+from sandgate.scrub.scrubber import SecretSet
+from sandgate.scrub.stream import (
     WHOLE_BODY_LIMIT,
     ResponseScrubber,
     clean_head,
     scrub_whole,
     scrub_whole_candidate,
 )
-from sandgate.scrub import SecretSet
 
 SECRETS = SecretSet({"k": "FAKE-value-0123456789"})
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandgate.scrub import (
+from sandgate.scrub.scrubber import (
     REDACTED_TEMPLATE,
     Hit,
     SecretSet,

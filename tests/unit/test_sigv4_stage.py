@@ -10,7 +10,6 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate.addons.state import FlowRecord
 from sandgate.audit import stream as audit
 from sandgate.decision import decide
 from sandgate.errors import Code, Refused
@@ -20,6 +19,7 @@ from sandgate.policy.loader import load_policy_dir
 from sandgate.request import parse_proxied
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import context, s36_sigv4, s55_sign
+from sandgate.stages.flow import FlowRecord
 
 pytestmark = pytest.mark.unit
 

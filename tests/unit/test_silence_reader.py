@@ -1,7 +1,7 @@
-"""The upstream read timeout's reader (sandgate/addons/wirelimits.py `_SilenceReader`): one timer
-per connection instead of a task per read. Real sockets and asyncio's own protocol; timeouts of
-a fraction of a second (the test checks that they fire and that traffic keeps them off, not how
-fast anything is)."""
+"""The upstream read timeout's reader (sandgate/mitm/guards/wirelimits.py `_SilenceReader`):
+one timer per connection instead of a task per read. Real sockets and asyncio's own protocol;
+timeouts of a fraction of a second (the test checks that they fire and that traffic keeps them off,
+not how fast anything is)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from mitmproxy import connection
 
-from sandgate.addons import wirelimits
 from sandgate.limits import LimitsConfig
+from sandgate.mitm.guards import wirelimits
 
 pytestmark = pytest.mark.unit
 

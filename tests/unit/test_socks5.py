@@ -1,5 +1,5 @@
 """The SOCKS5 listener's pure parts: its layer is installed, its flags, the mode pin, and the
-credentials it turns into the one Basic check (addons/socks5.py)."""
+credentials it turns into the one Basic check (mitm/guards/socks5.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from mitmproxy.proxy import mode_servers
 from mitmproxy.proxy.layers import modes
 
-from sandgate.addons import socks5
 from sandgate.addons.pinned import pinned
 from sandgate.errors import Code, IdentityError
+from sandgate.mitm.guards import socks5
 from sandgate.tokens import authenticate_basic, issue_token
 from tests.support.cli import run_cli
 

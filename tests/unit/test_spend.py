@@ -240,9 +240,9 @@ def test_metrics_count_tokens_and_cost_by_identity_sandbox_and_model(tmp_path):
 def test_own_credentials_refused_or_removed(tmp_path, mode):
     from mitmproxy.test import tflow
 
-    from sandgate.addons.state import FlowRecord
     from sandgate.errors import Refused
     from sandgate.request import parse_url
+    from sandgate.stages.flow import FlowRecord
     from sandgate.stages.s37_llm import own_credentials
 
     policy = load(tmp_path, POLICY.replace("budget: day}", f"budget: day, own_credentials: "

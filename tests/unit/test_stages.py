@@ -12,7 +12,6 @@ from mitmproxy import http
 from mitmproxy.test import tflow
 
 from sandgate.addons import gate as gate_addon
-from sandgate.addons.state import FlowRecord, Tunnel
 from sandgate.audit import stream as audit
 from sandgate.decision import decide
 from sandgate.errors import Code, LimitExceeded, Refused
@@ -26,6 +25,7 @@ from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import context, s20_head, s30_body, s80_refuse
+from sandgate.stages.flow import FlowRecord, Tunnel
 
 POLICY = """
 version: v1

@@ -1,4 +1,4 @@
-"""Hooks nothing awaits in run inline (addons/synchooks.py): the same handlers, in the same
+"""Hooks nothing awaits in run inline (mitm/speedups/synchooks.py): the same handlers, in the same
 order, with the same error handling as mitmproxy's hook task; anything that awaits keeps it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from mitmproxy.proxy import commands, events, layer, mode_servers, server, serve
 from mitmproxy.proxy.context import Context
 from mitmproxy.test import tflow
 
-from sandgate.addons import dispatch, synchooks, writes
+from sandgate.mitm.speedups import dispatch, synchooks, writes
 
 
 def test_install_in_either_order_with_writes_keeps_the_flush() -> None:

@@ -203,7 +203,7 @@ def test_a_pod_table_captures_only_the_ports_whose_scheme_it_can_tell() -> None:
 
 
 def test_port_judged_is_the_original_or_the_schemes() -> None:
-    from sandgate.addons.state import Captured
+    from sandgate.stages.flow import Captured
     from sandgate.stages.s15_capture import port_of
 
     assert port_of(Captured(("198.51.100.64", 8443)), tls=True) == 8443

@@ -5,9 +5,9 @@ from __future__ import annotations
 from mitmproxy import connection
 from mitmproxy.test import tflow
 
-from sandgate.addons import tunnels
-from sandgate.addons.state import Conn, Tunnel
 from sandgate.identity.base import Caller
+from sandgate.mitm.guards import tunnels
+from sandgate.stages.flow import Conn, Tunnel
 
 
 def _tunnel(host: str) -> Tunnel:

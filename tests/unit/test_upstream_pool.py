@@ -13,10 +13,11 @@ from mitmproxy import connection
 from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.test import tflow
 
-from sandgate.addons import tunnels, upstreampool
-from sandgate.addons.parking import PER_KEY, TOTAL, Parked, Pool, key_for
-from sandgate.addons.state import Captured, Conn, FlowRecord, Tunnel
 from sandgate.identity.base import Caller
+from sandgate.mitm.guards import tunnels
+from sandgate.mitm.speedups import upstreampool
+from sandgate.mitm.speedups.parking import PER_KEY, TOTAL, Parked, Pool, key_for
+from sandgate.stages.flow import Captured, Conn, FlowRecord, Tunnel
 from sandgate.stages.s60_dial import reuse_key
 
 pytestmark = pytest.mark.unit

@@ -7,7 +7,7 @@ from h11._receivebuffer import ReceiveBuffer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.addons.wirelimits import drop_interim
+from sandgate.mitm.guards.wirelimits import drop_interim
 
 FINAL = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 _CODES = st.integers(100, 199).filter(lambda c: c != 101)

@@ -1,4 +1,4 @@
-"""sandgate.addons.wsjoin: WebSocket text deltas joined by the client, scrubbed, in order.
+"""sandgate.scrub.wsjoin: WebSocket text deltas joined by the client, scrubbed, in order.
 
 The relay is modelled the way mitmproxy's WebSocket layer works: the hook sees each upstream
 message, a dropped one is not relayed, an injected one comes back through the hook (marked
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from mitmproxy.websocket import WebSocketMessage
 from wsproto.frame_protocol import Opcode
 
-from sandgate.addons.wsjoin import WsJoin
-from sandgate.scrub import HOLD_AFTER, SecretSet
+from sandgate.scrub.scrubber import HOLD_AFTER, SecretSet
+from sandgate.scrub.wsjoin import WsJoin
 from tests.unit.fuzz import examples
 
 KEY = "FAKE-realtime-key-0123456789"

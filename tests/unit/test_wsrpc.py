@@ -1,6 +1,6 @@
 """One rule, every transport: protocol upgrades on rules with `mcp:`/`jsonrpc:` (decide(),
 the loader, fixtures, explain) and the messages of a WebSocket on such a rule
-(sandgate.addons.wsrpc; the frames it cannot judge: sandgate.addons.wscontrol). End to end:
+(sandgate.stages.wsrpc; the frames it cannot judge: sandgate.mitm.guards.wscontrol). End to end:
 tests/integration/test_ws_rpc.py."""
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy.test import tflow
 
-from sandgate.addons import wscontrol
-from sandgate.addons.calls import CallState
-from sandgate.addons.forward import upgrade_asked
-from sandgate.addons.wsrpc import MAX_PENDING_LISTS, WsRpc, from_server, judge_client
 from sandgate.decision import decide
 from sandgate.errors import Code
+from sandgate.mitm.guards import wscontrol
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
 from sandgate.rpc.jsonrpc import parse
+from sandgate.stages.forward import upgrade_asked
+from sandgate.stages.rpccalls import CallState
+from sandgate.stages.wsrpc import MAX_PENDING_LISTS, WsRpc, from_server, judge_client
 from tests.unit.fuzz import examples
 
 SETTINGS = settings(max_examples=examples(100), deadline=None, database=None)
@@ -461,11 +461,10 @@ class Gate:
 
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
-    from sandgate.addons import wsrpc
     from sandgate.audit import stream as audit
     from sandgate.identity.resolve import Identifier
     from sandgate.secrets.vault import SecretBroker, VaultConfig
-    from sandgate.stages import context
+    from sandgate.stages import context, wsrpc
 
     policy = _policy()
     broker = SecretBroker(VaultConfig(addr="http://127.0.0.1:9", token="x", role_id=None,
@@ -541,7 +540,7 @@ def test_the_hook_closes_on_what_it_cannot_judge(gate: Gate) -> None:
 
 
 def test_the_hook_fails_closed(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandgate.addons import wsrpc
+    from sandgate.stages import wsrpc
 
     def boom(*args: Any) -> Any:
         raise RuntimeError("bug")

@@ -21,12 +21,13 @@ from mitmproxy import connection, dns, http, tcp, tls, udp
 from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers import modes
 
-from sandgate.addons import capture, readable, relay
-from sandgate.addons.socks5 import REP_NOT_ALLOWED, Socks5ConnectData, connect_flow
-from sandgate.addons.state import FlowRecord
 from sandgate.errors import Refused
 from sandgate.llm import spend
+from sandgate.mitm.guards import readable
+from sandgate.mitm.guards.socks5 import REP_NOT_ALLOWED, Socks5ConnectData, connect_flow
+from sandgate.mitm.speedups import relay
 from sandgate.stages import (
+    clienthello,
     s10_identify,
     s15_capture,
     s20_head,
@@ -45,6 +46,7 @@ from sandgate.stages import (
 )
 from sandgate.stages.context import GateConfig, GateState, via_gateway
 from sandgate.stages.context import record as _record
+from sandgate.stages.flow import FlowRecord
 
 log = logging.getLogger("sandgate")
 
@@ -113,7 +115,7 @@ class Gate(GateState):
         relay.forget(client)
 
     # ---------------------------------------------------------------- CONNECT and SOCKS5
-    # Each SOCKS5 step is judged on a CONNECT flow built from it (addons/socks5.py), by the
+    # Each SOCKS5 step is judged on a CONNECT flow built from it (mitm/guards/socks5.py), by the
     # HTTP listener's code: the same identity check, decision, tunnel and `connect` event.
 
     @guarded
@@ -140,7 +142,7 @@ class Gate(GateState):
             s90_audit.audit(self, flow, event="connect")
 
     async def tls_clienthello(self, data: tls.ClientHelloData) -> None:
-        await capture.hello(self, data)  # a captured connection: its stand-in CONNECT first
+        await clienthello.hello(self, data)  # a captured connection: its stand-in CONNECT first
         s60_dial.passthrough_hello(self, data)
 
     def tls_established_client(self, data: tls.TlsData) -> None:

@@ -18,7 +18,7 @@ _PINNED: dict[str, tuple[Any, str]] = {
     "mode": (["regular"], "regular (and regular@HOST:PORT per --role-listen), plus "
              "socks5@HOST:PORT for --socks5 and one reverse listener for --gateway: the only "
              "modes whose every request passes Sandgate's hooks (socks5 "
-             "only with Sandgate's own layer, addons/socks5.py, which requires the token and "
+             "only with Sandgate's own layer, mitm/guards/socks5.py, which requires the token and "
              "judges the CONNECT; the gateway's every request is re-targeted by its `gateways:` "
              "prefix or refused; dns resolves in-process, transparent/wireguard and other "
              "reverse targets change what is judged)"),
@@ -97,7 +97,7 @@ def pinned(max_request_body: str, upstream_ca_bundle: str | None,
     if gateway is not None:
         modes.append(gateway)
     modes += [f"regular@{host}:{port}" for host, port in role_listens]
-    if transparent is not None:  # judged by addons/capture.py and stages/s15_capture.py
+    if transparent is not None:  # judged by stages/clienthello.py and stages/s15_capture.py
         modes.append(f"transparent@{transparent[0]}:{transparent[1]}")
     values["mode"] = modes
     values["body_size_limit"] = max_request_body

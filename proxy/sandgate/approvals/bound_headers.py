@@ -8,7 +8,7 @@ time and at retry time:
 
 - not the hop-by-hop ones (Connection and the names it nominates, Keep-Alive, TE, Trailer,
   Transfer-Encoding, Upgrade, HTTP2-Settings), `Proxy-*` (Sandgate's own credentials among
-  them) or the reserved `X-Sandgate-*` (sandgate.addons.forward.forwarded_fields, which the
+  them) or the reserved `X-Sandgate-*` (sandgate.stages.forward.forwarded_fields, which the
   forward stage applies too); a WebSocket upgrade is bound as a flag instead;
 - not Host and Content-Length: the judged origin (in the URL) and the body's length (in the
   body digest) bind them;
@@ -27,11 +27,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 
-from sandgate.addons.forward import forwarded_fields
 from sandgate.audit.export import traceparent
 from sandgate.policy.model import Rule
-from sandgate.scrub import SecretSet
+from sandgate.scrub.scrubber import SecretSet
 from sandgate.secrets.sigv4 import SIGNING_HEADERS
+from sandgate.stages.forward import forwarded_fields
 
 # Bound elsewhere: the judged origin is the URL's, the length is the body digest's.
 FRAMING = frozenset({"host", "content-length"})

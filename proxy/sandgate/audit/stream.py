@@ -24,9 +24,9 @@ from sandgate.policy.query_audit import kept_query_names
 if TYPE_CHECKING:
     from mitmproxy import http
 
-    from sandgate.addons.state import FlowRecord
     from sandgate.audit.anchor import Anchor
-    from sandgate.scrub import SecretSet
+    from sandgate.scrub.scrubber import SecretSet
+    from sandgate.stages.flow import FlowRecord
 
 _logger = logging.getLogger("sandgate")
 

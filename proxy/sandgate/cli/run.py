@@ -389,17 +389,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
     from sandgate.addons.pinned import check_sets
-    from sandgate.addons.sourcepin import check_version
+    from sandgate.mitm.pinning import check_version
 
     try:
         check_version()  # the one mitmproxy Sandgate's patches were checked against
         check_sets(args.sets)  # before anything heavy is imported or started
     except (ValueError, RuntimeError) as e:
         return _err(str(e))
-    from sandgate.addons.socks5 import parse_allow
+    from sandgate.addons.lifecycle import configure_logging, default_log_format
     from sandgate.identity.agents import agents_from
     from sandgate.identity.roles import split_from
-    from sandgate.lifecycle import configure_logging, default_log_format
+    from sandgate.mitm.guards.socks5 import parse_allow
     from sandgate.policy import live
     from sandgate.policy.loader import PolicyError
     from sandgate.runner import (
@@ -454,7 +454,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _err(str(e))
     log_format = args.log_format or default_log_format()
     if args.worker_id is not None:
-        from sandgate.lifecycle import tag_logs
+        from sandgate.addons.lifecycle import tag_logs
 
         tag_logs(worker=args.worker_id)
     configure_logging(log_format)

@@ -16,7 +16,7 @@ and proxies on other hosts, by the `api:` a rule declares. Bodies are read stric
 a JSON object, a key given twice, a cap that is not a whole number) is refused, never guessed.
 
 The answer's usage (`UsageReader`): a JSON body's `usage` / `usageMetadata`; in streams (framed
-by sandgate.deltas, the event parser the joined-text scrub uses) Anthropic's `message_start` /
+by sandgate.scrub.deltas, the event parser the joined-text scrub uses) Anthropic's `message_start` /
 `message_delta`, OpenAI's final usage chunk, the Responses API's `response.completed`, and
 Gemini's `usageMetadata` (each chunk carries the running total). Cached and reasoning tokens
 are read where the API reports them.
@@ -28,8 +28,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sandgate import deltas
 from sandgate.errors import InvalidInput
+from sandgate.scrub import deltas
 
 # The APIs as this module names them. A rule declares "anthropic", "openai" (chat completions
 # and Responses, told apart by the path) or "gemini".

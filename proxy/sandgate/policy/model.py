@@ -302,7 +302,7 @@ class CallFilter:
 
     `websocket`: the rule's `websocket: true`. Without it a protocol upgrade (WebSocket or any
     other) on the rule's requests is refused (upgrade_refused); with it a WebSocket is allowed
-    and each of its messages is judged as a body is (sandgate.addons.wsrpc).
+    and each of its messages is judged as a body is (sandgate.stages.wsrpc).
     """
 
     protocol: Literal["mcp", "jsonrpc"]

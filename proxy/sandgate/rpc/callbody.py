@@ -1,5 +1,5 @@
 """The JSON-RPC call a request body carries, read as the proxy reads it: one function for the
-proxy's call stage (sandgate.addons.calls) and for `explain` given a body (`explain --batch`
+proxy's call stage (sandgate.stages.rpccalls) and for `explain` given a body (`explain --batch`
 lines with `body`), so that both judge the same call or refuse the same body.
 
 Pure: no I/O, no policy. The decision is sandgate.decision's; this only turns the bytes and the

@@ -3,7 +3,7 @@
 Scrubbing only the raw value is not enough: an upstream that echoes a request back may send the
 key base64-encoded (inside a larger blob), hex-dumped, percent-encoded or JSON-escaped, and the
 sandbox can undo any of these. `encoded_forms` lists the byte strings to look for, one secret
-at a time; `sandgate.scrub` compiles them all into one automaton.
+at a time; `sandgate.scrub.scrubber` compiles them all into one automaton.
 
 Derived forms shorter than `MIN_DERIVED_LEN` are dropped: a 4-character hex or base64 run
 occurs in ordinary traffic all the time, and scrubbing it would mangle bodies (and flag
@@ -13,8 +13,8 @@ anyway. The raw form is always kept: the operator chose that value, however shor
 Quoted-printable (MIME) escapes ``=`` and non-printable bytes as ``=XX``: those spellings are
 forms too (for the plain scrub of a binary body). Any other subset of escaped bytes, in either
 hex case, and line breaks inside a form (base64 wrapped at 76 columns, a quoted-printable soft
-break) are handled by the scrubber's view, not here: `sandgate.unwrap`. Compressed bodies are
-decoded before scrubbing (`sandgate.addons.decoding`).
+break) are handled by the scrubber's view, not here: `sandgate.scrub.unwrap`. Compressed bodies are
+decoded before scrubbing (`sandgate.scrub.decoding`).
 
 Not covered (documented so nobody assumes otherwise): other encodings layered on top of these
 (base64 of hex, ...), and mixed-case hex or ``%xX`` escapes (`SecretSet.find` matches
@@ -174,7 +174,7 @@ def _json_forms(value: bytes) -> list[bytes]:
 def _qp_forms(value: bytes) -> list[bytes]:
     """Quoted-printable (RFC 2045 section 6.7): ``=`` and bytes outside printable ASCII as
     ``=XX``, upper-case hex as the RFC says and lower-case as some encoders write it; a space
-    or tab literal or escaped (encoders differ). Soft line breaks: `sandgate.unwrap`."""
+    or tab literal or escaped (encoders differ). Soft line breaks: `sandgate.scrub.unwrap`."""
     out: list[bytes] = []
     for hexfmt in ("={:02X}", "={:02x}"):
         for literal in (b" \t", b""):

@@ -5,8 +5,8 @@ A PEM key is scrubbed and detected as more than its text. The text itself (witho
 trailing line break, which an echo may drop) gives the whole PEM raw and JSON-escaped
 (``\\n`` between the lines). The DER bytes give the base64 body as one string
 at any offset of a larger blob, in either alphabet (`sandgate.secrets.forms`), and through the
-unwrapping view (`sandgate.unwrap`) that body wrapped at any width with real line breaks: a key
-leaked without its ``-----BEGIN``/``-----END`` lines is still caught. The body wrapped as PEM
+unwrapping view (`sandgate.scrub.unwrap`) that body wrapped at any width with real line breaks: a
+key leaked without its ``-----BEGIN``/``-----END`` lines is still caught. The body wrapped as PEM
 wraps it, with JSON's ``\\n`` escapes instead of line breaks, is listed as it is (the view
 undoes real breaks only). A partial leak is caught by the secret parts on their own: RSA's
 primes, private exponent and CRT values, an EC key's private scalar, an Ed25519 or X25519 seed,

@@ -9,7 +9,7 @@ in the scrubbing set (every response, every channel) and in the exfiltration che
 request) for `RETIRED_WINDOW` seconds, or until its lease's end when that is later.
 
 The flow that a value was injected into does not depend on this window: it keeps its own
-values for as long as it lives (`sandgate.addons.flowsecrets`), however long its stream runs.
+values for as long as it lives (`sandgate.scrub.flowsecrets`), however long its stream runs.
 The window covers the other flows: a response that echoes a value some other request was given
 (an upstream's request log, a key listing) and a sandbox that replays a value it saw.
 

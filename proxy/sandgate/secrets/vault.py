@@ -470,7 +470,7 @@ class SecretBroker:
 
     def _retire(self, entry: _Entry) -> None:
         """A value leaves the cache: it stays scrubbed and detected for the retired window
-        (a flow it was injected into keeps it anyway, see sandgate.addons.flowsecrets)."""
+        (a flow it was injected into keeps it anyway, see sandgate.scrub.flowsecrets)."""
         self.retired.add(entry.value.name, entry.value.value)
         for _, part in entry.value.extra:  # an aws secret's session token goes with its key
             self.retired.add(entry.value.name, part)

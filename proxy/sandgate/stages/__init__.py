@@ -13,7 +13,7 @@
     s55_sign.py       AWS SigV4: Sandgate signs the request (`inject: {sign: NAME}`)
     s60_dial.py       resolve once, pin the checked address; server_connect dials only that
     s70_scrub.py      ask for plain bytes; scrub the response head, body, trailers, WebSocket;
-                      MCP session ids bound, list answers filtered (addons/calls.py)
+                      MCP session ids bound, list answers filtered (stages/rpccalls.py)
     s80_refuse.py     where a refusal (from any stage) becomes the answer
     s90_audit.py      one event per flow (every stage ends here)
 
@@ -22,7 +22,7 @@ path a request takes. The numbers go in tens, as unit files and rule files do, s
 comes between two others gets a free number (as `s35_call.py` did) and nothing is renamed.
 
 Each stage is a function over the proxy-wide state (`GateState`, which the addon is), the flow
-and its per-flow record (`FlowRecord`, addons/state.py); it raises a `Refused` to refuse, and
+and its per-flow record (`FlowRecord`, stages/flow.py); it raises a `Refused` to refuse, and
 leaves what later stages need in the record. The addon (addons/gate.py) holds mitmproxy's hooks
 only: each hook calls stages, wrapped by `guarded` so that any exception refuses (fail closed).
 Imports point backwards along the path (a stage uses earlier ones), except that every stage may

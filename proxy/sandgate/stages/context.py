@@ -3,7 +3,7 @@
 `GateState` holds what outlives one flow (the serving policy, the connections, the compiled
 secret set); the addon (`sandgate.addons.gate.Gate`) is a `GateState` with mitmproxy's hooks on
 top, and every stage takes it as its first argument. Per-flow state is the `FlowRecord`
-(`record(flow)`), per-connection state the `Conn` (`GateState.conn`): both in addons/state.py.
+(`record(flow)`), per-connection state the `Conn` (`GateState.conn`): both in stages/flow.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from typing import Any
 from mitmproxy import connection, http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from sandgate.addons.flowsecrets import ScrubSets
-from sandgate.addons.state import METADATA_KEY, Conn, FlowRecord
 from sandgate.approvals.service import Approvals
 from sandgate.approvals.store import MemoryStore
 from sandgate.audit import stream as A
@@ -25,8 +23,10 @@ from sandgate.limits import Limiter, LimitsConfig
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy.model import Policy, Rule
 from sandgate.rpc.mcpsession import session_key
-from sandgate.scrub import SecretSet
+from sandgate.scrub.flowsecrets import ScrubSets
+from sandgate.scrub.scrubber import SecretSet
 from sandgate.secrets.vault import SecretBroker
+from sandgate.stages.flow import METADATA_KEY, Conn, FlowRecord
 from sandgate.state.counts import Counts
 from sandgate.state.local import LocalCounts
 
@@ -111,7 +111,7 @@ class GateState:
 
     def secrets(self, rec: FlowRecord | None = None) -> SecretSet:
         """Every held and retired secret value and its encodings, plus every value injected
-        into `rec`'s flow (the flow owns its secrets: sandgate.addons.flowsecrets)."""
+        into `rec`'s flow (the flow owns its secrets: sandgate.scrub.flowsecrets)."""
         return self._scrub_sets.for_flow(self.cfg.broker, self.cfg.canaries, self.policy,
                                          rec.owned if rec is not None else None, self.cfg.own)
 

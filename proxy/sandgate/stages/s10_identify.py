@@ -14,13 +14,13 @@ import logging
 from mitmproxy import connection, http
 from mitmproxy.proxy.layers import modes
 
-from sandgate.addons import admission, tunnels
-from sandgate.addons.socks5 import basic_credentials, connect_flow, is_socks5, source_allowed
-from sandgate.addons.state import FlowRecord, Tunnel
 from sandgate.errors import Code, IdentityError, Refused
 from sandgate.identity.base import Caller
+from sandgate.mitm.guards import admission, tunnels
+from sandgate.mitm.guards.socks5 import basic_credentials, connect_flow, is_socks5, source_allowed
 from sandgate.policy.model import Policy
 from sandgate.stages.context import GateState, record
+from sandgate.stages.flow import FlowRecord, Tunnel
 from sandgate.stages.s80_refuse import refused
 from sandgate.stages.s90_audit import audit, audit_limit
 

@@ -7,7 +7,7 @@ where it was going (SO_ORIGINAL_DST). No token travels: the caller is the source
 
 - TLS: the ClientHello's SNI stands for the CONNECT host, the original port for its port. The
   stand-in CONNECT is judged, pinned and audited by the CONNECT code itself
-  (sandgate.addons.capture), after `check_destination`: the name must resolve (as Sandgate
+  (sandgate.stages.clienthello), after `check_destination`: the name must resolve (as Sandgate
   resolves it) to the address the sandbox connected to, otherwise a client could name an allowed
   host in its SNI while connecting anywhere. From then on the connection is a CONNECT tunnel to
   `SNI:port`: the Host header must agree with the SNI, passthrough rules stay passthrough, and
@@ -35,12 +35,12 @@ from mitmproxy import connection, http
 from mitmproxy.net.http import url
 from mitmproxy.proxy.mode_specs import TransparentMode
 
-from sandgate.addons import tunnels
-from sandgate.addons.state import Captured, FlowRecord
 from sandgate.errors import BadRequest, Code, IdentityError
+from sandgate.mitm.guards import tunnels
 from sandgate.netguard import resolve
 from sandgate.policy.hosts import normalise_host
 from sandgate.stages.context import GateState
+from sandgate.stages.flow import Captured, FlowRecord
 
 
 def is_captured(client: connection.Client) -> bool:
@@ -127,7 +127,7 @@ async def head(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     flow.request.headers.pop("proxy-authorization", None)  # no token travels; never forwarded
     check_source(st, client)
     if tunnels.get(st.conn(client), client, flow.server_conn) is not None:
-        return  # TLS: judged as the CONNECT to SNI:port (sandgate.addons.capture)
+        return  # TLS: judged as the CONNECT to SNI:port (sandgate.stages.clienthello)
     if client.tls_established or flow.request.scheme != "http":
         raise BadRequest(Code.BAD_REQUEST, "a TLS connection without a judged ClientHello")
     req = flow.request

@@ -15,17 +15,17 @@ import dataclasses
 from mitmproxy import http
 from mitmproxy.net.http import url
 
-from sandgate.addons import tunnels, wirelimits
-from sandgate.addons.forward import check_authority, check_upgrade, upgrade_asked
-from sandgate.addons.state import FlowRecord, Tunnel
 from sandgate.decision import decide, decide_connect, reported
 from sandgate.errors import BadRequest, Code, LimitExceeded
 from sandgate.gateway import route, take_token
 from sandgate.limits import LimitsConfig
+from sandgate.mitm.guards import tunnels, wirelimits
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo, check_head, check_tunnel, parse_proxied
 from sandgate.stages.context import GateState, via_gateway
+from sandgate.stages.flow import FlowRecord, Tunnel
+from sandgate.stages.forward import check_authority, check_upgrade, upgrade_asked
 from sandgate.stages.s10_identify import (
     connection_of,
     count_connection,
@@ -175,7 +175,7 @@ async def judge_connect(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> 
 
 def check_head_size(lim: LimitsConfig, req: http.Request) -> None:
     """Bounded before trusted: the head's size and header count, before anything else.
-    (HTTP/1 heads past the byte limit never get this far: sandgate.addons.wirelimits.)"""
+    (HTTP/1 heads past the byte limit never get this far: sandgate.mitm.guards.wirelimits.)"""
     count = len(req.headers.fields)
     if count > lim.max_headers:
         raise LimitExceeded(Code.HEADERS_TOO_LARGE, f"the request has {count} header "

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from sandgate.addons.forward import inspectable_body
-from sandgate.addons.state import FlowRecord
 from sandgate.errors import Code, Refused
 from sandgate.inject import Leak, find_leaks
 from sandgate.policy.model import Rule
 from sandgate.secrets.body import BodyPlan, Unresolved
 from sandgate.secrets.body import plan as plan_body
 from sandgate.stages.context import GateState, allowing_rule
+from sandgate.stages.flow import FlowRecord
+from sandgate.stages.forward import inspectable_body
 from sandgate.stages.s20_head import body_limit, check_size, check_wire
 
 

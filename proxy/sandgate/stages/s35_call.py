@@ -2,7 +2,7 @@
 `mcp:` or `jsonrpc:` matched the head (Decision.call_limit).
 
 The body is parsed strictly and the request decided again with the call, by the one decide()
-that explain, fixtures and proofs use (sandgate.addons.calls holds the call layer: the parse,
+that explain, fixtures and proofs use (sandgate.stages.rpccalls holds the call layer: the parse,
 the judgement, the JSON-RPC error answer, and the response side that s70_scrub calls: session
 binding and list filtering). A refused well-formed call is answered here as JSON-RPC errors
 (one per request id, in the transport the client asked for), which ends the request path;
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from sandgate.addons.calls import answer_call, judge_call
-from sandgate.addons.state import FlowRecord
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
+from sandgate.stages.flow import FlowRecord
+from sandgate.stages.rpccalls import answer_call, judge_call
 from sandgate.stages.s80_refuse import refusal_for
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, reported
 from sandgate.secrets.aws_request import parse
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
+from sandgate.stages.flow import FlowRecord
 
 
 def signs(rec: FlowRecord) -> bool:

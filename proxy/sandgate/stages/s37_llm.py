@@ -21,7 +21,6 @@ import dataclasses
 
 from mitmproxy import http
 
-from sandgate.addons.state import FlowRecord
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
 from sandgate.llm.llmcall import (
@@ -36,6 +35,7 @@ from sandgate.llm.spend import LlmFlow, amounts, budget_key, price_of, settled, 
 from sandgate.policy.model import Rule
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
+from sandgate.stages.flow import FlowRecord
 
 # Where clients carry an API key: OpenAI and others (authorization), Anthropic (x-api-key),
 # Azure OpenAI (api-key), Gemini (x-goog-api-key, or a `key` query parameter).

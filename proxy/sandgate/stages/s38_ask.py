@@ -22,13 +22,13 @@ import hashlib
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
-from sandgate.addons.forward import is_websocket_upgrade
-from sandgate.addons.state import FlowRecord
 from sandgate.approvals import bound_headers as H
 from sandgate.approvals.service import Request
 from sandgate.audit.stream import redact_path
 from sandgate.policy.query_audit import kept_query_names
 from sandgate.stages.context import GateState
+from sandgate.stages.flow import FlowRecord
+from sandgate.stages.forward import is_websocket_upgrade
 
 
 async def hold(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:

@@ -1,19 +1,20 @@
 """Forward: make the head the upstream receives exactly the one that was judged.
 
 Origin form, hop-by-hop and reserved headers removed, trailers dropped, framing recomputed
-(sandgate.addons.forward.prepare); the sandbox's `traceparent`/`tracestate` removed unless the
+(sandgate.stages.forward.prepare); the sandbox's `traceparent`/`tracestate` removed unless the
 rule forwards them (sandgate.audit.export.traceparent). It runs before injection (s50): what
-Sandgate adds itself is not the client's to strip, and must not be stripped by this clean-up either.
+Sandgate adds itself is not the client's to strip, and must not be stripped by this clean-up
+either.
 """
 
 from __future__ import annotations
 
 from mitmproxy import http
 
-from sandgate.addons.forward import is_websocket_upgrade, prepare
-from sandgate.addons.state import FlowRecord
 from sandgate.audit.export import traceparent
 from sandgate.stages.context import GateState, allowing_rule
+from sandgate.stages.flow import FlowRecord
+from sandgate.stages.forward import is_websocket_upgrade, prepare
 
 
 async def prepare_head(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:

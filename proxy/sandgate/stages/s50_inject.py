@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from mitmproxy import ctx, http
 
-from sandgate.addons.flowsecrets import owned
-from sandgate.addons.state import FlowRecord
 from sandgate.audit.export.marks import VAULT_END, VAULT_START, mark
 from sandgate.decision import decide, require_sandbox
 from sandgate.errors import Code, Refused, SecretError
@@ -19,8 +17,10 @@ from sandgate.inject import apply
 from sandgate.netguard import choose_address, resolve
 from sandgate.policy.model import Policy
 from sandgate.request import parse_url
+from sandgate.scrub.flowsecrets import owned
 from sandgate.secrets.tokenhttp import Dial
 from sandgate.stages.context import GateState, allowing_rule
+from sandgate.stages.flow import FlowRecord
 
 
 def token_dial(st: GateState, policy: Policy, identity: str, name: str) -> Dial:

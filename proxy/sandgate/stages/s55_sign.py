@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from sandgate.addons.state import FlowRecord
 from sandgate.errors import Code, Refused, SecretError
 from sandgate.request import default_port
 from sandgate.secrets.aws_scope import resolve
 from sandgate.secrets.sigv4 import sign as sigv4
 from sandgate.stages.context import GateState, allowing_rule
+from sandgate.stages.flow import FlowRecord
 
 
 async def sign(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:

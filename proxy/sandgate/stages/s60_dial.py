@@ -15,13 +15,14 @@ from collections.abc import Iterable
 from mitmproxy import http, tcp, tls
 from mitmproxy.proxy import server_hooks
 
-from sandgate.addons import dialorigin, parking, relay, tunnels, wirelimits
-from sandgate.addons.state import Conn, DialApproval, FlowRecord
 from sandgate.audit.export.marks import FORWARDED, mark
 from sandgate.errors import Refused
+from sandgate.mitm.guards import dialorigin, tunnels, wirelimits
+from sandgate.mitm.speedups import parking, relay
 from sandgate.netguard import DialTarget, IPNetwork, choose_address, may_dial, resolve
 from sandgate.request import same_host
 from sandgate.stages.context import GateState, allowing_rule, record, via_gateway
+from sandgate.stages.flow import Conn, DialApproval, FlowRecord
 
 log = logging.getLogger("sandgate")
 

@@ -3,10 +3,10 @@
 The request asks for plain bytes (`ask_plain`, the last step before forwarding); the response
 head is cleaned and its body streamed through the scrubber (or, small and of known length,
 scrubbed whole), trailers cleaned or dropped; WebSocket messages and control frames (ping, pong,
-close: addons/wscontrol.py) are scrubbed one by one, and one leaving with a credential is not
+close: mitm/guards/wscontrol.py) are scrubbed one by one, and one leaving with a credential is not
 relayed and ends the stream; on a rule with mcp:/jsonrpc: each message is then judged as a call
-(addons/wsrpc.py). The set scrubbed is the flow's own (`GateState.secrets(rec)`): what
-was injected into it stays scrubbed whatever the cache does (addons/flowsecrets.py).
+(stages/wsrpc.py). The set scrubbed is the flow's own (`GateState.secrets(rec)`): what
+was injected into it stays scrubbed whatever the cache does (scrub/flowsecrets.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ import logging
 
 from mitmproxy import ctx, http
 
-from sandgate.addons import calls, wscontrol, wsrpc
-from sandgate.addons.forward import is_websocket_upgrade
-from sandgate.addons.patches import READ_WHOLE
-from sandgate.addons.state import FlowRecord
-from sandgate.addons.stream import (
+from sandgate.errors import Code, Refused
+from sandgate.inject import find_leaks_in
+from sandgate.llm.llmcall import UsageReader
+from sandgate.mitm.guards import wscontrol
+from sandgate.mitm.guards.corrections import READ_WHOLE
+from sandgate.refusal import Refusal
+from sandgate.scrub.stream import (
     ResponseScrubber,
     answer_instead,
     clean_head,
@@ -28,16 +30,15 @@ from sandgate.addons.stream import (
     scrub_whole,
     scrub_whole_candidate,
 )
-from sandgate.addons.wsjoin import WsJoin
-from sandgate.errors import Code, Refused
-from sandgate.inject import find_leaks_in
-from sandgate.llm.llmcall import UsageReader
-from sandgate.refusal import Refusal
+from sandgate.scrub.unwrap import scrub_unwrapped
+from sandgate.scrub.wsjoin import WsJoin
+from sandgate.stages import rpccalls, wsrpc
 from sandgate.stages.context import GateState
+from sandgate.stages.flow import FlowRecord
+from sandgate.stages.forward import is_websocket_upgrade
 from sandgate.stages.s30_body import exfiltration, leak_names
 from sandgate.stages.s80_refuse import drop_response, refusal_for, refuse
 from sandgate.stages.s90_audit import audit_event
-from sandgate.unwrap import scrub_unwrapped
 
 log = logging.getLogger("sandgate")
 
@@ -64,7 +65,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
     rec.redactions += clean_head(resp, secrets)
     # the MCP session id, already scrubbed, wrapped: bound to its identity and server (and
     # its protocol version: the answer to initialize is read whole to learn it)
-    if calls.response_headers(rec, resp, st.session_key):
+    if rpccalls.response_headers(rec, resp, st.session_key):
         flow.metadata[READ_WHOLE] = True  # buffered, so held to the body size limit
         resp.headers.pop("transfer-encoding", None)  # sent with its length
         rec.scrub_whole = True
@@ -107,7 +108,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
         rec.bytes_out += sum(len(c) for c in out)
         return out
 
-    resp.stream = calls.wrap_stream(rec, flow, stream)  # MCP list answers filtered
+    resp.stream = rpccalls.wrap_stream(rec, flow, stream)  # MCP list answers filtered
 
 
 def _usage_reader(flow: http.HTTPFlow, rec: FlowRecord) -> UsageReader | None:
@@ -132,7 +133,7 @@ def finish(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
             except ValueError as e:  # undecodable: a readable 502 instead of its body
                 refuse(flow, refusal_for(st, flow, Refused(Code.UPSTREAM_ERROR, str(e))))
             if not rec.refused:
-                calls.filter_whole(rec, resp)  # MCP list answers filtered
+                rpccalls.filter_whole(rec, resp)  # MCP list answers filtered
                 reader = _usage_reader(flow, rec)
                 if reader is not None:  # an LLM call's usage
                     kept = reader.feed(resp.raw_content or b"") + reader.end()
@@ -168,7 +169,7 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
             message.drop()
             return
         if message.injected:
-            # Sandgate's own: a held message sent again (addons/wsjoin.py: scrubbed there; it
+            # Sandgate's own: a held message sent again (scrub/wsjoin.py: scrubbed there; it
             # recognises only its own payloads), or the JSON-RPC error answering a refused
             # call (wsrpc)
             if rec.ws_join is not None:
@@ -204,7 +205,7 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
 
 
 def _inject(flow: http.HTTPFlow, payload: bytes, is_text: bool) -> None:
-    """A message to the client, after those injected before it (addons/wsjoin.py)."""
+    """A message to the client, after those injected before it (scrub/wsjoin.py)."""
     ctx.master.commands.call("inject.websocket", flow, True, payload, is_text)
 
 

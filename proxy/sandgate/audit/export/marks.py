@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sandgate.addons.state import FlowRecord
+    from sandgate.stages.flow import FlowRecord
 
 VAULT_START = "vault_start"  # s50_inject: the rule's secrets are being read
 VAULT_END = "vault_end"  # ...and are all there

@@ -40,8 +40,8 @@ from sandgate.audit.export.marks import FORWARDED, VAULT_END, VAULT_START
 if TYPE_CHECKING:
     from mitmproxy import http
 
-    from sandgate.addons.state import FlowRecord
-    from sandgate.scrub import SecretSet
+    from sandgate.scrub.scrubber import SecretSet
+    from sandgate.stages.flow import FlowRecord
 
 log = logging.getLogger("sandgate")
 

@@ -16,11 +16,11 @@ if TYPE_CHECKING:
     from mitmproxy import http
     from prometheus_client.registry import CollectorRegistry
 
-    from sandgate.addons.state import FlowRecord
     from sandgate.audit.export.otel import SpanExport
     from sandgate.audit.export.syslog import SyslogSink
     from sandgate.audit.stream import AuditLog
-    from sandgate.scrub import SecretSet
+    from sandgate.scrub.scrubber import SecretSet
+    from sandgate.stages.flow import FlowRecord
 
 log = logging.getLogger("sandgate")
 

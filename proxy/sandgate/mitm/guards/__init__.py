@@ -1,0 +1,1 @@
+"""Patches of mitmproxy internals the security argument rests on: bounds, admission, dials."""
