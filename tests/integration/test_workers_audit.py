@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.workers.auditlog import WorkerAuditLog
+from sandgate.audit.workerlog import WorkerAuditLog
 
 pytestmark = pytest.mark.integration
 

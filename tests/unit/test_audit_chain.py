@@ -30,8 +30,8 @@ from sandgate.audit.chain import (
 from sandgate.audit.file import AuditFile, Rotation, rotated_files
 from sandgate.audit.stream import AuditLog
 from sandgate.audit.verify import Broken, verify
+from sandgate.audit.workerlog import WorkerAuditLog
 from sandgate.cli import main
-from sandgate.workers.auditlog import WorkerAuditLog
 from tests.unit.audit_log import fields
 
 KEY = Ed25519PrivateKey.from_private_bytes(b"\x01" * 32)

@@ -24,8 +24,8 @@ from sandgate.audit.chain import Chain, line_hash, public_hex
 from sandgate.audit.file import Rotation, rotated_files
 from sandgate.audit.stream import AuditLog
 from sandgate.audit.verify import Broken, Incomplete, verify
+from sandgate.audit.workerlog import WorkerAuditLog
 from sandgate.cli import main
-from sandgate.workers.auditlog import WorkerAuditLog
 from tests.unit.audit_log import fields
 from tests.unit.test_audit_chain import KEY, PUBLIC
 

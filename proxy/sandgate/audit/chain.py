@@ -54,7 +54,7 @@ LINES = "lines"  # checkpoint: lines of this chain so far (the checkpoint includ
 CHECKPOINT = "checkpoint"
 RUN = "run"  # checkpoint: the run (one `sandgate run`, all its workers) the chain belongs to
 WORKERS = "workers"  # checkpoint: how many workers the run has (--workers N; absent: one)
-WORKER = "worker"  # the worker that wrote a line (sandgate.workers.auditlog)
+WORKER = "worker"  # the worker that wrote a line (sandgate.audit.workerlog)
 SIGNING_KEY_FILE = "audit-signing.key"
 ANCHOR_PREFIX = "audit-anchor."  # CONFDIR/audit-anchor.<hash of the audit file's path>.json
 

@@ -1,7 +1,7 @@
 """The audit file: appended one line per write(), rotated by size or age, old files dropped.
 
 Every line is handed to the kernel in one write() on an O_APPEND descriptor (several worker
-processes may share the file: sandgate.workers.auditlog). With rotation on (--audit-max-bytes,
+processes may share the file: sandgate.audit.workerlog). With rotation on (--audit-max-bytes,
 --audit-max-age), writers take an flock on `FILE.lock` around each line: the writer that finds
 the file due renames it to `FILE.<UTC time>` (`audit.jsonl.20261124T120501.123456Z`: names that
 never change later, so records that name a file stay true, and that sort in time order) and

@@ -170,7 +170,7 @@ def open_log(settings: AuditSettings, audit_file: Path | None, confdir: Path,
     if worker is None:
         return AuditLog(audit_file, instance=instance, format=settings.format, chain=chain,
                         rotation=settings.rotation, anchor=anchor)
-    from sandgate.workers.auditlog import WorkerAuditLog
+    from sandgate.audit.workerlog import WorkerAuditLog
 
     return WorkerAuditLog(audit_file, worker.id, instance=instance, format=settings.format,
                           chain=chain, rotation=settings.rotation, anchor=anchor)
