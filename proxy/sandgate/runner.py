@@ -421,7 +421,8 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             pass
     admin_runner = None
     if cfg.admin is not None or cfg.worker is not None:
-        from sandgate.admin.listener import AdminState, start_admin
+        from sandgate.admin.listener import start_admin
+        from sandgate.admin.process import AdminState
 
         admin_token = cfg.worker.token if cfg.worker is not None else cfg.admin_token
         assert admin_token is not None

@@ -16,8 +16,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from sandgate.admin.access import ROLE_KEY, USER_KEY, AdminUser, auth_middleware, token_digest
-from sandgate.admin.listener import AdminState, build_app
+from sandgate.admin.listener import build_app
 from sandgate.admin.login import FailureLimit
+from sandgate.admin.process import AdminState
 from sandgate.audit.ocsf import to_ocsf
 from sandgate.audit.stream import AuditLog
 from sandgate.console.app import Console, mount

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandgate.admin.access import AdminUser, Authenticator, token_digest
-from sandgate.admin.listener import AdminState, build_app
+from sandgate.admin.listener import build_app
+from sandgate.admin.process import AdminState
 from sandgate.approvals.votes import VoteError
 from sandgate.audit.stream import AuditLog
 from sandgate.console import auth, chart

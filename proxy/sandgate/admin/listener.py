@@ -12,68 +12,27 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from sandgate.admin import access as admin_auth
-from sandgate.admin.access import AdminUser, needs
+from sandgate.admin.access import AdminUser
 from sandgate.admin.login import Audit, FailureLimit
+from sandgate.admin.process import DEFAULT_TOKEN_TTL, AdminState, policy_doc, readiness
+from sandgate.admin.routes import mount as mount_routes
 from sandgate.approvals import api as approvals_api
-from sandgate.approvals.service import Approvals
-from sandgate.console.ring import EventRing
+from sandgate.console.app import mount as mount_console
+from sandgate.console.source import LocalSource
 from sandgate.explain.inputs import explain_input, parse_input
-from sandgate.metrics import CONTENT_TYPE, Metrics
-from sandgate.policy.live import LivePolicy
+from sandgate.metrics import CONTENT_TYPE
 from sandgate.secrets.scope import SAFE_ID
-from sandgate.secrets.vault import SecretBroker
 from sandgate.tokens import issue_token, parse_ttl
-
-if TYPE_CHECKING:
-    from sandgate.state.fleet import Fleet
 
 log = logging.getLogger("sandgate.admin")
 
-DEFAULT_TOKEN_TTL = 3600
-DEFAULT_MAX_TOKEN_TTL = 24 * 3600
 MAX_BODY = 64 * 1024
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass
-class AdminState:
-    live: LivePolicy
-    broker: SecretBroker
-    metrics: Metrics
-    token_key: bytes
-    admin_token: str
-    listener_up: Callable[[], bool]
-    draining: Callable[[], bool]
-    max_token_ttl: int = DEFAULT_MAX_TOKEN_TTL
-    # writes an audit event (event, **fields); tokens issued here are audited (never the token)
-    audit: Callable[..., None] | None = None
-    # the proxy's --resolve pins: explain shows the address step exactly as the proxy runs it
-    resolve: Mapping[str, str] = field(default_factory=dict)
-    # --admin-open: paths served without the token (kubelet probes and Prometheus carry none);
-    # only these two can be opened, and neither answers with anything secret
-    open_paths: frozenset[str] = frozenset()
-    # --admin-users: named users with roles (the admin token is the user `admin`)
-    users: tuple[AdminUser, ...] = ()
-    # a worker's control socket: the front's forwarded user (sandgate.admin.access) is trusted
-    trust_forwarded: bool = False
-    # `action: ask`: the approvals this process holds or decides (sandgate.approvals)
-    approvals: Approvals | None = None
-    # --state: sandbox ends and reloads reach every replica; /readyz shows the fleet's state
-    fleet: Fleet | None = None
-    # the recent decisions the web console shows (fed by the audit stream: runner.py)
-    recent: EventRing | None = None
-    # wrong tokens per source, shared by the admin API and the console's login (admin_login)
-    login_limit: FailureLimit = field(default_factory=FailureLimit)
-
 
 OPENABLE = admin_auth.OPENABLE
 
@@ -87,11 +46,6 @@ def _error(status: int, code: str, reason: str) -> web.Response:
     return _json(status, {"error": code, "reason": reason})
 
 
-def needs_vault(state: AdminState) -> bool:
-    return any(r.secrets for ident in state.live.policy.identities.values()
-               for r in ident.rules)
-
-
 def auth_middleware(admin_token: str, open_paths: frozenset[str],
                     users: tuple[AdminUser, ...] = (), trust_forwarded: bool = False,
                     audit: Audit | None = None, limit: FailureLimit | None = None
@@ -102,28 +56,6 @@ def auth_middleware(admin_token: str, open_paths: frozenset[str],
                                       audit, limit)
 
 
-def policy_doc(state: AdminState) -> dict[str, Any]:
-    """The `/v1/policy` answer (also the web console's overview)."""
-    cur = state.live.current
-    p = cur.policy
-    return {
-        "version": cur.version,
-        "loaded_at": cur.loaded_at,
-        "loaded_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cur.loaded_at)),
-        "directory": str(state.live.directory),
-        "files": list(cur.files),
-        "identities": {
-            name: {"mode": ident.mode,
-                   "rules": [{"name": r.name, "action": r.verb,
-                              "hosts": [h.text for h in r.hosts],
-                              "secrets": sorted(r.secrets),
-                              "passthrough": r.passthrough} for r in ident.rules]}
-            for name, ident in sorted(p.identities.items())},
-        "secrets": sorted(p.secrets),
-        "last_reload": state.live.last.as_dict() if state.live.last else None,
-    }
-
-
 def build_app(state: AdminState) -> web.Application:
     auth = auth_middleware(state.admin_token, state.open_paths, state.users,
                            state.trust_forwarded, state.audit, state.login_limit)
@@ -132,26 +64,7 @@ def build_app(state: AdminState) -> web.Application:
         return _json(200, {"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        reasons: list[str] = []
-        if state.draining():
-            reasons.append("shutting down: not accepting new connections")
-        elif not state.listener_up():
-            reasons.append("the proxy listener is not up")
-        if needs_vault(state):
-            problem = await state.broker.check()
-            if problem is not None:
-                reasons.append(f"vault: {problem}")
-        body: dict[str, Any] = {"ready": not reasons, "reasons": reasons,
-                                "policy_version": state.live.current.version}
-        if state.fleet is not None:
-            fleet = body["fleet"] = state.fleet.agreement()
-            if not fleet["available"] and state.fleet.cfg.fail == "closed":
-                reasons.append("shared state unavailable (--state-fail closed)")
-                body["ready"] = False
-        if state.live.problems:
-            # the last reload failed: the previous policy keeps serving, so still ready
-            body["policy_reload_problems"] = list(state.live.problems)
-        return _json(200 if not reasons else 503, body)
+        return _json(*await readiness(state))
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
@@ -185,7 +98,6 @@ def build_app(state: AdminState) -> web.Application:
             raise ValueError(f"`{key}` must be a non-empty string")
         return v
 
-    @needs("viewer")  # read-only: a viewer may ask what the policy says
     async def explain_(request: web.Request) -> web.Response:
         try:
             doc = await _body(request)
@@ -248,25 +160,18 @@ def build_app(state: AdminState) -> web.Application:
                      {"sandbox": sandbox, **counts, **extra})
 
     app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/policy", policy)
-    app.router.add_post("/v1/reload", reload)
-    app.router.add_post("/v1/explain", explain_)
-    app.router.add_post("/v1/tokens", tokens)
-    app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
-    approvals_api.register(app, state.approvals, state.trust_forwarded)  # /v1/approvals
+    mount_routes(app, {
+        "healthz": healthz, "readyz": readyz, "metrics": metrics, "policy": policy,
+        "reload": reload, "explain": explain_, "tokens": tokens, "end_sandbox": end_sandbox,
+        # /v1/approvals (with the grant copy on a worker's control socket)
+        **approvals_api.handlers(state.approvals, state.trust_forwarded)})
     return app
 
 
 async def start_admin(state: AdminState, host: str, port: int) -> web.AppRunner:
-    from sandgate.console.app import mount
-    from sandgate.console.source import LocalSource
-
     app = build_app(state)
-    mount(app, LocalSource(state, state.recent), state.admin_token, state.users,  # web console
-          audit=state.audit, limit=state.login_limit)
+    mount_console(app, LocalSource(state, state.recent), state.admin_token,  # web console
+                  state.users, audit=state.audit, limit=state.login_limit)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -1,4 +1,4 @@
-"""The approvals API of `sandgate run --workers N`'s one admin listener (workers/front.py).
+"""The approvals API of `sandgate run --workers N`'s one admin listener (workers/admin_front.py).
 
 Held requests live in the workers, each with its own store unless they share Redis. The front
 authenticates the user (sandgate.admin.access) and asks the workers over their control sockets,
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from sandgate.admin.access import forwarded_headers, needs
-
-if TYPE_CHECKING:
-    from sandgate.workers.supervisor import Supervisor
+from sandgate.admin.access import forwarded_headers
+from sandgate.admin.routes import Handler
+from sandgate.workers.group import WorkerGroup
 
 MAX_BODY = 16 * 1024
 
@@ -43,7 +42,7 @@ def _docs(answers: list[tuple[int, bytes, str]]) -> list[tuple[int, Any]]:
     return out
 
 
-async def pending(sup: Supervisor, headers: Mapping[str, str]) -> list[Any]:
+async def pending(sup: WorkerGroup, headers: Mapping[str, str]) -> list[Any]:
     """Every worker's pending approvals, merged by id, oldest first (also the web console's)."""
     merged: dict[str, Any] = {}
     for status, doc in _docs(await sup.ask_all("GET", "/v1/approvals", extra=headers)):
@@ -53,7 +52,7 @@ async def pending(sup: Supervisor, headers: Mapping[str, str]) -> list[Any]:
     return sorted(merged.values(), key=lambda a: a["created"])
 
 
-async def show(sup: Supervisor, aid: str, headers: Mapping[str, str]) -> tuple[int, Any]:
+async def show(sup: WorkerGroup, aid: str, headers: Mapping[str, str]) -> tuple[int, Any]:
     docs = _docs(await sup.ask_all("GET", f"/v1/approvals/{aid}", extra=headers))
     found = next(((s, d) for s, d in docs if s == 200), None)
     if found is None:
@@ -61,7 +60,7 @@ async def show(sup: Supervisor, aid: str, headers: Mapping[str, str]) -> tuple[i
     return found
 
 
-async def decide(sup: Supervisor, aid: str, raw: bytes,
+async def decide(sup: WorkerGroup, aid: str, raw: bytes,
                  headers: Mapping[str, str]) -> tuple[int, Any]:
     """The worker holding it decides; a remembered grant is copied to every worker."""
     # one worker after another: a vote is taken once, by the worker holding the request
@@ -76,14 +75,14 @@ async def decide(sup: Supervisor, aid: str, raw: bytes,
     return status, doc
 
 
-def register_front(app: web.Application, sup: Supervisor) -> None:
+def front_handlers(sup: WorkerGroup) -> dict[str, Handler]:
+    """The handlers of the approvals routes on the workers' front (sandgate.admin.routes)."""
     async def listing(request: web.Request) -> web.Response:
         return _json(200, {"approvals": await pending(sup, forwarded_headers(request))})
 
     async def show_(request: web.Request) -> web.Response:
         return _json(*await show(sup, request.match_info["id"], forwarded_headers(request)))
 
-    @needs("approver")
     async def decide_(request: web.Request) -> web.Response:
         raw = await request.content.read(MAX_BODY + 1)
         if len(raw) > MAX_BODY:
@@ -91,6 +90,4 @@ def register_front(app: web.Application, sup: Supervisor) -> None:
         return _json(*await decide(sup, request.match_info["id"], raw,
                                    forwarded_headers(request)))
 
-    app.router.add_get("/v1/approvals", listing)
-    app.router.add_get("/v1/approvals/{id}", show_)
-    app.router.add_post("/v1/approvals/{id}", decide_)
+    return {"approvals": listing, "approval": show_, "approval_decide": decide_}

@@ -8,10 +8,12 @@ the process that writes it (one process, or each worker of --workers N).
 from __future__ import annotations
 
 import argparse
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from sandgate.audit.anchor import Anchor
 from sandgate.audit.chain import (
     DEFAULT_CHECKPOINT_LINES,
     DEFAULT_CHECKPOINT_SECONDS,
@@ -21,12 +23,25 @@ from sandgate.audit.chain import (
 )
 from sandgate.audit.file import Rotation
 from sandgate.audit.stream import FORMATS, AuditLog
+from sandgate.audit.workerlog import WorkerAuditLog
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from sandgate.secrets.vault import VaultConfig
-    from sandgate.workers.control import WorkerRole
+
+
+class Worker(Protocol):
+    """Which worker of `--workers N` writes (sandgate.workers.control.WorkerRole has it)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def run(self) -> str | None: ...  # the supervisor's run id (the checkpoints name it)
+
+    @property
+    def workers(self) -> int | None: ...  # how many workers the run has
 
 
 @dataclass(frozen=True)
@@ -155,13 +170,9 @@ def signing_key(settings: AuditSettings, confdir: Path,
 
 def open_log(settings: AuditSettings, audit_file: Path | None, confdir: Path,
              vault: VaultConfig | None, instance: str | None,
-             worker: WorkerRole | None = None) -> AuditLog:
+             worker: Worker | None = None) -> AuditLog:
     """The audit log of this process: chained, its checkpoints signed (each naming the run, and
     with --workers how many workers it has) and anchored in the confdir, in the format asked."""
-    import secrets
-
-    from sandgate.audit.anchor import Anchor
-
     key = signing_key(settings, confdir, vault)
     chain = Chain(key, settings.checkpoint_lines, settings.checkpoint_seconds,
                   run=worker.run if worker is not None else secrets.token_hex(8),
@@ -170,7 +181,5 @@ def open_log(settings: AuditSettings, audit_file: Path | None, confdir: Path,
     if worker is None:
         return AuditLog(audit_file, instance=instance, format=settings.format, chain=chain,
                         rotation=settings.rotation, anchor=anchor)
-    from sandgate.audit.workerlog import WorkerAuditLog
-
     return WorkerAuditLog(audit_file, worker.id, instance=instance, format=settings.format,
                           chain=chain, rotation=settings.rotation, anchor=anchor)

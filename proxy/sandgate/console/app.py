@@ -29,6 +29,7 @@ from aiohttp import web
 from sandgate.admin.access import AdminUser, Authenticator
 from sandgate.admin.login import Audit, FailureLimit, audit_login
 from sandgate.console import PREFIX, auth, chart
+from sandgate.console.approvals import ApprovalsPage
 from sandgate.console.ring import MAX_LIMIT, Filter, tools
 from sandgate.console.source import Source, SourceError, explain_args
 from sandgate.errors import Code
@@ -346,8 +347,6 @@ def mount(app: web.Application, source: Source, admin_token: str,
           limit: FailureLimit | None = None) -> Console:
     """Serve the console under /console/ of an admin listener's app. `audit` gets its
     logins (sandgate.admin.login); `limit` is the listener's bound on wrong tokens."""
-    from sandgate.console.approvals import ApprovalsPage
-
     console = Console(source, Authenticator(admin_token, users), audit=audit,
                       limit=limit if limit is not None else FailureLimit())
     sub = console.app()

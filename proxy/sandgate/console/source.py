@@ -18,14 +18,16 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlencode
 
+from sandgate.admin.access import FORWARDED_ROLE, FORWARDED_USER
+from sandgate.admin.process import AdminState, policy_doc
+from sandgate.approvals import fanout as front
 from sandgate.audit import stream as A
 from sandgate.console.ring import MAX_LIMIT, EventRing, Filter, merge_events, merge_refusals
 from sandgate.errors import Unavailable
+from sandgate.workers.group import WorkerGroup
 
 if TYPE_CHECKING:
-    from sandgate.admin.listener import AdminState
     from sandgate.policy.model import Policy
-    from sandgate.workers.supervisor import Supervisor
 
 WORKER_PREFIX = "/worker/console"
 
@@ -141,8 +143,6 @@ class LocalSource:
         self._reports = ReportCache()
 
     async def overview(self) -> dict[str, Any]:
-        from sandgate.admin.listener import policy_doc
-
         return {"policy": policy_doc(self.state), "workers": None}
 
     async def events(self, flt: Filter, limit: int = MAX_LIMIT) -> list[dict[str, Any]]:
@@ -200,7 +200,7 @@ class LocalSource:
 class WorkersSource:
     """The supervisor of `--workers N`: asks the workers."""
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: WorkerGroup) -> None:
         self.sup = sup
         self.started = time.time()
 
@@ -264,20 +264,14 @@ class WorkersSource:
     # approvals: held in the workers; asked as the front asks them (sandgate.approvals.fanout),
     # with the console's user passed along as the front passes an API user
     async def approvals(self) -> list[dict[str, Any]]:
-        from sandgate.approvals import fanout as front
-
         return [dict(a) for a in await front.pending(self.sup, {})]
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
-        from sandgate.approvals import fanout as front
-
         status, doc = await front.show(self.sup, approval_id, {})
         return dict(doc) if status == 200 and isinstance(doc, dict) else None
 
     async def decide(self, approval_id: str, user: str, role: str, vote: Mapping[str, Any]
                      ) -> tuple[int, dict[str, Any]]:
-        from sandgate.approvals import fanout as front
-
         status, doc = await front.decide(self.sup, approval_id, json.dumps(dict(vote)).encode(),
                                          _as(user, role))
         return status, doc if isinstance(doc, dict) else {}
@@ -286,6 +280,4 @@ class WorkersSource:
 def _as(user: str, role: str) -> dict[str, str]:
     """The headers a front forwards a user with (only a holder of the worker token may set
     them); reads go without (the worker token's own role reads)."""
-    from sandgate.admin.access import FORWARDED_ROLE, FORWARDED_USER
-
     return {FORWARDED_USER: user, FORWARDED_ROLE: role}

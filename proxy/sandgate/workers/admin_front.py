@@ -19,21 +19,21 @@ for the whole process group:
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from sandgate.admin.access import AdminUser, needs
-from sandgate.approvals.fanout import register_front
+from sandgate.admin.access import AdminUser
+from sandgate.admin.listener import auth_middleware
+from sandgate.admin.login import FailureLimit
+from sandgate.admin.routes import mount as mount_routes
+from sandgate.approvals.fanout import front_handlers
+from sandgate.console.app import mount as mount_console
+from sandgate.console.source import WorkersSource
 from sandgate.metrics import CONTENT_TYPE
-
-if TYPE_CHECKING:
-    from sandgate.workers.supervisor import Supervisor
+from sandgate.workers.group import WorkerGroup
 
 MAX_BODY = 64 * 1024
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(status: int, body: Any) -> web.Response:
@@ -41,12 +41,9 @@ def _json(status: int, body: Any) -> web.Response:
                         content_type="application/json")
 
 
-def build_front(sup: Supervisor, admin_token: str,
+def build_front(sup: WorkerGroup, admin_token: str,
                 open_paths: frozenset[str] = frozenset(),
                 users: tuple[AdminUser, ...] = (), login_limit: int = 5) -> web.Application:
-    from sandgate.admin.listener import auth_middleware
-    from sandgate.admin.login import FailureLimit
-
     # one guessing bound for the admin API and the console's login
     limit = FailureLimit.per_minute(login_limit)
     auth = auth_middleware(admin_token, open_paths, users,  # as the single process checks
@@ -77,27 +74,18 @@ def build_front(sup: Supervisor, admin_token: str,
         status, body, ctype = answer
         return web.Response(status=status, body=body, headers={"Content-Type": ctype})
 
-    async def forward_read(request: web.Request) -> web.Response:
-        return await forward(request)  # a read-only POST (explain): viewers may
-
     async def end_sandbox(request: web.Request) -> web.Response:
         status, body = await sup.end_sandbox_all(request.match_info["sandbox"])
         return _json(status, body)
 
     app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/v1/reload", reload)
-    app.router.add_get("/v1/policy", forward)
-    app.router.add_post("/v1/explain", needs("viewer")(forward_read))
-    app.router.add_post("/v1/tokens", forward)
-    # leases live in every worker: the end of a sandbox reaches all of them
-    app.router.add_delete("/v1/sandboxes/{sandbox}", end_sandbox)
-    register_front(app, sup)  # approvals: held in the workers
-    from sandgate.console.app import mount
-    from sandgate.console.source import WorkersSource
-
-    mount(app, WorkersSource(sup), admin_token, users,  # the web console, over every worker
-          limit=limit)
+    mount_routes(app, {
+        "healthz": healthz, "readyz": readyz, "metrics": metrics, "reload": reload,
+        # one running worker answers: every worker serves the same policy and key
+        "policy": forward, "explain": forward, "tokens": forward,
+        # leases live in every worker: the end of a sandbox reaches all of them
+        "end_sandbox": end_sandbox,
+        **front_handlers(sup)})  # approvals: held in the workers
+    mount_console(app, WorkersSource(sup), admin_token, users,  # the console, over every worker
+                  limit=limit)
     return app

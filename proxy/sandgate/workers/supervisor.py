@@ -49,6 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from sandgate import confdir
 from sandgate.runner import RunConfig
 from sandgate.workers import aggregate, listen
+from sandgate.workers.admin_front import build_front
 from sandgate.workers.control import RUN_ENV, SUPERVISOR_ENV, TOKEN_ENV, socket_path
 
 log = logging.getLogger("sandgate")
@@ -381,8 +382,6 @@ class Supervisor:
         front = None
         try:
             if self.cfg.admin is not None:
-                from sandgate.workers.admin_front import build_front
-
                 assert self.cfg.admin_token is not None
                 front = web_runner = web.AppRunner(
                     build_front(self, self.cfg.admin_token, frozenset(self.cfg.admin_open),
