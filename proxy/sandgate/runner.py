@@ -38,20 +38,9 @@ from sandgate.identity.resolve import Identifier
 from sandgate.identity.roles import Role, Split
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.metrics import Metrics
-from sandgate.mitm import pinning
-from sandgate.mitm.guards import corrections, dialguard, dialorigin, socks5, tunnels, wirelimits
-from sandgate.mitm.speedups import (
-    coalesce,
-    dispatch,
-    handshake,
-    headerlookup,
-    parking,
-    relay,
-    speed,
-    synchooks,
-    upstreampool,
-    writes,
-)
+from sandgate.mitm import pinning, registry
+from sandgate.mitm.guards import wirelimits
+from sandgate.mitm.speedups import parking, speed, upstreampool
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy import live as livepolicy
 from sandgate.policy.model import Policy
@@ -335,7 +324,13 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     opts = options.Options(listen_host=cfg.listen_host, listen_port=cfg.listen_port,
                            confdir=str(conf))
     m = master.Master(opts)
-    addons = dispatch.install(m)  # hook lookup once per event name (profiled: ~10% of the CPU)
+
+    def limit_event(event: str, fields: dict[str, Any]) -> None:
+        sink.emit(event, **fields)
+
+    # every patch of mitmproxy internals, in its order (sandgate.mitm.registry.PATCHES), before
+    # any addon: the first replaces the addon manager (hook lookup once per event name)
+    addons = registry.install_all(m, cfg.limits, limit_event)
     m.addons.add(termlog.TermLog(out=sys.stderr))  # stdout carries the audit stream
     m.addons.add(*default_addons())
     m.addons.add(errorcheck.ErrorCheck())
@@ -357,34 +352,17 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
     bundle = upstream_bundle(conf, cfg.upstream_cas)
     broker.oauth2.use_ca_file(str(bundle) if bundle is not None else None)  # token endpoints
     broker.github.ssl_ctx = broker.oauth2.ssl_ctx
-    socks5.install()  # before the listeners start: the SOCKS5 mode gets Sandgate's layer
     gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
     values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,
                     cfg.socks5, gateway, [(h, p) for _, h, p in cfg.role_listens],
                     cfg.transparent, cfg.limits.idle_timeout)
     opts.update(**values)
     m.addons.add(Pinned(values))
-    corrections.install()
     if cfg.worker is not None:
         from sandgate.workers.listen import share_port
 
         share_port()
 
-    def limit_event(event: str, fields: dict[str, Any]) -> None:
-        sink.emit(event, **fields)
-
-    wirelimits.install(cfg.limits, limit_event)
-    dialguard.install()  # after wirelimits: outermost, it also sees what that wrapper raises
-    relay.install()
-    tunnels.install()  # one tunnel record (and upstream) per CONNECT stream
-    dialorigin.install()  # each dial knows its flow: server_connect reads no shared state
-    writes.install()
-    synchooks.install()  # hooks nothing awaits in: no task each (inside writes' flush)
-    speed.install()
-    handshake.install()
-    headerlookup.install()  # header lookups without mitmproxy's detours (~4% of the CPU)
-    coalesce.install()  # a message's head and body: one piece of data, one TLS record
-    upstreampool.install(cfg.limits.upstream_reuse_idle)
     addons.set_inert(speed.inert_addons(m, values))
 
     tasks: set[asyncio.Task[Any]] = set()

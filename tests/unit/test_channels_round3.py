@@ -234,10 +234,11 @@ def test_unknown_codings_are_refused_readably() -> None:
 
 
 def test_control_patch_installs_on_this_mitmproxy() -> None:
-    # (its sources are pinned by test_patch_sources.test_wscontrol_source_is_pinned)
+    # (its sources are pinned by test_mitm_registry.py::test_source_is_pinned[wscontrol])
     from sandgate.mitm.guards import corrections
 
     corrections.install()
+    wscontrol.install()  # its own entry in sandgate.mitm.registry.PATCHES, after corrections
     assert wscontrol.installed() and corrections.installed()
     from mitmproxy.proxy.layers import websocket as layer
 

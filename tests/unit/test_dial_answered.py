@@ -220,4 +220,8 @@ def test_guard_is_installed_over_mitmproxy_11_0_2_open_connection() -> None:
     _install()
     dialguard.install()
     assert dialguard.installed()
-    assert getattr(server.ConnectionHandler.open_connection, "__wrapped__", None) is not None
+    fn: Any = server.ConnectionHandler.open_connection
+    while fn is not None and fn.__module__ != dialguard.__name__:  # (upstreampool wraps it too)
+        fn = dict(zip(fn.__code__.co_freevars,
+                      (c.cell_contents for c in fn.__closure__ or ()), strict=True)).get("original")
+    assert getattr(fn, "__wrapped__", None) is not None

@@ -115,7 +115,7 @@ def test_cached_manager_follows_option_changes_once() -> None:
 
 
 def test_relay_installs_its_handle_connection() -> None:
-    # (the copied source is pinned by test_patch_sources.test_relay_source_is_pinned)
+    # (the copied source is pinned by test_mitm_registry.py::test_source_is_pinned[relay])
     relay.install()
     relay.install()
     assert relay.installed()

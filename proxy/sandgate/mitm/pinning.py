@@ -1,19 +1,20 @@
-"""What Sandgate's patches of mitmproxy (and h11, h2, wsproto) internals were written against.
+"""What Sandgate's patches of mitmproxy (and h11, h2, wsproto, pyOpenSSL) internals were written
+against: the library versions, and the source of each object a patch replaces.
 
-Each module under sandgate.addons that replaces or wraps code of these libraries names that code
-(`SOURCES`: "module:Qualified.name") and pins its SHA-256 (`SOURCE_SHA256`); one unit test per
-patch (tests/unit/test_patch_sources.py) fails when the source changes, so an upgrade is read
-and the patch re-checked, not trusted. The source is read from the installed file (its AST),
-not from the live objects: after `install()` those are Sandgate's wrappers.
+Each patch in sandgate.mitm.registry names that code ("module:Qualified.name") and pins the
+SHA-256 of its source; one unit test per patch (tests/unit/test_mitm_registry.py) fails when the
+source changes, so an upgrade is read and the patch re-checked, not trusted. The source is read
+from the installed file (its AST), not from the live objects: after `install()` those are
+Sandgate's wrappers.
 
-`check_version()` runs at start (sandgate.runner): a mitmproxy other than `MITMPROXY_VERSION`
-is refused with a message saying what to install.
+`check_version()` runs at start (sandgate.mitm.registry.install_all, and `sandgate run` before
+anything else): a version of one of these libraries other than `VERSIONS` is refused with a
+message saying what to install.
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.util
 from collections.abc import Iterable
 from functools import cache
@@ -21,6 +22,15 @@ from importlib import metadata
 
 # The one mitmproxy every patch was checked against (pyproject.toml pins the same).
 MITMPROXY_VERSION = "12.3.1"
+# Every library whose internals a patch replaces, at the version the patches were checked
+# against (requirements/proxy.lock locks the same).
+VERSIONS = {
+    "mitmproxy": MITMPROXY_VERSION,
+    "h11": "0.16.0",
+    "h2": "4.4.1",
+    "wsproto": "1.3.2",
+    "pyOpenSSL": "26.4.0",
+}
 
 
 @cache
@@ -64,23 +74,21 @@ def sources(refs: Iterable[str]) -> str:
     return "".join(f"# {ref}\n{source(ref)}\n" for ref in refs)
 
 
-def digest(refs: Iterable[str]) -> str:
-    return hashlib.sha256(sources(refs).encode()).hexdigest()
-
-
-def installed_version() -> str | None:
+def installed_version(dist: str = "mitmproxy") -> str | None:
     try:
-        return metadata.version("mitmproxy")
+        return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
 
 
 def check_version() -> None:
-    """Refuse to run on a mitmproxy other than the one the patches were checked against."""
-    have = installed_version()
-    if have != MITMPROXY_VERSION:
-        raise RuntimeError(
-            f"Sandgate needs mitmproxy {MITMPROXY_VERSION}, found {have or 'none'}: its patches "
-            "of mitmproxy internals (sandgate.addons) were checked against that version only. "
-            "Reinstall from the lock file (scripts/setup.sh, or pip install --require-hashes "
-            "-r requirements/proxy.lock)")
+    """Refuse to run on a mitmproxy (h11, h2, wsproto, pyOpenSSL) other than the one the
+    patches were checked against."""
+    for dist, want in VERSIONS.items():
+        have = installed_version(dist)
+        if have != want:
+            raise RuntimeError(
+                f"Sandgate needs {dist} {want}, found {have or 'none'}: its patches of {dist} "
+                "internals (sandgate.mitm) were checked against that version only. Reinstall "
+                "from the lock file (scripts/setup.sh, or pip install --require-hashes "
+                "-r requirements/proxy.lock)")

@@ -17,6 +17,14 @@
     s80_refuse.py     where a refusal (from any stage) becomes the answer
     s90_audit.py      one event per flow (every stage ends here)
 
+and what they share besides context.py (no number: not a step of the path):
+
+    flow.py           the per-connection (tunnel, approved dials) and per-flow record
+    forward.py        what is judged is what is forwarded (s20_head, s30_body, s40_forward)
+    clienthello.py    a captured ClientHello judged as the CONNECT it stands for (s15_capture)
+    rpccalls.py       the JSON-RPC / MCP work of s35_call and of s70_scrub's list answers
+    wsrpc.py          the same over WebSocket (s70_scrub)
+
 Why `sNN_` names: a module name cannot start with a digit, and the number makes `ls` show the
 path a request takes. The numbers go in tens, as unit files and rule files do, so a stage that
 comes between two others gets a free number (as `s35_call.py` did) and nothing is renamed.
@@ -26,7 +34,8 @@ and its per-flow record (`FlowRecord`, stages/flow.py); it raises a `Refused` to
 leaves what later stages need in the record. The addon (addons/gate.py) holds mitmproxy's hooks
 only: each hook calls stages, wrapped by `guarded` so that any exception refuses (fail closed).
 Imports point backwards along the path (a stage uses earlier ones), except that every stage may
-end in s80_refuse or s90_audit.
+end in s80_refuse or s90_audit; a stage never imports sandgate.addons (the hooks call stages,
+not the other way round).
 
 Adding a stage (a new credential type, an approval hold): write it as
 

@@ -35,28 +35,16 @@ from mitmproxy.proxy import server
 
 from sandgate.errors import Code
 from sandgate.limits import Limiter, LimitsConfig
-from sandgate.mitm import pinning
 from sandgate.netguard import unmap
 
 log = logging.getLogger("sandgate")
 
 _MARK = "_sandgate_admission"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the connection handler's client task, which admission wraps.
-# A change fails tests/unit/test_patch_sources.py::test_admission_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.server:ConnectionHandler.handle_client",
-)
-SOURCE_SHA256 = "500b8ee7f0b82a0b964d696d0e15413feeb5be896ad783afccc989e404896333"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 SPOKE = "_sg_client_spoke"  # set on a ConnectionHandler once its client sent a byte (relay.py)
 
 # (code, reason, client) -> None: where a closed connection is audited

@@ -35,8 +35,6 @@ from mitmproxy.proxy.layers.http import _http1, _http2, _http3, _http_h2
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
 from sandgate.errors import Code
-from sandgate.mitm import pinning
-from sandgate.mitm.guards import wscontrol
 from sandgate.refusal import REASON_HEADER, Refusal
 
 _MARK = "_sandgate_patched"
@@ -47,29 +45,9 @@ READ_WHOLE = "sandgate_read_whole"
 TIMEOUT_MARK = "sandgate: upstream timeout"
 _H2_STATUS = "_sandgate_error_status"  # on a BufferedH2Connection, while an error is sent
 
-# What the corrections replace or wrap (sandgate.mitm.pinning), in mitmproxy 12.3.1:
-# the error pages and where they are sent (HTTP/1, HTTP/2, HTTP/3 is off), the status of an
-# error code, the HTTP/1 body reader and the body size check.
-SOURCES = (
-    "mitmproxy.proxy.layers.http._http1:make_error_response",
-    "mitmproxy.proxy.layers.http._http1:Http1Connection._handle_event",
-    "mitmproxy.proxy.layers.http._http1:Http1Server.send",
-    "mitmproxy.proxy.layers.http._http1:make_body_reader",
-    "mitmproxy.proxy.layers.http._base:format_error",
-    "mitmproxy.proxy.layers.http._http2:Http2Connection._handle_event",
-    "mitmproxy.proxy.layers.http._events:ErrorCode.http_status_code",
-    "mitmproxy.proxy.layers.http:HttpStream.check_body_size",
-    "h11._events:EndOfMessage",
-)
-SOURCE_SHA256 = "188a72c1cc14e8ff2b19b62f48965dc7666f21b113d853be5eb2afeda132a214"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 
 _CODE_FOR_STATUS = {400: Code.BAD_REQUEST, 413: Code.TOO_LARGE, 504: Code.UPSTREAM_TIMEOUT}
 _REASONS = {
@@ -177,10 +155,8 @@ def install() -> None:
         return (yield from original_check(self, request))
 
     stream_cls.check_body_size = check_body_size  # type: ignore[method-assign]
-    # 4. WebSocket ping, pong and close payloads are judged like messages (addons/wscontrol)
-    wscontrol.install()
     setattr(_http1, _MARK, True)
 
 
 def installed() -> bool:
-    return bool(getattr(_http1, _MARK, False)) and wscontrol.installed()
+    return bool(getattr(_http1, _MARK, False))

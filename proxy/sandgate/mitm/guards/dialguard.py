@@ -30,25 +30,12 @@ from typing import Any
 from mitmproxy.connection import ConnectionState
 from mitmproxy.proxy import commands, events, layer, server
 
-from sandgate.mitm import pinning
-
 _MARK = "_sandgate_dialguard"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the dial task it guards.
-# A change fails tests/unit/test_patch_sources.py::test_dialguard_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.server:ConnectionHandler.open_connection",
-)
-SOURCE_SHA256 = "9ef953458775a7339a25f98f344933bf8bfbfd267acb46820786e973db5581b6"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 FAILED = "sandgate: the upstream connection failed before it could be used"
 
 

@@ -16,8 +16,8 @@ dials it. The wrapper records `Server id -> the asking stream's flow` there; `ta
 it to `server_connect` once. A dial with no such record (none is expected: every HTTP dial
 comes through here; passthrough tunnels are judged by their tunnel record) is refused there.
 
-`SOURCE_SHA256` pins the source this wrapper was written against: a mitmproxy that changes
-it fails `test_patch_sources.test_dialorigin_source_is_pinned`.
+Its entry in sandgate.mitm.registry pins the source this wrapper was written against: a
+mitmproxy that changes it fails `test_mitm_registry.py::test_source_is_pinned[dialorigin]`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from mitmproxy import connection, http
 from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers import http as http_layer
 
-from sandgate.mitm import pinning
-
 _MARK = "_sandgate_dialorigin"
 # Dials asked for and not yet at server_connect. One entry lives from the layer's request for a
 # connection to its hook (the same event-loop turn, or the next); the bound only matters if a
@@ -38,19 +36,8 @@ _MARK = "_sandgate_dialorigin"
 MAX_PENDING = 4096
 _origin: dict[str, http.HTTPFlow] = {}
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# where an HTTP layer makes an upstream connection.
-# A change fails tests/unit/test_patch_sources.py::test_dialorigin_source_is_pinned.
-SOURCES = ("mitmproxy.proxy.layers.http:HttpLayer.get_connection",)
-SOURCE_SHA256 = "bfa1aae76a55219f1d69f03f1f5ba5b86ecbe4e124d5fe599cd651936e494cf9"
-
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
 def take(server: connection.Server) -> http.HTTPFlow | None:

@@ -39,29 +39,12 @@ from mitmproxy.proxy.layers.http import _http1
 from mitmproxy.proxy.layers.http._events import ResponseEndOfMessage
 from mitmproxy.proxy.layers.http._hooks import HttpResponseHeadersHook
 
-from sandgate.mitm import pinning
-
 _MARK = "_sandgate_readable"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# h11's chunk reader and the HTTP/1 server side it wraps.
-# A change fails tests/unit/test_patch_sources.py::test_readable_source_is_pinned.
-SOURCES = (
-    "h11._readers:ChunkedReader",
-    "mitmproxy.proxy.layers.http._http1:Http1Connection._handle_event",
-    "mitmproxy.proxy.layers.http._http1:Http1Server.send",
-    "mitmproxy.proxy.layers.http._http1:Http1Connection.read_body",
-    "mitmproxy.proxy.layers.http:HttpStream.state_wait_for_request_headers",
-)
-SOURCE_SHA256 = "61c23cc7d4a06ba564fc9237cddca290d472dfa8d345afa6fd112afd474ec704"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 EARLY = "sandgate-answer-early"  # flow.metadata: the refusal is sent before the body is read
 DRAIN_BYTES = 1024 * 1024
 DRAIN_SECONDS = 5.0

@@ -38,7 +38,6 @@ from mitmproxy.proxy.commands import StartHook
 from mitmproxy.proxy.layers import modes
 from mitmproxy.proxy.mode_specs import Socks5Mode
 
-from sandgate.mitm import pinning
 from sandgate.netguard import IPNetwork, in_ranges, unmap
 
 # RFC 1928 reply codes Sandgate sends.
@@ -48,22 +47,8 @@ REP_NOT_ALLOWED = 0x02  # "connection not allowed by ruleset": every policy or a
 _METHOD_USER_PASSWORD = modes.SOCKS5_METHOD_USER_PASSWORD_AUTHENTICATION
 _MARK = "_sandgate_socks5"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the SOCKS5 layer subclassed and the mode that makes it.
-# A change fails tests/unit/test_patch_sources.py::test_socks5_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.layers.modes:Socks5Proxy",
-    "mitmproxy.proxy.mode_servers:Socks5Instance",
-)
-SOURCE_SHA256 = "010b431fd868046f973fb66ac84308924c8d100fb74264f949202791d6025249"
-
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
 @dataclass

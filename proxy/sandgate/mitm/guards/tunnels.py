@@ -22,31 +22,15 @@ from typing import Any
 from mitmproxy import connection
 from mitmproxy.proxy.layers import http as http_layer
 
-from sandgate.mitm import pinning
 from sandgate.mitm.guards.socks5 import is_socks5
 from sandgate.stages.flow import Conn, Tunnel
 
 _MARK = "_sandgate_tunnels"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the CONNECT handling it wraps.
-# A change fails tests/unit/test_patch_sources.py::test_tunnels_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.layers.http:HttpStream.handle_connect",
-    # mitmproxy 12.3.1 serves no CONNECT over HTTP/2 (this parser needs :scheme, which h2 4.4
-    # refuses on a CONNECT): one CONNECT per connection, for now. When that changes, the
-    # per-stream records matter again: looked at, not assumed.
-    "mitmproxy.proxy.layers.http._http2:parse_h2_request_headers",
-)
-SOURCE_SHA256 = "ea392456f1d5c4aad1ea7ee9b8ff43bfb6cf2ba69ed25298aa5020fa6da8e05d"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 # Tunnels kept per client connection (HTTP/2 may open many streams over its life); past it the
 # oldest record is forgotten, and a request in that tunnel is refused (no tunnel, no identity).
 MAX_TUNNELS = 1024

@@ -63,37 +63,17 @@ from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 from sandgate.audit import stream as A
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
-from sandgate.mitm import pinning
-from sandgate.mitm.guards import admission, corrections, dialorigin, readable
+from sandgate.mitm.guards import corrections, dialorigin, readable
 from sandgate.refusal import Refusal
 
 log = logging.getLogger("sandgate")
 
 _MARK = "_sandgate_wirelimits"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# every function wrapped.
-# A change fails tests/unit/test_patch_sources.py::test_wirelimits_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.layers.http._http1:Http1Server.read_headers",
-    "mitmproxy.proxy.layers.http._http1:Http1Connection._handle_event",
-    "mitmproxy.proxy.layers.http._http1:Http1Client.read_headers",
-    "mitmproxy.proxy.layers.http._http_h2:BufferedH2Connection.__init__",
-    "h2.frame_buffer:FrameBuffer._update_header_buffer",
-    "mitmproxy.proxy.server:ConnectionHandler.open_connection",
-    "mitmproxy.proxy.server:ConnectionHandler.on_timeout",
-    "mitmproxy.proxy.tunnel:TunnelLayer._handshake_finished",
-    "mitmproxy.proxy.layers.http:HttpStream.handle_protocol_error",
-)
-SOURCE_SHA256 = "606eff918d3c0515f60d3bcf49c96bd6216a7f02319a3bc87879fa557ad5966f"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 # In every error message of a timeout Sandgate imposed upstream: answered 504
 # (mitm/guards/corrections.py).
 TIMEOUT_MARK = corrections.TIMEOUT_MARK
@@ -522,12 +502,16 @@ def _wrap_on_timeout(original: Any) -> Any:
     return on_timeout
 
 
+def admission_closed(code: Code, reason: str, client: connection.Client) -> None:
+    """admission's on_close: a connection it closes is a `limit` event like the others here."""
+    _emit("limit", code, reason, client)
+
+
 def install(limits: LimitsConfig, on_event: OnEvent | None = None) -> None:
+    """Installed after admission and readable (sandgate.mitm.registry: their order)."""
     _state.limits = limits
     if on_event is not None:
         _state.on_event = on_event
-    admission.install(limits, lambda code, reason, client: _emit("limit", code, reason, client))
-    readable.install()
     # (the idle timeout itself is mitmproxy's `tcp_timeout` option, pinned: addons/pinned.py)
     if getattr(_http1, _MARK, False):
         return

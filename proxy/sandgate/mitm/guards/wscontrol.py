@@ -23,8 +23,9 @@ Two more things ride on the same patch, for WebSockets whose messages are judged
 for the WebSocket to be closed (`close`): the next event read is then a close with that code,
 which the layer sends to both sides before it ends the flow.
 
-The patch touches two functions whose exact source is pinned (`SOURCE_SHA256`); a test
-fails when mitmproxy's or wsproto's code changes, so an upgrade is looked at, not trusted.
+The patch touches two functions whose exact source is pinned (sandgate.mitm.registry, checked
+again at start); a test fails when mitmproxy's or wsproto's code changes, so an upgrade is
+looked at, not trusted.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ import wsproto.events as ws_events
 from mitmproxy import http
 from mitmproxy.proxy.layers import websocket as ws_layer
 from wsproto.connection import Connection
-
-from sandgate.mitm import pinning
 
 log = logging.getLogger("sandgate")
 
@@ -55,22 +54,8 @@ REASON_MAX = 123
 Handler = Callable[[bool, bytes], "bytes | None"]
 """(from_client, payload) -> the payload to relay, or None: do not relay it."""
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the layer's relay loop and wsproto's event reader.
-# A change fails tests/unit/test_patch_sources.py::test_wscontrol_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.layers.websocket:WebsocketLayer.relay_messages",
-    "wsproto.connection:Connection.events",
-)
-SOURCE_SHA256 = "5a234cf63b6785b20f4653078c8d1185221d0e41aea5fb37137c1f6b37c2b176"
-
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
 def _payload(event: ws_events.Event) -> bytes:
@@ -155,9 +140,6 @@ def install() -> None:
     layer = ws_layer.WebsocketLayer
     if getattr(layer, _MARK, False):
         return
-    if source_digest() != SOURCE_SHA256:
-        raise RuntimeError("mitmproxy's or wsproto's WebSocket code is not the one Sandgate's "
-                           "control-frame patch was written for (sandgate.mitm.guards.wscontrol)")
     original = layer.relay_messages
 
     def relay_messages(self: Any, event: Any) -> Any:

@@ -22,25 +22,12 @@ from typing import Any
 from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers import http as http_layer
 
-from sandgate.mitm import pinning
-
 _MARK = "_sandgate_coalesce"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the HTTP layer's event handling, whose commands are joined.
-# A change fails tests/unit/test_patch_sources.py::test_coalesce_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.layers.http:HttpLayer._handle_event",
-)
-SOURCE_SHA256 = "904d25a0dd3ea9913f6617afbad8333e8a11d1f4d84b8bd02eaf3703e55b1330"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 MAX_JOIN = 64 * 1024  # larger pieces go as they are (a whole-body download is not copied)
 
 

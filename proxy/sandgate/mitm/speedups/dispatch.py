@@ -24,30 +24,12 @@ from typing import Any
 from mitmproxy import exceptions, flow, hooks, master
 from mitmproxy.addonmanager import AddonManager, safecall, traverse
 
-from sandgate.mitm import pinning
-
 # mitmproxy's AddonManager is unannotated: calls into it carry no-untyped-call ignores.
 Entry = tuple[Any, tuple[Callable[..., Any], ...]]
 LIFECYCLE = frozenset({"load", "configure", "running", "done"})
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the manager whose dispatch it caches, and the helpers it calls the same way.
-# A change fails tests/unit/test_patch_sources.py::test_dispatch_source_is_pinned.
-SOURCES = (
-    "mitmproxy.addonmanager:AddonManager",
-    "mitmproxy.addonmanager:safecall",
-    "mitmproxy.addonmanager:traverse",
-    "mitmproxy.hooks:UpdateHook",
-)
-SOURCE_SHA256 = "bb8d92214c1ef6bcdcf6e488cf113a7d8b197c83535f23849cd66d1e8379b7f8"
-
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
 class CachedAddons(AddonManager):

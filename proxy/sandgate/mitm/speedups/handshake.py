@@ -27,35 +27,17 @@ import OpenSSL.crypto
 from mitmproxy import certs
 from mitmproxy.utils import asyncio_utils
 
-from sandgate.mitm import pinning
-
 _MARK = "_sandgate_handshake"
 
 
 
-# What the patches replace or depend on (sandgate.mitm.pinning): where mitmproxy hands the
-# certificate and key over, pyOpenSSL's conversions, and the task debug names.
-SOURCES = (
-    "mitmproxy.addons.tlsconfig:TlsConfig.tls_start_client",
-    "mitmproxy.certs:CertStore.get_cert",
-    "OpenSSL.SSL:Connection.use_certificate",
-    "OpenSSL.SSL:Connection.use_privatekey",
-    "mitmproxy.utils.asyncio_utils:create_task",
-    "mitmproxy.utils.asyncio_utils:set_task_debug_info",
-)
-SOURCE_SHA256 = "b8e94383907bbcb5727381cbf06e328f134885d784d5121c796b2d8537546d9e"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
+
 
 # Leaf certificates converted and kept: CertStore keeps its own (cryptography) leaves cached
 # (mitmproxy's `STORE_CAP`, 100); a few more here cost little and never grow past the bound.
 CERT_CACHE = 256
-
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 
 
 class _Cache:

@@ -18,28 +18,12 @@ from typing import Any
 
 from mitmproxy import http
 
-from sandgate.mitm import pinning
-
 _MARK = "_sandgate_headerlookup"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the lookups replaced and what they must answer like.
-# A change fails tests/unit/test_patch_sources.py::test_headerlookup_source_is_pinned.
-SOURCES = (
-    "mitmproxy.http:Headers",
-    "mitmproxy.coretypes.multidict:_MultiDict.get_all",
-    "mitmproxy.coretypes.multidict:_MultiDict.__getitem__",
-    "mitmproxy.coretypes.multidict:MultiDict",
-)
-SOURCE_SHA256 = "edab4cf4f103324175c3e31bb4e793a964d73896189a9d5a3c2b106df782ecb1"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 _MEMO = "_sandgate_names"  # Headers.__dict__: (fields, their names in lower case)
 
 ORIGINAL_GET_ALL = http.Headers.get_all

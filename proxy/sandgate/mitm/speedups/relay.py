@@ -45,29 +45,15 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers.tcp import TCPLayer
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
-from sandgate.mitm import pinning
 from sandgate.mitm.guards import admission
 from sandgate.mitm.speedups import writes
 
 _MARK = "_sandgate_relay"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the connection loop `handle_connection` copies, and the TCP layer it skips.
-# A change fails tests/unit/test_patch_sources.py::test_relay_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.server:ConnectionHandler.handle_connection",
-    "mitmproxy.proxy.layers.tcp:TCPLayer",
-    "mitmproxy.proxy.server:TimeoutWatchdog",
-)
-SOURCE_SHA256 = "05791253bf13d34f5d0c35ea2ddadb93584a7cc49f973c97f5eb5054aaf0f4d9"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport")  # noqa: B009
 _HIGH_WATER = 64 * 1024  # asyncio's default high-water mark for a transport's write buffer
 # Upstream reads: up to 256 KiB per read (mitmproxy: 64 KiB), so a bulk download crosses the

@@ -31,28 +31,11 @@ from typing import Any
 from mitmproxy import hooks, http, master, optmanager
 from mitmproxy.proxy import context
 
-from sandgate.mitm import pinning
-
 _MARK = "_sandgate_speed"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the functions replaced.
-# A change fails tests/unit/test_patch_sources.py::test_speed_source_is_pinned.
-SOURCES = (
-    "mitmproxy.http:MessageData",
-    "mitmproxy.proxy.context:Context",
-    "mitmproxy.hooks:Hook.args",
-    "mitmproxy.optmanager:_Option.current",
-)
-SOURCE_SHA256 = "ac891924e14164db7e09894d48d38a3fa0beb6c5542630f3883ee160af8d73d3"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 
 # addon name -> (the pinned option that makes it inert, that value)
 INERT: dict[str, tuple[str, Any]] = {

@@ -30,27 +30,12 @@ from mitmproxy import flow as mflow
 from mitmproxy.proxy import commands, events, server
 from mitmproxy.utils import asyncio_utils
 
-from sandgate.mitm import pinning
 from sandgate.mitm.speedups import writes
 
 _MARK = "_sandgate_synchooks"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# `server_event` is a copy of mitmproxy's, and the hook task it skips.
-# A change fails tests/unit/test_patch_sources.py::test_synchooks_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.server:ConnectionHandler.server_event",
-    "mitmproxy.proxy.server:ConnectionHandler.hook_task",
-)
-SOURCE_SHA256 = "0df3244b23665f74b97bc7eb9eb6810604cea84c96029f99a12708d4ea232bc2"
-
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
 def call_now(handler: Any, hook: commands.StartHook) -> bool:

@@ -55,7 +55,6 @@ from mitmproxy.proxy.layers import http as http_layer
 from mitmproxy.proxy.layers import tls as tls_layer
 from mitmproxy.proxy.layers.http import _http1, _http2
 
-from sandgate.mitm import pinning
 from sandgate.mitm.guards import wirelimits
 from sandgate.mitm.speedups import writes
 from sandgate.mitm.speedups.parking import DEFAULT_IDLE, Parked, PoolKey, reader_quiet
@@ -66,27 +65,10 @@ log = logging.getLogger("sandgate")
 
 _MARK = "_sandgate_upstreampool"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# where connections are asked for, made and dialled.
-# A change fails tests/unit/test_patch_sources.py::test_upstreampool_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.layers.http:HttpLayer.get_connection",
-    "mitmproxy.proxy.server:ConnectionHandler.__init__",
-    "mitmproxy.proxy.server:ConnectionHandler.open_connection",
-    # what an idle HTTP/2 session is made of (_h2_idle)
-    "mitmproxy.proxy.layers.http._http2:Http2Client.__init__",
-    "mitmproxy.proxy.layers.http._http_h2:BufferedH2Connection.__init__",
-    "h2.frame_buffer:FrameBuffer.__init__",
-)
-SOURCE_SHA256 = "e33028493528e1af28e71ccb242278b8fff91118cd00ea26979a2d38b02f5819"
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
 # What a server connection brings along: copied onto the adopting Server object.
 _FIELDS = ("peername", "sockname", "sni", "alpn", "alpn_offers", "cipher", "cipher_list",
            "tls_version", "certificate_list", "timestamp_start", "timestamp_tcp_setup",

@@ -19,27 +19,10 @@ from typing import Any
 
 from mitmproxy.proxy import events, server
 
-from sandgate.mitm import pinning
-
 _MARK = "_sandgate_writes"
 
-# What this patch replaces or depends on in mitmproxy 12.3.1 (sandgate.mitm.pinning):
-# the handler whose writers are batched.
-# A change fails tests/unit/test_patch_sources.py::test_writes_source_is_pinned.
-SOURCES = (
-    "mitmproxy.proxy.server:ConnectionHandler.__init__",
-    "mitmproxy.proxy.server:ConnectionHandler.server_event",
-    "mitmproxy.proxy.server:ConnectionIO",
-)
-SOURCE_SHA256 = "9804ff1331b4166b2a9f31f9f7f2b80c58054391dd2c9231d725d6bbf5583c93"
-
-
-def sources() -> str:
-    return pinning.sources(SOURCES)
-
-
-def source_digest() -> str:
-    return pinning.digest(SOURCES)
+# What this patch replaces or depends on, each with the SHA-256 of its source: its entry
+# in sandgate.mitm.registry.PATCHES.
 
 
 class Batched:
