@@ -20,7 +20,7 @@ from sandgate.metrics import Metrics
 from sandgate.policy import live
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.request import parse_url
-from sandgate.runner import same_address
+from sandgate.runner.config import same_address
 from sandgate.tokens import verify_token
 
 pytestmark = pytest.mark.unit

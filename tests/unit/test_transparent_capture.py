@@ -22,7 +22,7 @@ from sandgate.cli import build_parser
 from sandgate.cli.capture import host_port
 from sandgate.cli.run import cmd_run
 from sandgate.policy.loader import load_policy_dir
-from sandgate.runner import RunConfig, check_listeners
+from sandgate.runner.config import RunConfig, check_listeners
 from sandgate.stages.s15_capture import redirected_here, same_ip
 
 pytestmark = pytest.mark.unit

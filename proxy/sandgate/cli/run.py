@@ -402,14 +402,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sandgate.mitm.guards.socks5 import parse_allow
     from sandgate.policy import live
     from sandgate.policy.loader import PolicyError
-    from sandgate.runner import (
+    from sandgate.runner.config import (
         RunConfig,
         banner,
         check_listeners,
         parse_resolve,
         same_address,
-        serve,
     )
+    from sandgate.runner.serve import serve
     from sandgate.secrets.vault import VaultConfig
     from sandgate.tokens import parse_ttl
 

@@ -47,7 +47,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from sandgate import confdir
-from sandgate.runner import RunConfig
+from sandgate.runner.config import RunConfig
 from sandgate.workers import aggregate, listen
 from sandgate.workers.admin_front import build_front
 from sandgate.workers.control import RUN_ENV, SUPERVISOR_ENV, TOKEN_ENV, socket_path

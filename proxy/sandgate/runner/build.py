@@ -1,16 +1,14 @@
-"""Bring up mitmproxy with the Sandgate addon: the `sandgate run` main job."""
+"""Every part of `sandgate run` built in one function, in start-up order, each with its
+collaborators: the policy, Vault, the audit log, the fleet's state, the gate, metrics, exports,
+mitmproxy's master with every patch installed and Sandgate's addons."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ipaddress
 import logging
-import os
-import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,173 +17,67 @@ from mitmproxy import master, options
 from mitmproxy.addons import default_addons, errorcheck, termlog
 from mitmproxy.utils import human
 
-from sandgate import confdir, gctune
+from sandgate import confdir
 from sandgate.addons.gate import Gate, GateConfig
-from sandgate.addons.lifecycle import Lifecycle, drain, formatter, listener_up, open_connections
+from sandgate.addons.lifecycle import Lifecycle, formatter, open_connections
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
-from sandgate.admin.access import AdminUser
-from sandgate.admin.login import FailureLimit
 from sandgate.approvals.service import Approvals
 from sandgate.audit import options as audit_setup
 from sandgate.audit import stream as audit
 from sandgate.audit.export import startup as export_setup
-from sandgate.audit.export.startup import ExportConfig
-from sandgate.audit.options import AuditSettings
+from sandgate.audit.export.startup import Exports
 from sandgate.console import ring as console_ring
-from sandgate.identity.agents import AgentProcesses
-from sandgate.identity.base import AddressIdentitySource, Caller
+from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
-from sandgate.identity.roles import Role, Split
-from sandgate.limits import Limiter, LimitsConfig
+from sandgate.limits import Limiter
 from sandgate.metrics import Metrics
 from sandgate.mitm import pinning, registry
 from sandgate.mitm.guards import wirelimits
 from sandgate.mitm.speedups import parking, speed, upstreampool
-from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy import live as livepolicy
 from sandgate.policy.model import Policy
+from sandgate.runner.config import (
+    RunConfig,
+    check_listeners,
+    same_address,
+    self_addresses,
+    upstream_bundle,
+)
 from sandgate.secrets.keyforms import PrivateKey, held_key_values
-from sandgate.secrets.vault import SecretBroker, VaultConfig
+from sandgate.secrets.vault import SecretBroker
 from sandgate.tokens import canary
 
-if TYPE_CHECKING:
-    from sandgate.dns.run import DnsConfig
-    from sandgate.state import StateConfig
-    from sandgate.workers.control import WorkerRole
+if TYPE_CHECKING:  # imported when --state is given (Redis)
+    from sandgate.state.shared import SharedState
 
 log = logging.getLogger("sandgate")
 
-DEFAULT_MAX_REQUEST_BODY = "32m"
-
 
 @dataclass
-class RunConfig:
-    policies: Path
-    confdir: Path
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 8080
-    sets: Sequence[str] = ()
-    resolve: dict[str, str] = field(default_factory=dict)
-    upstream_cas: Sequence[Path] = ()
-    audit_file: Path | None = None
-    vault: VaultConfig | None = None
-    secret_ttl: float = 300.0
-    address_sources: Sequence[AddressIdentitySource] = ()
-    max_request_body: str = DEFAULT_MAX_REQUEST_BODY
-    canary: bool = False
-    audit_best_effort: bool = False
-    # the policy `sandgate run` validated before printing or binding anything (else loaded here)
-    loaded: livepolicy.LoadedPolicy | None = None
-    admin: tuple[str, int] | None = None  # --admin HOST:PORT
-    admin_token: str | None = field(default=None, repr=False)
-    admin_max_token_ttl: int = 24 * 3600
-    drain_timeout: float = 30.0
-    watch_interval: float | None = 0.5  # None: no file watching (SIGHUP and the API still work)
-    log_format: str = "text"
-    socks5: tuple[str, int] | None = None  # --socks5 HOST:PORT (off unless given)
-    socks5_allow: tuple[IPNetwork, ...] = ()  # --socks5-allow CIDR (empty: every source)
-    # set in the processes `--workers N` starts: SO_REUSEPORT, `worker` in audit events, the
-    # admin API on the worker's control socket (the supervisor owns the --admin listener)
-    worker: WorkerRole | None = None
-    gateway: tuple[str, int] | None = None  # --gateway HOST:PORT
-    gateway_tls_name: str | None = None  # --gateway-tls-name: TLS only, a cert for this name
-    admin_open: Sequence[str] = ()  # admin paths served without the bearer token
-    instance: str = "sandgate"  # this replica's name: in every audit event and sandgate_info
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    # pattern 1 with the split (--role-listen, --tool-identity): sandgate.identity.roles
-    split: Split | None = None
-    role_listens: Sequence[tuple[Role, str, int]] = ()
-    # pattern 1 without a hook (--agent-dir, --agent-split): sandgate.identity.agents
-    agents: AgentProcesses | None = None
-    transparent: tuple[str, int] | None = None  # --transparent HOST:PORT (nftables redirects)
-    audit: AuditSettings = field(default_factory=AuditSettings)  # format, chain, rotation
-    admin_users: tuple[AdminUser, ...] = ()  # --admin-users (sandgate.admin.access)
-    admin_login_limit: int = 5  # --admin-login-limit: wrong tokens a minute per source
-    dns: DnsConfig | None = None  # --dns HOST:PORT: the policy DNS (sandgate.dns)
-    exports: ExportConfig = field(default_factory=ExportConfig)  # --otlp, --audit-syslog
-    state: StateConfig | None = None  # --state redis://: the fleet's shared state
+class Parts:
+    """What build() made, for serve() to run and stop."""
+
+    loop: asyncio.AbstractEventLoop
+    tasks: set[asyncio.Task[Any]]  # started by spawn(), cancelled when serving ends
+    spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    conf: Path
+    key: bytes  # the proxy-token key
+    broker: SecretBroker
+    sink: audit.AuditLog
+    shared: SharedState | None  # --state
+    approvals: Approvals
+    gate: Gate
+    live: livepolicy.LivePolicy
+    metrics: Metrics
+    recent: console_ring.EventRing | None  # the console's recent decisions
+    exports: Exports
+    master: master.Master
+    lifecycle: Lifecycle
 
 
-def parse_resolve(specs: Sequence[str]) -> dict[str, str]:
-    """`HOST=IP` pairs from --resolve. Ports come from the request, never from here."""
-    from sandgate.policy.hosts import normalise_host
-
-    out: dict[str, str] = {}
-    for spec in specs:
-        host, sep, ip = spec.partition("=")
-        if not sep or not host or not ip:
-            raise ValueError(f"--resolve {spec!r}: expected HOST=IP, e.g. api.example.com=10.0.0.5")
-        try:
-            addr = ipaddress.ip_address(ip.strip().strip("[]"))
-        except ValueError:
-            raise ValueError(f"--resolve {spec!r}: {ip!r} is not an IP address") from None
-        out[normalise_host(host)] = str(addr)
-    return out
-
-
-def upstream_bundle(conf: Path, extra: Sequence[Path]) -> Path | None:
-    """System roots plus the operator's private CAs: --upstream-ca adds, it does not replace."""
-    if not extra:
-        return None
-    import certifi
-
-    parts = [Path(certifi.where()).read_text()]
-    system = Path("/etc/ssl/certs/ca-certificates.crt")
-    if system.exists():
-        parts.append(system.read_text())
-    for p in extra:
-        text = p.read_text()
-        if "BEGIN CERTIFICATE" not in text:
-            raise ValueError(f"--upstream-ca {p}: no PEM certificate in the file")
-        parts.append(text)
-    bundle = conf / "upstream-ca-bundle.pem"
-    # atomically: with --workers N a restarting worker rewrites it while the others read it
-    tmp = conf / f".upstream-ca-bundle.{os.getpid()}.pem"
-    tmp.write_text("\n".join(parts))
-    os.replace(tmp, bundle)
-    return bundle
-
-
-def self_addresses(host: str, port: int) -> tuple[tuple[IPAddress, int], ...]:
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        ip = ipaddress.ip_address("0.0.0.0")
-    out: list[tuple[IPAddress, int]] = [(ip, port)]
-    if ip.is_unspecified:
-        out.append((ipaddress.ip_address("::"), port))
-    return tuple(out)
-
-
-def check_listeners(cfg: RunConfig) -> None:
-    """No two listeners (proxy, SOCKS5, admin) on one address (ValueError says which)."""
-    named = [("--listen", (cfg.listen_host, cfg.listen_port))]
-    if cfg.socks5 is not None:
-        named.append(("--socks5", cfg.socks5))
-    if cfg.admin is not None:
-        named.append(("--admin", cfg.admin))
-    named += [(f"--role-listen {role}", (host, port)) for role, host, port in cfg.role_listens]
-    if cfg.transparent is not None:
-        named.append(("--transparent", cfg.transparent))
-    for i, (name, addr) in enumerate(named):
-        for other, other_addr in named[:i]:
-            if same_address(addr, other_addr):
-                raise ValueError(f"{name} {addr[0]}:{addr[1]} is the address of {other} "
-                                 f"({other_addr[0]}:{other_addr[1]}); give each listener its "
-                                 "own port")
-    if cfg.socks5_allow and cfg.socks5 is None:
-        raise ValueError("--socks5-allow restricts the SOCKS5 listener: give --socks5 HOST:PORT")
-
-
-def same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
-    """Would these two listeners collide (same port, and the same or an unspecified host)?"""
-    if a[1] != b[1]:
-        return False
-    unspecified = {"", "0.0.0.0", "::"}
-    return a[0] == b[0] or a[0] in unspecified or b[0] in unspecified
-
-
-async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
+async def build(cfg: RunConfig) -> Parts:
+    """Every part of `sandgate run`, built in start-up order, each with its collaborators;
+    nothing listens yet but what mitmproxy's master binds when it runs (serve.py)."""
     pinning.check_version()  # the patches below were checked against this mitmproxy only
     conf = confdir.ensure_confdir(cfg.confdir)
     confdir.ensure_ca(conf)
@@ -210,6 +102,12 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         cfg.worker)
     broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
     loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(coro: Coroutine[Any, Any, Any]) -> None:
+        t = loop.create_task(coro)
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
 
     limiter = Limiter(cfg.limits)
     shared = None
@@ -364,106 +262,10 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
         share_port()
 
     addons.set_inert(speed.inert_addons(m, values))
+    return Parts(loop=loop, tasks=tasks, spawn=spawn, conf=conf, key=key, broker=broker,
+                 sink=sink, shared=shared, approvals=approvals, gate=gate, live=live,
+                 metrics=metrics, recent=recent, exports=exports, master=m, lifecycle=lifecycle)
 
-    tasks: set[asyncio.Task[Any]] = set()
-    drained: dict[str, Any] = {}
-
-    def spawn(coro: Coroutine[Any, Any, Any]) -> None:
-        t = loop.create_task(coro)
-        tasks.add(t)
-        t.add_done_callback(tasks.discard)
-
-    async def graceful() -> None:
-        if lifecycle.draining:
-            return
-        metrics.draining.set(1)
-        log.info("sandgate: SIGTERM: no new connections; draining for up to %gs",
-                 cfg.drain_timeout)
-        drained.update(await drain(m, lifecycle, cfg.drain_timeout))
-
-    def on_term() -> None:
-        if lifecycle.draining:  # a second SIGTERM: stop now
-            m.shutdown()
-            return
-        spawn(graceful())
-
-    handlers: dict[signal.Signals, Callable[[], None]] = {
-        signal.SIGINT: m.shutdown,
-        signal.SIGTERM: on_term,
-        signal.SIGHUP: lambda: spawn(live.reload("signal")),
-    }
-    for sig, fn in handlers.items():
-        try:
-            loop.add_signal_handler(sig, fn)
-        except (NotImplementedError, RuntimeError):
-            pass
-    admin_runner = None
-    if cfg.admin is not None or cfg.worker is not None:
-        from sandgate.admin.listener import start_admin
-        from sandgate.admin.process import AdminState
-
-        admin_token = cfg.worker.token if cfg.worker is not None else cfg.admin_token
-        assert admin_token is not None
-        state = AdminState(
-            live=live, broker=broker, metrics=metrics, token_key=key,
-            admin_token=admin_token, listener_up=lambda: listener_up(m),
-            draining=lambda: lifecycle.draining, max_token_ttl=cfg.admin_max_token_ttl,
-            audit=sink.emit, resolve=dict(cfg.resolve),
-            open_paths=frozenset(cfg.admin_open) if cfg.worker is None else frozenset(),
-            users=cfg.admin_users, trust_forwarded=cfg.worker is not None,
-            approvals=approvals,
-            fleet=shared.fleet if shared is not None else None,
-            recent=recent,
-            login_limit=FailureLimit.per_minute(cfg.admin_login_limit),
-        )
-        if cfg.worker is not None:
-            from sandgate.workers.control import start_control
-
-            role = cfg.worker
-            admin_runner = await start_control(state, role, lambda: {
-                "worker": role.id, "pid": os.getpid(), "listener_up": listener_up(m),
-                "draining": lifecycle.draining, "policy_version": live.current.version})
-        elif cfg.admin is not None:
-            admin_runner = await start_admin(state, *cfg.admin)
-    dns_server = None
-    if cfg.dns is not None:  # the sandboxes' resolver, judged by the same policy and identities
-        from sandgate.dns.run import start_dns
-
-        def dns_audit(event: str, **fields: Any) -> None:  # a name may carry a secret value
-            sink.emit(event, **audit.scrub_fields(fields, gate.secrets()))
-
-        dns_server = await start_dns(
-            cfg.dns, lambda: live.policy, gate.cfg.identifier.caller_at, dns_audit,
-            lambda outcome: metrics.dns_answers.labels(outcome).inc(), cfg.resolve,
-            reuse_port=cfg.worker is not None)
-    if cfg.watch_interval:
-        spawn(live.watch(cfg.watch_interval))
-    if shared is not None:
-        shared.fleet.start()
-    if ready is not None:
-        loop.call_soon(ready.set)
-    gctune.settle()  # the heap built so far is frozen; young collections less often
-    try:
-        await m.run()
-    finally:
-        for t in list(tasks):
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if admin_runner is not None:
-            await admin_runner.cleanup()
-        if dns_server is not None:
-            await dns_server.close()
-        if shared is not None:
-            await shared.fleet.close()
-        with contextlib.suppress(Exception):
-            sink.emit("shutdown", policy_version=live.current.version,
-                      drained=drained.get("drained"), unfinished=drained.get("unfinished"),
-                      drain_seconds=drained.get("seconds"))
-        with contextlib.suppress(Exception):
-            await approvals.aclose()
-        await broker.aclose()
-        exports.close()  # after the shutdown event: syslog gets it too
-        sink.close()
 
 
 def own_keys(sink: audit.AuditLog, conf: Path, admin_token: str | None
@@ -515,25 +317,3 @@ def _audit_policy(sink: audit.AuditLog, o: livepolicy.ReloadOutcome,
                   problems=list(o.problems))
     except Exception:
         log.exception("sandgate: audit failed")
-
-
-def banner(cfg: RunConfig, conf: Path) -> str:
-    socks = ""
-    if cfg.socks5 is not None:
-        allow = ", ".join(str(n) for n in cfg.socks5_allow) or "every source"
-        socks = f"sandgate: SOCKS5 on {cfg.socks5[0]}:{cfg.socks5[1]} (from {allow})\n"
-    return (
-        f"sandgate: listening on {cfg.listen_host}:{cfg.listen_port}, policies {cfg.policies}\n"
-        + socks
-        + (f"sandgate: transparent capture on {cfg.transparent[0]}:{cfg.transparent[1]} "
-           "(identity by source address)\n" if cfg.transparent else "")
-        + (f"sandgate: gateway on {'https' if cfg.gateway_tls_name else 'http'}://"
-           f"{cfg.gateway_tls_name or cfg.gateway[0]}:{cfg.gateway[1]}/PREFIX\n"
-           if cfg.gateway else "") +
-        f"sandgate: CA for sandboxes: sandgate ca --confdir {conf}\n"
-        f"sandgate: a token: sandgate token issue --confdir {conf} --identity coding-agent\n"
-        f"sandgate: try: curl --cacert <(sandgate ca --confdir {conf}) "
-        f"-x http://coding-agent:$TOKEN@{cfg.listen_host}:{cfg.listen_port} "
-        "https://api.anthropic.com/v1/messages -d '{}'\n"
-    )
-
