@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.errors import Code
 from sandgate.llm.spend import shipped_prices
 from sandgate.policy.model import Policy, glob_matches

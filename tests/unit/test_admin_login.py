@@ -19,8 +19,8 @@ from sandgate.admin.access import ROLE_KEY, USER_KEY, AdminUser, auth_middleware
 from sandgate.admin.listener import build_app
 from sandgate.admin.login import FailureLimit
 from sandgate.admin.process import AdminState
+from sandgate.audit.events import AuditLog
 from sandgate.audit.ocsf import to_ocsf
-from sandgate.audit.stream import AuditLog
 from sandgate.console.app import Console, mount
 from sandgate.console.ring import EventRing
 from sandgate.console.source import LocalSource

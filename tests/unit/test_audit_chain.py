@@ -1,6 +1,6 @@
 """The audit hash chain, its signed checkpoints, rotation and retention, `sandgate audit verify`.
 
-Logs are written by sandgate.audit.stream.AuditLog as the proxy writes them; the tests then edit,
+Logs are written by sandgate.audit.events.AuditLog as the proxy writes them; the tests then edit,
 delete, reorder and truncate lines as an attacker would, and check that verify names the line.
 """
 
@@ -27,8 +27,8 @@ from sandgate.audit.chain import (
     parse_private_key,
     public_hex,
 )
+from sandgate.audit.events import AuditLog
 from sandgate.audit.file import AuditFile, Rotation, rotated_files
-from sandgate.audit.stream import AuditLog
 from sandgate.audit.verify import Broken, verify
 from sandgate.audit.workerlog import WorkerAuditLog
 from sandgate.cli import main

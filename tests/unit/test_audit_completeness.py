@@ -1,6 +1,6 @@
 """`sandgate audit verify` proves the set of files whole, not only each line (issue 34).
 
-The files are written by the real writers (sandgate.audit.stream.AuditLog, WorkerAuditLog, the
+The files are written by the real writers (sandgate.audit.events.AuditLog, WorkerAuditLog, the
 confdir's Anchor) as `sandgate run` writes them: runs one after another on one file, one of
 them with two workers. The tests then delete whole runs, a worker's share, a chain's tail, as
 someone hiding what happened would, and check that verify says what is missing (exit 3), with
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from sandgate.audit.anchor import Anchor, AnchorDoc, anchor_path, read_anchor
 from sandgate.audit.chain import Chain, line_hash, public_hex
+from sandgate.audit.events import AuditLog
 from sandgate.audit.file import Rotation, rotated_files
-from sandgate.audit.stream import AuditLog
 from sandgate.audit.verify import Broken, Incomplete, verify
 from sandgate.audit.workerlog import WorkerAuditLog
 from sandgate.cli import main

@@ -13,7 +13,7 @@ import pytest
 
 from sandgate.audit import ocsf as audit_ocsf
 from sandgate.audit.chain import Chain
-from sandgate.audit.stream import AuditLog
+from sandgate.audit.events import AuditLog
 from tests.support.ocsf_schema import check, problems
 from tests.unit.audit_log import fields
 from tests.unit.test_audit_chain import KEY

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.audit.chain import render
 from sandgate.scrub.scrubber import SecretSet
 

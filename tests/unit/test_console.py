@@ -17,7 +17,7 @@ from sandgate.admin.access import AdminUser, Authenticator, token_digest
 from sandgate.admin.listener import build_app
 from sandgate.admin.process import AdminState
 from sandgate.approvals.votes import VoteError
-from sandgate.audit.stream import AuditLog
+from sandgate.audit.events import AuditLog
 from sandgate.console import auth, chart
 from sandgate.console.app import CSP, mount
 from sandgate.console.approvals import vote_from_form

@@ -13,7 +13,7 @@ from mitmproxy.proxy import commands, server_hooks
 from mitmproxy.test import taddons, tflow
 
 from sandgate.addons.gate import Gate, GateConfig
-from sandgate.audit import stream as audit
+from sandgate.audit import events as audit
 from sandgate.identity.resolve import Identifier
 from sandgate.mitm import registry
 from sandgate.mitm.guards import dialorigin

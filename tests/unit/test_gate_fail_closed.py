@@ -10,7 +10,7 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.test import taddons, tflow
 
 from sandgate.addons.gate import Gate, GateConfig
-from sandgate.audit import stream as audit
+from sandgate.audit import events as audit
 from sandgate.identity.resolve import Identifier
 from sandgate.mitm.guards import dialorigin
 from sandgate.policy.loader import load_policy_dir

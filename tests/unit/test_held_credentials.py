@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from sandgate import confdir
 from sandgate.audit.chain import Chain
-from sandgate.audit.stream import AuditLog
+from sandgate.audit.events import AuditLog
 from sandgate.policy.loader import load_policy_dir
 from sandgate.runner.build import own_keys
 from sandgate.scrub.flowsecrets import ScrubSets

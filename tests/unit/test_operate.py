@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sandgate.admin.listener import build_app
 from sandgate.admin.process import AdminState
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.decision import decide, decide_connect, reported
 from sandgate.explain.answer import explain
 from sandgate.metrics import Metrics

@@ -12,7 +12,7 @@ import pytest
 from mitmproxy.test import taddons, tflow
 
 from sandgate.addons.gate import Gate, GateConfig
-from sandgate.audit import stream as audit
+from sandgate.audit import events as audit
 from sandgate.decision import decide, decide_connect, judge
 from sandgate.errors import AddressRefused, Code
 from sandgate.explain.answer import explain

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.audit.stream import redact_path
+from sandgate.audit.events import redact_path
 from sandgate.cli import main as cli_main
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.query_audit import query_names

@@ -1,6 +1,6 @@
 """`sandgate diff`: recorded traffic replayed against an old and a new policy.
 
-The audit log is written by sandgate.audit.stream.AuditLog with flow_fields' fields (tests/unit/
+The audit log is written by sandgate.audit.events.AuditLog with flow_fields' fields (tests/unit/
 audit_log.py). The new policy plants exactly four flips (a removed method, a narrowed path, an
 added deny rule, a changed injecting rule) among an unchanged majority; diff must report those
 four and nothing else, and account for every line it could not replay.

@@ -212,7 +212,7 @@ def test_refusals_in_the_providers_shape(dialect, code, status):
 
 
 def test_metrics_count_tokens_and_cost_by_identity_sandbox_and_model(tmp_path):
-    from sandgate.audit import stream as A
+    from sandgate.audit import events as A
     from sandgate.metrics import Metrics
 
     policy = load(tmp_path)

@@ -12,7 +12,7 @@ from mitmproxy import http
 from mitmproxy.test import tflow
 
 from sandgate.addons import gate as gate_addon
-from sandgate.audit import stream as audit
+from sandgate.audit import events as audit
 from sandgate.decision import decide
 from sandgate.errors import Code, LimitExceeded, Refused
 from sandgate.identity.base import Caller

@@ -461,7 +461,7 @@ class Gate:
 
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
-    from sandgate.audit import stream as audit
+    from sandgate.audit import events as audit
     from sandgate.identity.resolve import Identifier
     from sandgate.secrets.vault import SecretBroker, VaultConfig
     from sandgate.stages import context, wsrpc

@@ -8,7 +8,7 @@ never change later, so records that name a file stay true, and that sort in time
 starts a new FILE; the others notice the new inode under the same lock and reopen before their
 next line, so no line lands in a file after it was rotated. With --audit-keep N only the N
 newest rotated files are kept; the writer that drops one records its name and the hash of its
-last line in the new file (sandgate.audit.stream: the `retention` event), so a verifier of the kept
+last line in the new file (sandgate.audit.events: the `retention` event), so a verifier of the kept
 files knows where they begin.
 """
 

@@ -21,8 +21,8 @@ from sandgate.audit.chain import (
     confdir_signing_key,
     parse_private_key,
 )
+from sandgate.audit.events import FORMATS, AuditLog
 from sandgate.audit.file import Rotation
-from sandgate.audit.stream import FORMATS, AuditLog
 from sandgate.audit.workerlog import WorkerAuditLog
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from sandgate.audit.chain import Chain
+from sandgate.audit.events import AuditLog
 from sandgate.audit.file import AuditFile, Rotation
-from sandgate.audit.stream import AuditLog
 
 if TYPE_CHECKING:
     from sandgate.audit.anchor import Anchor

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 
 # Events that are decisions about a request (or a connection), and what people decided about
 # held requests (`approval`: requested, voted, decided, timed_out, used): the console lists

@@ -21,7 +21,7 @@ from urllib.parse import quote, urlencode
 from sandgate.admin.access import FORWARDED_ROLE, FORWARDED_USER
 from sandgate.admin.process import AdminState, policy_doc
 from sandgate.approvals import fanout as front
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.console.ring import MAX_LIMIT, EventRing, Filter, merge_events, merge_refusals
 from sandgate.errors import Unavailable
 from sandgate.workers.group import WorkerGroup

@@ -30,7 +30,7 @@ import dns.rdatatype
 import dns.rrset
 from dns.rdatatype import RdataType
 
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.decision import ADDRESS_TYPES, Decision, decide_name, reported
 from sandgate.dns.bounds import DnsLimits, SourceRates
 from sandgate.dns.resolver import Answer, Upstream, UpstreamError

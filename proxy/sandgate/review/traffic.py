@@ -1,6 +1,6 @@
 """Recorded traffic: the requests of an audit log, replayed against policies.
 
-`read_audit` turns the `request` and `connect` events that sandgate.audit.stream writes (fields
+`read_audit` turns the `request` and `connect` events that sandgate.audit.events writes (fields
 identity, method, scheme, host, port, path; query values REDACTED except those of parameters a
 rule constrains, which are judged with the path) into `Recorded` requests. An event that cannot
 be replayed (not JSON, a field missing or of the wrong type, a target the request parser
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.decision import judge, shown_outcome
 from sandgate.policy.call_rules import describe
 from sandgate.policy.model import Policy
@@ -170,7 +170,7 @@ def recorded_call(rpc: Any) -> Call | Literal[False] | None:
 
 
 def read_audit(lines: Iterable[str], source: str = "-") -> AuditTraffic:
-    """Every request and connect event of an audit log (JSON lines, as sandgate.audit.stream
+    """Every request and connect event of an audit log (JSON lines, as sandgate.audit.events
     writes)."""
     out = AuditTraffic(source)
     for n, raw in enumerate(lines, 1):

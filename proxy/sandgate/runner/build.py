@@ -22,8 +22,8 @@ from sandgate.addons.gate import Gate, GateConfig
 from sandgate.addons.lifecycle import Lifecycle, formatter, open_connections
 from sandgate.addons.pinned import Pinned, check_sets, gateway_mode, pinned
 from sandgate.approvals.service import Approvals
+from sandgate.audit import events as audit
 from sandgate.audit import options as audit_setup
-from sandgate.audit import stream as audit
 from sandgate.audit.export import startup as export_setup
 from sandgate.audit.export.startup import Exports
 from sandgate.console import ring as console_ring

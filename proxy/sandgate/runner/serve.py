@@ -14,7 +14,7 @@ from typing import Any
 from sandgate import gctune
 from sandgate.addons.lifecycle import drain, listener_up
 from sandgate.admin.login import FailureLimit
-from sandgate.audit import stream as audit
+from sandgate.audit import events as audit
 from sandgate.runner.build import build
 from sandgate.runner.config import RunConfig
 

@@ -17,7 +17,7 @@ from mitmproxy.proxy.mode_specs import ReverseMode
 
 from sandgate.approvals.service import Approvals
 from sandgate.approvals.store import MemoryStore
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.identity.resolve import Identifier
 from sandgate.limits import Limiter, LimitsConfig
 from sandgate.netguard import IPAddress, IPNetwork

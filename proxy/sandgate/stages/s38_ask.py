@@ -24,7 +24,7 @@ from mitmproxy.connection import ConnectionState
 
 from sandgate.approvals import bound_headers as H
 from sandgate.approvals.service import Request
-from sandgate.audit.stream import redact_path
+from sandgate.audit.events import redact_path
 from sandgate.policy.query_audit import kept_query_names
 from sandgate.stages.context import GateState
 from sandgate.stages.flow import FlowRecord

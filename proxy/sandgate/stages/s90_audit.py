@@ -10,7 +10,7 @@ import logging
 
 from mitmproxy import connection, http
 
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.errors import Code, Refused
 from sandgate.llm import spend
 from sandgate.stages.context import GateState, record

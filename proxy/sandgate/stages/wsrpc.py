@@ -35,7 +35,7 @@ from typing import Any
 from mitmproxy import ctx, http
 from mitmproxy.websocket import WebSocketMessage
 
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.decision import Decision, decide, reported
 from sandgate.errors import Code, Refused
 from sandgate.mitm.guards import wscontrol

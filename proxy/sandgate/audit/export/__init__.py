@@ -1,6 +1,6 @@
 """Copies of the audit stream for other systems: OpenTelemetry spans and syslog messages.
 
-The audit file (sandgate.audit.stream) stays the record: it is written first, and a request
+The audit file (sandgate.audit.events) stays the record: it is written first, and a request
 waits for it (a failed write fails closed). The exports here only read what was written: each
 hands its copy to a bounded queue that a background thread or the SDK's batch processor drains,
 so a collector that is down or slow costs dropped copies (counted in `sandgate_export_dropped`),

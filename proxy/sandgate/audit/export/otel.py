@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.span import TraceFlags, TraceState
 
-from sandgate.audit import stream as A
+from sandgate.audit import events as A
 from sandgate.audit.export import traceparent as tp
 from sandgate.audit.export.counters import ExportCounters
 from sandgate.audit.export.marks import FORWARDED, VAULT_END, VAULT_START

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from mitmproxy import http
     from prometheus_client.registry import CollectorRegistry
 
+    from sandgate.audit.events import AuditLog
     from sandgate.audit.export.otel import SpanExport
     from sandgate.audit.export.syslog import SyslogSink
-    from sandgate.audit.stream import AuditLog
     from sandgate.scrub.scrubber import SecretSet
     from sandgate.stages.flow import FlowRecord
 
