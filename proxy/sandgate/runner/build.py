@@ -114,8 +114,11 @@ async def build(cfg: RunConfig) -> Parts:
     if cfg.state is not None:  # rates, connections, budgets, ended sandboxes for the fleet
         from sandgate.state.shared import connect
 
+        # the fleet calls back into this process: the policy it serves (`live`, built below,
+        # before the fleet starts in serve), the broker for an ended sandbox, a reload
         shared = connect(cfg.state, limiter, cfg.instance, cfg.admin_max_token_ttl,
-                         audit=sink.emit)
+                         audit=sink.emit, version=lambda: live.current.version,
+                         on_end=broker.end_sandbox, on_reload=lambda: live.reload("fleet"))
 
     def sandbox_gone(caller: Caller, why: str) -> None:  # a Docker thread: hop to the loop
         assert caller.sandbox is not None
@@ -180,9 +183,6 @@ async def build(cfg: RunConfig) -> Parts:
         from sandgate.state.shared import add_metrics
 
         add_metrics(shared, metrics.registry)
-        shared.fleet.version = lambda: live.current.version
-        shared.fleet.on_end = broker.end_sandbox
-        shared.fleet.on_reload = lambda: live.reload("fleet")
         if shared.config.lease_kv is not None:  # one dynamic lease per sandbox for the fleet
             from sandgate.state.fleet_leases import BrokerKV, SharedLeases
             from sandgate.state.url import lease_kv
