@@ -39,7 +39,7 @@ from mitmproxy.proxy.layers.tls import parse_client_hello
 from sandgate import confdir as cd
 from sandgate import decision, tokens
 from sandgate.audit import chain as audit_chain
-from sandgate.audit.stream import AuditLog
+from sandgate.audit.events import AuditLog
 from sandgate.policy.loader import load_policy_dir
 
 KEY = os.urandom(32)
