@@ -153,24 +153,9 @@ async def build(cfg: RunConfig) -> Parts:
     approvals = make_approvals(cfg, broker, sink.emit)
     if cfg.dns is not None:
         selves += self_addresses(*cfg.dns.listen)
-    gate = Gate(GateConfig(
-        policy=policy,
-        broker=broker,
-        identifier=Identifier(key, tuple(cfg.address_sources), cfg.split, cfg.agents),
-        audit=sink,
-        resolve_overrides=dict(cfg.resolve),
-        self_addresses=selves,
-        max_request_body=int(human.parse_size(cfg.max_request_body) or 0),
-        audit_best_effort=cfg.audit_best_effort,
-        canaries=canaries(policy),
-        own=own_keys(sink, conf,
-                     cfg.worker.token if cfg.worker is not None else cfg.admin_token),
-        socks5_allow=tuple(cfg.socks5_allow),
-        gateway_tls=cfg.gateway_tls_name is not None,
-        limiter=limiter,
-        counts=shared.counts if shared is not None else None,
-        approvals=approvals,
-    ))
+    # what the gate is given, read where it always was (a bad size or key fails before exports)
+    max_request_body = int(human.parse_size(cfg.max_request_body) or 0)
+    own = own_keys(sink, conf, cfg.worker.token if cfg.worker is not None else cfg.admin_token)
     live = livepolicy.LivePolicy(cfg.policies, loaded)
     metrics = Metrics(lambda: live.policy, instance=cfg.instance)
     broker.observer = metrics
@@ -194,7 +179,24 @@ async def build(cfg: RunConfig) -> Parts:
     recent = None if cfg.admin is None and cfg.worker is None else console_ring.attach(
         sink, cfg.worker.id if cfg.worker else None, lambda: live.current.version)  # console
     exports = export_setup.start(cfg.exports, sink, metrics.registry, cfg.instance)
-    gate.cfg.flow_audited = exports.flow_audited
+    gate = Gate(GateConfig(
+        policy=policy,
+        broker=broker,
+        identifier=Identifier(key, tuple(cfg.address_sources), cfg.split, cfg.agents),
+        audit=sink,
+        resolve_overrides=dict(cfg.resolve),
+        self_addresses=selves,
+        max_request_body=max_request_body,
+        audit_best_effort=cfg.audit_best_effort,
+        canaries=canaries(policy),
+        own=own,
+        socks5_allow=tuple(cfg.socks5_allow),
+        gateway_tls=cfg.gateway_tls_name is not None,
+        limiter=limiter,
+        counts=shared.counts if shared is not None else None,
+        approvals=approvals,
+        flow_audited=exports.flow_audited,  # --otlp: each audited flow's span
+    ))
 
     def swap(new: livepolicy.LoadedPolicy) -> None:
         broker.update_secrets(new.policy.secrets)  # secrets no longer named leave the cache
@@ -248,8 +250,7 @@ async def build(cfg: RunConfig) -> Parts:
     if cfg.sets:
         opts.set(*cfg.sets)
     bundle = upstream_bundle(conf, cfg.upstream_cas)
-    broker.oauth2.use_ca_file(str(bundle) if bundle is not None else None)  # token endpoints
-    broker.github.ssl_ctx = broker.oauth2.ssl_ctx
+    broker.trust_upstream_cas(str(bundle) if bundle is not None else None)  # token endpoints
     gateway = gateway_mode(*cfg.gateway, cfg.gateway_tls_name) if cfg.gateway else None
     values = pinned(cfg.max_request_body, str(bundle) if bundle is not None else None,
                     cfg.socks5, gateway, [(h, p) for _, h, p in cfg.role_listens],

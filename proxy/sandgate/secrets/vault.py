@@ -458,6 +458,12 @@ class SecretBroker:
 
     # ----------------------------------------------------------------------------- secrets
 
+    def trust_upstream_cas(self, ca_file: str | None) -> None:
+        """The CAs the token endpoints (OAuth2, GitHub) are verified against: the system roots,
+        or `ca_file` (--upstream-ca's bundle); one context for both."""
+        self.oauth2.use_ca_file(ca_file)
+        self.github.ssl_ctx = self.oauth2.ssl_ctx
+
     def update_secrets(self, secrets: Mapping[str, SecretRef]) -> None:
         """Adopt a reloaded policy's secrets; forget cached values whose location changed."""
         new = dict(secrets)
