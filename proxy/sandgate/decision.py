@@ -178,8 +178,7 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
                 "if this request should pass",
                 detail=f"rule '{rule.name}' is defined at {rule.source}",
             )
-        if rule.call is not None and req.upgrade is not None and not (
-                rule.call.websocket and req.upgrade == "websocket"):
+        if req.upgrade is not None and refuses_upgrade(rule, req.upgrade):
             return _upgrade_refused(identity, rule, req.upgrade, target)
         if aws is not None and rule.inject is not None and rule.inject.sign is not None:
             unfit = misfit(rule, aws)
@@ -277,11 +276,18 @@ def _lowered(rule: Rule, c: LlmCall | None) -> int | None:
     return f.max_tokens if c.max_tokens is None or c.max_tokens > f.max_tokens else None
 
 
+def refuses_upgrade(rule: Rule, upgrade: str) -> bool:
+    """A rule that judges the calls of its requests (`mcp:`, `jsonrpc:`, `llm:`) refuses a
+    protocol upgrade unless it says `websocket: true` and the upgrade is to WebSocket: the
+    stream would carry calls it never judged."""
+    judges = [f.websocket for f in (rule.call, rule.llm) if f is not None]
+    return bool(judges) and not (all(judges) and upgrade == "websocket")
+
+
 def _upgrade_refused(identity: str, rule: Rule, upgrade: str, target: str) -> Decision:
     """A protocol upgrade on a rule that judges calls: its stream would carry calls no rule
     judged, so it is refused unless the rule opts in (`websocket: true`, WebSocket only)."""
-    assert rule.call is not None
-    key = rule.call.protocol
+    key = rule.call.protocol if rule.call is not None else "llm"
     if upgrade == "websocket":
         hint = (f"add `websocket: true` to rule '{rule.name}' if a WebSocket is meant (each of "
                 "its messages is then judged as a request body is), or send the calls as POST "

@@ -28,6 +28,7 @@ and a reason and hint that are safe to show the sandbox::
     │   ├── CallUnreadable               an LLM call's body unreadable     (llm/llmcall.py)
     │   ├── TooLarge                     a body decodes past the limit     (addons/decoding.py)
     │   ├── VoteError (status)           an approval vote refused          (approvals/votes.py)
+    │   ├── TooManyModels                `llm:` globs too many to compare  (policy/llmproofs.py)
     │   └── SplitConfigError             a split sandbox's settings       (pattern1/rules.py)
     ├── NotVerified                      a presented token or record does not verify
     │   ├── TokenError                   a proxy token                     (tokens.py)

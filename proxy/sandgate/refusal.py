@@ -46,6 +46,14 @@ class Refusal:
             return 401
         return STATUS[self.code]
 
+    @property
+    def challenge(self) -> bool:
+        """A 407 to a request that carried no proxy credentials at all: the standard
+        challenge (`Proxy-Authenticate: Basic realm="sandgate"`) that clients such as curl
+        --proxy-anyauth, urllib's ProxyBasicAuthHandler, Java, .NET and Go answer by sending
+        them. Credentials that were sent and are wrong are a refusal (auth_invalid)."""
+        return self.code == Code.AUTH_REQUIRED and self.status == 407
+
     def body(self) -> bytes:
         doc = self.doc() if self.dialect is None else provider_doc(self.dialect, self)
         return (json.dumps(doc, indent=1) + "\n").encode()

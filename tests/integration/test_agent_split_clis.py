@@ -277,6 +277,79 @@ def test_codex_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> 
         (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied
 
 
+CODEX_WS_CONFIG = CODEX_CONFIG.replace(
+    "# the stand-in speaks SSE only; the template allows the WebSocket transport too\n"
+    "supports_websockets = false\n",
+    "# the Responses API over a WebSocket (GET /v1/responses with an upgrade), as the built-in\n"
+    "# provider does; refused, Codex would fall back to SSE\n"
+    "supports_websockets = true\n")
+
+
+def test_codex_websocket_transport(stack: Stack, tmp_path: Path) -> None:
+    """Codex's WebSocket transport of the Responses API end to end: the upgrade is allowed by
+    the template's rule, the key injected on it, each `response.create` judged, and the answer's
+    deltas, which carry the key cut in two, scrubbed as the client joins them."""
+    codex = codex_binary()
+    assert CODEX_WS_CONFIG != CODEX_CONFIG
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    (home / ".codex").mkdir()
+    (home / ".codex" / "config.toml").write_text(CODEX_WS_CONFIG)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "LANG": "C.UTF-8",
+        "HTTPS_PROXY": stack.proxy.proxy_url("codex"),
+        "SSL_CERT_FILE": str(stack.proxy.ca),
+        "OPENAI_API_KEY": "sandgate-placeholder-openai",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # for `sandgate agent run` itself
+    }
+    before, upgrades = len(stack.openai.calls), len(stack.openai.upgrades)
+    stack.openai.leak = True
+    try:
+        r = subprocess.run(
+            [*agent_run("codex", "codex-tool", stack.agents, "codex-ws"), str(codex), "exec",
+             "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+             "Call the model API from the shell."],
+            capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
+            stdin=subprocess.DEVNULL)
+    finally:
+        stack.openai.leak = False
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "Codex's output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    # every model call went over the WebSocket: none fell back to SSE
+    calls = stack.openai.calls[before:]
+    assert [c.method for c in calls if c.method != "GET"] and all(
+        c.method == "WEBSOCKET" for c in calls), [(c.method, c.path) for c in calls]
+    creates = [c for c in calls if c.body.get("type") == "response.create"]
+    assert len(creates) >= 2  # the tool call's turn and the final answer's
+    # the key from OpenBao on the upgrade, the only request of the WebSocket that has headers
+    assert stack.openai.upgrades[upgrades:]
+    for up in stack.openai.upgrades[upgrades:]:
+        assert_secret_equal(up.headers.get("authorization"), f"Bearer {OPENAI_KEY}",
+                            "the injected key")
+    # the tool's curls refused as ever, and the answer, its key scrubbed, printed
+    result = stack.openai.results[-1]
+    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    assert "The tool said:" in r.stdout + r.stderr
+    assert "[REDACTED:openai]" in r.stdout + r.stderr
+    # the audit: the upgrade allowed as a WebSocket, each response.create judged on it
+    opened = events(stack.proxy, "codex-ws", lambda e: e.get("event") == "request"
+                    and e.get("decision") == "allow")
+    assert {(e["identity"], e["identity_source"], e["rule"], e["method"], e.get("websocket"))
+            for e in opened} == {
+        ("codex", "process/agent", "responses-websocket", "GET", True)}, opened
+    judged = events(stack.proxy, "codex-ws", lambda e: e.get("event") == "websocket"
+                    and e.get("llm") is not None)
+    assert len(judged) >= 2 and {(e["decision"], e["rule"]) for e in judged} == {
+        ("allow", "responses-websocket")}, judged
+    denied = events(stack.proxy, "codex-ws", lambda e: e.get("code") == "no_rule"
+                    and e.get("event") == "request")
+    assert ("codex-tool", "process/tool", "/v1/responses") in {
+        (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied
+
+
 OPENCODE = AGENTS / "node_modules" / "opencode-ai" / "bin" / "opencode.exe"  # its native binary
 
 

@@ -67,3 +67,13 @@ def test_focus_runs_the_floors(tmp_path: Path) -> None:
     lines = run.stdout.splitlines()
     for name in ("tunnel-floor", "tunnel-floor-judged", "mitm-floor"):
         assert any(line.split()[:2] == [name, "new_conn"] for line in lines), run.stdout
+
+
+def test_spend_bench_runs_and_reads_the_usage() -> None:
+    """bench/spend.py keeps working: both variants serve the calls, the `llm:` one reads their
+    usage (the script checks its audit), and the ratio line is printed."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "spend.py"), "--rounds", "1", "--requests", "20"],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "keep-alive c16 req/s" in run.stdout and "llm/plain" in run.stdout

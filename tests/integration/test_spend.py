@@ -260,6 +260,22 @@ def test_disallowed_model_refused_with_the_reason_in_the_sdk(proxy, apis, stream
     assert not apis.calls  # never forwarded
 
 
+def test_a_percent_encoded_path_is_judged_as_the_call_it_is(proxy, apis):
+    """`/v1/%6Dessages` is the Messages API once decoded, as the rule's path glob (and the
+    upstream) read it: its model is judged, never forwarded unjudged."""
+    out = sdk(proxy, "agent", """
+import httpx
+r = httpx.post("https://anthropic.llm.test/v1/%6Dessages",
+               headers={"x-api-key": "sandgate-placeholder-anthropic",
+                        "anthropic-version": "2023-06-01"},
+               json={"model": "claude-opus-4-1", "max_tokens": 16,
+                     "messages": [{"role": "user", "content": "hi"}]})
+print(json.dumps({"status": r.status_code, "reason": r.headers.get("x-sandgate-reason")}))
+""")
+    assert out == {"status": 403, "reason": "model_not_allowed"}
+    assert not apis.calls
+
+
 def test_max_tokens_over_cap_refused_with_the_reason_in_the_sdk(proxy, apis):
     out = anthropic_call(proxy, "agent", "claude-sonnet-4-5", 65, False)
     assert out["error"] == "BadRequestError" and out["status"] == 400

@@ -244,6 +244,36 @@ async def test_a_settlement_after_its_window_ended_changes_nothing(r: aioredis.R
     assert await r.hget(key, "o") == "30"
 
 
+async def test_open_windows_show_the_fleets_spend_in_flight_and_per_model(
+        r: aioredis.Redis) -> None:
+    """What the console's spend view reads from the fleet: each window once (whichever
+    replica counted into it), what is in flight, the settled spend per model."""
+    a, b = counts(r, "p1"), counts(r, "p2")
+    day = spend_budget(output=1000)
+    box = Budget("box", 60, "sandbox", Source("t", 1), input_tokens=5000)
+    r1 = await a.reserve(day, "agent", Amounts(300, 400, 7000), identity="agent",
+                         model="claude-sonnet-*")
+    await b.reserve(day, "agent", Amounts(200, 100, 2000), identity="agent",
+                    model="claude-sonnet-*")  # in flight, on another replica
+    await b.settle(r1, Amounts(120, 80, 1500))
+    r3 = await a.reserve(box, "sb:1", Amounts(900, 10, 0), identity="agent", model="gpt-*")
+    await a.settle(r3, Amounts(700, 5, 0))
+    views = {(v.budget, v.who): v for v in await b.open_windows()}
+    d = views[("b", "agent")]
+    assert d.shared and d.identity == "agent" and 0 < d.ends_in <= 60
+    assert (d.used, d.reserved) == (Amounts(320, 180, 3500), Amounts(200, 100, 2000))
+    assert d.models == {"claude-sonnet-*": Amounts(120, 80, 1500)}
+    assert d.limits.output_tokens == 1000
+    s = views[("box", "sb:1")]
+    assert (s.scope, s.identity, s.used, s.reserved) == ("sandbox", "agent",
+                                                         Amounts(700, 5, 0), Amounts(0, 0, 0))
+    assert s.models == {"gpt-*": Amounts(700, 5, 0)}
+    assert len(views) == 2
+    other = counts(r, "p3")
+    other.cfg = config("other:")  # another fleet's prefix on the same server: its own keys
+    assert await other.open_windows() == []
+
+
 async def test_state_down_llm_budget_fails_closed(tmp_path: Path) -> None:
     dead = aioredis.Redis(unix_socket_path=str(tmp_path / "none.sock"), decode_responses=True,
                           socket_connect_timeout=0.2, socket_timeout=0.2,

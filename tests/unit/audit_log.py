@@ -13,7 +13,8 @@ from sandgate.audit import events as A
 
 def fields(identity: str | None, method: str, url: str, *, decision: str = "allow",
            rule: str | None = None, code: str | None = None,
-           secrets: list[str] | None = None, dialed: str | None = None) -> dict[str, Any]:
+           secrets: list[str] | None = None, dialed: str | None = None,
+           websocket: bool = False) -> dict[str, Any]:
     """The fields flow_fields gives one request (or, with method CONNECT and url host:port,
     one CONNECT)."""
     if method == "CONNECT":
@@ -48,6 +49,7 @@ def fields(identity: str | None, method: str, url: str, *, decision: str = "allo
         A.EXFIL: None,
         A.REDACTIONS: 0,
         A.ERROR: None,
+        **({A.WEBSOCKET: True} if websocket else {}),
     }
 
 

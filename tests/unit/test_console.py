@@ -523,3 +523,93 @@ def test_cookies_are_secure_over_tls():
         line = resp.cookies[auth.COOKIE].output()
         assert "HttpOnly" in line and "SameSite=Strict" in line and "Path=/console/" in line
         assert ("Secure" in line) is secure
+
+
+# ------------------------------------------------------------------ the spend view
+
+
+async def test_spend_page_shows_each_budget_window_its_limits_in_flight_and_models(tmp_path):
+    """The spend view: per budget and identity or sandbox, what the window counted against
+    each limit, what is in flight, the settled spend per model (the process's own windows:
+    the proxy's SpendWindows, reserved and settled as s37_llm does)."""
+    from sandgate.llm.spend import Amounts, SpendWindows, budget_key
+    from sandgate.policy.model import Budget, Source
+
+    windows = SpendWindows()
+    day = Budget("day", 86400, "identity", Source("p.yaml", 1), output_tokens=1000,
+                 cost_usd=2.5)
+    box = Budget("box", 3600, "sandbox", Source("p.yaml", 2), input_tokens=50_000)
+    r1 = windows.reserve(budget_key(day, "agent"), day, "agent", Amounts(300, 400, 7000),
+                         identity="agent", model="claude-sonnet-*")
+    windows.settle(r1, Amounts(120, 80, 1500))
+    windows.reserve(budget_key(day, "agent"), day, "agent", Amounts(200, 100, 2000),
+                    identity="agent", model="claude-sonnet-*")  # in flight
+    r3 = windows.reserve(budget_key(box, "sb:1"), box, "sb:1", Amounts(900, 10, 0),
+                         identity="agent", model="gpt-4o-mini*")
+    windows.settle(r3, Amounts(700, 5, 0))
+
+    async def open_windows() -> list[Any]:
+        return windows.views()
+
+    client, _, state = await _console(tmp_path)
+    state.spend_windows = open_windows
+    async with client as c:
+        await _login(c)
+        page = await (await c.get("/console/spend")).text()
+        sections = page.split('<section class="identity spend-window">')[1:]
+        day_part = next(x for x in sections if "day: identity agent" in x)
+        box_part = next(x for x in sections if "box: sandbox sb:1" in x)
+        # output: 80 settled + 100 in flight, of 1000; cost 0.0015 + 0.002 of 2.5
+        assert re.search(r"<td>output tokens</td><td>1000</td><td>180</td><td>100</td>"
+                         r"<td>18%</td>", day_part)
+        assert re.search(r"<td>cost USD</td><td>2.5</td><td>0.0035</td><td>0.002</td>",
+                         day_part)
+        assert re.search(r"<td>input tokens</td><td>-</td><td>320</td><td>200</td><td></td>",
+                         day_part)
+        assert re.search(r"<td>claude-sonnet-\*</td><td>120</td><td>80</td><td>0.0015</td>",
+                         day_part)
+        assert "counted by this process" in day_part
+        assert re.search(r"<td>input tokens</td><td>50000</td><td>700</td><td>0</td>"
+                         r"<td>1%</td>", box_part)
+        assert "<td>gpt-4o-mini*</td><td>700</td><td>5</td>" in box_part
+        # the filter
+        page = await (await c.get("/console/spend?q=gpt-4o")).text()
+        assert "box: sandbox sb:1" in page and "day: identity agent" not in page
+        assert 'href="/console/spend" class="on"' in page
+
+
+async def test_spend_page_says_when_the_state_cannot_be_read(tmp_path):
+    from sandgate.errors import StateUnavailable
+
+    async def down() -> list[Any]:
+        raise StateUnavailable("Sandgate's shared state (redis://x) did not answer")
+
+    client, _, state = await _console(tmp_path)
+    state.spend_windows = down
+    async with client as c:
+        await _login(c)
+        r = await c.get("/console/spend")
+        assert "did not answer" in await r.text()
+
+
+async def test_workers_spend_merges_fleet_windows_once_and_keeps_each_workers_own():
+    import json as _json
+
+    from sandgate.console.source import WorkersSource
+
+    def window(who: str, shared: bool) -> dict[str, Any]:
+        return {"budget": "day", "scope": "identity", "who": who, "identity": who,
+                "per": 60, "ends_in": 5, "limits": {"output_tokens": 10}, "used": {},
+                "reserved": {}, "models": {}, "shared": shared}
+
+    class Sup:
+        async def ask_all(self, method: str, path: str) -> list[tuple[int, bytes, Any]]:
+            assert path == "/worker/console/spend"
+            return [(200, _json.dumps({"windows": [window("a", True), window("b", False)]})
+                     .encode(), None),
+                    (200, _json.dumps({"windows": [window("a", True), window("b", False)]})
+                     .encode(), None),
+                    (503, b"{}", None)]
+
+    got = await WorkersSource(Sup()).spend()  # type: ignore[arg-type]
+    assert [(w["who"], w.get("worker")) for w in got] == [("a", None), ("b", 1), ("b", 2)]

@@ -156,7 +156,7 @@ async def test_every_decision_audited_once(gate):
     lines = gate.audit_path.read_text().splitlines()
     assert len(lines) == 1
     ev = json.loads(lines[0])
-    assert ev["decision"] == "deny" and ev["code"] == "auth_required"
+    assert ev["decision"] == "challenge" and ev["code"] == "auth_required"  # no credentials
     assert ev["path"] == "/y?token=REDACTED"
 
 

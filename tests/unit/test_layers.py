@@ -84,6 +84,8 @@ KNOWN_STAGE_BREACHES: frozenset[tuple[str, str]] = frozenset({
     ("sandgate.stages.s70_scrub", "sandgate.stages.s90_audit"),
     ("sandgate.stages.wsrpc", "sandgate.stages.s80_refuse"),
     ("sandgate.stages.wsrpc", "sandgate.stages.s90_audit"),
+    ("sandgate.stages.wsllm", "sandgate.stages.s80_refuse"),
+    ("sandgate.stages.wsllm", "sandgate.stages.s90_audit"),
 })
 
 

@@ -382,3 +382,26 @@ def test_one_explain_takes_the_body_and_the_resource(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["code"] == "header_mismatch"
     assert main([*base, "--body-file", str(body), "--rpc-method", "ping", "POST", mcp]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_diff_replays_a_websocket_as_one(tmp_path):
+    """A recorded upgrade (`websocket: true`) is judged as an upgrade: an `llm:` rule that
+    loses `websocket: true` refuses it (upgrade_refused), as the proxy would."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    rule = ("version: v1\nidentities:\n  a:\n    rules:\n"
+            "      - {{name: ws, hosts: [api.openai.com], methods: [GET], "
+            "paths: [/v1/responses], {ws}llm: {{api: openai}}}}\n")
+    (old / "p.yaml").write_text(rule.format(ws="websocket: true, "))
+    (new / "p.yaml").write_text(rule.format(ws=""))
+    r = Recorder()
+    r.request("a", "GET", "https://api.openai.com/v1/responses", rule="ws", websocket=True)
+    r.request("a", "GET", "https://api.openai.com/v1/responses", rule="ws")
+    traffic = read_audit(r.text().splitlines())
+    assert [rec.websocket for rec in traffic.recorded] == [True, False]
+    res = diff(load_policy_dir(old), load_policy_dir(new), traffic)
+    assert [(c.request, c.kinds) for c in res.changes] == [
+        ("GET https://api.openai.com:443/v1/responses (WebSocket)", ("allow->deny",))]
+    (change,) = res.changes
+    assert change.new.code == "upgrade_refused"

@@ -173,8 +173,10 @@ def test_the_upgrade_asked_for(method: str, headers: dict[str, str], want: str |
 
 
 @pytest.mark.parametrize(("rule", "fragment"), [
-    ("{name: r, hosts: [a.example.com], websocket: true}", "goes with `mcp:` or `jsonrpc:`"),
-    ("{name: r, hosts: [a.example.com], websocket: false}", "goes with `mcp:` or `jsonrpc:`"),
+    ("{name: r, hosts: [a.example.com], websocket: true}",
+     "goes with `mcp:`, `jsonrpc:` or `llm:`"),
+    ("{name: r, hosts: [a.example.com], websocket: false}",
+     "goes with `mcp:`, `jsonrpc:` or `llm:`"),
     ("{name: r, hosts: [a.example.com], action: ask, websocket: true, mcp: {}}",
      "cannot take `websocket: true`"),
     ("{name: r, hosts: [a.example.com], websocket: yes please, mcp: {}}", "websocket"),

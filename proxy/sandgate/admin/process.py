@@ -8,7 +8,7 @@ all read this process through these; none of them builds another copy.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from sandgate.policy.live import LivePolicy
 from sandgate.secrets.vault import SecretBroker
 
 if TYPE_CHECKING:
+    from sandgate.llm.spend import WindowView
     from sandgate.state.fleet import Fleet
 
 DEFAULT_TOKEN_TTL = 3600
@@ -54,6 +55,9 @@ class AdminState:
     fleet: Fleet | None = None
     # the recent decisions the web console shows (fed by the audit stream: runner.py)
     recent: EventRing | None = None
+    # the LLM budget windows open now, as the proxy counts them (the console's spend view):
+    # this process's, or the fleet's with --state (sandgate.state.counts.Counts.open_windows)
+    spend_windows: Callable[[], Awaitable[list[WindowView]]] | None = None
     # wrong tokens per source, shared by the admin API and the console's login (admin_login)
     login_limit: FailureLimit = field(default_factory=FailureLimit)
 

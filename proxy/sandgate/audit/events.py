@@ -43,7 +43,9 @@ HOST = "host"
 PORT = "port"
 PATH = "path"
 RULE = "rule"
-DECISION = "decision"  # "allow" / "deny" / "report" (refused by the rules, forwarded uninjected)
+# "allow" / "deny" / "report" (refused by the rules, forwarded uninjected) / "challenge" (a 407
+# asking a client that sent no proxy credentials for them)
+DECISION = "decision"
 CODE = "code"
 REASON = "reason"
 SECRETS = "secrets"  # list of "name@version"
@@ -60,6 +62,9 @@ GATEWAY = "gateway"  # the gateway prefix a request came in under; absent for pr
 INJECTED = "injected"  # how credentials went in beyond headers ("name@v: body json: ...")
 # an LLM call (sandgate.llm.spend): api, model, max_tokens, stream, usage, cost_usd, budget, notes
 LLM = "llm"
+# true on a request that asks to open a WebSocket (its upgrade): the messages that follow on it
+# are `websocket` events
+WEBSOCKET = "websocket"
 
 # Free-text fields a sandbox can influence (path, Host, reasons quoting them): scrubbed of every
 # cached secret value before an event is written.
@@ -107,6 +112,10 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         else "deny"
     if refusal is None and rec.reported:
         decision = "report"
+    elif refusal is not None and refusal.challenge and listener(flow) != "socks5":
+        # asked for its credentials, which such a client then sends: not a refusal (no
+        # `deny` line per client start in a SIEM); the SOCKS5 listener has no challenge
+        decision = "challenge"
     code = refusal.code if refusal else (rec.decision.code if rec.decision else None)
     if flow.error and not refusal and decision == "allow":
         code = None
@@ -141,6 +150,7 @@ def flow_fields(flow: http.HTTPFlow, rec: FlowRecord) -> dict[str, Any]:
         ERROR: flow.error.msg if flow.error and not refusal else None,
         LISTENER: listener(flow),
         **({GATEWAY: rec.gateway} if rec.gateway is not None else {}),
+        **({WEBSOCKET: True} if info is not None and info.upgrade == "websocket" else {}),
         **({INJECTED: rec.injected} if rec.injected else {}),
         **(rec.call.fields() if rec.call is not None else {}),  # JSON-RPC calls
         **({LLM: rec.llm.doc(rec.policy.prices if rec.policy is not None else ())}

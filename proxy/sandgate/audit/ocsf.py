@@ -86,6 +86,8 @@ DECISIONS: dict[str, tuple[int, str, int, str, int, str]] = {
     "allow": (1, "Allowed", 1, "Allowed", 1, "Success"),
     "deny": (2, "Denied", 2, "Blocked", 2, "Failure"),
     "report": (3, "Observed", 17, "Logged", 1, "Success"),  # refused by the rules, forwarded
+    # a 407 asking for proxy credentials: the logon is not done yet (its retry is the logon)
+    "challenge": (2, "Denied", 2, "Blocked", 2, "Failure"),
 }
 
 
@@ -164,7 +166,8 @@ FIELDS: tuple[Field, ...] = (
     Field("event", "metadata.event_code", "Sandgate's event name; also picks the class"),
     Field("decision", "action_id, disposition_id, status_id",
           "allow: Allowed/Allowed/Success; deny: Denied/Blocked/Failure; "
-          "report: Observed/Logged/Success"),
+          "report: Observed/Logged/Success; challenge (a 407 asking for proxy credentials): "
+          "Denied/Blocked/Failure, severity Informational"),
     Field("code", "status_code", "Sandgate's refusal code (errors.Code)"),
     Field("reason", "status_detail, message", "why, in words"),
     Field("identity", "actor.user.name (user.name for Authentication)",

@@ -313,6 +313,20 @@ class Console:
                          columns=("kind", "rule", "reach", "methods", "paths", "query",
                                   "secrets", "notes", "source"))
 
+    async def spend(self, request: web.Request) -> web.Response:
+        """The LLM budget windows open now: per budget and identity or sandbox, what the window
+        has counted (settled and in flight) against each limit, and the settled spend per
+        model."""
+        windows = await self.source.spend()
+        q = str(request.query.get("q", "")).strip()[:200]
+        if q:
+            ql = q.lower()
+            windows = [w for w in windows if any(
+                ql in str(w.get(k) or "").lower() for k in ("budget", "who", "identity"))
+                or any(ql in m.lower() for m in w.get("models") or {})]
+        rows = [_spend_row(w) for w in windows]
+        return self.page(request, "spend.html", nav="spend", rows=rows, q=q)
+
     async def static(self, request: web.Request) -> web.Response:
         found = self.assets.get(request.match_info["name"])
         if found is None:
@@ -338,6 +352,7 @@ class Console:
         r.add_get("/refusals", self.refusals)
         r.add_get("/refusals/chart", self.refusals_chart)
         r.add_get("/reach", self.reach)
+        r.add_get("/spend", self.spend)
         r.add_get("/static/{name}", self.static)
         return app
 
@@ -354,3 +369,34 @@ def mount(app: web.Application, source: Source, admin_token: str,
     app.router.add_get(PREFIX, console.root)
     app.add_subapp(PREFIX + "/", sub)
     return console
+
+
+_KINDS = (("input_tokens", "input tokens"), ("output_tokens", "output tokens"),
+          ("cost_usd", "cost USD"))
+
+
+def _spend_row(w: Mapping[str, Any]) -> dict[str, Any]:
+    """One budget window as the spend page shows it: per kind the limit, what the window has
+    counted (settled and in flight), what is in flight, and the share of the limit."""
+    limits, used, reserved = (w.get(k) or {} for k in ("limits", "used", "reserved"))
+    kinds = []
+    for key, label in _KINDS:
+        lim, u, r = limits.get(key), used.get(key) or 0, reserved.get(key) or 0
+        kinds.append({"kind": label, "limit": "-" if lim is None else _amount(key, lim),
+                      "used": _amount(key, u), "reserved": _amount(key, r),
+                      "share": "" if not lim else f"{min(999, round(100 * u / lim))}%",
+                      "limited": lim is not None})
+    models = [{"model": m, **{k: _amount(k, a.get(k) or 0) for k, _ in _KINDS}}
+              for m, a in sorted((w.get("models") or {}).items())]
+    ends = float(w.get("ends_in") or 0)
+    return {"budget": w.get("budget"), "scope": w.get("scope"), "who": w.get("who"),
+            "identity": w.get("identity"), "per": _since(float(w.get("per") or 0)),
+            "ends_in": _since(ends), "kinds": kinds, "models": models,
+            "where": "fleet" if w.get("shared") else (
+                f"worker {w['worker']}" if w.get("worker") else "this process")}
+
+
+def _amount(key: str, value: Any) -> str:
+    if key == "cost_usd":
+        return f"{float(value):.6f}".rstrip("0").rstrip(".") or "0"
+    return str(int(value))

@@ -51,6 +51,8 @@ class Source(Protocol):
 
     async def report(self) -> dict[str, Any]: ...
 
+    async def spend(self) -> list[dict[str, Any]]: ...
+
     async def approvals(self) -> list[dict[str, Any]]: ...
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None: ...
@@ -170,6 +172,17 @@ class LocalSource:
         return await self._reports.get(
             version, lambda: report_doc(policy, str(live.directory)))
 
+    async def spend(self) -> list[dict[str, Any]]:
+        """The LLM budget windows open now (WindowView.doc each), as the proxy counts them."""
+        from sandgate.errors import StateUnavailable
+
+        if self.state.spend_windows is None:
+            return []
+        try:
+            return [v.doc() for v in await self.state.spend_windows()]
+        except StateUnavailable as e:
+            raise SourceError(str(e)) from None
+
     async def approvals(self) -> list[dict[str, Any]]:
         svc = self.state.approvals
         return [a.as_dict() for a in await svc.pending()] if svc is not None else []
@@ -260,6 +273,35 @@ class WorkersSource:
         if status != 200 or not isinstance(doc, dict):
             raise SourceError(f"the reach report could not be made ({status})")
         return doc
+
+    async def spend(self) -> list[dict[str, Any]]:
+        """Every worker's windows: a window in the fleet's state (`shared`) once, a worker's
+        own (each process counts for itself without --state) under its worker."""
+        answers = await self.sup.ask_all("GET", f"{WORKER_PREFIX}/spend")
+        out: list[dict[str, Any]] = []
+        seen: set[tuple[Any, ...]] = set()
+        for i, (status, data, _) in enumerate(answers):
+            if status != 200:
+                continue
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                continue
+            for w in doc.get("windows") or () if isinstance(doc, dict) else ():
+                if not isinstance(w, dict):
+                    continue
+                if w.get("shared"):
+                    key = (w.get("budget"), w.get("scope"), w.get("who"),
+                           json.dumps(w.get("limits"), sort_keys=True), w.get("per"))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                else:
+                    w = {**w, "worker": i + 1}
+                out.append(w)
+        if not answers:
+            raise SourceError("no worker is running")
+        return out
 
     # approvals: held in the workers; asked as the front asks them (sandgate.approvals.fanout),
     # with the console's user passed along as the front passes an API user

@@ -83,6 +83,12 @@ def explain(policy: Policy, identity: str, method: str, url: str,
     out.update(call_fields(d, call))
     if llm is not None:
         out["llm"] = llm_fields(d, llm)
+    if websocket and d.allowed and d.rule is not None and d.rule.llm is not None:
+        out.setdefault("llm", {})["websocket"] = (
+            "websocket: true: the Responses API's WebSocket may be opened; each "
+            "response.create on it is judged as a POST body is (model, output cap), a refused "
+            "call answered with the API's error event"
+            + ("" if llm is not None else "; pass --model NAME to judge one"))
     if d.ask and d.rule is not None and d.rule.ask is not None:
         out["approval"] = ask_fields(d.rule.ask)
     if ident is not None and ident.mode != "enforce":

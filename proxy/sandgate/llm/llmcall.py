@@ -186,6 +186,19 @@ def read_call(api: Api, path: str, body: bytes) -> LlmCall:
     return LlmCall(api, model, max(caps) if caps else None, stream, include_usage, len(body))
 
 
+def read_ws_message(body: bytes) -> tuple[str, LlmCall | None]:
+    """A client message of the Responses API's WebSocket transport: its `type`, and the call
+    a `response.create` makes (its other keys are the body a POST would send); None for any
+    other type (CallUnreadable: not one JSON object with a string `type`)."""
+    doc = _document(body)
+    kind = doc.get("type")
+    if not isinstance(kind, str):
+        raise CallUnreadable("the message has no string `type`")
+    if kind != "response.create":
+        return kind, None
+    return kind, read_call("openai-responses", "", body)
+
+
 def with_max_tokens(api: Api, body: bytes, cap: int) -> bytes:
     """The body with its output cap set to `cap` in every spelling it uses (the API's first
     spelling when it uses none)."""

@@ -45,6 +45,10 @@ def shipped_prices() -> tuple[Price, ...]:
                  for e in yaml.safe_load(text))
 
 
+# Per call, the price and the model's label are looked up by glob over the policy's and the
+# shipped prices: memoised (bounded: a sandbox chooses the model strings; a reload brings new
+# `prices` tuples, which are part of the key).
+@functools.lru_cache(maxsize=4096)
 def price_of(overrides: tuple[Price, ...], model: str | None) -> Price | None:
     """The first price whose glob matches the model: the policy's, then the shipped ones."""
     if model is None:
@@ -89,6 +93,7 @@ def worst_case(call: LlmCall, cap: int) -> Usage:
     return Usage(input_tokens=call.input_bytes, output_tokens=cap)
 
 
+@functools.lru_cache(maxsize=1024)
 def limits_of(budget: Budget) -> Amounts:
     """The budget's limits as Amounts (-1: not limited)."""
     return Amounts(
@@ -113,54 +118,152 @@ def spend_exhausted(budget: Budget, who: str, wait: float) -> LimitExceeded:
         retry_after=max(1, math.ceil(wait)))
 
 
+UNKNOWN_MODEL = "unknown"
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """A reserved worst case: the counter, the window it went into, and how much."""
+    """A reserved worst case: the counter, the window it went into, and how much (and the
+    policy's name for the call's model, under which its spend is shown: sandgate.console)."""
 
     key: str
     window: str  # the window's id: a settlement after it ended changes nothing
     reserved: Amounts
+    model: str = UNKNOWN_MODEL
+
+
+@functools.lru_cache(maxsize=4096)
+def model_label(globs: tuple[str, ...], prices: tuple[Price, ...], model: str | None) -> str:
+    """The policy's name for a call's model: the first of the rule's `llm.models` globs that
+    matches it, else the price glob it is priced by, else `unknown` (never the string a
+    sandbox sent: the spend view's and the metrics' labels stay bounded by the policy)."""
+    if model is None:
+        return UNKNOWN_MODEL
+    found = next((g for g in globs if glob_matches(g, model)), None)
+    if found is not None:
+        return found
+    price = price_of(prices, model)
+    return price.model if price is not None else UNKNOWN_MODEL
+
+
+@dataclass(frozen=True, slots=True)
+class WindowView:
+    """One budget window as the console's spend view shows it: what the window has counted
+    (`used`: settled spend and the reservations in flight), of which `reserved` is in flight,
+    and the settled spend per model (the policy's name for it)."""
+
+    budget: str
+    scope: str  # identity or sandbox
+    who: str  # the identity or sandbox counted
+    identity: str  # the identity whose call opened the window
+    limits: Amounts  # -1: not limited
+    per: int
+    ends_in: float  # seconds until the window ends
+    used: Amounts
+    reserved: Amounts
+    models: dict[str, Amounts]
+    shared: bool = False  # counted in the fleet's state (every replica sees the same window)
+
+    def doc(self) -> dict[str, object]:
+        def amounts_doc(a: Amounts) -> dict[str, object]:
+            return {"input_tokens": a.input_tokens, "output_tokens": a.output_tokens,
+                    "cost_usd": round(a.cost_micros / 1_000_000, 6)}
+
+        lim = self.limits
+        return {"budget": self.budget, "scope": self.scope, "who": self.who,
+                "identity": self.identity, "per": self.per, "ends_in": round(self.ends_in, 1),
+                "limits": {"input_tokens": None if lim.input_tokens < 0 else lim.input_tokens,
+                           "output_tokens": None if lim.output_tokens < 0
+                           else lim.output_tokens,
+                           "cost_usd": None if lim.cost_micros < 0
+                           else round(lim.cost_micros / 1_000_000, 6)},
+                "used": amounts_doc(self.used), "reserved": amounts_doc(self.reserved),
+                "models": {m: amounts_doc(a) for m, a in sorted(self.models.items())},
+                "shared": self.shared}
+
+
+def parse_budget_key(key: str) -> tuple[str, str, str, Amounts, int] | None:
+    """budget_key's parts: name, scope, who, limits, per (None: not one of its keys). The
+    name and scope come first, the limits and window last: `who` is what is between."""
+    parts = key.split(":")
+    if len(parts) < 7:
+        return None
+    try:
+        lim = Amounts(int(parts[-4]), int(parts[-3]), int(parts[-2]))
+        per = int(parts[-1])
+    except ValueError:
+        return None
+    return parts[0], parts[1], ":".join(parts[2:-4]), lim, per
+
+
+@dataclass(slots=True)
+class _Window:
+    start: float
+    end: float
+    identity: str
+    used: list[int] = field(default_factory=lambda: [0, 0, 0])
+    reserved: list[int] = field(default_factory=lambda: [0, 0, 0])
+    models: dict[str, list[int]] = field(default_factory=dict)
 
 
 class SpendWindows:
     """One process's budget windows: a window starts at its first call and lasts `per`."""
 
     def __init__(self) -> None:
-        self._windows: dict[str, tuple[float, float, list[int]]] = {}  # key -> start, end, used
+        self._windows: dict[str, _Window] = {}
 
     def reserve(self, key: str, budget: Budget, who: str, want: Amounts,
-                now: float | None = None) -> Reservation:
+                now: float | None = None, identity: str = "", model: str = UNKNOWN_MODEL
+                ) -> Reservation:
         now = time.monotonic() if now is None else now
         cur = self._windows.get(key)
-        if cur is None or cur[1] <= now:
+        if cur is None or cur.end <= now:
             if len(self._windows) > 100_000:  # bounded: ended windows go first
-                for k in [k for k, w in self._windows.items() if w[1] <= now]:
+                for k in [k for k, w in self._windows.items() if w.end <= now]:
                     del self._windows[k]
-            cur = self._windows[key] = (now, now + budget.per, [0, 0, 0])
-        start, end, used = cur
+            cur = self._windows[key] = _Window(now, now + budget.per, identity or who)
         lim = limits_of(budget)
-        for u, cap in zip(used, (lim.input_tokens, lim.output_tokens, lim.cost_micros),
+        for u, cap in zip(cur.used, (lim.input_tokens, lim.output_tokens, lim.cost_micros),
                           strict=True):
             if cap >= 0 and u >= cap:
-                raise spend_exhausted(budget, who, end - now)
-        used[0] += want.input_tokens
-        used[1] += want.output_tokens
-        used[2] += want.cost_micros
-        return Reservation(key, f"{start!r}", want)
+                raise spend_exhausted(budget, who, cur.end - now)
+        for i, n in enumerate((want.input_tokens, want.output_tokens, want.cost_micros)):
+            cur.used[i] += n
+            cur.reserved[i] += n
+        return Reservation(key, f"{cur.start!r}", want, model)
 
     def settle(self, res: Reservation, actual: Amounts) -> None:
         cur = self._windows.get(res.key)
-        if cur is None or f"{cur[0]!r}" != res.window:
+        if cur is None or f"{cur.start!r}" != res.window:
             return  # the window ended: its successor owes nothing
         d = actual.minus(res.reserved)
-        used = cur[2]
-        used[0] = max(0, used[0] + d.input_tokens)
-        used[1] = max(0, used[1] + d.output_tokens)
-        used[2] = max(0, used[2] + d.cost_micros)
+        spent = cur.models.setdefault(res.model, [0, 0, 0])
+        for i, (dn, r, a) in enumerate(zip(
+                (d.input_tokens, d.output_tokens, d.cost_micros),
+                (res.reserved.input_tokens, res.reserved.output_tokens,
+                 res.reserved.cost_micros),
+                (actual.input_tokens, actual.output_tokens, actual.cost_micros), strict=True)):
+            cur.used[i] = max(0, cur.used[i] + dn)
+            cur.reserved[i] = max(0, cur.reserved[i] - r)
+            spent[i] += a
 
     def used(self, key: str) -> Amounts | None:
         cur = self._windows.get(key)
-        return None if cur is None else Amounts(*cur[2])
+        return None if cur is None else Amounts(*cur.used)
+
+    def views(self, now: float | None = None) -> list[WindowView]:
+        """The windows still open, for the console's spend view."""
+        now = time.monotonic() if now is None else now
+        out: list[WindowView] = []
+        for key, w in self._windows.items():
+            parts = parse_budget_key(key)
+            if parts is None or w.end <= now:
+                continue
+            name, scope, who, lim, per = parts
+            out.append(WindowView(name, scope, who, w.identity, lim, per, w.end - now,
+                                  Amounts(*w.used), Amounts(*w.reserved),
+                                  {m: Amounts(*a) for m, a in w.models.items()}))
+        return sorted(out, key=lambda v: (v.budget, v.scope, v.who))
 
 
 @dataclass(slots=True)
@@ -202,15 +305,16 @@ class LlmFlow:
 
 def settlement(llm: LlmFlow | None, never_sent: bool) -> tuple[Reservation, Amounts] | None:
     """What settles the call's reservation (once; None: nothing to settle): what the answer
-    says it spent; nothing when it was `never_sent` upstream; None (the worst case stays
-    counted) for an answer without readable usage or an upstream failure."""
+    says it spent; nothing when it was `never_sent` upstream; its worst case (what it
+    reserved: the count does not change, the call is no longer in flight) for an answer
+    without readable usage or an upstream failure."""
     if llm is None or llm.reservation is None or llm.settled:
         return None
     llm.settled = True
     usage = llm.usage
     if usage is None:
         if not never_sent:
-            return None
+            return llm.reservation, llm.reservation.reserved
         usage = Usage()
     return llm.reservation, amounts(usage, llm.price)
 

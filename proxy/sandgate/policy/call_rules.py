@@ -42,10 +42,10 @@ def compile_call(rs: RuleSpec, loc: Loc, rep: Report,
     """The rule's call filter, or None when it has neither `mcp:` nor `jsonrpc:`."""
     spec: JsonRpcSpec | None = rs.mcp if rs.mcp is not None else rs.jsonrpc
     if spec is None:
-        if rs.websocket is not None:
-            rep((*loc, "websocket"), "`websocket` goes with `mcp:` or `jsonrpc:`: a rule "
-                "without them relays a WebSocket's messages unjudged (scrubbed) anyway",
-                "remove `websocket`, or add the rule's `mcp:`/`jsonrpc:`")
+        if rs.websocket is not None and rs.llm is None:  # with `llm:`: sandgate.policy.llm
+            rep((*loc, "websocket"), "`websocket` goes with `mcp:`, `jsonrpc:` or `llm:`: a "
+                "rule without them relays a WebSocket's messages unjudged (scrubbed) anyway",
+                "remove `websocket`, or add the rule's `mcp:`/`jsonrpc:`/`llm:`")
         return None
     key = "mcp" if rs.mcp is not None else "jsonrpc"
     cloc: Loc = (*loc, key)

@@ -1055,8 +1055,9 @@ def compile_test(spec: TestSpec, loc: Loc, src: Source, report: Report,
         report((*loc, "max_tokens"), "`max_tokens` is the cap an LLM call asks for",
                "add `model:` (the call's model), or remove `max_tokens`")
         ok = False
-    if spec.model is not None and method.upper() != "POST":
-        report((*loc, "model"), "an LLM call is a POST request",
+    if spec.model is not None and method.upper() != "POST" and not spec.websocket:
+        report((*loc, "model"), "an LLM call is a POST request (or a message on a WebSocket: "
+               "`websocket: true` on a GET)",
                "write e.g. `request: POST https://api.anthropic.com/v1/messages`")
         ok = False
     if not ok or not call_ok:

@@ -2,9 +2,11 @@
 decision judges the model and cap: sandgate.decision; the proxy counts: sandgate.llm.spend).
 
 Checked here: model globs are not empty, a cap is at least 1, `on_max_tokens: lower` has a cap
-to lower to, `llm:` only on intercepted allow rules, a budget limits something and its window is
-a duration, prices are not negative. Budget names a rule uses are checked once the files are
-merged (sandgate.policy.loader), like every other cross-file name.
+to lower to, `llm:` only on intercepted allow rules, `websocket: true` (the Responses API's
+WebSocket, judged by sandgate.stages.wsllm) only where a GET can open one and without a budget,
+a budget limits something and its window is a duration, prices are not negative. Budget names
+a rule uses are checked once the files are merged (sandgate.policy.loader), like every other
+cross-file name.
 """
 
 from __future__ import annotations
@@ -37,11 +39,32 @@ def compile_llm(rs: RuleSpec, loc: Loc, rep: Report) -> LlmRule | None:
         rep((*where, "on_max_tokens"), "`on_max_tokens: lower` needs `max_tokens` to lower to",
             "add max_tokens, or remove on_max_tokens")
         ok = False
+    websocket = bool(rs.websocket)
+    # with mcp:/jsonrpc: too, sandgate.policy.call_rules checks the key (one message, not two)
+    checked = rs.mcp is not None or rs.jsonrpc is not None
+    if websocket and not checked and rs.action == "ask":
+        rep((*loc, "websocket"), "an `action: ask` rule cannot take `websocket: true`: an "
+            "approval holds one HTTP request, and a WebSocket's calls cannot be held",
+            "remove `websocket` (calls then go as POSTs, each held for approval)")
+        ok = False
+    elif websocket and not checked and rs.methods is not None and "GET" not in {
+            m.upper() for m in rs.methods}:
+        rep((*loc, "websocket"), "`websocket: true` has no effect: a WebSocket is opened by a "
+            "GET, and the rule's `methods` does not list GET", "add GET to `methods`, or "
+            "remove `websocket`")
+        ok = False
+    if websocket and spec.budget is not None:
+        rep((*loc, "websocket"), "a rule with `llm.budget` cannot take `websocket: true`: the "
+            "calls on a WebSocket are not counted against budgets",
+            "let the budgeted calls go as POSTs (remove `websocket`), or move `websocket: "
+            "true` to a rule without a budget")
+        ok = False
     if not ok:
         return None
     return LlmRule(api=spec.api, models=tuple(spec.models) if spec.models else None,
                    max_tokens=spec.max_tokens, on_max_tokens=spec.on_max_tokens,
-                   budget=spec.budget, own_credentials=spec.own_credentials)
+                   budget=spec.budget, own_credentials=spec.own_credentials,
+                   websocket=websocket)
 
 
 def compile_budget(name: str, spec: BudgetDefSpec, loc: Loc, src: Source,

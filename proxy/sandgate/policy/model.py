@@ -392,6 +392,10 @@ class LlmRule:
     budget: str | None = None  # a `budgets:` name
     # a credential the sandbox brought itself, on a rule that injects one (stages/s37_llm)
     own_credentials: Literal["refuse", "replace"] = "refuse"
+    # the rule's `websocket: true`: the Responses API's WebSocket transport may be opened on
+    # its URLs, each `response.create` on it judged as a POST body (sandgate.stages.wsllm);
+    # without it a protocol upgrade on the rule's requests is refused (upgrade_refused)
+    websocket: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
-from sandgate.policy.model import HostPattern, LlmRule, Rule, glob_matches
+from sandgate.policy.llmproofs import caps_cover, models_cover
+from sandgate.policy.model import HostPattern, LlmRule, Rule
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern, match_segments
 
 Loc = tuple[str | int, ...]
@@ -87,26 +88,16 @@ def signed_covers(earlier: Rule, later: Rule) -> bool:
 
 
 def llm_covers(earlier: LlmRule | None, later: LlmRule | None) -> bool:
-    """Does `earlier`'s `llm:` let through every LLM call `later`'s does (sound, not complete)?
-    A model glob is covered by an equal one or by a glob without `?` matching its text; a
-    refused cap by a refused cap at least as large (a lowering rule lets every cap through)."""
+    """Does `earlier`'s `llm:` let through every LLM call `later`'s does? Model globs are
+    compared exactly (sandgate.policy.llmproofs); a refused cap is covered by a refused cap at
+    least as large (a lowering rule lets every cap through)."""
     refuses_caps = earlier is not None and earlier.max_tokens is not None and (
         earlier.on_max_tokens == "refuse")
     if earlier is None or (earlier.models is None and not refuses_caps):
         return True
     if later is None or later.api != earlier.api:
         return False  # calls it does not recognise: judged by neither
-    if earlier.models is not None:
-        if later.models is None:
-            return False
-        if not all(any(e == m or ("?" not in e and glob_matches(e, m)) for e in earlier.models)
-                   for m in later.models):
-            return False
-    if refuses_caps:
-        assert earlier.max_tokens is not None
-        return (later.max_tokens is not None and later.on_max_tokens == "refuse"
-                and later.max_tokens <= earlier.max_tokens)
-    return True
+    return models_cover(earlier.models, later.models) and caps_cover(earlier, later)
 
 
 def covers(earlier: Rule, later: Rule) -> bool:

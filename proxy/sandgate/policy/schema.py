@@ -486,11 +486,12 @@ class RuleSpec(_Strict):
         default=None, description="The rule carries generic JSON-RPC 2.0: the messages of "
         "every request body are judged by method.")
     websocket: bool | None = Field(
-        default=None, description="With `mcp:` or `jsonrpc:` only: true lets a WebSocket be "
-        "opened on the rule's URLs, and every message on it, both ways, is judged and "
-        "filtered as a request body and its answer are. Without it such a rule refuses any "
-        "protocol upgrade (403 upgrade_refused): a WebSocket would carry calls no rule "
-        "judged.")
+        default=None, description="With `mcp:`, `jsonrpc:` or `llm:` only: true lets a "
+        "WebSocket be opened on the rule's URLs, and every message on it, both ways, is judged "
+        "and filtered as a request body and its answer are (with `llm:`: the Responses API's "
+        "WebSocket transport, each `response.create` judged by model and output cap; not "
+        "with `llm.budget`). Without it such a rule refuses any protocol upgrade (403 "
+        "upgrade_refused): a WebSocket would carry calls no rule judged.")
     llm: LlmSpec | None = Field(
         default=None, description="The rule carries LLM API calls: model allow-list, output "
         "cap and token/cost budget (docs/spend.md).")
@@ -598,11 +599,12 @@ class TestSpec(_Strict):
         "is non-public and not in private_cidrs; known for IP literals and --resolve names), "
         "sandbox_required (the allowing rule binds a per-sandbox secret and the fixture gives "
         "no `sandbox:`), upgrade_refused (a `websocket: true` fixture on a rule with mcp:/"
-        "jsonrpc: that does not say `websocket: true`), model_not_allowed and "
+        "jsonrpc:/llm: that does not say `websocket: true`), model_not_allowed and "
         "max_tokens_over_cap (a `model:` fixture on a rule with `llm:`).")
     model: str | None = Field(
         default=None, description="The request is an LLM call (POST) asking for this model: "
-        "judged by the rules' `llm:` as the proxy judges the body.")
+        "judged by the rules' `llm:` as the proxy judges the body. With `websocket: true` (a "
+        "GET): a `response.create` of this model sent on the Responses API's WebSocket.")
     max_tokens: int | None = Field(
         default=None, description="With `model`: the output cap the call asks for (default: "
         "none).")
@@ -626,9 +628,9 @@ class TestSpec(_Strict):
         default=None, description="The request carries this JSON-RPC call ({method: NAME}).")
     websocket: bool = Field(
         default=False, description="The request (a GET) opens a WebSocket: a rule with "
-        "`mcp:`/`jsonrpc:` refuses it (upgrade_refused) unless the rule says `websocket: "
-        "true`. With `mcp:`/`jsonrpc:` in the fixture, the call is a message sent on that "
-        "WebSocket, judged as the proxy judges each message.")
+        "`mcp:`/`jsonrpc:`/`llm:` refuses it (upgrade_refused) unless the rule says "
+        "`websocket: true`. With `mcp:`/`jsonrpc:`/`model:` in the fixture, the call is a "
+        "message sent on that WebSocket, judged as the proxy judges each message.")
     headers: dict[str, str] | None = Field(
         default=None, min_length=1,
         description="Request headers, e.g. {x-amz-copy-source: /private-data/payroll.csv} or "

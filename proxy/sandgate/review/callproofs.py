@@ -28,7 +28,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from sandgate.decision import Decision, message_verdict
+from sandgate.decision import Decision, message_verdict, refuses_upgrade
 from sandgate.policy.model import CallFilter, Rule, glob_matches
 from sandgate.rpc.jsonrpc import Call, Message
 
@@ -164,11 +164,11 @@ def acting(rules: Sequence[Rule], call: Call | None, upgrade: str | None = None)
     """The rules as they act on this call: unchanged (no filter, no call, or the filter allows
     it), as a deny rule (a deny entry matches), or left out (the filter does not allow it).
     `upgrade`: the request opens a WebSocket ("websocket"; the call is a message on it), which
-    a rule with a filter refuses unless it says `websocket: true` (decide(): upgrade_refused)."""
+    a rule with a filter (or `llm:`) refuses unless it says `websocket: true` (decide():
+    upgrade_refused)."""
     out: list[Rule] = []
     for r in rules:
-        if upgrade is not None and r.call is not None and not (
-                r.call.websocket and upgrade == "websocket"):
+        if upgrade is not None and refuses_upgrade(r, upgrade):
             out.append(dataclasses.replace(r, action="deny"))
             continue
         if call is NOT_A_CALL and r.call is not None:

@@ -46,16 +46,30 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import quote
 
-from sandgate.decision import Decision, decide_connect, decide_name, decide_request
+from sandgate.decision import Decision, decide_connect, decide_name
 from sandgate.errors import InternalError
+from sandgate.llm.llmcall import KNOWN_HOSTS
 from sandgate.netguard import parse_ip_literal
-from sandgate.policy.model import HostPattern, IPNetwork, Policy, Rule, Source
+from sandgate.policy.hosts import compile_host_pattern
+from sandgate.policy.llmproofs import (
+    API_PATHS,
+    APIS,
+    FAMILY_APIS,
+    UNREADABLE,
+    LlmWitness,
+    judged_as_llm,
+    llm_fits,
+    llm_gap,
+    llm_witnesses,
+    shown_witness,
+)
+from sandgate.policy.model import Budget, HostPattern, IPNetwork, Policy, Rule, Source
 from sandgate.policy.overlap import signed_covers
 from sandgate.policy.paths import DOUBLE_STAR, PathPattern, normalise_path
 from sandgate.request import RequestInfo, parse_url
@@ -490,7 +504,7 @@ def _shape(r: Rule) -> tuple[object, ...]:
     """What _cell_gap looks at in a rule."""
     return (r.action, r.paths, r.secrets, r.private_cidrs, r.max_request_bytes,
             r.operations, r.copy_sources, r.ask, r.github_scope,
-            r.inject.sign if r.inject is not None else None)
+            r.inject.sign if r.inject is not None else None, r.llm, r.inject is not None)
 
 
 def _limit_covered(narrow: int | None, other: int | None) -> bool:
@@ -515,25 +529,76 @@ def _grant_widened(narrow: Rule, other: Rule, secrets: Secrets, host: str) -> li
 
 
 def _cell_gap(narrow: Sequence[Rule], other: Sequence[Rule], secrets: Secrets,
-              host: str) -> tuple[int, str] | None:
+              host: str, llm: LlmWitness | None = None,
+              budgets: Mapping[str, Budget] | None = None,
+              upgrade: str | None = None) -> tuple[int, str] | None:
     """Within one cell (the rules that apply there, in order): a normalised path on which the
     narrow identity allows, with the rule at the returned index, and the other identity does
-    not allow with a compatible rule; None when there is no such path."""
-    k = len(narrow)
+    not allow with a compatible rule; None when there is no such path. `llm`: the LLM call the
+    body makes (sandgate.policy.llmproofs), judged where a rule's host or `api:` makes the
+    path an inference call (the paths of each API are languages of the search too); on a
+    WebSocket (`upgrade`) the call is a message, judged when the upgrade's rule has `llm:`
+    (sandgate.stages.wsllm)."""
+    k, m = len(narrow), len(other)
+    known = KNOWN_HOSTS.get(host)
 
-    def bad(vec: Sequence[bool]) -> bool:
-        a = decider(narrow, vec[:k])
+    def final(rules: Sequence[Rule], vec: Sequence[bool],
+              apis: Sequence[bool]) -> tuple[int | None, bool]:
+        head = decider(rules, vec)
+        if llm is None or head is None:
+            return head, False
+        f = rules[head].llm
+        if upgrade is not None:
+            return _ws_final(rules, vec, head, llm)
+        family = known or (f.api if f is not None else None)
+        if family is None or not any(apis[APIS.index(a)] for a in FAMILY_APIS[family]):
+            return head, False  # not an inference call: never read
+        if llm == UNREADABLE:
+            return (None if f is not None else head), False
+        model, cap = llm
+        fits = [v and llm_fits(r.llm, model, cap) for r, v in zip(rules, vec, strict=True)]
+        return decider(rules, fits), True
+
+    def verdict(vec: Sequence[bool]) -> int | None:
+        """The narrow identity's deciding rule where it grants more than the other's."""
+        apis = vec[k + m:]
+        a, aj = final(narrow, vec[:k], apis)
         if a is None:
-            return False
-        o = decider(other, vec[k:])
-        return o is None or not _compatible(narrow[a], other[o], secrets, host)
+            return None
+        o, oj = final(other, vec[k:k + m], apis)
+        if o is None or not _compatible(narrow[a], other[o], secrets, host) or llm_gap(
+                narrow[a], aj, other[o], oj, llm, budgets or {}) is not None:
+            return a
+        return None
 
-    w = find_path([r.paths for r in (*narrow, *other)], bad)
+    languages: list[tuple[PathPattern, ...] | None] = [r.paths for r in (*narrow, *other)]
+    if llm is not None and upgrade is None:
+        languages += [API_PATHS[a] for a in APIS]
+    w = find_path(languages, lambda vec: verdict(vec) is not None)
     if w is None:
         return None
-    a = decider(narrow, [r.paths is None or glob_nfa(r.paths).matches(w) for r in narrow])
+    a = verdict([lang is None or glob_nfa(lang).matches(w) for lang in languages])
     assert a is not None
     return a, w
+
+
+def _ws_final(rules: Sequence[Rule], vec: Sequence[bool], head: int,
+              llm: LlmWitness) -> tuple[int | None, bool]:
+    """A message on a WebSocket whose upgrade rule `head` allowed (sandgate.stages.wsllm):
+    unjudged unless that rule has `llm:`; else refused when unreadable, and decided with the
+    call, refused when the deciding rule would hold it (ask) or binds other secrets than the
+    upgrade's rule (its credentials ride on the WebSocket)."""
+    if rules[head].llm is None:
+        return head, False
+    if llm == UNREADABLE:
+        return None, False  # the WebSocket is closed
+    model, cap = llm
+    d = decider(rules, [v and llm_fits(r.llm, model, cap) for r, v in zip(rules, vec,
+                                                                         strict=True)])
+    if d is None or rules[d].ask is not None or (
+            d != head and rules[d].secrets != rules[head].secrets):
+        return None, True
+    return d, True
 
 
 def _secrets(names: Iterable[str]) -> str:
@@ -580,33 +645,30 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
         return ProofResult("narrower_than", claim, False, src,
                            details=(f"identity '{missing}' is not defined",))
     rules = (*n_ident.rules, *o_ident.rules)
-    # `llm:` (model allow-lists, refused caps, budgets: sandgate.llm.spend) narrows what a rule lets
-    # through below what this proof enumerates. On the narrow identity's rules that only makes
-    # it narrower; on the other's it could hide a wider grant, which is not compared yet: not
-    # proved rather than proved wrongly.
-    limiting = [r for r in o_ident.rules if r.llm is not None and (
-        r.llm.models is not None or r.llm.budget is not None
-        or (r.llm.max_tokens is not None and r.llm.on_max_tokens == "refuse"))]
-    if limiting:
-        return ProofResult("narrower_than", claim, False, src, details=(
-            f"not proved: rule '{limiting[0].name}' of '{other}' ({limiting[0].source}) limits "
-            "LLM calls with `llm:` (models, output cap, budget), which this proof does not "
-            "compare yet",))
-    hosts = host_witnesses(p for r in rules for p in r.hosts)
+    # a provider's own host is recognised without `api:` (llmcall.KNOWN_HOSTS): its own
+    # witness where a rule judges LLM calls, never stood for by another host of a wildcard
+    known = [compile_host_pattern(h) for h in KNOWN_HOSTS] if any(
+        r.llm is not None for r in rules) else []
+    hosts = host_witnesses([*(p for r in rules for p in r.hosts), *known])
 
     # L7: every request decide() allows.
     schemes = sorted({s for r in rules for s in r.schemes})
     ports = sorted({p for r in rules for p in r.ports})
     named = {m for r in rules if r.methods is not None for m in r.methods}
     methods = [*sorted(named), fresh_method(named)]
-    # A WebSocket (a GET) on a rule with mcp:/jsonrpc: is refused unless it opts in: one
-    # more witness, on GET (named explicitly: the fresh method stands for it otherwise).
+    # A WebSocket (a GET) on a rule with mcp:/jsonrpc:/llm: is refused unless it opts in:
+    # one more witness, on GET (named explicitly: the fresh method stands for it otherwise).
     upgrades: list[str | None] = [None]
-    if any(r.call is not None for r in rules):
-        methods.sort(key=lambda m: m != "POST")  # JSON-RPC calls are POSTed: shown first
+    if any(r.call is not None or r.llm is not None for r in rules):
+        if any(r.call is not None for r in rules):
+            methods.sort(key=lambda m: m != "POST")  # JSON-RPC calls are POSTed: shown first
         upgrades.append("websocket")
         if "GET" not in methods:
             methods.append("GET")
+    if any(r.llm is not None for r in rules) and "POST" not in methods:
+        # an LLM call is a POST (llmcall.recognise): named explicitly, as GET is above (the
+        # fresh method stands for it otherwise, and is never judged as a call)
+        methods.insert(0, "POST")
     queries = query_cells(rules)
     if queries is None:
         return ProofResult("narrower_than", claim, False, src, details=(
@@ -618,6 +680,15 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
         return ProofResult("narrower_than", claim, False, src, details=(
             "not proved: the mcp:/jsonrpc: globs of these identities are too many for an "
             "exact proof",))
+    # The LLM calls that `llm:` rules tell apart (models, caps, an unreadable body).
+    llm_calls: list[LlmWitness | None] = [None]
+    if any(r.llm is not None for r in rules):
+        got = llm_witnesses(rules)
+        if got is None:
+            return ProofResult("narrower_than", claim, False, src, details=(
+                "not proved: the `llm.models` globs of these identities are too many for an "
+                "exact proof",))
+        llm_calls += got
     tunnel_memo: dict[tuple[str, str, int], Rule | None] = {}
 
     def tunnels(ident: str, scheme: str, host: str, port: int) -> Rule | None:
@@ -632,7 +703,7 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
         return tunnel_memo[key]
 
     # Cells whose applicable rules look alike (paths, action, what they bind) share a search.
-    memo: dict[tuple[tuple[object, ...], ...], tuple[int, str] | None] = {}
+    memo: dict[tuple[object, ...], tuple[int, str] | None] = {}
     for scheme in schemes:
         for host in hosts:
             for port in ports:
@@ -659,17 +730,29 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
                             # a SigV4 scope may come from the host: compared per host then
                             signs = any(r.inject is not None and r.inject.sign is not None
                                         for r in (*n_app, *o_app))
-                            key = (tuple(_shape(r) for r in n_app), (host,) if signs else (),
-                                   tuple(_shape(r) for r in o_app))
-                            if key not in memo:
-                                memo[key] = _cell_gap(n_app, o_app, policy.secrets, host)
-                            gap = memo[key]
-                            if gap is not None:
-                                shown_query = involved_query(query, rules, scheme, host, port,
-                                                             method)
-                                return _l7_counterexample(
-                                    policy, narrow, other, claim, src, scheme, host, port,
-                                    method, n_app[gap[0]], gap[1], shown_query, call, upgrade)
+                            # an LLM call is a POST on a rule with `llm:` (or a provider's
+                            # host, whose calls only such a rule judges)
+                            # host, whose calls only such a rule judges), or a message on
+                            # a WebSocket an `llm: {websocket: true}` rule let open
+                            judging = (upgrade == "websocket" or (
+                                method == "POST" and upgrade is None)) and any(
+                                r.llm is not None for r in (*n_app, *o_app))
+                            for lw in llm_calls if judging else [None]:
+                                key = (tuple(_shape(r) for r in n_app),
+                                       (host,) if signs else (), tuple(_shape(r) for r in o_app),
+                                       lw, KNOWN_HOSTS.get(host) if lw is not None else None,
+                                       upgrade)
+                                if key not in memo:
+                                    memo[key] = _cell_gap(n_app, o_app, policy.secrets, host,
+                                                          lw, policy.budgets, upgrade)
+                                gap = memo[key]
+                                if gap is not None:
+                                    shown_query = involved_query(query, rules, scheme, host,
+                                                                 port, method)
+                                    return _l7_counterexample(
+                                        policy, narrow, other, claim, src, scheme, host, port,
+                                        method, n_app[gap[0]], gap[1], shown_query, call,
+                                        upgrade, lw)
 
     # CONNECT: every tunnel decide_connect() passes through without interception.
     for host in hosts:
@@ -710,7 +793,8 @@ def prove_narrower(policy: Policy, narrow: str, other: str) -> ProofResult:
 def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src: Source | None,
                        scheme: str, host: str, port: int, method: str, rule: Rule,
                        path: str, query: QueryCell = (), call: Call | None = None,
-                       upgrade: str | None = None) -> ProofResult:
+                       upgrade: str | None = None, llm: LlmWitness | None = None
+                       ) -> ProofResult:
     raw = raw_path(path)
     req = RequestInfo(scheme, host, port, method, raw, query)
     qs = f"?{query_string(query)}" if query else ""
@@ -719,11 +803,11 @@ def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src:
         raise ProofError(f"counter-example {method} {url} does not parse back to itself")
     req = dataclasses.replace(req, upgrade=upgrade)
     judged = None if call is NOT_A_CALL else call
-    dn = decide_request(policy, narrow, req, call=judged)
-    do = decide_request(policy, other, req, call=judged)
+    dn, nj = judged_as_llm(policy, narrow, req, judged, llm)
+    do, oj = judged_as_llm(policy, other, req, judged, llm)
     if upgrade is not None:
         url += " opening a WebSocket" + (" and sending a message" if call is not None else "")
-    url += shown(call)
+    url += shown(call) + shown_witness(llm)
     _agree(passes(dn, call) and dn.rule == rule, f"{narrow} should allow {method} {url} by "
            f"rule '{rule.name}'", dn)
     if do.allowed and not passes(do, call):
@@ -731,9 +815,12 @@ def _l7_counterexample(policy: Policy, narrow: str, other: str, claim: str, src:
                "calls (mcp:/jsonrpc:), and the body is not one")
     elif do.allowed:
         assert do.rule is not None
-        _agree(not _compatible(rule, do.rule, policy.secrets, host), f"{other} should not "
-               f"allow {method} {url} with rule '{do.rule.name}'", do)
-        why = _why_incompatible(narrow, rule, other, do.rule, policy.secrets, host)
+        gap = llm_gap(rule, nj, do.rule, oj, llm, policy.budgets)
+        _agree(gap is not None or not _compatible(rule, do.rule, policy.secrets, host),
+               f"{other} should not allow {method} {url} with rule '{do.rule.name}'", do)
+        why = (f"{other} allows it by rule '{do.rule.name}' ({do.rule.source}), but {gap}"
+               if gap is not None and _compatible(rule, do.rule, policy.secrets, host)
+               else _why_incompatible(narrow, rule, other, do.rule, policy.secrets, host))
     else:
         why = f"{other} refuses it: {do.reason}"
     return ProofResult("narrower_than", claim, False, src, counterexample=f"{method} {url}",

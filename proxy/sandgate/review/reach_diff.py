@@ -28,8 +28,9 @@ from typing import Any, Literal
 from sandgate.decision import decide_connect, decide_name
 from sandgate.netguard import parse_ip_literal
 from sandgate.policy.call_rules import describe_filter
-from sandgate.policy.model import Identity, Policy, Rule, SecretRef
-from sandgate.policy.overlap import llm_covers, signed_covers
+from sandgate.policy.llmproofs import llm_widenings
+from sandgate.policy.model import Budget, Identity, Policy, Rule, SecretRef
+from sandgate.policy.overlap import signed_covers
 from sandgate.review.callproofs import calls_gained, tools_gained
 from sandgate.review.grants import Delta, credential_text, describe_gate, grant_deltas, grant_key
 from sandgate.review.proofs import applies, cidrs_covered, glob_nfa, host_witnesses
@@ -37,6 +38,7 @@ from sandgate.review.reach import Witness, cells, decider, path_search
 
 Kind = Literal["reachable", "unreachable", "changed", "passthrough", "mode", "dns"]
 Secrets = Mapping[str, SecretRef]
+Budgets = Mapping[str, Budget]
 
 
 @dataclass(slots=True)
@@ -125,25 +127,25 @@ def _terms(r: Rule) -> tuple[object, ...]:
             r.copy_sources, r.llm)
 
 
-def _wider(o: Rule, n: Rule) -> bool:
+def _wider(o: Rule, n: Rule, ob: Budgets, nb: Budgets) -> bool:
     """Does the new deciding rule grant more than the old one on the same request?"""
     return (not n.secrets <= o.secrets or not cidrs_covered(n.private_cidrs, o.private_cidrs)
             or (o.max_request_bytes is not None and (n.max_request_bytes is None
                                                      or n.max_request_bytes > o.max_request_bytes))
             or calls_gained(o, n) != [] or not signed_covers(o, n)
-            or not llm_covers(o.llm, n.llm) or _budget_dropped(o, n))
+            or llm_widenings(o, n, ob, nb) != [])
 
 
-def _budget_dropped(o: Rule, n: Rule) -> bool:
-    """The old rule counted its LLM calls against a budget; the new one counts them against
-    another, or none (a budget's own limits are compared by name only)."""
-    ob = o.llm.budget if o.llm is not None else None
-    nb = n.llm.budget if n.llm is not None else None
-    return ob is not None and nb != ob
+def _budget(budgets: Budgets, r: Rule) -> tuple[object, ...] | None:
+    """The budget a rule's `llm:` counts against, as its policy defines it (where it is
+    written left out: a budget moved in its file is the same budget)."""
+    b = budgets.get(r.llm.budget) if r.llm is not None and r.llm.budget else None
+    return None if b is None else (b.name, b.per, b.scope, b.input_tokens, b.output_tokens,
+                                   b.cost_usd)
 
 
-def _changed_note(o: Rule, n: Rule, deltas: Sequence[Delta],
-                 tools: Iterable[str] = ()) -> str:
+def _changed_note(o: Rule, n: Rule, deltas: Sequence[Delta], tools: Iterable[str] = (),
+                 ob: Budgets | None = None, nb: Budgets | None = None) -> str:
     parts = [str(d) for d in deltas]
     if o.private_cidrs != n.private_cidrs:
         parts.append(f"private_cidrs {', '.join(map(str, o.private_cidrs)) or 'none'} -> "
@@ -152,8 +154,11 @@ def _changed_note(o: Rule, n: Rule, deltas: Sequence[Delta],
         parts.append(f"max_request_bytes {o.max_request_bytes} -> {n.max_request_bytes}")
     if o.call != n.call:
         parts.append(_calls_note(o, n, tools))
-    if o.llm != n.llm:
-        parts.append(f"llm {_llm_words(o)} -> {_llm_words(n)}")
+    ob, nb = ob or {}, nb or {}
+    if o.llm != n.llm or _budget(ob, o) != _budget(nb, n):
+        wider = llm_widenings(o, n, ob, nb)
+        parts.append(f"llm {_llm_words(o)} -> {_llm_words(n)}"
+                     + (f" (wider: {'; '.join(map(str, wider))})" if wider else ""))
     for key in ("operations", "copy_sources"):  # what a signing rule signs
         ov, nv = _signed(o, key), _signed(n, key)
         if ov != nv:
@@ -171,6 +176,8 @@ def _llm_words(r: Rule) -> str:
         words.append(f"max_tokens {f.max_tokens} ({f.on_max_tokens})")
     if f.budget is not None:
         words.append(f"budget {f.budget}")
+    if f.own_credentials == "replace":
+        words.append("own credentials replaced")
     return "{" + "; ".join(words) + "}"
 
 
@@ -254,11 +261,16 @@ def _host_label(host: str, rules: Sequence[Rule]) -> str:
 
 def identity_changes(old: Identity | None, new: Identity | None,
                      old_secrets: Secrets | None = None, new_secrets: Secrets | None = None,
-                     tools: Iterable[str] = ()) -> list[ReachChange]:
+                     tools: Iterable[str] = (), old_budgets: Budgets | None = None,
+                     new_budgets: Budgets | None = None) -> list[ReachChange]:
     """Every change of reach of one identity between two versions of it (None: absent).
     `old_secrets`/`new_secrets`: the policies' secrets (a secret's scope is part of what a rule
     grants; None: compared by name only); `tools`: tool names the policies write out (a
-    widened tool glob is shown by the ones it gains)."""
+    widened tool glob is shown by the ones it gains); `old_budgets`/`new_budgets`: the
+    policies' `budgets:` (a budget's limits are part of what an `llm:` rule grants; None:
+    compared by name only)."""
+    ob: Budgets = old_budgets or {}
+    nb: Budgets = new_budgets if new_budgets is not None else ob
     os_: Secrets = old_secrets if old_secrets is not None else {}
     ns: Secrets = new_secrets if new_secrets is not None else os_
     if old_secrets is None:
@@ -280,7 +292,8 @@ def identity_changes(old: Identity | None, new: Identity | None,
     def same(o: Rule | None, n: Rule | None) -> bool:
         if o is None or n is None:
             return o is n
-        return _terms(o) == _terms(n) and grant_key(os_, o) == grant_key(ns, n)
+        return (_terms(o) == _terms(n) and grant_key(os_, o) == grant_key(ns, n)
+                and _budget(ob, o) == _budget(nb, n))
     groups: dict[tuple[object, ...], ReachChange] = {}
     named = {m for r in rules if r.methods is not None for m in r.methods}
     memo: dict[tuple[bool, ...], list[tuple[int | None, int | None, str]]] = {}
@@ -305,14 +318,14 @@ def identity_changes(old: Identity | None, new: Identity | None,
             if ch is None:
                 deltas = (grant_deltas(os_, o, ns, n, host) if o is not None and n is not None
                           else [])
-                if o is not None and n is not None and not deltas and _terms(o) == _terms(n):
+                if o is not None and n is not None and not deltas and same(o, n):
                     continue  # the grants differ only on other hosts (a SigV4 scope)
                 widened = kind == "reachable" or (
                     o is not None and n is not None
-                    and (_wider(o, n) or any(d.widened for d in deltas)))
+                    and (_wider(o, n, ob, nb) or any(d.widened for d in deltas)))
                 ch = groups[key] = ReachChange(
                     name, kind, label, scheme, port, [], str(w), o, n, widened,
-                    _changed_note(o, n, deltas, tools) if o is not None and n is not None
+                    _changed_note(o, n, deltas, tools, ob, nb) if o is not None and n is not None
                     else "", "&".join(f"{q}={v}" for q, v in shown_q),
                     _grant(ns, n, host) if o is None else _grant(os_, o, host)
                     if n is None else "", deltas)
@@ -438,7 +451,7 @@ def reach_diff(old: Policy, new: Policy, old_name: str = "old",
     tools = known_tools(old, new)
     for n in names:
         changes += identity_changes(old.identities.get(n), new.identities.get(n),
-                                    old.secrets, new.secrets, tools)
+                                    old.secrets, new.secrets, tools, old.budgets, new.budgets)
     return ReachDiff(old_name, new_name, changes,
                      [n for n in names if n not in old.identities],
                      [n for n in names if n not in new.identities])

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandgate.policy.call_rules import describe_filter
-from sandgate.policy.model import Identity, Policy, Rule
+from sandgate.policy.model import Budget, Identity, LlmRule, Policy, Rule
 from sandgate.policy.overlap import signed_covers
 from sandgate.review.callproofs import common_call
 from sandgate.review.grants import describe_gate
@@ -105,7 +106,7 @@ def _secret_text(policy: Policy, name: str, r: Rule) -> str:
     return f"{name} ({how}; {where}{only})"
 
 
-def _notes(ident: Identity, k: int) -> list[str]:
+def _notes(ident: Identity, k: int, budgets: Mapping[str, Budget] | None = None) -> list[str]:
     rules = list(ident.rules)
     r = rules[k]
     out: list[str] = []
@@ -122,6 +123,9 @@ def _notes(ident: Identity, k: int) -> list[str]:
         out.append("(MCP housekeeping: initialize, ping, the list calls... "
                    + ("held too, ask_housekeeping)" if r.call.ask_housekeeping
                       else "not held, only the calls wait for approval)"))
+    if r.llm is not None:
+        out.append(llm_text(r.llm, (budgets or {}).get(r.llm.budget or ""),
+                            injects=r.inject is not None))
     if r.inject is not None and r.inject.sign is not None:
         ops = ", ".join(r.operations) if r.operations is not None else "any"
         sources = (", ".join(p.text for p in r.copy_sources) if r.copy_sources is not None
@@ -160,11 +164,33 @@ def _notes(ident: Identity, k: int) -> list[str]:
     return out
 
 
+def llm_text(f: LlmRule, budget: Budget | None, injects: bool = True) -> str:
+    """A rule's `llm:` in the report's words (sandgate.llm.spend): what it lets through, what it
+    holds the calls to."""
+    words = [f"LLM calls judged ({f.api or 'API by host'}): models "
+             + (", ".join(f.models) if f.models is not None else "any")]
+    if f.max_tokens is not None:
+        words.append(f"max_tokens {f.max_tokens} ("
+                     + ("over it refused" if f.on_max_tokens == "refuse" else "lowered to it")
+                     + ")")
+    if f.budget is not None:
+        limits = "" if budget is None else " (" + ", ".join(
+            f"{k} {v}" for k, v in (("input_tokens", budget.input_tokens),
+                                    ("output_tokens", budget.output_tokens),
+                                    ("cost_usd", budget.cost_usd)) if v is not None
+        ) + f" per {budget.per}s per {budget.scope})"
+        words.append(f"budget {f.budget}{limits}")
+    if injects:  # a sandbox's own key (stages/s37_llm): only on a rule that injects one
+        words.append("a sandbox's own key " + ("replaced" if f.own_credentials == "replace"
+                                               else "refused"))
+    return "; ".join(words) + "."
+
+
 def build_report(policy: Policy, title: str) -> Report:
     idents = []
     for ident in policy.identities.values():
         entries = [Entry(ident.name, r, [_secret_text(policy, s, r) for s in sorted(r.secrets)],
-                         _notes(ident, k)) for k, r in enumerate(ident.rules)]
+                         _notes(ident, k, policy.budgets)) for k, r in enumerate(ident.rules)]
         idents.append(IdentityReport(ident.name, ident.mode, ident.narrower_than,
                                      str(ident.source), entries))
     secrets: dict[str, tuple[str, list[tuple[str, str, str]]]] = {}

@@ -48,6 +48,7 @@ class Recorded:
     # the JSON-RPC call its body carried (the event's `rpc`): methods and tool names, never
     # arguments, so `arguments:` constraints are not replayed
     call: Call | None = None
+    websocket: bool = False  # the request opened a WebSocket (the event's `websocket`)
 
     @property
     def connect(self) -> bool:
@@ -56,7 +57,7 @@ class Recorded:
     @property
     def request_line(self) -> str:
         shown = f" [{describe(self.call)}]" if self.call is not None else ""
-        return f"{self.method} {self.target}{shown}"
+        return f"{self.method} {self.target}{shown}{' (WebSocket)' if self.websocket else ''}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +148,8 @@ def parse_event(line_no: int, ev: Any) -> Recorded | Unreplayable | str:
         return Unreplayable(line_no, event, "invalid field: rpc (not a list of calls)")
     return Recorded(line_no, event, ev[A.IDENTITY], method, target, _opt_str(ev, A.DECISION),
                     _opt_str(ev, A.CODE), secrets, _opt_str(ev, A.DIALED),
-                    _opt_str(ev, A.SANDBOX), _opt_str(ev, A.GATEWAY) is not None, call or None)
+                    _opt_str(ev, A.SANDBOX), _opt_str(ev, A.GATEWAY) is not None, call or None,
+                    ev.get(A.WEBSOCKET) is True and not connect)
 
 
 def recorded_call(rpc: Any) -> Call | Literal[False] | None:
@@ -229,7 +231,7 @@ def outcome(policy: Policy, rec: Recorded, resolve: Mapping[str, str]) -> Outcom
     """Judge one recorded request exactly as `sandgate explain` would. Raises ValueError for a
     request the parser refuses (read_audit has already weeded those out)."""
     v = judge(policy, rec.identity, rec.method, rec.target, resolve, rec.sandbox, rec.gateway,
-              rec.call)
+              rec.call, "websocket" if rec.websocket else None)
     d = v.decision
     decision = shown_outcome(policy, rec.identity, d)
     return Outcome(decision, d.rule_name, str(d.code) if d.code else None,

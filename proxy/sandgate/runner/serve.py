@@ -73,6 +73,7 @@ async def serve(cfg: RunConfig, ready: asyncio.Event | None = None) -> None:
             approvals=approvals,
             fleet=shared.fleet if shared is not None else None,
             recent=recent,
+            spend_windows=lambda: gate.counts.open_windows(),
             login_limit=FailureLimit.per_minute(cfg.admin_login_limit),
         )
         if cfg.worker is not None:

@@ -31,8 +31,17 @@ from sandgate.llm.llmcall import (
     with_max_tokens,
     with_usage_chunk,
 )
-from sandgate.llm.spend import LlmFlow, amounts, budget_key, price_of, settled, worst_case
+from sandgate.llm.spend import (
+    LlmFlow,
+    amounts,
+    budget_key,
+    model_label,
+    price_of,
+    settled,
+    worst_case,
+)
 from sandgate.policy.model import Rule
+from sandgate.policy.paths import normalise_path
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
 from sandgate.stages.flow import FlowRecord
@@ -95,7 +104,10 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
             or rec.caller is None or rec.info is None:
         return
     rule = head.rule
-    api = recognise(flow.request.method, rec.info.host, rec.info.path,
+    # the path as the decision (and the upstream) reads it: `/v1/%6Dessages` is a Messages
+    # call too, and a Gemini model is named by its decoded path
+    path = normalise_path(rec.info.path)
+    api = recognise(flow.request.method, rec.info.host, path,
                     rule.llm.api if rule.llm is not None else None)
     if api is None:
         own_credentials(flow, rec, rule)  # any request on a metered API's rule
@@ -108,7 +120,7 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         # no rule judges it (the first allowing rule has no `llm:`): its usage is read for the
         # audit and metrics when its body can be read, and nothing is refused for it
         try:
-            call = None if compressed else read_call(api, rec.info.path, body)
+            call = None if compressed else read_call(api, path, body)
         except CallUnreadable:
             call = None
         if call is None:
@@ -118,7 +130,7 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
         raise BadRequest(Code.BAD_REQUEST, "an LLM call's body must not be compressed: "
                          "Sandgate judges its model and output cap as sent")
     try:
-        call = read_call(api, rec.info.path, body)
+        call = read_call(api, path, body)
     except CallUnreadable as e:
         raise BadRequest(Code.BAD_REQUEST, f"the LLM call cannot be judged: {e}",
                          hint="send one JSON object, each key once") from None
@@ -178,4 +190,5 @@ async def judge(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     llm.budget, llm.price = budget, price
     await settled(budget_key(budget, who))  # this process's earlier calls settled first
     llm.reservation = await st.counts.reserve(
-        budget, who, amounts(worst_case(call, cap), price))
+        budget, who, amounts(worst_case(call, cap), price), identity=identity,
+        model=model_label(f.models or (), policy.prices, call.model))

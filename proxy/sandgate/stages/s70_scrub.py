@@ -5,8 +5,9 @@ head is cleaned and its body streamed through the scrubber (or, small and of kno
 scrubbed whole), trailers cleaned or dropped; WebSocket messages and control frames (ping, pong,
 close: mitm/guards/wscontrol.py) are scrubbed one by one, and one leaving with a credential is not
 relayed and ends the stream; on a rule with mcp:/jsonrpc: each message is then judged as a call
-(stages/wsrpc.py). The set scrubbed is the flow's own (`GateState.secrets(rec)`): what
-was injected into it stays scrubbed whatever the cache does (scrub/flowsecrets.py).
+(stages/wsrpc.py), with llm: as an LLM call (stages/wsllm.py). The set scrubbed is the flow's
+own (`GateState.secrets(rec)`): what was injected into it stays scrubbed whatever the cache does
+(scrub/flowsecrets.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sandgate.scrub.stream import (
 )
 from sandgate.scrub.unwrap import scrub_unwrapped
 from sandgate.scrub.wsjoin import WsJoin
-from sandgate.stages import rpccalls, wsrpc
+from sandgate.stages import rpccalls, wsllm, wsrpc
 from sandgate.stages.context import GateState
 from sandgate.stages.flow import FlowRecord
 from sandgate.stages.forward import is_websocket_upgrade
@@ -161,10 +162,13 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
     assert flow.websocket is not None
     message = flow.websocket.messages[-1]
     ws = None
+    wl = None
     try:
-        # a rule with mcp:/jsonrpc: (websocket: true): messages are judged. Started here if
-        # websocket_start did not (a hook mitmproxy only logs the failure of): never unjudged
+        # a rule with mcp:/jsonrpc:/llm: (websocket: true): messages are judged. Started here
+        # if websocket_start did not (a hook mitmproxy only logs the failure of): never
+        # unjudged
         ws = wsrpc.state(flow) or wsrpc.start(rec, flow)
+        wl = wsllm.state(flow) or wsllm.start(st, rec, flow)
         if rec.websocket_closed:
             message.drop()
             return
@@ -196,11 +200,13 @@ def websocket_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> No
             message.drop()
         elif ws is not None:
             wsrpc.client_message(st, flow, rec, ws, message)
+        elif wl is not None:
+            wsllm.client_message(st, flow, rec, wl, message)
     except Exception:
         log.exception("sandgate: websocket_message failed; dropping the stream")
         rec.websocket_closed = True
         message.drop()
-        if ws is not None or rec.call is not None:  # a WebSocket on a rule judging calls
+        if ws is not None or wl is not None or rec.call is not None:  # judged calls
             wscontrol.close(flow, wsrpc.POLICY_VIOLATION, "sandgate: internal_error")
 
 
@@ -226,9 +232,10 @@ def _websocket_leaks(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
 
 def websocket_start(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> None:
     """The WebSocket's control frames are judged by `_websocket_control` (addons/wscontrol);
-    on a rule with mcp:/jsonrpc:, its messages by addons/wsrpc."""
+    on a rule with mcp:/jsonrpc:, its messages by addons/wsrpc; with llm:, by addons/wsllm."""
     flow.metadata[wscontrol.HANDLER_KEY] = functools.partial(_websocket_control, st, flow, rec)
     wsrpc.start(rec, flow)
+    wsllm.start(st, rec, flow)
 
 
 def _websocket_control(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, from_client: bool,

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sandgate.limits import Limiter
-from sandgate.llm.spend import Amounts, Reservation, SpendWindows, budget_key
+from sandgate.llm.spend import (
+    UNKNOWN_MODEL,
+    Amounts,
+    Reservation,
+    SpendWindows,
+    WindowView,
+    budget_key,
+)
 from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
 
 
@@ -30,11 +37,16 @@ class LocalCounts:
     async def spend(self, budgets: Sequence[tuple[str, SecretBudget | None]]) -> None:
         self._limiter().spend(budgets)
 
-    async def reserve(self, budget: Budget, who: str, want: Amounts) -> Reservation:
-        return self.spend_windows.reserve(budget_key(budget, who), budget, who, want)
+    async def reserve(self, budget: Budget, who: str, want: Amounts, identity: str = "",
+                      model: str = UNKNOWN_MODEL) -> Reservation:
+        return self.spend_windows.reserve(budget_key(budget, who), budget, who, want,
+                                          identity=identity, model=model)
 
     async def settle(self, res: Reservation, actual: Amounts) -> None:
         self.spend_windows.settle(res, actual)
+
+    async def open_windows(self) -> list[WindowView]:
+        return self.spend_windows.views()
 
     async def sandbox_ended(self, sandbox: str) -> bool:
         # one process: DELETE /v1/sandboxes revokes its leases; its tokens end by their TTL

@@ -5,7 +5,7 @@ server's clock; Python sends arguments and reads the verdict. Keys (under `--sta
 
     rate:<identity>:<rps>:<burst>       token bucket (hash); expires once it would be full
     budget:<secret>:<calls>:<per>       calls in the current window; expires when it ends
-    spend:<budget>:<scope>:<who>:<limits>:<per>   an LLM budget's window (hash w, i, o, c)
+    spend:<budget>:<scope>:<who>:<limits>:<per>   an LLM budget's window (hash: scripts.py)
     conns:<identity>                    hash process -> open connections
     proc:<process>                      the process's lease, refreshed by its heartbeat
 
@@ -32,7 +32,16 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from sandgate.errors import StateUnavailable, Unavailable
 from sandgate.limits import Limiter, budget_exhausted, rate_limited, too_many_connections
-from sandgate.llm.spend import Amounts, Reservation, budget_key, limits_of, spend_exhausted
+from sandgate.llm.spend import (
+    UNKNOWN_MODEL,
+    Amounts,
+    Reservation,
+    WindowView,
+    budget_key,
+    limits_of,
+    parse_budget_key,
+    spend_exhausted,
+)
 from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
 from sandgate.state import StateConfig, scripts
 from sandgate.state.health import StateHealth
@@ -131,11 +140,12 @@ class RedisCounts:
 
     # ------------------------------------------------------------------ LLM spend
 
-    async def reserve(self, budget: Budget, who: str, want: Amounts) -> Reservation:
+    async def reserve(self, budget: Budget, who: str, want: Amounts, identity: str = "",
+                      model: str = UNKNOWN_MODEL) -> Reservation:
         key = self.cfg.key("spend", budget_key(budget, who))
         lim = limits_of(budget)
         args = [lim.input_tokens, lim.output_tokens, lim.cost_micros, want.input_tokens,
-                want.output_tokens, want.cost_micros, budget.per * 1000]
+                want.output_tokens, want.cost_micros, budget.per * 1000, identity or who]
         try:
             refused, value = await self.call(self._reserve, [key], args)
         except StateDown:  # never counted per process: fail closed
@@ -144,15 +154,37 @@ class RedisCounts:
         if int(refused):
             raise spend_exhausted(budget, who, int(value) / 1000)
         window = value.decode() if isinstance(value, bytes) else str(value)
-        return Reservation(key, window, want)
+        return Reservation(key, window, want, model)
 
     async def settle(self, res: Reservation, actual: Amounts) -> None:
-        d = actual.minus(res.reserved)
+        d, r = actual.minus(res.reserved), res.reserved
         try:
             await self.call(self._settle, [res.key],
-                            [res.window, d.input_tokens, d.output_tokens, d.cost_micros])
+                            [res.window, d.input_tokens, d.output_tokens, d.cost_micros,
+                             r.input_tokens, r.output_tokens, r.cost_micros, res.model,
+                             actual.input_tokens, actual.output_tokens, actual.cost_micros])
         except StateDown:  # the worst case stays counted: fewer calls, never more
             log.warning("sandgate: an LLM budget's settlement was not counted (state down)")
+
+    async def open_windows(self) -> list[WindowView]:
+        """The fleet's open budget windows (SCAN of this fleet's `spend:` keys: at most
+        MAX_WINDOWS shown)."""
+        prefix = self.cfg.key("spend", "")
+        out: list[WindowView] = []
+        try:
+            async with asyncio.timeout(self.cfg.timeout * 4):
+                async for raw in self.r.scan_iter(match=_glob_escape(prefix) + "*", count=500):
+                    key = raw.decode() if isinstance(raw, bytes) else str(raw)
+                    held = {_text(k): _text(v) for k, v in (await self.r.hgetall(raw)).items()}
+                    view = window_view(key[len(prefix):], held, await self.r.pttl(raw))
+                    if view is not None:
+                        out.append(view)
+                    if len(out) >= MAX_WINDOWS:
+                        break
+        except (TimeoutError, RedisError, OSError):
+            raise StateUnavailable(down_reason(self.cfg) + ": the budget windows cannot be "
+                                   "read") from None
+        return sorted(out, key=lambda v: (v.budget, v.scope, v.who))
 
     # ------------------------------------------------------------------ connections
 
@@ -211,3 +243,40 @@ class RedisCounts:
         if self.fleet is None:
             return False
         return await self.fleet.sandbox_ended(sandbox)
+
+
+# The spend view shows at most this many windows (a fleet with more budget windows open than
+# this is read in part: the view says how many it shows).
+MAX_WINDOWS = 2000
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally by a Redis glob."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def window_view(key: str, fields: dict[str, str], ttl_ms: int) -> WindowView | None:
+    """One budget window's hash as the spend view shows it (None: not a window's)."""
+    parts = parse_budget_key(key)
+    if parts is None or "w" not in fields:
+        return None
+    name, scope, who, lim, per = parts
+
+    def n(field: str) -> int:
+        try:
+            return int(fields.get(field, "0"))
+        except ValueError:
+            return 0
+
+    models: dict[str, list[int]] = {}
+    for f in fields:
+        if f.startswith("m:") and f[-2:] in (":i", ":o", ":c"):
+            models.setdefault(f[2:-2], [0, 0, 0])["ioc".index(f[-1])] = n(f)
+    identity = fields.get("id") or who
+    return WindowView(name, scope, who, identity, lim, per, max(0.0, ttl_ms / 1000),
+                      Amounts(n("i"), n("o"), n("c")), Amounts(n("ri"), n("ro"), n("rc")),
+                      {m: Amounts(*a) for m, a in models.items()}, shared=True)

@@ -18,16 +18,19 @@ BUDGET (several secrets, all or none). KEYS = one counter per secret (its window
     counter is incremented, and a counter started by this call expires after its `per`: the
     window starts at the first call after the previous window ended. Answers {0, 0}.
 
-SPEND_RESERVE (an LLM call's worst case, one budget). KEYS[1] = the window (a hash: w, i, o, c),
-    ARGV = limits in, out, cost (-1: none), the amounts in, out, cost, per_ms. While every
-    limited amount is under its limit (reservations in flight count), the amounts are added
-    and the answer is {0, window id}; else nothing changes and the answer is {1, ms until the
-    window ends}. A window starts at its first call (its id: the server's time in µs then) and
-    expires after `per`.
+SPEND_RESERVE (an LLM call's worst case, one budget). KEYS[1] = the window (a hash: w, i, o, c;
+    ri, ro, rc the reservations in flight; id the identity that opened it; m:<model>:i|o|c the
+    settled spend per model), ARGV = limits in, out, cost (-1: none), the amounts in, out, cost,
+    per_ms, the identity. While every limited amount is under its limit (reservations in flight
+    count), the amounts are added (to the spend and to what is in flight) and the answer is
+    {0, window id}; else nothing changes and the answer is {1, ms until the window ends}. A
+    window starts at its first call (its id: the server's time in µs then) and expires after
+    `per`.
 
 SPEND_SETTLE. KEYS[1] = the same hash, ARGV = the window id, the differences in, out, cost
-    (spent minus reserved). Applied only to the window reserved in (floored at 0): a window
-    that ended has no debt.
+    (spent minus reserved), the reserved in, out, cost, the model's name, and the spent in,
+    out, cost. Applied only to the window reserved in (floored at 0): a window that ended has
+    no debt. The reservation leaves what is in flight; the spend is added to its model's.
 
 CONN_ACQUIRE (open connections of one identity). KEYS[1] = a hash process -> connections,
     ARGV = this process, the limit, the prefix of process lease keys.  The sum counts only
@@ -100,12 +103,16 @@ if w then
 else
   local t = redis.call('TIME')
   w = t[1] .. string.format('%06d', tonumber(t[2]))
-  redis.call('HSET', KEYS[1], 'w', w, 'i', 0, 'o', 0, 'c', 0)
+  redis.call('HSET', KEYS[1], 'w', w, 'i', 0, 'o', 0, 'c', 0, 'ri', 0, 'ro', 0, 'rc', 0,
+             'id', ARGV[8] or '')
   redis.call('PEXPIRE', KEYS[1], ARGV[7])
 end
 redis.call('HINCRBY', KEYS[1], 'i', ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'o', ARGV[5])
 redis.call('HINCRBY', KEYS[1], 'c', ARGV[6])
+redis.call('HINCRBY', KEYS[1], 'ri', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'ro', ARGV[5])
+redis.call('HINCRBY', KEYS[1], 'rc', ARGV[6])
 return {0, w}
 """
 
@@ -117,6 +124,11 @@ local names = {'i', 'o', 'c'}
 for k = 1, 3 do
   local n = redis.call('HINCRBY', KEYS[1], names[k], ARGV[k + 1])
   if n < 0 then redis.call('HSET', KEYS[1], names[k], 0) end
+  if ARGV[k + 4] then
+    local r = redis.call('HINCRBY', KEYS[1], 'r' .. names[k], -tonumber(ARGV[k + 4]))
+    if r < 0 then redis.call('HSET', KEYS[1], 'r' .. names[k], 0) end
+    redis.call('HINCRBY', KEYS[1], 'm:' .. ARGV[8] .. ':' .. names[k], ARGV[k + 8])
+  end
 end
 return 1
 """
