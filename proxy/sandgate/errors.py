@@ -52,7 +52,7 @@ and a reason and hint that are safe to show the sandbox::
         ├── ProofError                   the prover and decide() disagree  (review/proofs.py)
         └── DemoFailed                   the demo stack misbehaved         (demo/tour.py)
 
-A module that owns its exception subclasses one of these bases (tests/unit/test_error_tree.py
+A module that owns its exception subclasses one of these bases (tests/unit/test_errors.py
 checks every exception class under sandgate/); the bases that were a builtin's (ValueError,
 RuntimeError) still are, so every `except` that caught them still does. Where each boundary
 exception is caught and what it becomes (status, exit code, log line): docs/building.md.
