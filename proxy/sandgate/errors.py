@@ -28,8 +28,7 @@ and a reason and hint that are safe to show the sandbox::
     │   ├── CallUnreadable               an LLM call's body unreadable     (llm/llmcall.py)
     │   ├── TooLarge                     a body decodes past the limit     (addons/decoding.py)
     │   ├── VoteError (status)           an approval vote refused          (approvals/votes.py)
-    │   ├── TooManyModels                `llm:` globs too many to compare  (policy/llmproofs.py)
-    │   └── SplitConfigError             a split sandbox's settings       (pattern1/rules.py)
+    │   └── TooManyModels                `llm:` globs too many to compare  (policy/llmproofs.py)
     ├── NotVerified                      a presented token or record does not verify
     │   ├── TokenError                   a proxy token                     (tokens.py)
     │   ├── SessionIdError               an MCP session id                 (rpc/mcpsession.py)
@@ -46,11 +45,13 @@ and a reason and hint that are safe to show the sandbox::
     ├── SetupFailed (RuntimeError)       the host cannot be set up as asked; the message says how
     │   ├── DockerUnavailable            no Docker engine                  (sandbox/engine.py)
     │   ├── SandboxError                 a sandbox not created or usable   (sandbox/engine.py)
-    │   ├── CaptureError                 the capture table not installed   (capture/nftables.py)
-    │   └── RunnerError                  the split sandbox's tool runner   (pattern1/toolrunner.py)
+    │   └── CaptureError                 the capture table not installed   (capture/nftables.py)
     └── InternalError (RuntimeError)     a bug: two parts of Sandgate disagree, never a verdict
         ├── ProofError                   the prover and decide() disagree  (review/proofs.py)
         └── DemoFailed                   the demo stack misbehaved         (demo/tour.py)
+
+Outside it, on purpose: pattern1's SplitConfigError (a ValueError) and RunnerError (a
+RuntimeError), which run in the sandbox image where sandgate/pattern1 is installed alone.
 
 A module that owns its exception subclasses one of these bases (tests/unit/test_errors.py
 checks every exception class under sandgate/); the bases that were a builtin's (ValueError,

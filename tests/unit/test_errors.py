@@ -134,7 +134,13 @@ def test_policy_error_is_in_the_tree():
 
 # Exception classes that may stay outside the tree, each with its reason. Keep it empty if you
 # can: a new entry needs a reason a reviewer accepts.
-OUTSIDE: dict[str, str] = {}
+# pattern1 runs inside the agent's image, where only sandgate/pattern1 is installed (standard
+# library only: sandbox_images/build.sh): it cannot import sandgate.errors
+IN_THE_SANDBOX = "sandgate.pattern1 runs in the sandbox image without the rest of sandgate"
+OUTSIDE: dict[str, str] = {
+    "sandgate.pattern1.rules.SplitConfigError": IN_THE_SANDBOX,
+    "sandgate.pattern1.toolrunner.RunnerError": IN_THE_SANDBOX,
+}
 
 
 def _modules() -> list[str]:

@@ -275,6 +275,14 @@ def test_imports_point_down_the_layers() -> None:
     assert sorted(KNOWN_LAYER_BREACHES - found) == [], "stale KNOWN_LAYER_BREACHES entries"
 
 
+def test_pattern1_imports_nothing_of_sandgate_but_itself() -> None:
+    # the agent's image holds sandgate/pattern1 alone (sandbox_images/build.sh: standard library
+    # only): any other import of sandgate fails there, at the sandbox's start
+    outside = sorted((a, b) for a, bs in GRAPH.items() if a.startswith("sandgate.pattern1")
+                     for b in bs if b != "sandgate" and not b.startswith("sandgate.pattern1"))
+    assert outside == []
+
+
 def test_stages_import_backwards_along_the_path() -> None:
     found = set(stage_breaches(GRAPH))
     assert sorted(found - KNOWN_STAGE_BREACHES) == []

@@ -29,8 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from sandgate.errors import InvalidInput
-
 MARK = "sandgate-split"  # the comment on the final rule: the applied rules are recognisable
 DOCKER_DNS = "127.0.0.11"
 
@@ -49,7 +47,7 @@ ENV_AGENT_PORTS = "SANDGATE_SPLIT_AGENT_PORTS"  # default: the port of HTTPS_PRO
 ENV_SPLIT = "SANDGATE_SPLIT"  # "uid", the only mode (the launcher sets it, for clarity)
 
 
-class SplitConfigError(InvalidInput):
+class SplitConfigError(ValueError):
     """The sandbox's split settings are missing or wrong: the sandbox does not start."""
 
 

@@ -29,8 +29,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandgate.errors import SetupFailed
-
 SOCKET = "/run/sandgate/runner.sock"
 MAX_REQUEST = 1024 * 1024
 OUTPUT_LIMIT = 4 * 1024 * 1024  # per stream; the rest is dropped (and said so)
@@ -39,7 +37,7 @@ DEFAULT_TIMEOUT = 120.0
 CONCURRENCY = 8
 
 
-class RunnerError(SetupFailed):
+class RunnerError(RuntimeError):
     """The request could not be run (bad request, runner unreachable)."""
 
 
