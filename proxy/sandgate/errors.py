@@ -26,7 +26,7 @@ and a reason and hint that are safe to show the sandbox::
     │   ├── CallError                    not a JSON-RPC 2.0 message        (rpc/jsonrpc.py)
     │   ├── HeaderMismatch               MCP headers disagree with the body (rpc/mcpheaders.py)
     │   ├── CallUnreadable               an LLM call's body unreadable     (llm/llmcall.py)
-    │   ├── TooLarge                     a body decodes past the limit     (addons/decoding.py)
+    │   ├── TooLarge                     a body decodes past the limit     (scrub/decoding.py)
     │   ├── VoteError (status)           an approval vote refused          (approvals/votes.py)
     │   └── TooManyModels                `llm:` globs too many to compare  (policy/llmproofs.py)
     ├── NotVerified                      a presented token or record does not verify

@@ -53,7 +53,7 @@ class AdminState:
     approvals: Approvals | None = None
     # --state: sandbox ends and reloads reach every replica; /readyz shows the fleet's state
     fleet: Fleet | None = None
-    # the recent decisions the web console shows (fed by the audit stream: runner.py)
+    # the recent decisions the web console shows (fed by the audit stream: runner/build.py)
     recent: EventRing | None = None
     # the LLM budget windows open now, as the proxy counts them (the console's spend view):
     # this process's, or the fleet's with --state (sandgate.state.counts.Counts.open_windows)

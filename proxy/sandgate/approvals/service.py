@@ -63,7 +63,7 @@ class Request:
     tool: str | None
     body_sha256: str
     body_size: int
-    headers_sha256: str  # the forwarded headers the sandbox sent (approvals/headers.py)
+    headers_sha256: str  # the forwarded headers the sandbox sent (approvals/bound_headers.py)
     headers: tuple[tuple[str, str], ...]  # the same, scrubbed: what approvers see
     headers_injected: tuple[str, ...]  # where the rule injects credentials (names only)
 

@@ -2,7 +2,7 @@
 
 An `Approval` says who asks for what and why (identity, sandbox, method, redacted URL, tool,
 rule, the body's sha256 and size, the forwarded headers scrubbed and their sha256: see
-approvals/headers.py), never a secret or the body itself. Votes come from
+approvals/bound_headers.py), never a secret or the body itself. Votes come from
 authenticated admin users (sandgate.admin.access): a user's name counts once, one deny refuses, and
 `require_approvers` distinct approvals approve. What an approval is remembered for is its
 `Scope`; a remembered approval is a `Grant`, matched by rule, identity, (scope sandbox) the
@@ -126,7 +126,7 @@ class Approval:
     rule_source: str
     body_sha256: str
     body_size: int
-    # the forwarded headers the sandbox sent (approvals/headers.py): their digest, what
+    # the forwarded headers the sandbox sent (approvals/bound_headers.py): their digest, what
     # approvers see of them (scrubbed), and the names Sandgate injects credentials into
     headers_sha256: str
     headers: tuple[tuple[str, str], ...]

@@ -1,6 +1,6 @@
 """`sandgate run`'s audit options and the audit log they make (format, chain, rotation).
 
-Kept apart from cli/run.py and runner.py so that those only pass one settings object along:
+Kept apart from cli/run.py and runner/ so that those only pass one settings object along:
 `add_arguments` registers the options, `from_args` checks them, `open_log` builds the log in
 the process that writes it (one process, or each worker of --workers N).
 """

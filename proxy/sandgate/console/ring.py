@@ -1,6 +1,6 @@
 """The recent decisions the web console shows: a bounded ring of audit events in memory.
 
-Fed by an `AuditLog` listener (runner.py: `sink.add_listener(recent.on_audit)`), so it sees
+Fed by an `AuditLog` listener (runner/build.py: `sink.add_listener(recent.on_audit)`), so it sees
 exactly the events written to the audit stream, after they were written and scrubbed: the
 console never has more than the audit log has (no secret value, query values redacted).
 Bounded twice: at most `capacity` events, and refusals counted per time bucket for the

@@ -12,7 +12,7 @@ and size, the forwarded headers scrubbed and their sha256), never a secret or th
 
 The headers are bound as they stand here, before s40-s70 change them: those stages only remove
 what `approvals.headers.bound_fields` leaves out and set what `approvals.headers.replaced`
-names, so a retry that sends the same headers gets the same digest (approvals/headers.py).
+names, so a retry that sends the same headers gets the same digest (approvals/bound_headers.py).
 """
 
 from __future__ import annotations

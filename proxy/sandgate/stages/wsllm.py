@@ -15,7 +15,7 @@ not a JSON object, another `type`) closes the WebSocket both ways with 1008 (pol
 violation): what is judged must be what is forwarded.
 
 From the server, messages are scrubbed, and the text the client joins across
-`response.output_text.delta` events too (stages/s70_scrub, addons/wsjoin.py), as on any
+`response.output_text.delta` events too (stages/s70_scrub, scrub/wsjoin.py), as on any
 WebSocket. Budgets are not counted on a WebSocket: a rule with `llm.budget` cannot say
 `websocket: true` (sandgate.policy.llm).
 

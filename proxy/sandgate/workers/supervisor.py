@@ -3,7 +3,7 @@
 Before any worker starts it creates what every worker must share: the confdir with the CA (so
 every worker presents the same CA to sandboxes) and the token key (tokens verify in any worker),
 and the dev Vault when there is no VAULT_ADDR (cli.py starts it and passes its address on). It
-checks the proxy address (listen.reserve), starts the admin front (front.py) if --admin is
+checks the proxy address (listen.reserve), starts the admin front (admin_front.py) if --admin is
 given, then starts N workers: `python -m sandgate.cli run <the same arguments> --worker-id K
 --worker-dir RUN_DIR`, each a complete proxy with its own mitmproxy master, Vault cache,
 policy watcher and Docker event follower.

@@ -1,5 +1,5 @@
 """`sandgate run`'s export options, and the exports they start (one call each from cli/run.py
-and runner.py)."""
+and runner/build.py)."""
 
 from __future__ import annotations
 
