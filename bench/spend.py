@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                        ("cpu_ms_per_request", "proxy CPU ms/request")):
         lo_p, hi_p = rng["plain"][key]
         lo_l, hi_l = rng["llm"][key]
-        print(f"{label:<24}{plain[key]:>12.1f}{llm[key]:>12.1f}{llm[key] / plain[key]:>12.2f}"
-              f"   plain {lo_p:.1f}-{hi_p:.1f}, llm {lo_l:.1f}-{hi_l:.1f}")
+        d = 3 if key == "cpu_ms_per_request" else 1  # CPU: tenths of a ms are the signal
+        print(f"{label:<24}{plain[key]:>12.{d}f}{llm[key]:>12.{d}f}"
+              f"{llm[key] / plain[key]:>12.2f}"
+              f"   plain {lo_p:.{d}f}-{hi_p:.{d}f}, llm {lo_l:.{d}f}-{hi_l:.{d}f}")
     added = 16 / llm["keepalive_c16_rps"] - 16 / plain["keepalive_c16_rps"]
     print(f"\nadded time per call at c16: {added * 1000:.2f} ms")
     return 0

@@ -35,8 +35,10 @@ LIMIT_CODES = frozenset(str(c) for c in (
 APPROVAL_ACTIONS = frozenset({"requested", "voted", "decided", "used", "timed_out", "withdrawn",
                               "webhook_sent", "webhook_failed"})
 _MAX_CHILDREN = 4096  # remembered label children (Metrics._child); past that, looked up
+_MAX_MODEL_LABELS = 4096  # model strings whose label is remembered (_Bounds.model_label)
 MAX_SANDBOX_LABELS = 1000  # distinct sandbox label values; later sandboxes count as "other"
 TOKEN_KINDS = ("input", "output", "cached", "reasoning")
+_TOKEN_KEYS = tuple((k, f"{k}_tokens") for k in TOKEN_KINDS)  # the audit usage's keys
 _VAULT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -68,6 +70,19 @@ class _Bounds:
             [g for i in policy.identities.values() for r in i.rules if r.llm is not None
              for g in r.llm.models or ()]
             + [p.model for p in (*policy.prices, *shipped_prices())]))
+        self.model_labels: dict[str, str] = {}  # a model string -> its label (see model_label)
+
+    def model_label(self, value: object) -> str:
+        """Metrics._named over model_globs, remembered per model string: matched once, not per
+        call against every price glob (bounded: a sandbox chooses the strings)."""
+        if not isinstance(value, str):
+            return Metrics._named(value, self.model_globs)
+        label = self.model_labels.get(value)
+        if label is None:
+            label = Metrics._named(value, self.model_globs)
+            if len(self.model_labels) < _MAX_MODEL_LABELS:
+                self.model_labels[value] = label
+        return label
 
 
 class Metrics:
@@ -246,10 +261,10 @@ class Metrics:
         if not isinstance(llm, dict) or not isinstance(llm.get("usage"), dict):
             return
         sandbox = self._sandbox(fields.get(A.SANDBOX))
-        model = self._named(llm.get("model"), self._b().model_globs)
+        model = self._b().model_label(llm.get("model"))
         usage = llm["usage"]
-        for kind in TOKEN_KINDS:
-            n = usage.get(f"{kind}_tokens")
+        for kind, key in _TOKEN_KEYS:
+            n = usage.get(key)
             if isinstance(n, int) and n > 0:
                 self._child(self.llm_tokens, identity, sandbox, model, kind).inc(n)
         cost = llm.get("cost_usd")

@@ -211,3 +211,44 @@ def test_never_raises_and_never_changes_what_it_does_not_drop(data, cuts):
         for ctype in ("text/event-stream", "application/json", "application/x-ndjson"):
             r = UsageReader(api, ctype, "/x:streamGenerateContent")  # type: ignore[arg-type]
             assert run(r, split(data, cuts)) == data
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=8)
+
+
+def _as_json_loads_reads(body: bytes) -> object:
+    """What read_call saw before its decoder was reused: json.loads with the pairs hook."""
+    from sandgate.llm.llmcall import _no_duplicates
+
+    try:
+        doc = json.loads(body, object_pairs_hook=_no_duplicates)
+    except CallUnreadable as e:
+        return ("unreadable", str(e))
+    except (ValueError, RecursionError):
+        return ("unreadable", "the body is not JSON")
+    return doc if isinstance(doc, dict) else ("unreadable", "the body is not a JSON object")
+
+
+@given(doc=st.dictionaries(st.text(max_size=6), json_values, max_size=4),
+       encoding=st.sampled_from(["utf-8", "utf-8-sig", "utf-16-le", "utf-16-be", "utf-16",
+                                 "utf-32-le", "utf-32-be", "utf-32"]),
+       dup=st.booleans(), junk=st.binary(max_size=4))
+def test_a_body_reads_as_json_loads_reads_it(doc, encoding, dup, junk):
+    """The call's body is read by one reused decoder exactly as json.loads (with the
+    duplicate-key check) reads bytes: the same document, or the same refusal, whatever its
+    encoding (a BOM, UTF-16/32) or trailing bytes."""
+    from sandgate.llm.llmcall import _document
+
+    text = json.dumps(doc, ensure_ascii=False)
+    if dup and doc:
+        text = text[:-1] + ", " + json.dumps(next(iter(doc))) + ": 1}"  # a key given twice
+    for body in (text.encode(encoding, "surrogatepass"), text.encode("utf-8") + junk):
+        try:
+            got: object = _document(body)
+        except CallUnreadable as e:
+            got = ("unreadable", str(e))
+        assert got == _as_json_loads_reads(body)

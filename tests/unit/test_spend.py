@@ -450,3 +450,30 @@ async def test_a_reservation_waits_for_this_processs_settlements():
     await settled(key)
     assert counts.windows.used(key) == Amounts(1, 2) and not spend._pending
     counts.windows.reserve(key, b, "a", Amounts(0, 20), now=1)  # room again
+
+
+
+async def test_an_in_process_count_is_settled_in_place():
+    """Counted in this process, a call's settlement is made when settle() is called, with no
+    task started per call and nothing left for the next reservation to wait for (a task per
+    call was part of what `llm:` + a budget cost: bench/spend.py, docs/performance.md)."""
+    from sandgate.limits import Limiter
+    from sandgate.llm import spend
+    from sandgate.llm.llmcall import UsageReader
+    from sandgate.llm.spend import LlmFlow, budget_key, settle, settled
+    from sandgate.state.local import LocalCounts
+
+    counts = LocalCounts(Limiter)
+    b = budget(output_tokens=20)
+    key = budget_key(b, "a")
+    flow = LlmFlow("anthropic", reader=UsageReader("anthropic", "application/json", "/v1/m"))
+    flow.reader.feed(b'{"usage": {"input_tokens": 1, "output_tokens": 2}}')  # type: ignore
+    flow.reader.end()  # type: ignore[union-attr]
+    flow.reservation = await counts.reserve(b, "a", Amounts(0, 20))
+    assert counts.spend_windows.used(key) == Amounts(0, 20)  # the worst case, in flight
+    settle(counts, flow, False)
+    assert counts.spend_windows.used(key) == Amounts(1, 2)  # settled before settle() returns
+    assert not spend._pending  # no task: nothing for the next reservation to wait for
+    await settled(key)
+    settle(counts, flow, False)  # once only
+    assert counts.spend_windows.used(key) == Amounts(1, 2)

@@ -107,9 +107,15 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# json.loads(body, object_pairs_hook=...) builds a decoder per call: one, reused (it keeps no
+# state between documents)
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+
+
 def _document(body: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(body, object_pairs_hook=_no_duplicates)
+        # as json.loads reads bytes: UTF-8, -16 or -32 by their first bytes
+        doc = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except CallUnreadable:
         raise
     except (ValueError, RecursionError):
@@ -343,7 +349,7 @@ class UsageReader:
         if self._framer is None:
             if self._whole:
                 try:
-                    self.usage = usage_of(self.api, json.loads(bytes(self._whole)))
+                    self.usage = usage_of(self.api, json.loads(self._whole))  # no copy
                 except (ValueError, RecursionError):
                     pass
             self._whole = None

@@ -102,6 +102,7 @@ def limits_of(budget: Budget) -> Amounts:
         -1 if budget.cost_usd is None else math.floor(budget.cost_usd * 1_000_000))
 
 
+@functools.lru_cache(maxsize=4096)  # per call; bounded (a sandbox id is the caller's string)
 def budget_key(budget: Budget, who: str) -> str:
     """The counter of one budget for one identity or sandbox. Its limits are part of it, so a
     reload that changes them starts a fresh count (as secret budgets do)."""
@@ -201,6 +202,7 @@ class _Window:
     start: float
     end: float
     identity: str
+    id: str  # `start` as the reservations name it (formatted once, not per call)
     used: list[int] = field(default_factory=lambda: [0, 0, 0])
     reserved: list[int] = field(default_factory=lambda: [0, 0, 0])
     models: dict[str, list[int]] = field(default_factory=dict)
@@ -221,7 +223,8 @@ class SpendWindows:
             if len(self._windows) > 100_000:  # bounded: ended windows go first
                 for k in [k for k, w in self._windows.items() if w.end <= now]:
                     del self._windows[k]
-            cur = self._windows[key] = _Window(now, now + budget.per, identity or who)
+            cur = self._windows[key] = _Window(now, now + budget.per, identity or who,
+                                               f"{now!r}")
         lim = limits_of(budget)
         for u, cap in zip(cur.used, (lim.input_tokens, lim.output_tokens, lim.cost_micros),
                           strict=True):
@@ -230,11 +233,11 @@ class SpendWindows:
         for i, n in enumerate((want.input_tokens, want.output_tokens, want.cost_micros)):
             cur.used[i] += n
             cur.reserved[i] += n
-        return Reservation(key, f"{cur.start!r}", want, model)
+        return Reservation(key, cur.id, want, model)
 
     def settle(self, res: Reservation, actual: Amounts) -> None:
         cur = self._windows.get(res.key)
-        if cur is None or f"{cur.start!r}" != res.window:
+        if cur is None or cur.id != res.window:
             return  # the window ended: its successor owes nothing
         d = actual.minus(res.reserved)
         spent = cur.models.setdefault(res.model, [0, 0, 0])
@@ -326,12 +329,20 @@ class Settles(Protocol):
 
 
 def settle(counts: Settles, llm: LlmFlow | None, never_sent: bool) -> None:
-    """Settle the call's reservation (see `settlement`), in a task: the proxy's hooks that end
-    a flow (response, error) cannot wait. Started in the response hook, before the client is
+    """Settle the call's reservation (see `settlement`): in place when this process counts
+    (the counts' `settle_now`), else in a task: the proxy's hooks that end a flow (response,
+    error) cannot wait for the state. Started in the response hook, before the client is
     sent the end of the answer; a later reservation of the same budget in this process waits
     for it (`settled`), so a client's next call always finds this one settled."""
     todo = settlement(llm, never_sent)
     if todo is None:
+        return
+    now = getattr(counts, "settle_now", None)
+    if now is not None:  # counted in this process: settled in place, no task to start
+        try:
+            now(*todo)
+        except Exception:
+            log.exception("sandgate: settling an LLM budget failed; its worst case stays")
         return
 
     async def run() -> None:
@@ -342,6 +353,10 @@ def settle(counts: Settles, llm: LlmFlow | None, never_sent: bool) -> None:
 
     key = todo[0].key
     task = asyncio.ensure_future(run())
+    if task.done():
+        # run eagerly to its end (the proxy's loop starts tasks eagerly; a per-process count
+        # never suspends): nothing to wait for, and nothing for `settled` to suspend on
+        return
     _pending.setdefault(key, set()).add(task)
 
     def done(t: asyncio.Future[None]) -> None:
@@ -357,7 +372,13 @@ def settle(counts: Settles, llm: LlmFlow | None, never_sent: bool) -> None:
 async def settled(key_of: str) -> None:
     """The settlements of this budget counter started so far in this process, done (each is
     one short state call; a failing one only logs)."""
-    held = [t for k, tasks in list(_pending.items()) if k.endswith(key_of) for t in tasks]
+    if not _pending:
+        return
+    # only those still running: awaiting a finished one would suspend the request's hook for
+    # a turn of the loop (gather answers through callbacks), sending it around mitmproxy's
+    # hook machinery instead of completing in place
+    held = [t for k, tasks in list(_pending.items()) if k.endswith(key_of) for t in tasks
+            if not t.done()]
     if held:
         await asyncio.gather(*held, return_exceptions=True)
 

@@ -45,6 +45,11 @@ class LocalCounts:
     async def settle(self, res: Reservation, actual: Amounts) -> None:
         self.spend_windows.settle(res, actual)
 
+    def settle_now(self, res: Reservation, actual: Amounts) -> None:
+        """`settle` without a coroutine (sandgate.llm.spend.settle calls it in place: a count of
+        this process never waits, so no task is started per call)."""
+        self.spend_windows.settle(res, actual)
+
     async def open_windows(self) -> list[WindowView]:
         return self.spend_windows.views()
 
