@@ -2,12 +2,12 @@
 
     python bench/mitm_floor.py HOST PORT CONFDIR UPSTREAM_CA
 
-Not Sandgate: mitmproxy 11's Master with only the addons an intercepting HTTP proxy cannot run
+Not Sandgate: mitmproxy's Master with only the addons an intercepting HTTP proxy cannot run
 without (core, the proxy server, next_layer, tlsconfig), none of mitmdump's other ~30 default
 addons, and no Sandgate. Every flow still goes through mitmproxy's connection handler, layers
 and hooks, which is the part any addon built on mitmproxy pays: its CPU per request and its
-added latency bound Sandgate's from below. `bench/focus.py` runs it as the `mitm-floor` variant
-(docs/performance.md, "The unmet targets", issue 29).
+added latency bound Sandgate's from below. `bench/run.py` and `bench/focus.py` run it as the
+`mitm-floor` variant (docs/performance.md, "The unmet targets", issue 29).
 """
 
 from __future__ import annotations

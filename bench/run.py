@@ -18,6 +18,15 @@ Variants (each started once, measured every round, in alternating order):
   sandgate-workers2   `sandgate run --workers 2` (when this checkout's CLI offers it)
   sandgate-noreuse    sandgate with `--upstream-reuse-idle 0`: every client connection dials its
                       own upstream connection (when this checkout's CLI offers the option)
+  mitm-floor          mitmproxy's core with no addon (bench/mitm_floor.py): the floor of any
+                      mitmproxy addon
+
+Before and after in one run: `--baseline-python PY --baseline-src DIR` adds mitmdump@base,
+mitm-floor@base and sandgate@base, the same three run by another interpreter (an environment
+with the older mitmproxy and Sandgate's dependencies) from another checkout of Sandgate (DIR, its
+proxy/ on PYTHONPATH), measured in the same rounds, and prints X/X@base for each figure:
+
+    .venv/bin/python bench/run.py --baseline-python /tmp/old/bin/python --baseline-src /tmp/old-src
 
 Figures per variant: keep-alive req/s at concurrency 16 and 64, req/s with a new CONNECT+TLS per
 request, SSE time to first event (ms), a 20 MiB download's MiB/s, the proxy's peak RSS and its
@@ -75,7 +84,12 @@ FIGURES = {  # key: (label, unit, higher is better)
 }
 PROXY_ONLY = {"download_rss_growth_mib", "peak_rss_mib", "cpu_ms_per_request", "new_conn_cpu_ms"}
 VARIANTS = ["direct", "squid", "mitmdump", "mitmdump+header", "sandgate", "sandgate-passthrough",
-            "sandgate-workers2", "sandgate-noreuse"]
+            "sandgate-workers2", "sandgate-noreuse", "mitm-floor"]
+BASELINE = ["mitmdump", "mitm-floor", "sandgate"]  # run again as NAME@base with --baseline-python
+# the figures compared before/after (X/X@base): the issue's targets plus CPU per request
+BASELINE_FIGURES = ["keepalive_c16_rps", "keepalive_c64_rps", "new_conn_rps", "new_conn_cpu_ms",
+                    "cpu_ms_per_request", "download_mib_s", "c1_keepalive_p50_ms",
+                    "sse_first_event_ms"]
 
 POLICY = f"""\
 version: v1
@@ -218,6 +232,16 @@ class Bench:
         self.env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT / "proxy"), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.bindir = Path(sys.executable).parent
+        self.tokens: dict[str, tuple[str, Path]] = {}  # confdir -> (token, CA file)
+
+    def python(self, base: bool) -> str:
+        return str(self.args.baseline_python) if base else sys.executable
+
+    def env_for(self, base: bool) -> dict[str, str]:
+        """The baseline's processes import Sandgate from its own checkout, nothing from here."""
+        if not base:
+            return self.env
+        return {**self.env, "PYTHONPATH": str(self.args.baseline_src / "proxy")}
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
               cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], Path]:
@@ -272,18 +296,30 @@ class Bench:
         return Variant("squid", Target("", 0, NAME, str(self.certs.ca_cert), (PROXY_IP, port),
                                        f"{UPSTREAM_IP}:{self.up_port}"), proc)
 
-    def mitmdump(self, name: str, addon: bool) -> Variant:
-        conf = self.work / name.replace("+", "-")
+    def mitmdump(self, name: str, addon: bool, base: bool = False) -> Variant:
+        conf = self.work / name.replace("+", "-").replace("@", "-")
         conf.mkdir()
         port = free_port(PROXY_IP)
-        cmd = [str(self.bindir / "mitmdump"), "-q", "--listen-host", PROXY_IP,
+        bindir = Path(self.python(base)).parent
+        cmd = [str(bindir / "mitmdump"), "-q", "--listen-host", PROXY_IP,
                "--listen-port", str(port), "--set", f"confdir={conf}",
                "--set", f"ssl_verify_upstream_trusted_ca={self.certs.ca_cert}"]
         if addon:
             script = conf / "header_addon.py"
             script.write_text(HEADER_ADDON)
             cmd += ["-s", str(script)]
-        proc, log = self.spawn(name, cmd)
+        proc, log = self.spawn(name, cmd, env=self.env_for(base))
+        wait_listening(PROXY_IP, port, proc, log)
+        return Variant(name, Target("", 0, NAME, str(conf / "mitmproxy-ca-cert.pem"),
+                                    (PROXY_IP, port), f"{UPSTREAM_IP}:{self.up_port}"), proc)
+
+    def mitm_floor(self, name: str, base: bool = False) -> Variant:
+        conf = self.work / name.replace("@", "-")
+        conf.mkdir()
+        port = free_port(PROXY_IP)
+        proc, log = self.spawn(name, [self.python(base), str(HERE / "mitm_floor.py"), PROXY_IP,
+                                      str(port), str(conf), str(self.certs.ca_cert)],
+                               env=self.env_for(base))
         wait_listening(PROXY_IP, port, proc, log)
         return Variant(name, Target("", 0, NAME, str(conf / "mitmproxy-ca-cert.pem"),
                                     (PROXY_IP, port), f"{UPSTREAM_IP}:{self.up_port}"), proc)
@@ -297,41 +333,55 @@ class Bench:
         self.policies = self.work / "policies"
         self.policies.mkdir()
         (self.policies / "bench.yaml").write_text(POLICY.replace("{port}", str(self.up_port)))
-        self.confdir = self.work / "sandgate-conf"
-        cli = [sys.executable, "-m", "sandgate.cli"]
-        self.sandgate_cli = cli
-        self.token = subprocess.run(
-            [*cli, "token", "issue", "--confdir", str(self.confdir), "--identity", "bench",
-             "--ttl", "12h"], env=self.env, check=True, capture_output=True,
-            text=True).stdout.strip()
-        ca = subprocess.run([*cli, "ca", "--confdir", str(self.confdir)], env=self.env,
-                            check=True, capture_output=True, text=True).stdout
-        self.sandgate_ca = self.work / "sandgate-ca.pem"
-        self.sandgate_ca.write_text(ca)
 
-    def sandgate_help(self) -> str:
-        return subprocess.run([*self.sandgate_cli, "run", "--help"], env=self.env,
-                              capture_output=True, text=True).stdout
+    def sandgate_cli(self, base: bool = False) -> list[str]:
+        return [self.python(base), "-m", "sandgate.cli"]
 
-    def sandgate(self, name: str, *extra: str, passthrough: bool = False) -> Variant:
-        if "--workers" not in extra and "--workers" in self.sandgate_help():
+    def confdir(self, base: bool) -> Path:
+        return self.work / ("sandgate-conf-base" if base else "sandgate-conf")
+
+    def token_and_ca(self, base: bool) -> tuple[str, Path]:
+        """A token and the CA of this side's confdir, issued by this side's own CLI."""
+        conf = self.confdir(base)
+        if str(conf) not in self.tokens:
+            cli, env = self.sandgate_cli(base), self.env_for(base)
+            token = subprocess.run(
+                [*cli, "token", "issue", "--confdir", str(conf), "--identity", "bench",
+                 "--ttl", "12h"], env=env, check=True, capture_output=True,
+                text=True).stdout.strip()
+            ca = subprocess.run([*cli, "ca", "--confdir", str(conf)], env=env,
+                                check=True, capture_output=True, text=True).stdout
+            path = self.work / f"{conf.name}-ca.pem"
+            path.write_text(ca)
+            self.tokens[str(conf)] = (token, path)
+        return self.tokens[str(conf)]
+
+    def sandgate_help(self, base: bool = False) -> str:
+        return subprocess.run([*self.sandgate_cli(base), "run", "--help"],
+                              env=self.env_for(base), capture_output=True, text=True).stdout
+
+    def sandgate(self, name: str, *extra: str, passthrough: bool = False,
+                 base: bool = False) -> Variant:
+        if "--workers" not in extra and "--workers" in self.sandgate_help(base):
             extra = ("--workers", "1", *extra)  # one process unless asked: the CLI's default
             # is one worker per core
+        token, sandgate_ca = self.token_and_ca(base)
         port = free_port(PROXY_IP)
-        env = {k: v for k, v in self.env.items() if not k.startswith("VAULT_")}
+        env = {k: v for k, v in self.env_for(base).items() if not k.startswith("VAULT_")}
         env.update(VAULT_ADDR=self.vault.addr, VAULT_TOKEN=self.vault.root_token)
-        cmd = [*self.sandgate_cli, "run", "--policies", str(self.policies),
-               "--listen", f"{PROXY_IP}:{port}", "--confdir", str(self.confdir),
+        cmd = [*self.sandgate_cli(base), "run", "--policies", str(self.policies),
+               "--listen", f"{PROXY_IP}:{port}", "--confdir", str(self.confdir(base)),
                "--audit", str(self.work / f"{name}-audit.jsonl"),
                "--upstream-ca", str(self.certs.ca_cert),
                f"--resolve={NAME}={UPSTREAM_IP}", f"--resolve={TUNNEL_NAME}={UPSTREAM_IP}",
                "--no-watch", "--log-format", "json", *extra]
-        proc, log = self.spawn(name, cmd, env=env, cwd=ROOT)
+        proc, log = self.spawn(name, cmd, env=env,
+                               cwd=self.args.baseline_src if base else ROOT)
         wait_listening(PROXY_IP, port, proc, log)
         host = TUNNEL_NAME if passthrough else NAME
-        cafile = str(self.certs.ca_cert) if passthrough else str(self.sandgate_ca)
+        cafile = str(self.certs.ca_cert) if passthrough else str(sandgate_ca)
         return Variant(name, Target("", 0, host, cafile, (PROXY_IP, port),
-                                    f"{host}:{self.up_port}", ("bench", self.token)), proc)
+                                    f"{host}:{self.up_port}", ("bench", token)), proc)
 
 
 # ------------------------------------------------------------------ measuring
@@ -418,6 +468,10 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
                 "c1_new_conn_p99_ms"):
         for name in ("sandgate", "sandgate-passthrough", "mitmdump", "squid"):
             out[f"{name} - direct {key}"] = added(results, name, key)
+    for name in BASELINE:  # before/after: this checkout over the baseline's
+        if f"{name}@base" in results:
+            for key in BASELINE_FIGURES:
+                out[f"{name}/{name}@base {key}"] = ratio(results, name, f"{name}@base", key)
     try:
         out["sandgate - direct sse_first_event_ms"] = statistics.median(
             x - y for x, y in zip(results["sandgate"]["sse_first_event_ms"]["runs"],
@@ -455,7 +509,7 @@ def table(results: dict[str, Any], rat: dict[str, float | None]) -> str:
     cols = list(FIGURES)
     head = ["variant"] + [f"{FIGURES[c][0]} ({FIGURES[c][1]})" for c in cols]
     rows = [head, ["---"] * len(head)]
-    for name in VARIANTS:
+    for name in [*VARIANTS, *(n for n in results if n not in VARIANTS)]:
         r = results.get(name, {})
         if not r.get("available", False):
             rows.append([name, r.get("note", "not available")] + [""] * (len(cols) - 1))
@@ -486,6 +540,16 @@ def table(results: dict[str, Any], rat: dict[str, float | None]) -> str:
     return "\n".join(lines)
 
 
+def version_of(python: Path) -> str:
+    return subprocess.run([str(python), "-c", "import platform; print(platform.python_version())"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def mitmproxy_version(python: str, env: dict[str, str]) -> str:
+    return subprocess.run([python, "-c", "from mitmproxy.version import VERSION; print(VERSION)"],
+                          capture_output=True, text=True, env=env).stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="measure every variant this often")
@@ -499,8 +563,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated variants (default: all)")
     ap.add_argument("--json", type=Path, default=HERE / "results.json")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    ap.add_argument("--baseline-python", type=Path, metavar="PY",
+                    help="the interpreter of the 'before' environment (its mitmproxy and "
+                         "Sandgate's dependencies): adds mitmdump@base, mitm-floor@base and "
+                         "sandgate@base")
+    ap.add_argument("--baseline-src", type=Path, metavar="DIR",
+                    help="the 'before' checkout of Sandgate (its proxy/ is imported)")
     args = ap.parse_args(argv)
-    wanted = [v for v in VARIANTS if not args.only or v in args.only.split(",")]
+    if (args.baseline_python is None) != (args.baseline_src is None):
+        ap.error("--baseline-python and --baseline-src go together")
+    if args.baseline_src is not None and not (args.baseline_src / "proxy" / "sandgate").is_dir():
+        ap.error(f"--baseline-src {args.baseline_src}: no proxy/sandgate there (a checkout of "
+                 "Sandgate, e.g. `git archive REV | tar -x -C DIR`)")
+    base_names = ([f"{n}@base" for n in BASELINE if not args.only or n in args.only.split(",")]
+                  if args.baseline_python else [])
+    wanted = [v for v in VARIANTS if not args.only or v in args.only.split(",")] + base_names
     work = Path(tempfile.mkdtemp(prefix="sandgate-bench-"))
     os.chmod(work, 0o755)  # noqa: S103 - squid (user proxy) reads its config under it
     b = Bench(work, args)
@@ -524,6 +601,10 @@ def main(argv: list[str] | None = None) -> int:
                 b.sandgate("sandgate-noreuse", "--upstream-reuse-idle", "0")
                 if "--upstream-reuse-idle" in b.sandgate_help()
                 else Variant("sandgate-noreuse", None, note="not available")),
+            "mitm-floor": lambda: b.mitm_floor("mitm-floor"),
+            "mitmdump@base": lambda: b.mitmdump("mitmdump@base", False, base=True),
+            "mitm-floor@base": lambda: b.mitm_floor("mitm-floor@base", base=True),
+            "sandgate@base": lambda: b.sandgate("sandgate@base", base=True),
         }
         if any(n.startswith("sandgate") for n in wanted):
             b.sandgate_setup()
@@ -554,6 +635,11 @@ def main(argv: list[str] | None = None) -> int:
                  "sse_samples": args.sse, "latency_samples": args.latency,
                  "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
                  "python": platform.python_version(),
+                 "mitmproxy": mitmproxy_version(sys.executable, b.env),
+                 **({"baseline_python": version_of(args.baseline_python),
+                     "baseline_mitmproxy": mitmproxy_version(str(args.baseline_python),
+                                                             b.env_for(True)),
+                     "baseline_src": str(args.baseline_src)} if args.baseline_python else {}),
                  "machine": platform.machine(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                       time.gmtime())},
         "figures": {k: {"label": lab, "unit": u, "higher_is_better": hb}

@@ -81,7 +81,8 @@ prepare_wheelhouse() {
   arch=$(uname -m)
   local t=$SECONDS
   log "pip download anthropic openai deepagents -> $WHEELS (cp$PY_VERSION, manylinux $arch; pip of $py)"
-  # Wheels for the image, not for the host: its Python (3.11) and glibc (2.36).
+  # Wheels for the image, not for the host: its Python (3.13) and glibc (2.41; manylinux_2_36
+  # and older wheels run on it).
   if "$py" -m pip download --quiet --disable-pip-version-check --dest "$WHEELS" \
       --only-binary=:all: --implementation cp --python-version "$PY_VERSION" \
       --abi "cp$PY_VERSION" --abi abi3 --abi none \

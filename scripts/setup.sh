@@ -2,7 +2,7 @@
 # Set up everything Sandgate needs on a fresh Debian machine (Python 3.12+, 3.13 preferred):
 # idempotent.
 #   scripts/setup.sh          the proxy: .venv with sandgate installed
-#   scripts/setup.sh --test   also test tools: curl, iproute2, the SDK client and provider venvs
+#   scripts/setup.sh --test   also test tools: curl, iproute2, ..., the provider and Phoenix venvs
 #   scripts/setup.sh --no-apt the proxy's .venv only, never apt (the fast lane; no root needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,15 +82,9 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp || $lock -nt $stamp ]]; then
 fi
 
 if ((want_test)); then
-  # The official SDKs run as real clients from their own venv: their newest releases need
-  # h11>=0.16, which mitmproxy 11.0.2 (the newest on Python 3.11) cannot share an env with.
-  fresh_venv .venv-clients "$PY"
-  # Pinned (tests/requirements-clients.txt): reinstalled when the pins move.
-  pins=tests/requirements-clients.txt
-  if [[ ! -f .venv-clients/.installed ]] || ! cmp -s "$pins" .venv-clients/.installed; then
-    .venv-clients/bin/pip install -q -r "$pins"
-    cp "$pins" .venv-clients/.installed
-  fi
+  # The official SDK clients (anthropic, openai, google-genai, mcp, deepagents, ...) are in
+  # .venv with the proxy since mitmproxy 12.3.1 (the `clients` extra, requirements/dev.lock).
+  # A .venv-clients left from before is no longer used.
   # The TypeScript MCP SDK as a client (tests/integration/test_mcp.py): exactly the versions in
   # tests/mcp-ts/package-lock.json, reinstalled when the lock moves.
   if command -v npm >/dev/null; then
@@ -113,9 +107,12 @@ if ((want_test)); then
       cp "$lock" tests/agents/node_modules/.installed
     fi
   fi
-  # The hosted-sandbox provider SDKs (tests/integration/test_providers.py): their own venv, as
-  # they pin protobuf/grpclib/httpx on their own; sandgate.providers comes from proxy/ on
-  # PYTHONPATH (it needs only the standard library).
+  # The hosted-sandbox provider SDKs (tests/integration/test_providers.py): their own venv.
+  # In .venv they would choose the proxy's OpenTelemetry: daytona requires
+  # opentelemetry-instrumentation-aiohttp-client, whose releases each pin one
+  # opentelemetry-semantic-conventions beta (0.66b1), which holds opentelemetry-sdk at 1.45.1
+  # below the 1.45.2 of requirements/proxy.lock (the image), so the dev lock would no longer be
+  # the image's set. sandgate.providers comes from proxy/ on PYTHONPATH (standard library only).
   fresh_venv .venv-providers "$PY"
   pins=tests/requirements-providers.txt
   if [[ ! -f .venv-providers/.installed ]] || ! cmp -s "$pins" .venv-providers/.installed; then
@@ -123,7 +120,8 @@ if ((want_test)); then
     cp "$pins" .venv-providers/.installed
   fi
   # Arize Phoenix, a real OpenTelemetry collector (tests/integration/test_audit_export.py): its
-  # own venv, as it pins many packages of its own.
+  # own venv. arize-phoenix 20.26.1 requires anthropic<2 (the SDK tests use anthropic 2.x) and
+  # authlib>=1.8 (the OAuth tests' server is held below 1.7): no set satisfies both.
   fresh_venv .venv-phoenix "$PY"
   pins=tests/requirements-phoenix.txt
   if [[ ! -f .venv-phoenix/.installed ]] || ! cmp -s "$pins" .venv-phoenix/.installed; then

@@ -73,6 +73,13 @@ if ((!fast)); then
   ((drc == 0)) || status=$drc
   ((dran)) && ran=1
   rm -f "$dlog" "$dlog.status"
+  # The SBOM of each image the Docker lane built (sbom/IMAGE.cdx.json, CycloneDX: its Debian
+  # packages and Python distributions; docs/development.md "The SBOM")
+  for image in sandgate:dev sandgate-agent:dev sandgate-bash-tool:dev sandgate-base:trixie \
+      sandgate-firewall:dev sandgate-haproxy:dev sandgate-redis:dev; do
+    docker image inspect "$image" >/dev/null 2>&1 || continue
+    .venv/bin/python scripts/sbom-image.py "$image" || status=1
+  done
   # The soak tests measure load: alone, last.
   lane soak -m soak "$@" || status=$?
 fi

@@ -37,6 +37,7 @@ from tests.support.anthropic_api import StandInToolTurn
 from tests.support.gemini_api import StandInGemini
 from tests.support.openai_responses import StandInResponses
 from tests.support.pki import make_pki
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 from tests.support.upstream import AppThread
 
@@ -96,7 +97,8 @@ def stack(tmp_path_factory, vault) -> Iterator[Stack]:
     vault.put_kv2("llm/gemini", {"api_key": GEMINI_KEY})
     gemini = StandInGemini(command="true")
     gemini_server = AppThread(gemini.app(), pki.cert, pki.key, GEMINI_IP).start()
-    api = StandInToolTurn(tool=("Bash", "bash"), command="true")  # Claude Code's, OpenCode's
+    # Claude Code's, OpenCode's and deepagents' shell tools
+    api = StandInToolTurn(tool=("Bash", "bash", "execute"), command="true")
     openai = StandInResponses(command="true")
     server = AppThread(api.app(), pki.cert, pki.key, API_IP).start()
     openai_server = AppThread(openai.app(), pki.cert, pki.key, OPENAI_IP).start()
@@ -107,6 +109,8 @@ def stack(tmp_path_factory, vault) -> Iterator[Stack]:
     (tmp / "policies" / "codex.yaml").write_text(template("codex", "openai", OPENAI_IP))
     (tmp / "policies" / "opencode.yaml").write_text(template("opencode", "anthropic", API_IP))
     (tmp / "policies" / "gemini.yaml").write_text(template("gemini", "gemini", GEMINI_IP))
+    (tmp / "policies" / "deepagents.yaml").write_text(
+        template("deepagents", "anthropic", API_IP))
     agents = tmp / "agents"
     agents.mkdir()
     os.chmod(agents, 0o755)
@@ -119,7 +123,8 @@ def stack(tmp_path_factory, vault) -> Iterator[Stack]:
                         "--agent-split=claude-code=claude-code-tool",
                         "--agent-split=codex=codex-tool",
                         "--agent-split=opencode=opencode-tool",
-                        "--agent-split=gemini=gemini-tool")
+                        "--agent-split=gemini=gemini-tool",
+                        "--agent-split=deepagents=deepagents-tool")
     api.command = tool_command(proxy)
     openai.command = tool_command(proxy, OPENAI_API, "SSL_CERT_FILE")
     gemini.command = tool_command(proxy, GEMINI_API)
@@ -449,3 +454,76 @@ def test_gemini_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) ->
                     and e.get("event") == "request")
     assert ("gemini-tool", "process/tool") in {
         (e["identity"], e["identity_source"]) for e in denied}, denied
+
+
+# deepagents (PyPI, pinned in requirements) with langchain-anthropic: a Python program, so the
+# agent is the interpreter's process; its shell backend runs `execute` in a subprocess (the tool)
+DEEPAGENT = """
+import os
+from deepagents import create_deep_agent
+from deepagents.backends import LocalShellBackend
+from langchain_anthropic import ChatAnthropic
+
+# inherit_env=True: the shell gets the proxy variables (without it, no proxy: nothing reachable)
+backend = LocalShellBackend(root_dir=os.getcwd(), virtual_mode=False, inherit_env=True)
+model = ChatAnthropic(model="claude-sonnet-4-5", max_tokens=1024, streaming=True)
+agent = create_deep_agent(model=model, backend=backend)
+out = agent.invoke({"messages": [{"role": "user",
+                                  "content": "Call the model API from the shell."}]})
+print(out["messages"][-1].content)
+"""
+
+
+def deepagents_python() -> Path:
+    """The test run's own interpreter: deepagents and langchain-anthropic are in the dev
+    environment (the `clients` extra, requirements/dev.lock). Missing is a failure, never a
+    skip."""
+    need_sdk("deepagents", "langchain_anthropic")
+    return CLIENT_PY
+
+
+def test_deepagents_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
+    python = deepagents_python()
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    script = home / "agent.py"
+    script.write_text(DEEPAGENT)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "HTTPS_PROXY": stack.proxy.proxy_url("deepagents"),
+        "SSL_CERT_FILE": str(stack.proxy.ca),  # httpx (the anthropic SDK) and the tool's curl
+        "ANTHROPIC_API_KEY": "sandgate-placeholder-anthropic",
+        "LANGSMITH_TRACING": "false",
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # for `sandgate agent run` itself
+    }
+    before = len(stack.api.calls)
+    command = stack.api.command
+    stack.api.command = tool_command(stack.proxy, API, "SSL_CERT_FILE")
+    try:
+        r = subprocess.run(
+            [*agent_run("deepagents", "deepagents-tool", stack.agents, "deepagents-split"),
+             str(python), str(script)],
+            capture_output=True, text=True, env=env,
+            cwd=home / "work", timeout=240, stdin=subprocess.DEVNULL)
+    finally:
+        stack.api.command = command
+    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "deepagents' output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    assert stack.api.results, f"the tool's result never came back: {r.stdout[-1500:]}"
+    result = stack.api.results[-1]
+    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    assert "The tool said:" in r.stdout
+    calls = stack.api.calls[before:]
+    assert len(calls) >= 2
+    for call in calls:
+        assert_secret_equal(call.headers.get("x-api-key"), ANTHROPIC_KEY, "the injected key")
+    allowed = events(stack.proxy, "deepagents-split", lambda e: e.get("event") == "request"
+                     and e.get("decision") == "allow")
+    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
+        ("deepagents", "process/agent", "messages")}
+    denied = events(stack.proxy, "deepagents-split", lambda e: e.get("code") == "no_rule"
+                    and e.get("event") == "request")
+    assert ("deepagents-tool", "process/tool", "/v1/messages") in {
+        (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied

@@ -36,6 +36,7 @@ from tests.integration.conftest import (
     stop_proxy,
 )
 from tests.support.round2 import refusal_doc
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret
 from tests.support.upstream import UpstreamServer
 
@@ -294,13 +295,12 @@ msg = client.messages.create(model="claude-test", max_tokens=8,
                              messages=[{"role": "user", "content": "deploy?"}])
 print("TEXT:", msg.content[0].text)
 """
-CLIENT_PY = HERE.parent.parent / ".venv-clients" / "bin" / "python"
 
 
 def test_the_anthropic_sdk_waits_for_the_approval(proxy, upstream):
     """The official SDK holding a placeholder key: its call waits, held, and returns the
     upstream's answer once approved (the real key injected only then)."""
-    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    need_sdk("anthropic")
     env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
     env.update({"HTTPS_PROXY": f"http://agent:{token_for(proxy.proxy, None)}@"
                 f"{proxy.proxy.host}:{proxy.proxy.port}", "NO_PROXY": "",

@@ -29,7 +29,8 @@ def test_bench_tiny_load_reports_every_figure(tmp_path: Path) -> None:
                        "c1_new_conn_p99_ms"}
     variants = doc["variants"]
     assert set(variants) == {"direct", "squid", "mitmdump", "mitmdump+header", "sandgate",
-                             "sandgate-passthrough", "sandgate-workers2", "sandgate-noreuse"}
+                             "sandgate-passthrough", "sandgate-workers2", "sandgate-noreuse",
+                             "mitm-floor"}
     for name, v in variants.items():
         if name == "sandgate-workers2" and not v["available"]:
             assert v["note"] == "not available"  # the CLI of this checkout has no --workers
@@ -52,6 +53,32 @@ def test_bench_tiny_load_reports_every_figure(tmp_path: Path) -> None:
     # the table is printed, with every variant
     for name in variants:
         assert f"| {name} |" in run.stdout
+
+
+def test_bench_before_and_after_in_one_run(tmp_path: Path) -> None:
+    """--baseline-python/--baseline-src run mitmdump, the mitmproxy floor and Sandgate again from
+    another environment and checkout (here: this one, whose figures are then both sides'), in
+    the same rounds, and give X/X@base for each compared figure."""
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--rounds", "1", "--requests", "20",
+         "--new-conn", "4", "--sse", "2", "--latency", "4", "--json", str(out),
+         "--only", "direct,mitmdump,mitm-floor,sandgate",
+         "--baseline-python", sys.executable, "--baseline-src", str(ROOT)],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["variants"]) == {"direct", "mitmdump", "mitm-floor", "sandgate",
+                                    "mitmdump@base", "mitm-floor@base", "sandgate@base"}
+    assert all(v["available"] for v in doc["variants"].values())
+    assert doc["meta"]["baseline_mitmproxy"] == doc["meta"]["mitmproxy"] != ""
+    for name in ("mitmdump", "mitm-floor", "sandgate"):
+        assert doc["ratios"][f"{name}/{name}@base keepalive_c16_rps"] > 0
+        assert doc["ratios"][f"{name}/{name}@base new_conn_rps"] > 0
+        assert f"| {name}@base |" in run.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--baseline-python",
+                          sys.executable], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "go together" in bad.stderr
 
 
 def test_focus_runs_the_floors(tmp_path: Path) -> None:

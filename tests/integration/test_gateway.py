@@ -2,7 +2,7 @@
 and put their Sandgate token where their SDK puts the API key.
 
 Real parts: the sandgate process, OpenBao, the TLS upstreams of conftest (api.anthropic.com and
-api.openai.com at 127.0.0.2), the official SDKs (.venv-clients), Node's built-in fetch, curl.
+api.openai.com at 127.0.0.2), the official SDKs, Node's built-in fetch, curl.
 No proxy variable and no CA reach the clients of the plain-HTTP gateway. Addresses: the gateway
 listeners and the paused SSE upstream use 127.0.16.0/24.
 """
@@ -32,6 +32,7 @@ from tests.integration.conftest import (
     start_proxy,
     stop_proxy,
 )
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,6 @@ SHARED_IP = "127.0.16.6"  # a.r2.test and b.r2.test: one address, SNI recorded
 CIDR_GATEWAY_IP = "127.0.16.3"
 SANDBOX_IP = "127.0.16.7"  # what --identity-cidr says is coding-agent
 TLS_NAME = "sandgate.internal"
-CLIENT_PY = Path(__file__).parents[2] / ".venv-clients" / "bin" / "python"
 
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -178,7 +178,7 @@ print("TEXT:", r.choices[0].message.content)
 
 
 def _sdk(script: str, base_url: str, token: str) -> subprocess.CompletedProcess[str]:
-    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    need_sdk("anthropic", "openai")
     return subprocess.run([str(CLIENT_PY), "-c", script, base_url, token], capture_output=True,
                           text=True, env=_clean_env(), timeout=60)
 

@@ -3,7 +3,7 @@
 A GitHub-like MCP server (the Python SDK's MCPServer, streamable HTTP, six tools) behind real
 TLS; the policy (policies_mcp/) lets `agent` call list_issues, get_issue and get_me and
 `bash-tool` list_issues and get_me; delete_repo is denied to both. The clients are the Python
-SDK (.venv-clients) and the TypeScript SDK (tests/mcp-ts, Node)."""
+SDK (the `clients` extra) and the TypeScript SDK (tests/mcp-ts, Node)."""
 
 from __future__ import annotations
 
@@ -33,13 +33,13 @@ from tests.integration.conftest import (
     stop_proxy,
 )
 from tests.support.pki import make_pki
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[2]
 HERE = Path(__file__).parent
-CLIENT_PY = ROOT / ".venv-clients" / "bin" / "python"
 SUPPORT = ROOT / "tests" / "support" / "mcp"
 TS_DIR = ROOT / "tests" / "mcp-ts"
 # Fixed loopback addresses of this suite (run it in its own network namespace).
@@ -65,7 +65,7 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], log: Path) -
 @pytest.fixture(scope="module")
 def mcp_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The MCP servers (JSON and SSE answers) behind real TLS; their PKI."""
-    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    need_sdk("mcp")
     tmp = tmp_path_factory.mktemp("mcp-servers")
     pki = make_pki(tmp / "pki", ["mcp.test", "mcp-sse.test"])
     servers = []

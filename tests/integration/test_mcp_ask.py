@@ -27,12 +27,12 @@ from tests.integration.conftest import (
     stop_proxy,
 )
 from tests.support.pki import make_pki
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[2]
-CLIENT_PY = ROOT / ".venv-clients" / "bin" / "python"
 SUPPORT = ROOT / "tests" / "support" / "mcp"
 SERVER_IP = "127.0.46.1"  # fixed loopback address of this module (its own network namespace)
 ADMIN_TOKEN = "test-admin-token-mcp-ask-1"
@@ -59,7 +59,7 @@ identities:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, vault: Any) -> Iterator[Admin]:
-    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    need_sdk("mcp")
     tmp = tmp_path_factory.mktemp("mcp-ask")
     pki = make_pki(tmp / "pki", ["mcp.test"])
     log = tmp / "server.log"

@@ -4,7 +4,7 @@ are filtered on every page and cached by their caller only.
 
 The server is the Python SDK's MCPServer (tests/support/mcp/server.py), which speaks both eras,
 here answering tools/list in pages of two tools marked `cacheScope: public`, behind real TLS,
-JSON and SSE answers. The clients: the Python SDK (.venv-clients) in a 2025 session
+JSON and SSE answers. The clients: the Python SDK in a 2025 session
 (initialize) and in the stateless revision (server/discover, then per-request metadata: the
 SDK sends the headers itself), and curl for requests written exactly as the spec shows, to
 make the headers disagree with the body. Policy: policies_mcp_stateless/."""
@@ -32,6 +32,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_mcp import CLIENT_PY, SUPPORT, _post, _wait_port, py_client
 from tests.support.pki import make_pki
+from tests.support.sdk import need_sdk
 from tests.support.secrets import assert_no_secret
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ META = {"io.modelcontextprotocol/protocolVersion": MODERN,
 @pytest.fixture(scope="module")
 def paged_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The SDK server twice (JSON and SSE answers), tools/list two tools a page."""
-    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    need_sdk("mcp")
     tmp = tmp_path_factory.mktemp("mcp-paged")
     pki = make_pki(tmp / "pki", ["mcp-paged.test", "mcp-paged-sse.test"])
     procs = []

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import ANTHROPIC_KEY, OPENAI_KEY, SECRET_VALUES
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration
 
-CLIENT_PY = Path(__file__).parents[2] / ".venv-clients" / "bin" / "python"
 
 ANTHROPIC_SCRIPT = """
 import anthropic
@@ -32,7 +31,7 @@ print("TEXT:", r.choices[0].message.content)
 
 
 def _run(proxy, identity: str, script: str, env_extra: dict[str, str]):
-    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    need_sdk("anthropic", "openai")
     env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
     env.update({
         "HTTPS_PROXY": proxy.proxy_url(identity),

@@ -1,6 +1,6 @@
 """The SOCKS5 listener (`sandgate run --socks5 HOST:PORT`, issue #12) with real clients.
 
-curl `--socks5-hostname` and httpx with its SOCKS transport (socksio, in .venv-clients): an
+curl `--socks5-hostname` and httpx with its SOCKS transport (socksio, the `clients` extra): an
 injected call succeeds with a placeholder-only client; bash-tool is refused; no credentials, a
 wrong or expired token and a source outside `--socks5-allow` are refused and audited; SNI and
 target disagreement is refused. Names are resolved by Sandgate: nothing in the test namespace
@@ -14,7 +14,6 @@ import json
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,6 +30,7 @@ from tests.support.listeners import (
     recv_exact,
     socks5_open,
 )
+from tests.support.sdk import CLIENT_PY
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration
@@ -41,9 +41,8 @@ def socks(tmp_path_factory, vault, upstream, plain_upstream, pki):
     for proxy in dual_proxy_running(tmp_path_factory, vault, pki):
         yield make_listener("socks5", proxy)
 
-CLIENTS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-clients" / "bin" / "python"
-
-# httpx with its SOCKS transport, in the clients' venv: prints {"status", "body"} or {"error"}.
+# httpx with its SOCKS transport (socksio, the `clients` extra): prints {"status", "body"} or
+# {"error"}.
 HTTPX_SCRIPT = """
 import json, ssl, sys
 import httpx
@@ -60,7 +59,7 @@ except Exception as e:
 
 def _httpx(socks: Listener, identity: str, url: str) -> dict:
     proxy = f"socks5://{identity}:{socks.proxy.token(identity)}@{socks.host}:{socks.port}"
-    r = subprocess.run([str(CLIENTS_PYTHON), "-c", HTTPX_SCRIPT, proxy, str(socks.proxy.ca), url,
+    r = subprocess.run([str(CLIENT_PY), "-c", HTTPX_SCRIPT, proxy, str(socks.proxy.ca), url,
                         "sandgate-placeholder-anthropic"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]

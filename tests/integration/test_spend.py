@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,11 +24,11 @@ from tests.integration.conftest import (
 )
 from tests.support.llmapis import CACHED, INPUT, OUTPUT, REASONING, LlmServer
 from tests.support.pki import make_pki
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 
 pytestmark = pytest.mark.integration
 
-CLIENT_PY = Path(__file__).parents[2] / ".venv-clients" / "bin" / "python"
 LLM_IP = "127.0.0.39"
 NAMES = ["anthropic.llm.test", "openai.llm.test", "gemini.llm.test"]
 TIGHT = 50  # output tokens of budget `tight`: each call asks for 20, spends OUTPUT (10)
@@ -165,7 +164,7 @@ def apis(llm):
 
 def sdk(proxy: Proxy, identity: str, script: str, sandbox: str | None = None) -> dict:
     """Run `script` with the SDK venv; it prints one JSON line (the last line) to return."""
-    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    need_sdk("anthropic", "openai", "google.genai")
     env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
     token = proxy.token(identity, sandbox=sandbox)
     env.update({

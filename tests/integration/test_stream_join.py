@@ -18,7 +18,6 @@ import os
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +34,7 @@ from tests.integration.conftest import (
     stop_proxy,
 )
 from tests.support.pki import make_pki
+from tests.support.sdk import CLIENT_PY, need_sdk
 from tests.support.secrets import assert_no_secret, assert_secret_equal
 from tests.support.upstream import AppThread
 from tests.support.wsclient import WsprotoClient
@@ -44,7 +44,6 @@ pytestmark = pytest.mark.integration
 IP = "127.0.34.2"
 HOST, WS_HOST = "llm.sj.test", "ws.sj.test"
 MARKER = "[REDACTED:anthropic]"
-CLIENT_PY = Path(__file__).parents[2] / ".venv-clients" / "bin" / "python"
 
 POLICY = f"""
 version: v1
@@ -249,7 +248,7 @@ print()
 
 
 def test_the_anthropic_sdk_streams_the_redacted_text(sj) -> None:
-    assert CLIENT_PY.exists(), "run scripts/setup.sh --test: the SDK client venv is missing"
+    need_sdk("anthropic")
     proxy, upstream = sj
     env = {k: v for k, v in os.environ.items() if "KEY" not in k and not k.startswith("VAULT")}
     env.update({"HTTPS_PROXY": proxy.proxy_url("agent"), "NO_PROXY": "",

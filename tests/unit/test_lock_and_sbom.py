@@ -4,6 +4,7 @@ running environment naming the mitmproxy Sandgate's patches were checked against
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -82,3 +83,48 @@ def test_the_sbom_lists_this_mitmproxy(tmp_path: Path) -> None:
     assert versions["mitmproxy"] == pinning.MITMPROXY_VERSION
     assert versions["mitmproxy"].startswith("12.")
     assert all(c.get("purl", "").startswith("pkg:pypi/") for c in bom["components"])
+
+
+def _sbom_image():  # scripts/sbom-image.py, a script: loaded by path
+    spec = importlib.util.spec_from_file_location("sbom_image", REPO / "scripts" / "sbom-image.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclass looks itself up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+PROBE_OUTPUT = "\n".join([
+    "OS\tdebian\t13",
+    "DEB\tpython3.13\t3.13.5-2+deb13u5\tamd64\tii ",
+    "DEB\tlibc6\t2:2.41-12\tamd64\tii ",
+    "DEB\tgone\t1.0\tamd64\trc ",  # removed, only its configuration left: not in the image
+    'PY\t{"name": "mitmproxy", "version": "12.3.1", "path": "/opt/sandgate"}',
+    'PY\t{"name": "Typing_Extensions", "version": "4.16.0", "path": "/opt/sandgate"}',
+    'PY\t{"name": "typing-extensions", "version": "4.16.0", "path": "/usr"}',
+    "some noise a shell printed",
+])
+
+
+def test_an_image_sbom_is_valid_cyclonedx_with_package_urls() -> None:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    mod = _sbom_image()
+    os_id, packages = mod.parse_probe(PROBE_OUTPUT)
+    assert os_id == ("debian", "13")
+    doc = mod.bom("sandgate:dev", "sha256:abc", os_id, packages)
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(doc)) is None
+    assert doc["metadata"]["component"]["type"] == "container"
+    purls = {c["purl"]: c for c in doc["components"]}
+    assert set(purls) == {
+        "pkg:deb/debian/python3.13@3.13.5-2%2Bdeb13u5?arch=amd64&distro=debian-13",
+        "pkg:deb/debian/libc6@2%3A2.41-12?arch=amd64&distro=debian-13",
+        "pkg:pypi/mitmproxy@12.3.1",
+        "pkg:pypi/typing-extensions@4.16.0",
+    }
+    # one component for a distribution in two interpreters, naming both
+    where = {p["value"] for p in purls["pkg:pypi/typing-extensions@4.16.0"]["properties"]}
+    assert where == {"/opt/sandgate", "/usr"}
+    # the same image gives the same document
+    assert doc == mod.bom("sandgate:dev", "sha256:abc", os_id, packages)

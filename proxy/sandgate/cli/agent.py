@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.cli.common import err
-from sandgate.identity.agents import Registration, prune, trusted
+from sandgate.identity.agents import Registration, prune, trusted, write_registration
 from sandgate.identity.roles import parse_tool_identity
 from sandgate.identity.sockowner import start_time
 
@@ -115,15 +115,9 @@ def _run(args: argparse.Namespace) -> int:
     start = start_time(Path("/proc"), pid)
     if start is None:
         return err("agent run: cannot read this process's start time from /proc")
-    path = directory / f"{pid}.json"
-    tmp = directory / f".{pid}.json.tmp"
-    reg = Registration(pid, start, agent, tool, args.sandbox)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(reg.to_json())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        path = write_registration(directory, Registration(pid, start, agent, tool,
+                                                          args.sandbox))
     except OSError as e:
         return err(f"agent run: cannot register in {directory}: {e.strerror}")
     try:

@@ -199,6 +199,20 @@ class AgentProcesses:
                 "NAT")
 
 
+def write_registration(directory: Path, reg: Registration) -> Path:
+    """Register `reg` in the agent directory (atomically, mode 0644: only its writer, root or
+    Sandgate's user, may change it). Used by `sandgate agent run` (its own pid) and by the Docker
+    launcher (the agent's host pid). Raises OSError."""
+    path = directory / f"{reg.pid}.json"
+    tmp = directory / f".{reg.pid}.json.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(reg.to_json())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
 def agents_from(directory: Path | None, specs: Iterable[str]) -> AgentProcesses | None:
     """The AgentProcesses of `--agent-dir` / `--agent-split`; None when neither is given.
     Raises ValueError."""

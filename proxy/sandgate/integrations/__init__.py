@@ -1,5 +1,6 @@
 """Agent-framework integrations: agent hosts whose tools run in Sandgate-governed sandboxes.
 
-Each integration imports its framework lazily, so `sandgate.integrations` itself imports in the
-proxy's venv (which never has the agent frameworks installed).
+Each integration imports its framework lazily, so `sandgate.integrations` itself imports where
+the agent frameworks are not installed (the Sandgate image: requirements/proxy.lock has none;
+the dev environment has them, for the tests).
 """

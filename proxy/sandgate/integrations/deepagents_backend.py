@@ -22,8 +22,9 @@ bytes with the Docker archive API and check permissions as the sandbox user; dee
 `ls`/`read`/`write`/`edit`/`glob`/`grep`/`delete` on those (its helpers run `python3` in the
 sandbox, which the sandgate-bash-tool image has).
 
-deepagents is imported here but is installed only in the agent host's (client) venv: in the
-proxy's venv this module still imports, and instantiating the backend raises ImportError.
+deepagents is no dependency of Sandgate (the image's requirements/proxy.lock has none; the dev
+environment has it, for the tests): without it this module still imports, and instantiating the
+backend raises ImportError.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ else:
             FileUploadResponse,
         )
         from deepagents.backends.sandbox import BaseSandbox
-    except ImportError:  # the proxy's venv: deepagents lives in the agent host's venv only
+    except ImportError:  # deepagents lives in the agent host's environment, not Sandgate's
         ExecuteResponse = FileDownloadResponse = FileUploadResponse = None
 
         class BaseSandbox:
@@ -114,7 +115,9 @@ def combine_output(result: ExecResult) -> tuple[str, bool]:
     return "\n".join(parts), truncated
 
 
-class SandgateSandboxBackend(BaseSandbox):  # type: ignore[misc]  # deepagents: no types
+# (misc: BaseSandbox is Any where deepagents is not installed, such as the image; the dev lock
+# has it, typed)
+class SandgateSandboxBackend(BaseSandbox):  # type: ignore[misc, unused-ignore]
     """deepagents `SandboxBackendProtocol` on a `sandgate.sandbox.Sandbox`.
 
     Files persist across tool calls (one long-lived container). `create()` starts a sandbox the

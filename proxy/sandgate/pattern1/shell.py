@@ -48,7 +48,8 @@ def runner_backend(root_dir: str, timeout: int = 120, socket_path: str = SOCKET,
     from deepagents.backends import LocalShellBackend
     from deepagents.backends.protocol import ExecuteResponse
 
-    class RunnerShellBackend(LocalShellBackend):  # type: ignore[misc]
+    # (misc: Any where deepagents is not installed; the dev lock has it, typed)
+    class RunnerShellBackend(LocalShellBackend):  # type: ignore[misc, unused-ignore]
         """LocalShellBackend, with `execute` through the split's tool runner."""
 
         def execute(self, command: str, *, timeout: int | None = None) -> Any:

@@ -4,12 +4,14 @@
                      [--unsafe-allow-host-services]     (sandboxes then reach every host port)
     sandgate sandbox run --identity NAME [...] -- CMD   one command in a fresh sandbox, then remove
                      [--pattern1]                       ... as the agent of a split sandbox
+                     --agent NAME [--cli-dir DIR] -- CMD  a coding agent, with the process split
     sandgate sandbox ls                                 sandboxes the launcher created
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +21,11 @@ from sandgate.capture import nftables as capture
 from sandgate.capture.nftables import CaptureError
 from sandgate.cli import capture as capture_cli
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
-from sandgate.sandbox import split
+from sandgate.sandbox import agents, split
 from sandgate.sandbox.engine import DockerUnavailable, SandboxError, connect
 from sandgate.sandbox.launcher import (
     DEFAULT_IMAGE,
+    ExecResult,
     SandboxSpec,
     list_sandboxes,
     run_once,
@@ -66,7 +69,28 @@ def add_parser(sub: Any, confdir_arg: Callable[[argparse.ArgumentParser], None])
     net_args(net)
 
     run = ssub.add_parser("run", help="run one command in a fresh sandbox, then remove it")
-    run.add_argument("--identity", required=True)
+    run.add_argument("--identity", default=None,
+                     help="the sandbox's identity (required; with --agent: the agent's, default "
+                     "its name)")
+    run.add_argument("--agent", default=None, metavar="NAME",
+                     help=f"start coding agent NAME ({', '.join(agents.PROFILES)}) with the "
+                     "process split: only its own process has its identity, everything it "
+                     "starts the tool identity; its variables, settings files and policy "
+                     "template (docs/agents.md). Sandgate runs on this host with --agent-dir "
+                     "and --agent-split NAME=NAME-tool")
+    run.add_argument("--tool-identity", default=None,
+                     help="--agent: the identity of everything the agent starts (default "
+                     "NAME-tool; must match sandgate run --agent-split)")
+    run.add_argument("--agent-dir", type=Path, default=None, metavar="DIR",
+                     help="--agent: Sandgate's --agent-dir, where the agent's host pid is "
+                     "registered (default $SANDGATE_AGENT_DIR or /run/sandgate/agents)")
+    run.add_argument("--cli-dir", type=Path, default=None, metavar="DIR",
+                     help="--agent: a node_modules directory with the pinned agent CLIs (npm ci "
+                     f"of tests/agents), mounted read-only at {agents.CLI_MOUNT}; the agent's "
+                     "command name (claude, codex, gemini, opencode) runs its own binary there")
+    run.add_argument("--allow-ptrace", action="store_true",
+                     help="--agent: start even without Yama ptrace_scope >= 1 (the agent's "
+                     "children could then drive its process)")
     run.add_argument("--image", default=None, help=f"default {DEFAULT_IMAGE}; with --pattern1 "
                      f"{split.IMAGE}")
     run.add_argument("--pattern1", action="store_true",
@@ -149,12 +173,37 @@ def _run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         return _err("sandbox run: no command (sandgate sandbox run --identity X -- CMD ...)")
+    profile = None
+    if args.agent is not None:
+        try:
+            profile = agents.profile(args.agent)
+        except ValueError as e:
+            return _err(str(e))
+        if args.pattern1:
+            return _err("--agent starts the process split; --pattern1 is the uid split of "
+                        "the agent image (docs/pattern1.md): give one of them")
+        args.identity = args.identity or profile.identity
+    elif args.identity is None:
+        return _err("sandbox run: --identity NAME (or --agent NAME) is required")
+    elif args.cli_dir is not None or args.tool_identity is not None:
+        return _err("--cli-dir and --tool-identity go with --agent NAME")
     placeholders: dict[str, str] = {}
     for item in args.placeholder:
         name, sep, value = item.partition("=")
         if not sep or not name:
             return _err(f"--placeholder {item!r}: expected NAME=VALUE")
         placeholders[name] = value
+    mounts: dict[str, str] = {}
+    if profile is not None:
+        placeholders = {**profile.env, **placeholders}
+        if args.cli_dir is not None:
+            if not args.cli_dir.is_dir():
+                return _err(f"--cli-dir {args.cli_dir}: not a directory (npm ci in tests/agents "
+                            "makes one: tests/agents/node_modules)")
+            mounts[str(args.cli_dir.resolve())] = agents.CLI_MOUNT
+        problem = _agent_host_problem(args)
+        if problem:
+            return _err(problem)
     client = connect()
     info = _network(client, args)
     directory = confdir.ensure_confdir(Path(args.confdir))
@@ -175,11 +224,42 @@ def _run(args: argparse.Namespace) -> int:
         ca_pem=ca_pem, token=token, placeholders=placeholders, memory=args.memory,
         cpus=args.cpus, pids_limit=args.pids_limit, network=args.network,
         allow_host_services=args.unsafe_allow_host_services, dns=args.dns,
-        transparent=args.transparent is not None,
+        transparent=args.transparent is not None, mounts=mounts,
     )
+    if profile is not None:
+        from sandgate.sandbox.agentrun import run_agent
+
+        res = run_agent(client, spec, profile, args.tool_identity or profile.tool_identity, cmd,
+                        agent_dir=_agent_dir(args), timeout=args.timeout)
+        return _finish(res, args.timeout)
     res = run_once(client, spec, cmd if len(cmd) > 1 else cmd[0], timeout=args.timeout)
+    return _finish(res, args.timeout)
+
+
+def _agent_dir(args: argparse.Namespace) -> Path:
+    if args.agent_dir is not None:
+        return Path(args.agent_dir)
+    return Path(os.environ.get("SANDGATE_AGENT_DIR", "/run/sandgate/agents"))
+
+
+def _agent_host_problem(args: argparse.Namespace) -> str | None:
+    """Why the process split would not hold on this host (None: it would)."""
+    from sandgate.cli.agent import ptrace_scope
+
+    scope = ptrace_scope()
+    if (scope is None or scope < 1) and not args.allow_ptrace:
+        return ("kernel.yama.ptrace_scope is " + ("absent" if scope is None else str(scope)) +
+                ": the agent's children could ptrace the agent and open connections as it. "
+                "Set it to 1 (sysctl kernel.yama.ptrace_scope=1) or pass --allow-ptrace")
+    if os.geteuid() != 0:
+        return ("--agent: the launcher registers the agent's host pid in Sandgate's agent "
+                "directory and reads /proc of the sandbox's processes: run it as root")
+    return None
+
+
+def _finish(res: ExecResult, timeout: float) -> int:
     sys.stdout.write(res.stdout)
     sys.stderr.write(res.stderr)
     if res.timed_out:
-        print(f"sandgate: timed out after {args.timeout:g} s", file=sys.stderr)
+        print(f"sandgate: timed out after {timeout:g} s", file=sys.stderr)
     return res.exit_code if res.exit_code >= 0 else 124

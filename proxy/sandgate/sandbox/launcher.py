@@ -28,7 +28,7 @@ import socket
 import tarfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -119,6 +119,8 @@ class SandboxSpec:
     # The policy DNS's address (`sandgate run --dns ADDR:53`, docs/dns.md): the container's
     # resolver (Docker's own forwards to it). None: Docker's default resolvers.
     dns: str | None = None
+    # Read-only bind mounts, host path -> container path (`--cli-dir`: the agents' pinned CLIs).
+    mounts: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if not _NAME.match(self.identity):
@@ -146,6 +148,10 @@ class SandboxSpec:
             except ValueError:
                 raise SandboxError(f"dns must be the policy DNS's IP address (Docker asks it "
                                    f"on port 53), got {self.dns!r}") from None
+        for host, inside in self.mounts.items():
+            if not host.startswith("/") or not inside.startswith("/") or ":" in host + inside:
+                raise SandboxError(f"mount {host!r} -> {inside!r}: both must be absolute "
+                                   "paths without ':'")
         if self.cpus <= 0 or self.pids_limit <= 0:
             raise SandboxError("cpus and pids_limit must be positive")
         if self.split is not None:
@@ -191,6 +197,15 @@ def _shutdown(sock: Any) -> None:
         raw.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+    # the HTTP response docker-py keeps on the socket: closed first, through its buffered
+    # reader, or its finalizer later flushes a closed file ("Exception ignored ... I/O
+    # operation on closed file" on the CLI's stderr)
+    response = getattr(sock, "_response", None)
+    if response is not None:
+        try:
+            response.close()
+        except (OSError, ValueError):
+            pass
     try:
         sock.close()
     except OSError:
@@ -327,6 +342,7 @@ class Sandbox:
                 network=spec.network,  # this network only: no default bridge
                 extra_hosts=dict(spec.extra_hosts) or None,
                 dns=[spec.dns] if spec.dns is not None else None,  # the policy DNS only
+                volumes={h: {"bind": c, "mode": "ro"} for h, c in spec.mounts.items()} or None,
                 working_dir=spec.workdir,
                 init=True,  # reap what exec'd commands leave behind
                 cap_drop=["ALL"],
@@ -385,6 +401,7 @@ class Sandbox:
         *,
         user: str | None = None,
         env: Mapping[str, str] | None = None,
+        on_start: Callable[[str], None] | None = None,
     ) -> ExecResult:
         """Run a command (a string runs with `bash -c`) and wait for it, up to `timeout` seconds.
 
@@ -393,6 +410,9 @@ class Sandbox:
         that group (setsid, nested `timeout`) and keep the output open are abandoned 10 s later
         (timed_out=True; exit_code is the command's own, or -1 while it still runs); close()
         ends them.
+
+        `on_start(exec_id)` runs once the command has started, while its output is read (the
+        agent launcher registers the command's process there). What it raises ends the wait.
         """
         if self._closed:
             raise SandboxError(f"sandbox {self.id} is closed")
@@ -427,6 +447,12 @@ class Sandbox:
 
             reader = threading.Thread(target=pump, name=f"sandbox-exec-{self.id}", daemon=True)
             reader.start()
+            if on_start is not None:
+                try:
+                    on_start(exec_id)
+                except BaseException:
+                    _shutdown(sock)
+                    raise
             # Backstop: something that escaped `timeout` (its own session, a daemon holding
             # stdout) must not block the caller forever. It is left to close().
             reader.join(secs + _EXEC_GRACE)

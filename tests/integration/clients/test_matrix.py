@@ -208,10 +208,17 @@ def test_npm_install(sh, gate):
     code, out = sh(f"cd /tmp/npmp && npm install --no-audit --no-fund --registry "
                    f"{FORBIDDEN}/ sgdemo@1.0.0 --prefer-online --cache /tmp/npm-cache-2")
     assert code != 0 and "403" in out
-    code, out = sh(f"cd /tmp/npmp && npm install --no-audit --no-fund --fetch-retries=0 "
-                   f"--registry {registry} sgdemo@1.0.0 --prefer-online --cache /tmp/npm-cache-3",
-                   bad_token=True)
-    assert code != 0 and "407" in out
+    # A new project and an empty cache: npm must ask the registry (in /tmp/npmp, which already
+    # holds sgdemo@1.0.0, npm 9 answers "up to date" without a request that could be refused).
+    code, out = sh(f"mkdir -p /tmp/npm407 && cd /tmp/npm407 && npm install --no-audit "
+                   f"--no-fund --fetch-retries=0 --registry {registry} sgdemo@1.0.0 "
+                   f"--cache /tmp/npm-cache-3", bad_token=True)
+    assert code != 0 and "407 Proxy Authentication Required" in out
+    # npm sends the proxy credential: with none, Sandgate would know this sandbox by its Docker
+    # label and let the request through (Debian 13's npm sent none: sandbox_images/bash-tool/
+    # npm-proxy-auth.js); a forged one must be what it refuses.
+    assert gate.wait_audit(lambda e: e.get("code") == "auth_invalid"
+                           and e.get("host") == f"npm.{DOMAIN}")
 
 
 NODE_HTTPS = r"""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import shlex
 import socket
@@ -364,3 +365,17 @@ def test_agent_bash_tool_is_the_bash_tool_identity(stack: Stack) -> None:
                    "https://api.anthropic.com/v1/messages -d '{}'", timeout=90)
     assert r.stdout.startswith("tool\n"), r.stdout + r.stderr
     assert r.stdout.strip().endswith("403") and '"identity": "bash-tool"' in r.stdout, r.stdout
+
+
+def test_the_sandgate_image_is_the_proxy_lock_on_debian_13(stack: Stack, tmp_path) -> None:
+    """Its SBOM (scripts/sbom-image.py) lists exactly the locked versions, mitmproxy 12.x."""
+    from tests.integration.docker.test_image_sbom import image_sbom
+
+    doc, found = image_sbom("sandgate:dev", tmp_path)
+    assert doc["metadata"]["component"]["properties"][0]["value"] == "debian 13"
+    assert found["deb"]["python3.13"].startswith("3.13.")
+    assert found["pypi"]["mitmproxy"].startswith("12.")
+    lock = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$",
+                           (REPO / "requirements" / "proxy.lock").read_text(), re.M))
+    lock = {re.sub(r"[-_.]+", "-", n).lower(): v for n, v in lock.items()}
+    assert {n: found["pypi"].get(n) for n in lock} == lock

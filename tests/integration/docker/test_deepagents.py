@@ -1,10 +1,10 @@
 """deepagents with its tools in a Sandgate sandbox (pattern 2): SandgateSandboxBackend.
 
-deepagents needs h11>=0.16, which cannot share a venv with mitmproxy, so the agent side runs in
-the client venv (.venv-clients, from scripts/setup.sh --test) as a subprocess with the repo on
-PYTHONPATH. The model is a deterministic fake that makes REAL tool calls through deepagents'
-tools (execute, write_file, read_file, edit_file, ls); the assertions check their results came
-from the container: its hostname, files persisting across calls, no direct way out.
+The agent side runs as a process of its own (the dev environment's interpreter: deepagents is
+in the `clients` extra, requirements/dev.lock) with the repo on PYTHONPATH. The model is a
+deterministic fake that makes REAL tool calls through deepagents' tools (execute, write_file,
+read_file, edit_file, ls); the assertions check their results came from the container: its
+hostname, files persisting across calls, no direct way out.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import pytest
 
 from sandgate.sandbox import LABEL_SANDBOX, SandboxSpec
 from tests.integration.conftest import SECRET_VALUES
+from tests.support.sdk import CLIENT_PY, need_sdk
 
 REPO = Path(__file__).resolve().parents[3]
-CLIENT_PY = Path(os.environ.get("SANDGATE_CLIENT_PYTHON")
-                 or REPO / ".venv-clients" / "bin" / "python")
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
-# Runs in the client venv. Reads {"spec": {...}, "marker": str} on stdin, prints one JSON line.
+# Runs as the agent host's process. Reads {"spec": {...}, "marker": str} on stdin, prints one
+# JSON line.
 AGENT_SCRIPT = r'''
 import json, sys
 from typing import Any
@@ -116,7 +116,7 @@ print(json.dumps({
 }))
 '''
 
-# Runs in the client venv: the backend's protocol methods directly, no agent.
+# Runs as the agent host's process: the backend's protocol methods directly, no agent.
 BACKEND_SCRIPT = r'''
 import json, sys
 from sandgate.integrations.deepagents_backend import SandgateSandboxBackend
@@ -152,18 +152,14 @@ print(json.dumps(out))
 
 
 def run_client(script: str, payload: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
-    assert CLIENT_PY.exists(), (
-        f"{CLIENT_PY} is missing: run scripts/setup.sh --test (the client venv needs deepagents "
-        "and docker)"
-    )
+    need_sdk("deepagents", "docker")
     env = {k: v for k, v in os.environ.items()
            if "KEY" not in k and not k.startswith("VAULT") and k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "proxy"), str(REPO)])  # sandgate, tests
     res = subprocess.run([str(CLIENT_PY), "-c", script], input=json.dumps(payload),
                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
     assert res.returncode == 0, (
-        f"client script failed (exit {res.returncode}; does {CLIENT_PY} have deepagents and "
-        f"docker? run scripts/setup.sh --test):\n--- stdout\n{res.stdout}\n"
+        f"client script failed (exit {res.returncode})::\n--- stdout\n{res.stdout}\n"
         f"--- stderr\n{res.stderr[-6000:]}"
     )
     return dict(json.loads(res.stdout.strip().splitlines()[-1]))
@@ -247,13 +243,19 @@ def test_backend_protocol_against_a_real_sandbox(
 
 
 def test_backend_module_imports_without_deepagents() -> None:
-    """The proxy's venv has no deepagents: the module imports (for mypy, for listing), and
-    using the backend says what is missing."""
-    import importlib.util
-
-    from sandgate.integrations import deepagents_backend
-
-    if importlib.util.find_spec("deepagents") is not None:
-        pytest.fail("deepagents is installed in the proxy's venv: it belongs in .venv-clients")
-    with pytest.raises(ImportError, match="needs deepagents"):
-        deepagents_backend.SandgateSandboxBackend(object())  # type: ignore[arg-type]
+    """Sandgate does not depend on deepagents (the image's requirements/proxy.lock has none):
+    without it the module still imports (for mypy, for listing), and using the backend says
+    what is missing. Run where deepagents cannot be imported."""
+    script = (
+        "import sys; sys.modules['deepagents'] = None  # import deepagents now fails\n"
+        "from sandgate.integrations import deepagents_backend\n"
+        "try:\n"
+        "    deepagents_backend.SandgateSandboxBackend(object())\n"
+        "except ImportError as e:\n"
+        "    print('ImportError:', e)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "proxy"))
+    res = subprocess.run([str(CLIENT_PY), "-c", script], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("ImportError: SandgateSandboxBackend needs deepagents"), res.stdout

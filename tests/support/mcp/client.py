@@ -1,4 +1,4 @@
-"""The official Python MCP SDK as a client, through Sandgate (run from .venv-clients).
+"""The official Python MCP SDK as a client, through Sandgate (a process of its own).
 
     python client.py URL STEPS_JSON
 STEPS_JSON is a list of ["list"] or ["call", NAME, {ARGS}]; one JSON line per step is printed:

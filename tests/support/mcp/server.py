@@ -1,6 +1,6 @@
 """A GitHub-like MCP server (the official Python SDK, streamable HTTP) for the MCP tests.
 
-Run from the clients' venv (.venv-clients: the SDK needs newer h11/httpx than mitmproxy):
+Run as a process of its own (the SDK is in the `clients` extra of the dev environment):
     python server.py HOST PORT CERT KEY json|sse [PAGE_SIZE]
 It speaks both protocol eras (2025's initialize sessions, 2026-07-28's stateless requests).
 With PAGE_SIZE, tools/list answers in pages of that many tools (nextCursor: the next offset),
