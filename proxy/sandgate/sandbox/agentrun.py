@@ -29,7 +29,7 @@ import docker
 
 from sandgate.identity.agents import Registration, trusted, write_registration
 from sandgate.identity.sockowner import net_namespace, start_time
-from sandgate.sandbox.agents import CLI_MOUNT, AgentProfile
+from sandgate.sandbox.agent_profiles import CLI_MOUNT, AgentProfile
 from sandgate.sandbox.engine import SandboxError
 from sandgate.sandbox.launcher import ExecResult, Sandbox, SandboxSpec
 

@@ -12,7 +12,7 @@ import yaml
 
 from sandgate.cli import main
 from sandgate.proxyenv import ENV_NAMES
-from sandgate.sandbox import agents
+from sandgate.sandbox import agent_profiles as agents
 from sandgate.sandbox.agentrun import GATE, agent_registration, child_of
 from sandgate.sandbox.engine import SandboxError
 
