@@ -83,10 +83,10 @@ def floor_variant(b: run.Bench, judged: bool = False, uvloop: bool = False) -> r
     target = run.Target("", 0, run.NAME, str(b.certs.ca_cert), (run.PROXY_IP, port),
                         f"{run.UPSTREAM_IP}:{b.up_port}")
     if judged:
-        cmd += ["--sandgate", str(b.confdir), str(b.policies), str(b.work / f"{name}.jsonl"),
+        cmd += ["--sandgate", str(b.confdir(False)), str(b.policies), str(b.work / f"{name}.jsonl"),
                 f"{run.TUNNEL_NAME}={run.UPSTREAM_IP}"]
         target = run.Target("", 0, run.TUNNEL_NAME, str(b.certs.ca_cert), (run.PROXY_IP, port),
-                            f"{run.TUNNEL_NAME}:{b.up_port}", ("bench", b.token))
+                            f"{run.TUNNEL_NAME}:{b.up_port}", ("bench", b.token_and_ca(False)[0]))
     env = dict(b.env, FLOOR_UVLOOP="1") if uvloop else None
     proc, log = b.spawn(name, cmd, env=env)
     run.wait_listening(run.PROXY_IP, port, proc, log)
@@ -117,16 +117,17 @@ def rsa_variant(b: run.Bench, extra: list[str], checkout: Path | None = None,
     name = ("baseline" + ("-passthrough" if passthrough else "")) if checkout else "sandgate-rsa"
     conf = b.work / f"{name}-conf"
     conf.mkdir(mode=0o700)
-    shutil.copy2(b.confdir / "sandgate-token.key", conf / "sandgate-token.key")
+    b.token_and_ca(False)  # makes the main confdir (its token key) if no variant has yet
+    shutil.copy2(b.confdir(False) / "sandgate-token.key", conf / "sandgate-token.key")
     CertStore.create_store(conf, "mitmproxy", 2048)
-    saved, saved_env = b.confdir, b.env
-    b.confdir = conf
+    saved_env = b.env
+    b.confdir_override = conf
     if checkout is not None:
         b.env = {**saved_env, "PYTHONPATH": str(checkout / "proxy")}
     try:
         v = b.sandgate(name, *extra, passthrough=passthrough)
     finally:
-        b.confdir, b.env = saved, saved_env
+        b.confdir_override, b.env = None, saved_env
     assert v.target is not None
     if not passthrough:
         v.target = dataclasses.replace(v.target, cafile=str(conf / "mitmproxy-ca-cert.pem"))

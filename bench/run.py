@@ -233,6 +233,8 @@ class Bench:
             [str(ROOT / "proxy"), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.bindir = Path(sys.executable).parent
         self.tokens: dict[str, tuple[str, Path]] = {}  # confdir -> (token, CA file)
+        # bench/focus.py's RSA and baseline variants start Sandgate on a confdir of their own
+        self.confdir_override: Path | None = None
 
     def python(self, base: bool) -> str:
         return str(self.args.baseline_python) if base else sys.executable
@@ -338,6 +340,8 @@ class Bench:
         return [self.python(base), "-m", "sandgate.cli"]
 
     def confdir(self, base: bool) -> Path:
+        if self.confdir_override is not None:
+            return self.confdir_override
         return self.work / ("sandgate-conf-base" if base else "sandgate-conf")
 
     def token_and_ca(self, base: bool) -> tuple[str, Path]:
