@@ -36,9 +36,10 @@ from typing import Any
 from mitmproxy.net.http.http1 import read_request_head
 from mitmproxy.proxy.layers.tls import parse_client_hello
 
-from sandgate import audit_chain, decision, tokens
 from sandgate import confdir as cd
-from sandgate.audit import AuditLog
+from sandgate import decision, tokens
+from sandgate.audit import chain as audit_chain
+from sandgate.audit.events import AuditLog
 from sandgate.policy.loader import load_policy_dir
 
 KEY = os.urandom(32)

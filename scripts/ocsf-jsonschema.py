@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# The classes sandgate.audit_ocsf maps events to.
+# The classes sandgate.audit.ocsf maps events to.
 CLASSES = ("http_activity", "network_activity", "dns_activity", "authentication",
            "api_activity", "event_log_actvity", "application_lifecycle")
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sandgate.errors import AddressRefused, Code, Refused, SandboxRequired
-from sandgate.jsonrpc import Call, Message
-from sandgate.llmcall import LlmCall
+from sandgate.llm.llmcall import LlmCall
 from sandgate.netguard import choose_address, classify, known_addresses, parse_ip_literal
 from sandgate.policy.hosts import normalise_host
 from sandgate.policy.model import (
@@ -31,6 +30,7 @@ from sandgate.policy.model import (
 )
 from sandgate.policy.paths import normalise_path
 from sandgate.request import RequestInfo, default_port, has_dot_segment, parse_url, split_authority
+from sandgate.rpc.jsonrpc import Call, Message
 from sandgate.secrets.aws_request import AwsParts, misfit
 from sandgate.secrets.aws_request import parse as aws_parts
 from sandgate.secrets.scope import resolve as resolve_secret_path
@@ -126,7 +126,7 @@ def _l7_matches(rule: Rule, scheme: str, host: str, port: int, method: str, path
 
 def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = None,
            aws: AwsParts | None = None, llm: LlmCall | None = None) -> Decision:
-    """Judge a request; with `call`, also the JSON-RPC messages of its body (sandgate.jsonrpc)
+    """Judge a request; with `call`, also the JSON-RPC messages of its body (sandgate.rpc.jsonrpc)
     against the `mcp:`/`jsonrpc:` of the rules that match it: an allow rule with such a filter
     matches only when it allows every message, and a deny entry (deny_tools, deny_methods) of
     any matching rule refuses the whole call (a batch included). A protocol upgrade
@@ -136,7 +136,7 @@ def decide(policy: Policy, identity: str, req: RequestInfo, call: Call | None = 
     signature would vouch for (sandgate.secrets.aws_request): a signing rule matches only when
     it judges all of it (its `operations:`, its `copy_sources:`, no header it does not judge).
     `aws` None: not read yet (the proxy's head stage; the proxy decides again with it before
-    anything is signed). With `llm`, also the LLM call the body makes (sandgate.llmcall): a
+    anything is signed). With `llm`, also the LLM call the body makes (sandgate.llm.llmcall): a
     rule with `llm:` matches only when its `models` list the call's model and its output cap
     is within `max_tokens` (or the rule lowers it: Decision.lower_max_tokens); `llm` None:
     not read yet (the proxy decides again with it once the body is read)."""

@@ -18,8 +18,45 @@ and a reason and hint that are safe to show the sandbox::
     │   │                                too_many_pending, approvals_full (approvals/)
     │   ├── LimitExceeded                headers_too_large, rate_limited, budget_exhausted,
     │   │                                too_many_connections (+ retry_after) (limits.py)
-    │   └── StateUnavailable             state_unavailable                (state/)
-    └── PolicyError                      policy files are broken          (policy/loader.py)
+    │   ├── StateUnavailable             state_unavailable                (state/)
+    │   └── Unresolved                   exfiltration, too_large: a secret placeholder left in
+    │                                    a body                           (secrets/body.py)
+    ├── PolicyError                      policy files are broken          (policy/loader.py)
+    ├── InvalidInput (ValueError)        what was read from outside is not what it must be
+    │   ├── CallError                    not a JSON-RPC 2.0 message        (rpc/jsonrpc.py)
+    │   ├── HeaderMismatch               MCP headers disagree with the body (rpc/mcpheaders.py)
+    │   ├── CallUnreadable               an LLM call's body unreadable     (llm/llmcall.py)
+    │   ├── TooLarge                     a body decodes past the limit     (scrub/decoding.py)
+    │   ├── VoteError (status)           an approval vote refused          (approvals/votes.py)
+    │   └── TooManyModels                `llm:` globs too many to compare  (policy/llmproofs.py)
+    ├── NotVerified                      a presented token or record does not verify
+    │   ├── TokenError                   a proxy token                     (tokens.py)
+    │   ├── SessionIdError               an MCP session id                 (rpc/mcpsession.py)
+    │   └── Broken                       an audit file's hash chain        (audit/verify.py)
+    │       └── Incomplete               the lines verify, the set is not whole
+    ├── Unavailable                      something Sandgate asks did not answer usably
+    │   ├── _VaultFailure                one Vault call, classified        (secrets/vault.py)
+    │   ├── TokenFailure                 a token endpoint (OAuth2, GitHub) (secrets/tokenhttp.py)
+    │   ├── StateDown                    the fleet's Redis                 (state/redis_counts.py)
+    │   ├── UpstreamError                the policy DNS's resolver         (dns/resolver.py)
+    │   ├── Unreadable                   another process's sockets        (identity/sockowner.py)
+    │   ├── SourceError                  the workers, for the console      (console/source.py)
+    │   └── ApiError                     the admin API, for the CLI        (cli/approvals.py)
+    ├── SetupFailed (RuntimeError)       the host cannot be set up as asked; the message says how
+    │   ├── DockerUnavailable            no Docker engine                  (sandbox/engine.py)
+    │   ├── SandboxError                 a sandbox not created or usable   (sandbox/engine.py)
+    │   └── CaptureError                 the capture table not installed   (capture/nftables.py)
+    └── InternalError (RuntimeError)     a bug: two parts of Sandgate disagree, never a verdict
+        ├── ProofError                   the prover and decide() disagree  (review/proofs.py)
+        └── DemoFailed                   the demo stack misbehaved         (demo/tour.py)
+
+Outside it, on purpose: pattern1's SplitConfigError (a ValueError) and RunnerError (a
+RuntimeError), which run in the sandbox image where sandgate/pattern1 is installed alone.
+
+A module that owns its exception subclasses one of these bases (tests/unit/test_errors.py
+checks every exception class under sandgate/); the bases that were a builtin's (ValueError,
+RuntimeError) still are, so every `except` that caught them still does. Where each boundary
+exception is caught and what it becomes (status, exit code, log line): docs/building.md.
 
 Policy refusals (`unknown_identity`, `no_rule`, `denied_by_rule`, `upgrade_refused`) are not
 exceptions: `decide()` returns them as a Decision. The addon turns a `Refused` or a refusing
@@ -65,7 +102,7 @@ class Code(StrEnum):
     # --identify-timeout (sandgate/mitm/guards/admission.py)
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     SESSION_MISMATCH = "session_mismatch"  # an MCP session id not issued to this identity
-    # MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version disagree with the body (mcpheaders.py)
+    # MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version disagree with the body (rpc/mcpheaders.py)
     HEADER_MISMATCH = "header_mismatch"
     # a protocol upgrade (WebSocket...) on a rule with mcp:/jsonrpc: and no `websocket: true`
     UPGRADE_REFUSED = "upgrade_refused"
@@ -77,7 +114,7 @@ class Code(StrEnum):
     APPROVALS_FULL = "approvals_full"  # the proxy holds as many approvals as it may
     # the fleet's shared state (--state redis://) cannot be reached in time (sandgate/state/)
     STATE_UNAVAILABLE = "state_unavailable"
-    # LLM calls on a rule with `llm:` (sandgate/llmcall.py, sandgate/spend.py)
+    # LLM calls on a rule with `llm:` (sandgate/llm/llmcall.py, sandgate/llm/spend.py)
     MODEL_NOT_ALLOWED = "model_not_allowed"  # the call's model is not in the rule's `models`
     MAX_TOKENS_OVER_CAP = "max_tokens_over_cap"  # asks for more output than `max_tokens`
     SPEND_EXHAUSTED = "spend_exhausted"  # a `budgets:` entry's tokens or cost are spent
@@ -130,6 +167,30 @@ STATUS: dict[Code, int] = {
 
 class SandgateError(Exception):
     """Base of every error Sandgate raises on purpose. Messages never contain a secret value."""
+
+
+class InvalidInput(SandgateError, ValueError):
+    """What was read from outside (a body, a header, a vote, a sandbox's settings) is not what it
+    must be. The message is short and safe to show; it never echoes a secret."""
+
+
+class NotVerified(SandgateError):
+    """A presented token, session id or audit chain does not verify. The message never echoes
+    the secret part."""
+
+
+class Unavailable(SandgateError):
+    """Something Sandgate asks (Vault, a token endpoint, the fleet's Redis, the upstream resolver,
+    a worker, the admin API, /proc) did not answer usably: the caller decides, failing closed."""
+
+
+class SetupFailed(SandgateError, RuntimeError):
+    """The host cannot be set up as asked (Docker, nftables, a split sandbox's tool runner). The
+    message says what to do about it."""
+
+
+class InternalError(SandgateError, RuntimeError):
+    """A bug: two parts of Sandgate disagree. Never a verdict, never shown as one."""
 
 
 class Refused(SandgateError):

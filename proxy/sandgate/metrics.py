@@ -17,10 +17,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 from sandgate.errors import Code
+from sandgate.llm.spend import shipped_prices
 from sandgate.policy.model import Policy, glob_matches
-from sandgate.spend import shipped_prices
 
 UNKNOWN = "unknown"
 NONE = "none"
@@ -65,7 +65,7 @@ class _Bounds:
         self.tool_globs = sorted({g for f in filters for g in (*(f.tools or ()), *f.deny_tools)})
         self.method_globs = sorted({g for f in filters for g in (*(f.allowed_methods or ()),
                                                                  *f.deny_methods)})
-        # LLM model label values: the rules' `llm.models`, then the price globs (sandgate.spend)
+        # LLM model label values: the rules' `llm.models`, then the price globs (sandgate.llm.spend)
         self.model_globs = list(dict.fromkeys(
             [g for i in policy.identities.values() for r in i.rules if r.llm is not None
              for g in r.llm.models or ()]

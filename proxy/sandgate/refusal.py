@@ -28,7 +28,7 @@ class Refusal:
     # failure is a 401 with WWW-Authenticate rather than a 407.
     gateway: bool = False
     approval: str | None = None  # the approval request's id (approval_* codes)
-    # the LLM API the refused request called (sandgate.llmcall.Api): the body then has that
+    # the LLM API the refused request called (sandgate.llm.llmcall.Api): the body then has that
     # provider's error shape, so its SDK raises its usual error with the reason
     dialect: str | None = None
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sandgate.errors import Code, IdentityError
+from sandgate.errors import Code, IdentityError, NotVerified
 from sandgate.identity.base import Caller
 
 VERSION = "sg1"
@@ -35,7 +35,7 @@ _B64URL_RE = re.compile(r"[A-Za-z0-9_-]*")
 _SAFE_USER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,63}")
 
 
-class TokenError(Exception):
+class TokenError(NotVerified):
     """A token was refused. The message is safe to show the caller and never echoes the token."""
 
 

@@ -120,7 +120,7 @@ def test_explain_takes_headers_as_the_cli_does(admin):
 
 def test_explain_takes_the_batch_line_fields(admin, tmp_path):
     """`POST /v1/explain` reads its body as `explain --batch` reads a JSON line (one parser,
-    sandgate.explain_input): the same fields, the same answer; no file of the proxy's is read,
+    sandgate.explain.inputs): the same fields, the same answer; no file of the proxy's is read,
     and a field it does not know is refused rather than dropped from what is judged."""
     line = {"identity": "coding-agent", "sandbox": "sb-1", "method": "POST",
             "url": "https://api.anthropic.com/v1/messages",

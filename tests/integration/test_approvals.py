@@ -710,8 +710,8 @@ def test_redis_store_against_a_real_redis(redis_server):
 
     import redis.asyncio
 
-    from sandgate.approvals.model import Approval, Scope, grant_for, vote
-    from sandgate.approvals.redis_store import RedisStore
+    from sandgate.approvals.redis_approvals import RedisStore
+    from sandgate.approvals.votes import Approval, Scope, grant_for, vote
 
     async def run() -> None:
         prefix = f"t{time.time_ns()}"

@@ -22,9 +22,9 @@ import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from sandgate.audit_chain import public_hex
-from sandgate.audit_file import rotated_files
-from sandgate.audit_verify import Broken, verify
+from sandgate.audit.chain import public_hex
+from sandgate.audit.file import rotated_files
+from sandgate.audit.verify import Broken, verify
 from tests.integration.conftest import (
     HERE,
     SANDGATE,

@@ -18,7 +18,7 @@ import dns.rdatatype
 import pytest
 
 from sandgate.confdir import token_key
-from sandgate.explain import explain_name
+from sandgate.explain.answer import explain_name
 from sandgate.policy.loader import load_policy_dir
 from sandgate.tokens import canary
 from tests.integration.conftest import HERE, SANDGATE, Proxy, start_proxy, stop_proxy

@@ -21,12 +21,12 @@ from redis.backoff import NoBackoff
 
 from sandgate.errors import Code, LimitExceeded, StateUnavailable
 from sandgate.limits import Limiter, LimitsConfig
+from sandgate.llm.spend import Amounts, SpendWindows, budget_key
 from sandgate.policy.model import Budget, IdentityLimits, SecretBudget, Source
-from sandgate.spend import Amounts, SpendWindows, budget_key
 from sandgate.state import StateConfig, scripts
 from sandgate.state.fleet import Fleet
 from sandgate.state.health import StateHealth
-from sandgate.state.redis_store import RedisCounts
+from sandgate.state.redis_counts import RedisCounts
 from tests.support.redis import RedisServer
 
 pytestmark = pytest.mark.integration

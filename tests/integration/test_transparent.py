@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sandgate import capture
+from sandgate.capture import nftables as capture
 from tests.integration.conftest import (
     ANTHROPIC_KEY,
     HERE,

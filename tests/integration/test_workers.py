@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from sandgate.policy.live import content_hash, policy_files
-from sandgate.runner import RunConfig
+from sandgate.runner.config import RunConfig
 from sandgate.workers.supervisor import Supervisor
 from tests.integration.admin_support import (
     OWN_IP,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.workers.auditlog import WorkerAuditLog
+from sandgate.audit.workerlog import WorkerAuditLog
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +51,8 @@ def test_concurrent_workers_never_interleave_lines(tmp_path):
 
 def _write_anchored(path: str, conf: str, worker: int,
                     start: multiprocessing.synchronize.Event) -> None:
-    from sandgate.audit_anchor import Anchor
-    from sandgate.audit_chain import Chain
+    from sandgate.audit.anchor import Anchor
+    from sandgate.audit.chain import Chain
     from tests.unit.test_audit_chain import KEY
 
     log = WorkerAuditLog(Path(path), worker, chain=Chain(KEY, 3, 3600, run="r" * 16,
@@ -67,8 +67,8 @@ def _write_anchored(path: str, conf: str, worker: int,
 def test_concurrent_workers_each_keep_their_head_in_the_anchor(tmp_path):
     """The workers update one anchor at once (a checkpoint every 3 lines each): none loses
     another's entry, and the files verify against it."""
-    from sandgate.audit_anchor import anchor_path, read_anchor
-    from sandgate.audit_verify import verify
+    from sandgate.audit.anchor import anchor_path, read_anchor
+    from sandgate.audit.verify import verify
     from tests.unit.test_audit_chain import PUBLIC
 
     path, conf = tmp_path / "audit.jsonl", tmp_path / "conf"

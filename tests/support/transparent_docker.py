@@ -14,8 +14,8 @@ from typing import Any
 
 import docker
 
-from sandgate import capture
-from sandgate.capture import Capture
+from sandgate.capture import nftables as capture
+from sandgate.capture.nftables import Capture
 from sandgate.sandbox.network import SandboxNetwork, ensure_network_info
 from tests.integration.conftest import SECRET_VALUES, Proxy, free_port, start_proxy, stop_proxy
 from tests.support.secrets import assert_no_secret

@@ -1,5 +1,5 @@
 """Recorded audit logs for the traffic tools' tests, written exactly as the proxy writes them:
-through sandgate.audit.AuditLog, with every field of `flow_fields` (the path through
+through sandgate.audit.events.AuditLog, with every field of `flow_fields` (the path through
 `redact_path`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import io
 from typing import Any
 from urllib.parse import urlsplit
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 
 
 def fields(identity: str | None, method: str, url: str, *, decision: str = "allow",
@@ -54,7 +54,7 @@ def fields(identity: str | None, method: str, url: str, *, decision: str = "allo
 
 
 class Recorder:
-    """Collects audit lines as sandgate.audit.AuditLog writes them."""
+    """Collects audit lines as sandgate.audit.events.AuditLog writes them."""
 
     def __init__(self) -> None:
         self.buf = io.StringIO()

@@ -21,8 +21,8 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _every_audit_event_is_valid_ocsf(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandgate.audit import AuditLog
-    from sandgate.audit_ocsf import to_ocsf
+    from sandgate.audit.events import AuditLog
+    from sandgate.audit.ocsf import to_ocsf
     from tests.support.ocsf_schema import check
 
     emit = AuditLog.emit

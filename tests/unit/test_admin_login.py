@@ -1,6 +1,6 @@
 """Logins to the admin listener: the console's logins, failures, logouts and expired sessions
 and wrong admin API tokens are audited (never the token), wrong tokens are bounded per source
-(sandgate.admin_login), and the user and role are typed request keys (no aiohttp warning)."""
+(sandgate.admin.login), and the user and role are typed request keys (no aiohttp warning)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from sandgate.admin import AdminState, build_app
-from sandgate.admin_auth import ROLE_KEY, USER_KEY, AdminUser, auth_middleware, token_digest
-from sandgate.admin_login import FailureLimit
-from sandgate.audit import AuditLog
-from sandgate.audit_ocsf import to_ocsf
+from sandgate.admin.access import ROLE_KEY, USER_KEY, AdminUser, auth_middleware, token_digest
+from sandgate.admin.listener import build_app
+from sandgate.admin.login import FailureLimit
+from sandgate.admin.process import AdminState
+from sandgate.audit.events import AuditLog
+from sandgate.audit.ocsf import to_ocsf
 from sandgate.console.app import Console, mount
 from sandgate.console.ring import EventRing
 from sandgate.console.source import LocalSource

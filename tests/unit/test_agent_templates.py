@@ -11,8 +11,8 @@ import pytest
 from sandgate.cli import main as cli_main
 from sandgate.decision import decide_request
 from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.proofs import prove, prove_narrower
 from sandgate.request import parse_url
+from sandgate.review.proofs import prove, prove_narrower
 
 TEMPLATES = Path(__file__).parents[2] / "policies" / "agents"
 AGENTS = {  # agent -> a model call it makes (the key injected)

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.approvals import headers as H
-from sandgate.approvals.model import Approval, Scope, grant_for, vote
+from sandgate.approvals import bound_headers as H
 from sandgate.approvals.service import Approvals, Request
 from sandgate.approvals.store import MemoryStore
+from sandgate.approvals.votes import Approval, Scope, grant_for, vote
 from sandgate.approvals.webhook import body_for
 from sandgate.cli.approvals import header_lines, line
 from sandgate.errors import ApprovalRefused, Code

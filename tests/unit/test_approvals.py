@@ -18,10 +18,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.admin_auth import auth_middleware, load_admin_users
+from sandgate.admin.access import auth_middleware, load_admin_users
 from sandgate.approvals import api as approvals_api
-from sandgate.approvals import headers as H
-from sandgate.approvals.model import (
+from sandgate.approvals import bound_headers as H
+from sandgate.approvals.service import Approvals, AskLimits, Request
+from sandgate.approvals.store import MemoryStore
+from sandgate.approvals.votes import (
     Approval,
     Scope,
     VoteError,
@@ -30,17 +32,15 @@ from sandgate.approvals.model import (
     parse_scope,
     vote,
 )
-from sandgate.approvals.service import Approvals, AskLimits, Request
-from sandgate.approvals.store import MemoryStore
 from sandgate.approvals.webhook import body_for, sign, verify
 from sandgate.decision import decide, decide_connect
 from sandgate.errors import ApprovalRefused, Code
-from sandgate.jsonrpc import tool_call
 from sandgate.policy.fixtures import run_policy_tests as run_fixtures
-from sandgate.policy.lint import lint_policy
 from sandgate.policy.loader import PolicyError, load_policy_files
 from sandgate.policy.model import Policy, Rule, Source, Webhook
 from sandgate.request import parse_url
+from sandgate.review.lint import lint_policy
+from sandgate.rpc.jsonrpc import tool_call
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ import threading
 import pytest
 import structlog
 
-from sandgate import audit as A
-from sandgate.audit import AuditLog, redact_path
+from sandgate.audit import events as A
+from sandgate.audit.events import AuditLog, redact_path
 
 TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
 

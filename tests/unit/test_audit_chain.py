@@ -1,6 +1,6 @@
 """The audit hash chain, its signed checkpoints, rotation and retention, `sandgate audit verify`.
 
-Logs are written by sandgate.audit.AuditLog as the proxy writes them; the tests then edit,
+Logs are written by sandgate.audit.events.AuditLog as the proxy writes them; the tests then edit,
 delete, reorder and truncate lines as an attacker would, and check that verify names the line.
 """
 
@@ -17,9 +17,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandgate import audit_file
-from sandgate.audit import AuditLog
-from sandgate.audit_chain import (
+from sandgate.audit import file as audit_file
+from sandgate.audit.chain import (
     GENESIS,
     SIGNING_KEY_FILE,
     Chain,
@@ -28,10 +27,11 @@ from sandgate.audit_chain import (
     parse_private_key,
     public_hex,
 )
-from sandgate.audit_file import AuditFile, Rotation, rotated_files
-from sandgate.audit_verify import Broken, verify
+from sandgate.audit.events import AuditLog
+from sandgate.audit.file import AuditFile, Rotation, rotated_files
+from sandgate.audit.verify import Broken, verify
+from sandgate.audit.workerlog import WorkerAuditLog
 from sandgate.cli import main
-from sandgate.workers.auditlog import WorkerAuditLog
 from tests.unit.audit_log import fields
 
 KEY = Ed25519PrivateKey.from_private_bytes(b"\x01" * 32)
@@ -407,7 +407,7 @@ def test_verify_cli_reports_ok_and_counts(tmp_path, capsys):
 
 
 def test_run_options_are_checked():
-    from sandgate.audit_setup import parse_vault_spec
+    from sandgate.audit.options import parse_vault_spec
 
     assert parse_vault_spec("vault:secret/sandgate/audit#key") == \
         ("secret", "sandgate/audit", "key")
@@ -434,7 +434,7 @@ def test_rotated_names_sort_in_time_order(tmp_path):
 
 def test_a_chained_log_on_a_full_disk_fails_closed():
     """--audit /dev/full: nothing to link to (reading it would never end), every write fails."""
-    from sandgate.audit_chain import last_line_hash
+    from sandgate.audit.chain import last_line_hash
 
     assert last_line_hash(Path("/dev/full")) == GENESIS
     log = AuditLog(Path("/dev/full"), chain=Chain(KEY, 10, 3600))

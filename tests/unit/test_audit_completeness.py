@@ -1,6 +1,6 @@
 """`sandgate audit verify` proves the set of files whole, not only each line (issue 34).
 
-The files are written by the real writers (sandgate.audit.AuditLog, WorkerAuditLog, the
+The files are written by the real writers (sandgate.audit.events.AuditLog, WorkerAuditLog, the
 confdir's Anchor) as `sandgate run` writes them: runs one after another on one file, one of
 them with two workers. The tests then delete whole runs, a worker's share, a chain's tail, as
 someone hiding what happened would, and check that verify says what is missing (exit 3), with
@@ -19,13 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandgate.audit import AuditLog
-from sandgate.audit_anchor import Anchor, AnchorDoc, anchor_path, read_anchor
-from sandgate.audit_chain import Chain, line_hash, public_hex
-from sandgate.audit_file import Rotation, rotated_files
-from sandgate.audit_verify import Broken, Incomplete, verify
+from sandgate.audit.anchor import Anchor, AnchorDoc, anchor_path, read_anchor
+from sandgate.audit.chain import Chain, line_hash, public_hex
+from sandgate.audit.events import AuditLog
+from sandgate.audit.file import Rotation, rotated_files
+from sandgate.audit.verify import Broken, Incomplete, verify
+from sandgate.audit.workerlog import WorkerAuditLog
 from sandgate.cli import main
-from sandgate.workers.auditlog import WorkerAuditLog
 from tests.unit.audit_log import fields
 from tests.unit.test_audit_chain import KEY, PUBLIC
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from sandgate import audit_ocsf
-from sandgate.audit import AuditLog
-from sandgate.audit_chain import Chain
+from sandgate.audit import ocsf as audit_ocsf
+from sandgate.audit.chain import Chain
+from sandgate.audit.events import AuditLog
 from tests.support.ocsf_schema import check, problems
 from tests.unit.audit_log import fields
 from tests.unit.test_audit_chain import KEY
@@ -135,6 +135,6 @@ def test_the_validator_is_strict():
 def test_the_docs_tables_are_the_mapping():
     text = DOCS.read_text()
     assert audit_ocsf.mapping_table() in text, \
-        "docs/audit.md: paste sandgate.audit_ocsf.mapping_table()"
+        "docs/audit.md: paste sandgate.audit.ocsf.mapping_table()"
     assert audit_ocsf.class_table() in text, \
-        "docs/audit.md: paste sandgate.audit_ocsf.class_table()"
+        "docs/audit.md: paste sandgate.audit.ocsf.class_table()"

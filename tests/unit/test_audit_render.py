@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate import audit as A
-from sandgate.audit_chain import render
+from sandgate.audit import events as A
+from sandgate.audit.chain import render
 from sandgate.scrub.scrubber import SecretSet
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate import audit
+from sandgate.audit import events as audit
 
 pytestmark = pytest.mark.unit
 

@@ -324,7 +324,7 @@ def test_judge_reads_the_headers_it_is_given(policy):
 # --- the tools: explain, check's fixtures, the CLI -------------------------------------------
 
 def test_explain_shows_what_is_signed_and_refuses_what_is_not(policy):
-    from sandgate.explain import explain
+    from sandgate.explain.answer import explain
 
     url = f"{S3}/acme-artifacts/copy"
     out, ok = explain(policy, "agent", "PUT", url,
@@ -408,7 +408,7 @@ DDB = "dynamodb.eu-west-1.amazonaws.com"
 
 
 def _narrower(tmp_path: Path, narrow: str, other: str):
-    from sandgate.policy.proofs import prove
+    from sandgate.review.proofs import prove
 
     (tmp_path / "p.yaml").write_text(PROOF_HEAD + f"""  n:
     narrower_than: o
@@ -462,7 +462,7 @@ def test_lint_judges_fixtures_with_their_headers(tmp_path):
     """sandgate lint re-judges fixtures as check does, headers included: this deny fixture is
     refused for its copy source (no_rule), not by the deny rule written for the host, and
     lint says so (judged without its header it would be allowed, and lint silent)."""
-    from sandgate.policy.lint import lint_dir
+    from sandgate.review.lint import lint_dir
 
     (tmp_path / "p.yaml").write_text(POLICY + """
       - {name: no-deletes, action: deny, hosts: [s3.eu-west-1.amazonaws.com], methods: [DELETE]}
@@ -479,7 +479,7 @@ tests:
 def test_report_says_what_each_signing_rule_signs(tmp_path):
     """`sandgate report`: a signing rule's operations and copy sources, and a later rule that
     signs other operations is not "never decides a request"."""
-    from sandgate.policy.report import build_report, format_markdown
+    from sandgate.review.report import build_report, format_markdown
 
     (tmp_path / "p.yaml").write_text(PROOF_HEAD + f"""  a:
     rules:
@@ -493,7 +493,7 @@ def test_report_says_what_each_signing_rule_signs(tmp_path):
 
 
 def test_lint_does_not_call_rules_signing_other_operations_overlapping(tmp_path):
-    from sandgate.policy.lint import lint_dir
+    from sandgate.review.lint import lint_dir
 
     (tmp_path / "p.yaml").write_text(PROOF_HEAD + f"""  a:
     rules:
@@ -514,7 +514,7 @@ def test_lint_does_not_call_rules_signing_other_operations_overlapping(tmp_path)
 ])
 def test_diff_shows_what_a_signing_rule_signs_changing(tmp_path, old, new, widened, text):
     """`sandgate diff`: a wider (or narrower) operations:/copy_sources: is a change of reach."""
-    from sandgate.policy.reach_diff import reach_diff
+    from sandgate.review.reach_diff import reach_diff
 
     rule = "      - {{name: r, hosts: [{h}], {x}, inject: {{sign: aws}}}}\n"
     dirs = []

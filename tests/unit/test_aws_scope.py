@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.explain import explain
+from sandgate.explain.answer import explain
 from sandgate.policy.loader import PolicyError
 from sandgate.policy.loader import load_policy_dir as load_policy
 from sandgate.policy.model import AwsRef, SignRef
-from sandgate.policy.report import build_report, format_markdown
+from sandgate.review.report import build_report, format_markdown
 from sandgate.secrets.aws_scope import host_scope, hosts_may_give, resolve
 
 pytestmark = pytest.mark.unit

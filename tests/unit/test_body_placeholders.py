@@ -189,7 +189,7 @@ def test_apply_swaps_body_and_sets_length(tmp_path):
 
 
 def test_explain_names_the_body(tmp_path):
-    from sandgate.explain import explain_request
+    from sandgate.explain.answer import explain_request
 
     (tmp_path / "p.yaml").write_text(POLICY)
     out, allowed = explain_request(load_policy_files([tmp_path / "p.yaml"]), "a", "POST",

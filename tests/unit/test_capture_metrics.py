@@ -1,4 +1,4 @@
-"""The capture tables' counters as Prometheus metrics (sandgate.capture_metrics): parsed from a
+"""The capture tables' counters as Prometheus metrics (sandgate.capture.nft_counters): parsed from a
 recorded `nft -j list counters`, read at most once a second, absent (never a failed scrape)
 when nft cannot be read, with one log line saying why."""
 
@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sandgate.capture_metrics import CaptureCounters, parse
+from sandgate.capture.nft_counters import CaptureCounters, parse
 
 pytestmark = pytest.mark.unit
 

@@ -13,10 +13,11 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.admin import AdminState, build_app
-from sandgate.admin_auth import AdminUser, Authenticator, token_digest
-from sandgate.approvals.model import VoteError
-from sandgate.audit import AuditLog
+from sandgate.admin.access import AdminUser, Authenticator, token_digest
+from sandgate.admin.listener import build_app
+from sandgate.admin.process import AdminState
+from sandgate.approvals.votes import VoteError
+from sandgate.audit.events import AuditLog
 from sandgate.console import auth, chart
 from sandgate.console.app import CSP, mount
 from sandgate.console.approvals import vote_from_form
@@ -30,7 +31,7 @@ from sandgate.console.ring import (
     merge_refusals,
 )
 from sandgate.console.source import LocalSource, explain_args
-from sandgate.explain import explain_name, explain_request
+from sandgate.explain.answer import explain_name, explain_request
 from sandgate.metrics import Metrics
 from sandgate.policy import live
 
@@ -531,8 +532,8 @@ async def test_spend_page_shows_each_budget_window_its_limits_in_flight_and_mode
     """The spend view: per budget and identity or sandbox, what the window counted against
     each limit, what is in flight, the settled spend per model (the process's own windows:
     the proxy's SpendWindows, reserved and settled as s37_llm does)."""
+    from sandgate.llm.spend import Amounts, SpendWindows, budget_key
     from sandgate.policy.model import Budget, Source
-    from sandgate.spend import Amounts, SpendWindows, budget_key
 
     windows = SpendWindows()
     day = Budget("day", 86400, "identity", Source("p.yaml", 1), output_tokens=1000,

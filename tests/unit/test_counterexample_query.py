@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.proofs import prove
+from sandgate.review.proofs import prove
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +57,7 @@ def test_report_shows_every_query_constraint(tmp_path):
     """issue 38: `report` dropped the optional (and absent) query constraints."""
     import json
 
-    from sandgate.policy.report import build_report, format_json
+    from sandgate.review.report import build_report, format_json
 
     (tmp_path / "p.yaml").write_text(
         "version: v1\nidentities:\n  agent:\n    rules:\n"

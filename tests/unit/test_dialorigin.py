@@ -12,8 +12,8 @@ from mitmproxy import connection
 from mitmproxy.proxy import commands, server_hooks
 from mitmproxy.test import taddons, tflow
 
-from sandgate import audit
 from sandgate.addons.gate import Gate, GateConfig
+from sandgate.audit import events as audit
 from sandgate.identity.resolve import Identifier
 from sandgate.mitm import registry
 from sandgate.mitm.guards import dialorigin

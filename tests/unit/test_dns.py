@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandgate.decision import decide_name, decide_request
+from sandgate.dns.bounds import DnsLimits, SourceRates
 from sandgate.dns.cache import ANSWERED, AddressCache
-from sandgate.dns.limits import DnsLimits, SourceRates
+from sandgate.dns.resolver import Upstream
 from sandgate.dns.server import PolicyDns, formerr
-from sandgate.dns.upstream import Upstream
 from sandgate.errors import Code
 from sandgate.identity.base import Caller
 from sandgate.netguard import resolve
@@ -381,7 +381,7 @@ def test_compose_sandboxes_use_the_policy_dns() -> None:
 
 
 def test_sandbox_spec_dns_must_be_an_address() -> None:
-    from sandgate.sandbox.errors import SandboxError
+    from sandgate.sandbox.engine import SandboxError
     from sandgate.sandbox.launcher import SandboxSpec
 
     ca = "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n"
@@ -393,7 +393,7 @@ def test_sandbox_spec_dns_must_be_an_address() -> None:
 
 
 def test_report_mode_answers_and_audits_as_report() -> None:
-    from sandgate.explain import explain_name
+    from sandgate.explain.answer import explain_name
 
     p = _policy({"identities": {"agent": {"mode": "report", "rules": RULES[:1]}}})
     out, resolves = explain_name(p, "agent", "unlisted.example")

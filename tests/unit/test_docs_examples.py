@@ -151,7 +151,7 @@ def test_yaml_example_is_a_policy_that_holds(tmp_path: Path, schema: dict[str, A
 def _check_policy_example(tmp_path: Path, schema: dict[str, Any], example: Example) -> None:
     from sandgate.policy.fixtures import run_policy_tests
     from sandgate.policy.loader import load_policy_dir
-    from sandgate.policy.proofs import prove
+    from sandgate.review.proofs import prove
 
     files = policy_files(example)
     validator = jsonschema.Draft202012Validator(schema)

@@ -13,8 +13,8 @@ from sandgate.cli import main
 from sandgate.decision import decide_connect, decide_request, judge
 from sandgate.policy.fixtures import run_policy_tests
 from sandgate.policy.loader import PolicyError, load_policy_dir
-from sandgate.policy.proofs import prove_narrower
 from sandgate.request import parse_url
+from sandgate.review.proofs import prove_narrower
 
 POLICY = """\
 version: v1
@@ -182,7 +182,7 @@ identities:
 
 def test_diff_traffic_sees_tunnels_sandbox_and_gateway(pdir, tmp_path):
     """Replayed traffic is judged as it came: with its sandbox id and its way in."""
-    from sandgate.policy.traffic import diff, outcome, read_audit
+    from sandgate.review.traffic import diff, outcome, read_audit
 
     def ev(method: str, host: str, path: str, **extra: str) -> str:
         return json.dumps({"event": "request", "identity": "agent", "method": method,

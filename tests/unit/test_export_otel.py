@@ -1,5 +1,5 @@
-"""The sandbox's trace context (sandgate.export.traceparent) and the span of a flow
-(sandgate.export.otel), with the SDK's in-memory exporter; the forward stage removing the
+"""The sandbox's trace context (sandgate.audit.export.traceparent) and the span of a flow
+(sandgate.audit.export.otel), with the SDK's in-memory exporter; the forward stage removing the
 headers unless the rule says `forward_trace_context`; the export options' checks."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from mitmproxy.test import tflow
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from sandgate import explain
+from sandgate.audit.export import otel, traceparent
+from sandgate.audit.export import startup as setup
+from sandgate.audit.export.counters import ExportCounters
+from sandgate.audit.export.marks import FORWARDED, VAULT_END, VAULT_START
 from sandgate.decision import decide
-from sandgate.export import otel, setup, traceparent
-from sandgate.export.counters import ExportCounters
-from sandgate.export.marks import FORWARDED, VAULT_END, VAULT_START
+from sandgate.explain import answer as explain
 from sandgate.policy.loader import load_policy_dir
 from sandgate.request import parse_url
 from sandgate.scrub.scrubber import SecretSet

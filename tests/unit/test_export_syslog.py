@@ -1,5 +1,5 @@
-"""RFC 5424 messages and octet-counting frames of audit events (sandgate.export.rfc5424), and
-the syslog sender's queue, reconnection and option checks (sandgate.export.syslog)."""
+"""RFC 5424 messages and octet-counting frames of audit events (sandgate.audit.export.rfc5424), and
+the syslog sender's queue, reconnection and option checks (sandgate.audit.export.syslog)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.export import rfc5424
-from sandgate.export.counters import ExportCounters
-from sandgate.export.syslog import SyslogSink, Target, parse_target
+from sandgate.audit.export import rfc5424
+from sandgate.audit.export.counters import ExportCounters
+from sandgate.audit.export.syslog import SyslogSink, Target, parse_target
 
 pytestmark = pytest.mark.unit
 

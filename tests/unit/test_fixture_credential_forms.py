@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.explain import explain
+from sandgate.explain.answer import explain
 from sandgate.policy.fixtures import run_policy_tests
 from sandgate.policy.loader import PolicyError, load_policy_dir
-from sandgate.policy.report import build_report, format_json
+from sandgate.review.report import build_report, format_json
 from sandgate.secrets.credential_form import parse_form
 
 pytestmark = pytest.mark.unit

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from sandgate.decision import decide
 from sandgate.policy.loader import PolicyError
 from sandgate.policy.model import Policy
-from sandgate.policy.reach_diff import reach_diff
 from sandgate.request import RequestInfo, parse_url
+from sandgate.review.reach_diff import reach_diff
 from tests.unit.fuzz import examples
 from tests.unit.test_fuzz_decide import load, policies, requests
 

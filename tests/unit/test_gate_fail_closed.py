@@ -9,8 +9,8 @@ import pytest
 from mitmproxy.proxy import server_hooks
 from mitmproxy.test import taddons, tflow
 
-from sandgate import audit
 from sandgate.addons.gate import Gate, GateConfig
+from sandgate.audit import events as audit
 from sandgate.identity.resolve import Identifier
 from sandgate.mitm.guards import dialorigin
 from sandgate.policy.loader import load_policy_dir
@@ -238,8 +238,8 @@ async def test_dns_over_a_tunnel_is_refused_or_killed(gate, monkeypatch):
 async def test_a_failed_rotation_refuses_what_follows(gate, monkeypatch, tmp_path):
     """The rename of a full audit file fails (read-only directory): the flow's audit write
     fails, and the next request is refused until a write succeeds (docs/audit.md)."""
-    from sandgate import audit_file
-    from sandgate.audit_chain import Chain
+    from sandgate.audit import file as audit_file
+    from sandgate.audit.chain import Chain
 
     gate.cfg.audit = audit.AuditLog(tmp_path / "rot.jsonl", chain=Chain(None),
                                     rotation=audit_file.Rotation(max_bytes=1024))

@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandgate import confdir
-from sandgate.audit import AuditLog
-from sandgate.audit_chain import Chain
+from sandgate.audit.chain import Chain
+from sandgate.audit.events import AuditLog
 from sandgate.policy.loader import load_policy_dir
-from sandgate.runner import own_keys
+from sandgate.runner.build import own_keys
 from sandgate.scrub.flowsecrets import ScrubSets
 from sandgate.scrub.scrubber import SecretSet
 from sandgate.scrub.unwrap import scrub_unwrapped, unwrapped_view

@@ -1,4 +1,4 @@
-"""The JSON-RPC request parser (sandgate.jsonrpc): property tests and the strict refusals."""
+"""The JSON-RPC request parser (sandgate.rpc.jsonrpc): property tests and the strict refusals."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.jsonrpc import CallError, id_key, parse
+from sandgate.rpc.jsonrpc import CallError, id_key, parse
 
 ids = st.one_of(st.integers(-(2**53), 2**53), st.text(max_size=20))
 names = st.text(min_size=1, max_size=30)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.policy.lint import lint_dir
 from sandgate.policy.loader import PolicyError, load_policy_dir
+from sandgate.review.lint import lint_dir
 from tests.support.cli import run_cli
 
 CORPUS = Path(__file__).parent / "lint_corpus"
@@ -93,7 +93,7 @@ def test_every_code_is_documented_and_every_code_is_raised_somewhere() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "policy-review.md").read_text()
     assert [c for c in CODES if f"| `{c}` |" not in doc] == []
     src = "".join(p.read_text() for p in (Path(__file__).parents[2] / "proxy" / "sandgate"
-                                          / "policy").glob("lint*.py")
+                                          / "review").glob("lint*.py")
                   if p.name != "lint_codes.py")
     assert [c for c in CODES if f'"{c}"' not in src] == []
 

@@ -1,4 +1,4 @@
-"""sandgate.llmcall: which API a request calls, what it asks for, what its answer spent."""
+"""sandgate.llm.llmcall: which API a request calls, what it asks for, what its answer spent."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate.llmcall import (
+from sandgate.llm.llmcall import (
     CallUnreadable,
     Usage,
     UsageReader,
@@ -222,7 +222,7 @@ json_values = st.recursive(
 
 def _as_json_loads_reads(body: bytes) -> object:
     """What read_call saw before its decoder was reused: json.loads with the pairs hook."""
-    from sandgate.llmcall import _no_duplicates
+    from sandgate.llm.llmcall import _no_duplicates
 
     try:
         doc = json.loads(body, object_pairs_hook=_no_duplicates)
@@ -241,7 +241,7 @@ def test_a_body_reads_as_json_loads_reads_it(doc, encoding, dup, junk):
     """The call's body is read by one reused decoder exactly as json.loads (with the
     duplicate-key check) reads bytes: the same document, or the same refusal, whatever its
     encoding (a BOM, UTF-16/32) or trailing bytes."""
-    from sandgate.llmcall import _document
+    from sandgate.llm.llmcall import _document
 
     text = json.dumps(doc, ensure_ascii=False)
     if dup and doc:

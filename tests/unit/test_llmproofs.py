@@ -14,8 +14,8 @@ from sandgate.policy.llmproofs import model_gap, model_witnesses
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.model import LlmRule, glob_matches
 from sandgate.policy.overlap import llm_covers
-from sandgate.policy.proofs import prove_narrower
-from sandgate.policy.reach_diff import exit_status, reach_diff
+from sandgate.review.proofs import prove_narrower
+from sandgate.review.reach_diff import exit_status, reach_diff
 
 # small alphabets make collisions (and so interesting glob relations) likely
 _glob = st.text(alphabet="ab-*?", min_size=0, max_size=6)
@@ -228,7 +228,7 @@ def test_diff_reports_each_widening_of_llm(tmp_path):
 
 def test_report_shows_what_llm_lets_through_and_holds_calls_to(tmp_path):
     """`sandgate report`'s notes say a rule's `llm:` (on main: nothing)."""
-    from sandgate.policy.report import build_report, format_json
+    from sandgate.review.report import build_report, format_json
 
     (tmp_path / "p.yaml").write_text(textwrap.dedent(BASE).replace(
         "NARROW", '{models: ["claude-haiku-*"], max_tokens: 100, on_max_tokens: lower, '
@@ -259,7 +259,7 @@ def test_rules_naming_no_method_are_judged_on_post(tmp_path):
 def test_the_proofs_inference_paths_are_what_recognise_reads(segments, slash):
     """The path languages the proof adds (API_PATHS) hold exactly the paths llmcall.recognise
     takes for an inference call, per API family."""
-    from sandgate.llmcall import recognise
+    from sandgate.llm.llmcall import recognise
     from sandgate.policy.llmproofs import API_PATHS, FAMILY_APIS
 
     path = "/" + "/".join(segments) + ("/" if slash and segments else "")

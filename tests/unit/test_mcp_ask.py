@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from sandgate.decision import decide, judge
 from sandgate.errors import Code
-from sandgate.jsonrpc import Call, Message, method_call, parse, tool_call
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import Policy, glob_matches
 from sandgate.request import RequestInfo
+from sandgate.rpc.jsonrpc import Call, Message, method_call, parse, tool_call
 
 POLICY = """
 version: v1
@@ -150,7 +150,7 @@ _GLOB = st.text(alphabet="ab*?", max_size=5)
 
 @given(_GLOB, _GLOB)
 def test_globs_meet_agrees_with_brute_force(a: str, b: str) -> None:
-    from sandgate.policy.lint_mcp import globs_meet
+    from sandgate.review.lint_mcp import globs_meet
 
     names = ("".join(p) for n in range(len(a) + len(b) + 1)
              for p in itertools.product("abc", repeat=n))
@@ -159,7 +159,7 @@ def test_globs_meet_agrees_with_brute_force(a: str, b: str) -> None:
 
 
 def test_report_says_what_an_mcp_ask_rule_holds(policy: Policy, strict: Policy) -> None:
-    from sandgate.policy.report import build_report
+    from sandgate.review.report import build_report
 
     def notes(p: Policy, identity: str) -> str:
         (ir,) = [i for i in build_report(p, "t").identities if i.name == identity]

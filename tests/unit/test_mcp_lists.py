@@ -14,7 +14,7 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate import audit
+from sandgate.audit import events as audit
 from sandgate.decision import decide
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier

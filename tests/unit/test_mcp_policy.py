@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from sandgate.decision import decide
 from sandgate.errors import Code
-from sandgate.jsonrpc import Call, Message, method_call, parse, tool_call
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
+from sandgate.rpc.jsonrpc import Call, Message, method_call, parse, tool_call
 
 POLICY = """
 version: v1
@@ -163,7 +163,7 @@ def test_fixture_call_errors(tmp_path: Path, fixture: str, fragment: str) -> Non
     assert any(fragment in p.message for p in ei.value.problems), ei.value.problems
 
 
-# --- narrower_than over tool sets (sandgate.policy.callproofs) --------------------------------
+# --- narrower_than over tool sets (sandgate.review.callproofs) --------------------------------
 
 PAIR = """
 version: v1
@@ -195,7 +195,7 @@ identities:
 ])
 def test_narrower_than_covers_tool_sets(tmp_path: Path, agent: str, bash: str | None,
                                         counter: str | None) -> None:
-    from sandgate.policy.proofs import prove
+    from sandgate.review.proofs import prove
 
     text = PAIR.format(agent=agent, bash=bash or "{}")
     if bash is None:  # a rule without mcp: (its body limit the same as the other's)
@@ -210,8 +210,8 @@ def test_narrower_than_covers_tool_sets(tmp_path: Path, agent: str, bash: str | 
 @given(st.lists(st.text("ab*?", min_size=1, max_size=4), min_size=1, max_size=3),
        st.text("abc", min_size=1, max_size=6))
 def test_glob_witnesses_realise_every_match_vector(patterns: list[str], text: str) -> None:
-    from sandgate.policy.callproofs import glob_witnesses
     from sandgate.policy.model import glob_matches
+    from sandgate.review.callproofs import glob_witnesses
 
     witnesses = glob_witnesses(patterns)
     assert witnesses is not None
@@ -223,7 +223,7 @@ def test_glob_witnesses_realise_every_match_vector(patterns: list[str], text: st
 
 
 def test_lint_warns_on_tool_globs_the_server_does_not_list(tmp_path: Path) -> None:
-    from sandgate.policy.lint import lint_dir
+    from sandgate.review.lint import lint_dir
 
     (tmp_path / "pol").mkdir()
     (tmp_path / "pol" / "p.yaml").write_text(POLICY)
@@ -248,8 +248,8 @@ def test_lint_warns_on_tool_globs_the_server_does_not_list(tmp_path: Path) -> No
 
 def test_the_documented_example_checks_proves_and_lints_clean() -> None:
     from sandgate.policy.fixtures import run_policy_tests
-    from sandgate.policy.lint import lint_dir
-    from sandgate.policy.proofs import prove
+    from sandgate.review.lint import lint_dir
+    from sandgate.review.proofs import prove
 
     example = Path(__file__).parents[2] / "docs" / "examples" / "mcp"
     policy = load_policy_dir(example)
@@ -263,7 +263,7 @@ def test_the_documented_example_checks_proves_and_lints_clean() -> None:
 def test_diff_replays_the_recorded_calls(tmp_path: Path) -> None:
     import json
 
-    from sandgate.policy.traffic import diff, read_audit
+    from sandgate.review.traffic import diff, read_audit
 
     old_dir, new_dir = tmp_path / "old", tmp_path / "new"
     old_dir.mkdir()
@@ -298,7 +298,7 @@ def test_explain_call_options_are_checked(tool: str | None, args: str | None,
                                           method: str | None, error: str) -> None:
     import argparse
 
-    from sandgate.call_cli import call_from_args
+    from sandgate.rpc.call_cli import call_from_args
 
     with pytest.raises(ValueError, match=error):
         call_from_args(argparse.Namespace(mcp_tool=tool, mcp_args=args, rpc_method=method,
@@ -308,8 +308,8 @@ def test_explain_call_options_are_checked(tool: str | None, args: str | None,
 def test_explain_judges_the_call_as_the_proxy_does(policy: Policy) -> None:
     import argparse
 
-    from sandgate.call_cli import call_from_args, call_from_values
-    from sandgate.explain import explain
+    from sandgate.explain.answer import explain
+    from sandgate.rpc.call_cli import call_from_args, call_from_values
 
     ns = argparse.Namespace(mcp_tool="list_issues", mcp_args=None, rpc_method=None,
                             mcp_resource=None)

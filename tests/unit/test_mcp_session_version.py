@@ -1,5 +1,5 @@
 """The protocol version negotiated for an MCP session (issue 34): Sandgate reads it from the
-server's initialize answer, binds it into the session id it hands out (sandgate.mcpsession,
+server's initialize answer, binds it into the session id it hands out (sandgate.rpc.mcpsession,
 no state), and refuses a request of that session whose MCP-Protocol-Version names another one.
 Session binding itself: tests/unit/test_mcpsession.py."""
 
@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate import audit
+from sandgate.audit import events as audit
 from sandgate.decision import decide
 from sandgate.identity.base import Caller
 from sandgate.identity.resolve import Identifier
-from sandgate.mcpheaders import KNOWN_VERSIONS
-from sandgate.mcpsession import SessionIdError, session_key, unwrap, unwrap_bound, wrap
 from sandgate.policy.loader import load_policy_dir
 from sandgate.request import RequestInfo
+from sandgate.rpc.mcpheaders import KNOWN_VERSIONS
+from sandgate.rpc.mcpsession import SessionIdError, session_key, unwrap, unwrap_bound, wrap
 from sandgate.secrets.vault import SecretBroker, VaultConfig
 from sandgate.stages import context, s35_call, s70_scrub
 from sandgate.stages.flow import FlowRecord

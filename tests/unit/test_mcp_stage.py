@@ -101,7 +101,7 @@ def _policy() -> Policy:
 def test_call_metric_labels_are_bounded_by_the_policy(policy: Policy) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from sandgate import audit as A
+    from sandgate.audit import events as A
     from sandgate.metrics import Metrics
 
     m = Metrics(lambda: policy)
@@ -126,7 +126,7 @@ def test_call_metric_labels_are_bounded_by_the_policy(policy: Policy) -> None:
 
 
 def test_audit_scrubs_the_sandbox_strings_of_calls() -> None:
-    from sandgate import audit as A
+    from sandgate.audit import events as A
     from sandgate.scrub.scrubber import SecretSet
 
     value = "test-mcp-REAL-token-5e1d"

@@ -1,4 +1,4 @@
-"""MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version against the body (sandgate.mcpheaders).
+"""MCP's Mcp-Method / Mcp-Name / MCP-Protocol-Version against the body (sandgate.rpc.mcpheaders).
 The call stage answering a disagreement: tests/unit/test_mcp_header_stage.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from sandgate.jsonrpc import VERSION_META, Call, parse
-from sandgate.mcpheaders import HeaderMismatch, check, decode_name
+from sandgate.rpc.jsonrpc import VERSION_META, Call, parse
+from sandgate.rpc.mcpheaders import HeaderMismatch, check, decode_name
 
 MODERN = "2026-07-28"
 

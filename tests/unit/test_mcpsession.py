@@ -1,4 +1,4 @@
-"""MCP session ids bound to identity and server by a MAC (sandgate.mcpsession), and the call
+"""MCP session ids bound to identity and server by a MAC (sandgate.rpc.mcpsession), and the call
 layer's use of them: the upstream's id wrapped on the way out, unwrapped (or refused) on the
 way in (sandgate.stages.rpccalls.response_headers / open_session)."""
 
@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from mitmproxy.test import tutils
 
 from sandgate.errors import BadRequest, Code, Refused
-from sandgate.mcpsession import MAC_CHARS, PREFIX, SessionIdError, session_key, unwrap, wrap
 from sandgate.policy.loader import load_policy_dir
 from sandgate.request import RequestInfo
+from sandgate.rpc.mcpsession import MAC_CHARS, PREFIX, SessionIdError, session_key, unwrap, wrap
 from sandgate.stages.flow import CallState, FlowRecord
 from sandgate.stages.rpccalls import SESSION_HEADER, open_session, response_headers
 from sandgate.tokens import issue_token

@@ -11,15 +11,16 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from sandgate import audit as A
-from sandgate.admin import AdminState, build_app
+from sandgate.admin.listener import build_app
+from sandgate.admin.process import AdminState
+from sandgate.audit import events as A
 from sandgate.decision import decide, decide_connect, reported
-from sandgate.explain import explain
+from sandgate.explain.answer import explain
 from sandgate.metrics import Metrics
 from sandgate.policy import live
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.request import parse_url
-from sandgate.runner import same_address
+from sandgate.runner.config import same_address
 from sandgate.tokens import verify_token
 
 pytestmark = pytest.mark.unit

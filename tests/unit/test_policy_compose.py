@@ -6,9 +6,9 @@ from pathlib import Path
 
 from sandgate.cli import main as cli_main
 from sandgate.decision import decide
-from sandgate.policy.lint import lint_dir
 from sandgate.policy.loader import load_policy_dir
 from sandgate.request import parse_url
+from sandgate.review.lint import lint_dir
 
 SECRETS = """version: v1
 secrets:

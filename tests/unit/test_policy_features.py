@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from mitmproxy.test import taddons, tflow
 
-from sandgate import audit
 from sandgate.addons.gate import Gate, GateConfig
+from sandgate.audit import events as audit
 from sandgate.decision import decide, decide_connect, judge
 from sandgate.errors import AddressRefused, Code
-from sandgate.explain import explain
+from sandgate.explain.answer import explain
 from sandgate.identity.resolve import Identifier
 from sandgate.netguard import choose_address
 from sandgate.policy.loader import load_policy_dir

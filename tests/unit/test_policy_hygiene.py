@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from sandgate.cli import main
 from sandgate.decision import decide
-from sandgate.policy.hygiene import expiries, today_utc
-from sandgate.policy.lint import lint_dir
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import query_matches
-from sandgate.policy.proofs import prove_narrower
 from sandgate.request import parse_url
+from sandgate.review.hygiene import expiries, today_utc
+from sandgate.review.lint import lint_dir
+from sandgate.review.proofs import prove_narrower
 from tests.unit.fuzz import examples
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.policy.lint import lint_dir
+from sandgate.review.lint import lint_dir
 
 ROOT = Path(__file__).parents[2]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.policy.lint import lint_dir
+from sandgate.review.lint import lint_dir
 
 pytestmark = pytest.mark.unit
 

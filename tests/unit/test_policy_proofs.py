@@ -1,4 +1,4 @@
-"""Exact policy proofs: `narrower_than` and secret `hosts:` (sandgate.policy.proofs).
+"""Exact policy proofs: `narrower_than` and secret `hosts:` (sandgate.review.proofs).
 
 Planted counter-examples are refuted with the request printed; the shipped policy proves; and
 for many random policies the proof agrees with decide() / decide_connect() on every request of
@@ -22,7 +22,8 @@ from sandgate.policy.hosts import compile_host_pattern, normalise_host
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import AskPolicy, Identity, Policy, SecretRef, Source
 from sandgate.policy.paths import compile_path_pattern, normalise_path
-from sandgate.policy.proofs import (
+from sandgate.request import RequestInfo, parse_query, parse_url
+from sandgate.review.proofs import (
     NORMALISED_PATH_REGEX,
     ProofResult,
     cidrs_covered,
@@ -36,7 +37,6 @@ from sandgate.policy.proofs import (
     prove_secret_hosts,
     raw_path,
 )
-from sandgate.request import RequestInfo, parse_query, parse_url
 from tests.unit.fuzz import examples
 
 ROOT = Path(__file__).parents[2]

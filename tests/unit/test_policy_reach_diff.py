@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sandgate.audit import redact_path
+from sandgate.audit.events import redact_path
 from sandgate.cli import main as cli_main
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.query_audit import query_names
-from sandgate.policy.reach_diff import reach_diff
-from sandgate.policy.traffic import diff, read_audit
+from sandgate.review.reach_diff import reach_diff
+from sandgate.review.traffic import diff, read_audit
 
 pytestmark = pytest.mark.unit
 

@@ -17,10 +17,10 @@ import yaml
 
 from sandgate.decision import judge
 from sandgate.policy.fixtures import run_policy_tests
-from sandgate.policy.lint import lint_dir
 from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.suggest import collapse_hosts, collapse_paths, id_like, suggest
-from sandgate.policy.traffic import read_audit
+from sandgate.review.lint import lint_dir
+from sandgate.review.suggest import collapse_hosts, collapse_paths, id_like, suggest
+from sandgate.review.traffic import read_audit
 from tests.unit.audit_log import Recorder
 
 pytestmark = pytest.mark.unit

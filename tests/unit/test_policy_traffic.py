@@ -1,6 +1,6 @@
 """`sandgate diff`: recorded traffic replayed against an old and a new policy.
 
-The audit log is written by sandgate.audit.AuditLog with flow_fields' fields (tests/unit/
+The audit log is written by sandgate.audit.events.AuditLog with flow_fields' fields (tests/unit/
 audit_log.py). The new policy plants exactly four flips (a removed method, a narrowed path, an
 added deny rule, a changed injecting rule) among an unchanged majority; diff must report those
 four and nothing else, and account for every line it could not replay.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.traffic import diff, format_diff, read_audit
+from sandgate.review.traffic import diff, format_diff, read_audit
 from tests.support.cli import run_cli
 from tests.unit.audit_log import Recorder
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from sandgate.cli import main
-from sandgate.explain import explain
+from sandgate.explain.answer import explain
 from sandgate.policy.loader import load_policy_dir
-from sandgate.policy.prerequisites import token_endpoint, unreachable
+from sandgate.review.prerequisites import token_endpoint, unreachable
 
 pytestmark = pytest.mark.unit
 

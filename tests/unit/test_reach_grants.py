@@ -22,9 +22,9 @@ from sandgate.cli import main as cli_main
 from sandgate.decision import decide_request
 from sandgate.policy.loader import load_policy_dir
 from sandgate.policy.model import AskPolicy, GitHubScope
-from sandgate.policy.proofs import prove
-from sandgate.policy.reach_diff import identity_changes
 from sandgate.request import RequestInfo, parse_query
+from sandgate.review.proofs import prove
+from sandgate.review.reach_diff import identity_changes
 from tests.unit.fuzz import examples
 from tests.unit.test_policy_proofs import GRID_HOSTS, GRID_PATHS, SECRETS, gate_ok, policies
 
@@ -380,7 +380,7 @@ def gh_rule(tmp_path_factory):
 @given(scopes, scopes, gates, gates)
 def test_grant_widening_agrees_with_references(gh_rule, old_scope, new_scope, old_gate,
                                                new_gate):
-    from sandgate.policy.grants import grant_deltas  # new in issue 38: main fails here
+    from sandgate.review.grants import grant_deltas  # new in issue 38: main fails here
 
     pol, rule = gh_rule
     old = dataclasses.replace(rule, github_scope=old_scope, ask=old_gate)

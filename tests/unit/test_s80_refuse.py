@@ -12,7 +12,7 @@ import pytest
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import tflow
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 from sandgate.errors import Code
 from sandgate.refusal import Refusal
 from sandgate.stages.context import record
@@ -51,7 +51,7 @@ def test_everything_else_stays_a_refusal(code: Code, gateway: bool, mode: str,
 
 
 def test_a_challenge_is_an_informational_logon_in_ocsf() -> None:
-    from sandgate import audit_ocsf
+    from sandgate.audit import ocsf as audit_ocsf
 
     _, fields = _refused(Code.AUTH_REQUIRED, "CONNECT")
     e = audit_ocsf.to_ocsf({"time": "2026-11-28T12:00:00Z", "event": "connect", **fields})

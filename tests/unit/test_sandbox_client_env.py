@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from sandgate.proxyenv import CA_BUNDLE, CA_FILE, CA_VARS, CLIENT_PROXY_VARS, PROXY_VARS
-from sandgate.sandbox.errors import SandboxError
+from sandgate.sandbox.engine import SandboxError
 from sandgate.sandbox.launcher import SandboxSpec, sandbox_environment
 
 CLIENT_FLAGS = {"NODE_USE_ENV_PROXY": "1"}

@@ -14,13 +14,13 @@ import pytest
 import requests
 
 from sandgate.errors import Code
+from sandgate.secrets.values import check_value
 from sandgate.secrets.vault import (
     SecretBroker,
     SecretError,
     SecretValue,
     VaultConfig,
     _classify,
-    check_value,
 )
 from tests.support.bao import fingerprint, secret_ref
 

@@ -10,7 +10,7 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate import audit
+from sandgate.audit import events as audit
 from sandgate.decision import decide
 from sandgate.errors import Code, Refused
 from sandgate.identity.base import Caller

@@ -13,11 +13,8 @@ from hypothesis import strategies as st
 
 from sandgate.decision import judge
 from sandgate.errors import Code, LimitExceeded
-from sandgate.llmcall import LlmCall, Usage, stated_call
-from sandgate.policy.loader import PolicyError, load_policy_dir
-from sandgate.policy.model import Budget, Price, Source
-from sandgate.refusal import Refusal
-from sandgate.spend import (
+from sandgate.llm.llmcall import LlmCall, Usage, stated_call
+from sandgate.llm.spend import (
     Amounts,
     SpendWindows,
     amounts,
@@ -26,6 +23,9 @@ from sandgate.spend import (
     shipped_prices,
     worst_case,
 )
+from sandgate.policy.loader import PolicyError, load_policy_dir
+from sandgate.policy.model import Budget, Price, Source
+from sandgate.refusal import Refusal
 
 POLICY = """
 version: v1
@@ -232,7 +232,7 @@ def test_refusals_in_the_providers_shape(dialect, code, status):
 
 
 def test_metrics_count_tokens_and_cost_by_identity_sandbox_and_model(tmp_path):
-    from sandgate import audit as A
+    from sandgate.audit import events as A
     from sandgate.metrics import Metrics
 
     policy = load(tmp_path)
@@ -303,9 +303,9 @@ def test_own_credentials_refused_or_removed(tmp_path, mode):
 def test_lint_knows_an_llm_rule_does_not_cover_the_calls_it_refuses(tmp_path):
     """The rule after one whose models or cap refuse some calls is not shadowed by it (the
     decision goes on to it); one whose llm: lets through all it does is."""
-    from sandgate.policy.lint import lint_policy
     from sandgate.policy.model import LlmRule
     from sandgate.policy.overlap import llm_covers
+    from sandgate.review.lint import lint_policy
 
     def shadowed(text: str) -> bool:
         findings = lint_policy(load(tmp_path, text))
@@ -390,8 +390,8 @@ def test_explain_reads_the_llm_call_from_the_body_as_the_proxy_does(tmp_path):
 
 
 def test_diff_and_narrower_than_know_llm(tmp_path):
-    from sandgate.policy.proofs import prove_narrower
-    from sandgate.policy.reach_diff import reach_diff
+    from sandgate.review.proofs import prove_narrower
+    from sandgate.review.reach_diff import reach_diff
 
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
@@ -426,9 +426,9 @@ async def test_a_reservation_waits_for_this_processs_settlements():
     the same budget waits for it, so a client's next call finds its last one settled."""
     import asyncio
 
-    from sandgate import spend
-    from sandgate.llmcall import UsageReader
-    from sandgate.spend import LlmFlow, budget_key, settle, settled
+    from sandgate.llm import spend
+    from sandgate.llm.llmcall import UsageReader
+    from sandgate.llm.spend import LlmFlow, budget_key, settle, settled
 
     class SlowCounts:
         def __init__(self) -> None:
@@ -457,10 +457,10 @@ async def test_an_in_process_count_is_settled_in_place():
     """Counted in this process, a call's settlement is made when settle() is called, with no
     task started per call and nothing left for the next reservation to wait for (a task per
     call was part of what `llm:` + a budget cost: bench/spend.py, docs/performance.md)."""
-    from sandgate import spend
     from sandgate.limits import Limiter
-    from sandgate.llmcall import UsageReader
-    from sandgate.spend import LlmFlow, budget_key, settle, settled
+    from sandgate.llm import spend
+    from sandgate.llm.llmcall import UsageReader
+    from sandgate.llm.spend import LlmFlow, budget_key, settle, settled
     from sandgate.state.local import LocalCounts
 
     counts = LocalCounts(Limiter)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from sandgate import audit
 from sandgate.addons import gate as gate_addon
+from sandgate.audit import events as audit
 from sandgate.decision import decide
 from sandgate.errors import Code, LimitExceeded, Refused
 from sandgate.identity.base import Caller

@@ -124,7 +124,7 @@ def test_cli_state_options_are_checked(extra: list[str], says: str) -> None:
     ("/kv/fleet/leases/", ("kv", "fleet/leases")),
 ])
 def test_lease_kv_paths(spec: str, expected: tuple[str, str]) -> None:
-    from sandgate.state.leases import lease_kv
+    from sandgate.state.url import lease_kv
 
     assert lease_kv(spec) == expected
     cfg = state_config(_args("--state", "redis://r", "--state-lease-kv", spec))

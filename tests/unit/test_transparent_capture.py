@@ -15,14 +15,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandgate import capture
 from sandgate.addons.pinned import pinned
-from sandgate.capture import Capture, CaptureError
+from sandgate.capture import nftables as capture
+from sandgate.capture.nftables import Capture, CaptureError
 from sandgate.cli import build_parser
 from sandgate.cli.capture import host_port
 from sandgate.cli.run import cmd_run
 from sandgate.policy.loader import load_policy_dir
-from sandgate.runner import RunConfig, check_listeners
+from sandgate.runner.config import RunConfig, check_listeners
 from sandgate.stages.s15_capture import redirected_here, same_ip
 
 pytestmark = pytest.mark.unit

@@ -16,12 +16,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from sandgate import cli
+from sandgate.audit.workerlog import WorkerAuditLog
 from sandgate.metrics import Metrics
 from sandgate.policy.loader import load_policy_dir
 from sandgate.workers import aggregate as A
 from sandgate.workers import listen
-from sandgate.workers.auditlog import WorkerAuditLog
-from sandgate.workers.front import build_front
+from sandgate.workers.admin_front import build_front
 from sandgate.workers.supervisor import describe_exit
 
 pytestmark = pytest.mark.unit

@@ -17,7 +17,7 @@ from mitmproxy.test import tflow
 
 from sandgate.decision import decide
 from sandgate.errors import Code
-from sandgate.llmcall import CallUnreadable, read_call, read_ws_message
+from sandgate.llm.llmcall import CallUnreadable, read_call, read_ws_message
 from sandgate.mitm.guards import wscontrol
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import Policy
@@ -141,7 +141,7 @@ def test_the_websocket_key_on_an_llm_rule_is_checked(tmp_path: Path, rule: str,
 
 def test_fixtures_and_explain_judge_a_call_on_the_websocket(tmp_path: Path) -> None:
     from sandgate.decision import judge
-    from sandgate.llmcall import stated_call
+    from sandgate.llm.llmcall import stated_call
     from sandgate.policy.fixtures import run_policy_tests
 
     (tmp_path / "p.yaml").write_text(POLICY + """
@@ -159,7 +159,7 @@ tests:
     v = judge(policy, "agent", "GET", "https://api.openai.com/v1/responses", {},
               upgrade="websocket", llm=stated_call("o4-mini"))
     assert v.decision.code == Code.MODEL_NOT_ALLOWED
-    from sandgate.explain import explain_request
+    from sandgate.explain.answer import explain_request
 
     out, allowed = explain_request(policy, "agent", "GET",
                                    "https://api.openai.com/v1/responses", websocket=True)
@@ -299,7 +299,7 @@ class Gate:
 
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
-    from sandgate import audit
+    from sandgate.audit import events as audit
     from sandgate.identity.resolve import Identifier
     from sandgate.secrets.vault import SecretBroker, VaultConfig
     from sandgate.stages import context, wsllm

@@ -21,11 +21,11 @@ from mitmproxy.test import tflow
 
 from sandgate.decision import decide
 from sandgate.errors import Code
-from sandgate.jsonrpc import parse
 from sandgate.mitm.guards import wscontrol
 from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
+from sandgate.rpc.jsonrpc import parse
 from sandgate.stages.flow import CallState
 from sandgate.stages.forward import upgrade_asked
 from sandgate.stages.wsrpc import MAX_PENDING_LISTS, WsRpc, from_server, judge_client
@@ -427,7 +427,7 @@ identities:
 ])
 def test_narrower_than_covers_websockets(tmp_path: Path, agent: str, bash: str,
                                          counter: str | None) -> None:
-    from sandgate.policy.proofs import prove
+    from sandgate.review.proofs import prove
 
     (tmp_path / "p.yaml").write_text(PAIR.format(agent=agent, bash=bash))
     (result,) = prove(load_policy_dir(tmp_path))
@@ -437,7 +437,7 @@ def test_narrower_than_covers_websockets(tmp_path: Path, agent: str, bash: str,
 
 
 def test_the_reach_diff_names_a_websocket_gained_or_lost() -> None:
-    from sandgate.policy.callproofs import calls_gained
+    from sandgate.review.callproofs import calls_gained
 
     pol = _policy()
     rule = pol.identities["agent"].rules[1]  # chain-post: jsonrpc: without websocket
@@ -463,7 +463,7 @@ class Gate:
 
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
-    from sandgate import audit
+    from sandgate.audit import events as audit
     from sandgate.identity.resolve import Identifier
     from sandgate.secrets.vault import SecretBroker, VaultConfig
     from sandgate.stages import context, wsrpc

@@ -21,8 +21,8 @@ from mitmproxy import connection, dns, http, tcp, tls, udp
 from mitmproxy.proxy import server_hooks
 from mitmproxy.proxy.layers import modes
 
-from sandgate import spend
 from sandgate.errors import Refused
+from sandgate.llm import spend
 from sandgate.mitm.guards import readable
 from sandgate.mitm.guards.socks5 import REP_NOT_ALLOWED, Socks5ConnectData, connect_flow
 from sandgate.mitm.speedups import relay
@@ -65,7 +65,7 @@ REQUEST_PATH: tuple[Stage, ...] = (
     s30_body.check,
     s35_call.judge,
     s36_sigv4.judge,  # a signing rule judges what the signature covers (operation, sources)
-    s37_llm.judge,  # an LLM call: model, output cap, budget reserved (sandgate.spend)
+    s37_llm.judge,  # an LLM call: model, output cap, budget reserved (sandgate.llm.spend)
     s38_ask.hold,  # `action: ask`: waits for approval; nothing prepared, injected or dialled
     s40_forward.prepare_head,
     s50_inject.inject,
@@ -199,7 +199,7 @@ class Gate(GateState):
         s70_scrub.finish(self, flow, rec)
         # an LLM call's reservation settled from its usage: started here, before the client is
         # sent the end of the answer (mitmproxy sends it after this hook), so that a next call
-        # finds it settled (sandgate.spend)
+        # finds it settled (sandgate.llm.spend)
         spend.settle(self.counts, rec.llm, False)
         s90_audit.audit(self, flow)
 

@@ -1,12 +1,13 @@
 """`action: ask`: requests held for people to approve (docs/approvals.md).
 
-    model.py        Approval, Vote, Scope, Grant and the pure rules of a vote
-    headers.py      the forwarded headers an approval binds (digest) and shows (scrubbed)
+    votes.py        Approval, Vote, Scope, Grant and the pure rules of a vote
+    bound_headers.py  the forwarded headers an approval binds (digest) and shows (scrubbed)
     store.py        the ApprovalStore protocol and the in-process store
-    redis_store.py  the same over Redis (hashes with a TTL, pub/sub), shared by replicas
+    redis_approvals.py  the same over Redis (hashes with a TTL, pub/sub), shared by replicas
     service.py      Approvals: ask (the proxy's s38_ask stage), decide (admin API), remember
     webhook.py      announces new approval requests (Slack or JSON, HMAC-signed)
-    api.py          the admin API routes: GET/POST /v1/approvals...
+    api.py          the admin API's approvals handlers: GET/POST /v1/approvals...
+    fanout.py       the same on the workers' front, asking every worker
 
 `approval_store_for(redis)` picks the store: the in-process one without a Redis client (one
 `sandgate run`), the Redis one with it (`--state redis://...`: every replica sees and decides
@@ -29,6 +30,6 @@ def approval_store_for(redis: Redis | None, prefix: str = "sandgate",
     caller keeps and closes, unless `owned`: then the store closes it)."""
     if redis is None:
         return MemoryStore()
-    from sandgate.approvals.redis_store import RedisStore
+    from sandgate.approvals.redis_approvals import RedisStore
 
     return RedisStore(redis, prefix=prefix, owned=owned)

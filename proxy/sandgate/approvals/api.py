@@ -1,11 +1,11 @@
-"""The admin API of approvals (registered on the admin app by sandgate.admin.build_app):
+"""The admin API of approvals in one process (mounted by sandgate.admin.routes, the one table):
 
     GET  /v1/approvals        pending approvals, oldest first (viewer)
     GET  /v1/approvals/{id}   one approval, in any state (viewer)
     POST /v1/approvals/{id}   {"decision": "approve"|"deny", "scope": {"kind": "request"|
                               "sandbox"|"identity", "ttl": SECONDS}, "note": "..."} (approver)
 
-The approver is the authenticated user (sandgate.admin_auth), never a name in the body.
+The approver is the authenticated user (sandgate.admin.access), never a name in the body.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 from aiohttp import web
 
-from sandgate.admin_auth import USER_KEY, needs
-from sandgate.approvals.model import Approval, VoteError, grant_for
+from sandgate.admin.access import USER_KEY
+from sandgate.admin.routes import Handler, mount
 from sandgate.approvals.service import Approvals
+from sandgate.approvals.votes import Approval, VoteError, grant_for
 from sandgate.text import has_control_chars
 
 MAX_BODY = 16 * 1024
@@ -71,9 +72,9 @@ def parse_vote(doc: object) -> tuple[str, object, str | None]:
     return decision, scope, note
 
 
-def register(app: web.Application, approvals: Approvals | None, internal: bool = False) -> None:
-    """The routes; `internal` (a worker's control socket) adds the grant copy the front sends
-    (sandgate.approvals.front)."""
+def handlers(approvals: Approvals | None, internal: bool = False) -> dict[str, Handler]:
+    """The handlers of the approvals routes (sandgate.admin.routes); `internal` (a worker's
+    control socket) adds the grant copy the front sends (sandgate.approvals.fanout)."""
     async def listing(_: web.Request) -> web.Response:
         items = await approvals.pending() if approvals is not None else []
         return _json(200, {"approvals": [a.as_dict() for a in items]})
@@ -84,7 +85,6 @@ def register(app: web.Application, approvals: Approvals | None, internal: bool =
             return _error(404, "not_found", f"no approval {request.match_info['id']}")
         return _json(200, a.as_dict())
 
-    @needs("approver")
     async def decide(request: web.Request) -> web.Response:
         if approvals is None:
             return _error(404, "not_found", f"no approval {request.match_info['id']}")
@@ -120,8 +120,12 @@ def register(app: web.Application, approvals: Approvals | None, internal: bool =
         await approvals.store.add_grant(g)
         return _json(200, g.as_dict())
 
+    out: dict[str, Handler] = {"approvals": listing, "approval": show, "approval_decide": decide}
     if internal:
-        app.router.add_post("/v1/approvals/{id}/grant", copy_grant)
-    app.router.add_get("/v1/approvals", listing)
-    app.router.add_get("/v1/approvals/{id}", show)
-    app.router.add_post("/v1/approvals/{id}", decide)
+        out["approval_grant"] = copy_grant
+    return out
+
+
+def register(app: web.Application, approvals: Approvals | None, internal: bool = False) -> None:
+    """Mount the approvals routes alone on `app`, from the one table (sandgate.admin.routes)."""
+    mount(app, handlers(approvals, internal))

@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sandgate.approvals.model import (
+from sandgate.approvals.store import ApprovalStore, Subscription
+from sandgate.approvals.votes import (
     Approval,
     VoteError,
     fingerprint,
@@ -29,7 +30,6 @@ from sandgate.approvals.model import (
     parse_scope,
     vote,
 )
-from sandgate.approvals.store import ApprovalStore, Subscription
 from sandgate.errors import ApprovalRefused, Code
 from sandgate.policy.model import Policy, Rule
 
@@ -63,7 +63,7 @@ class Request:
     tool: str | None
     body_sha256: str
     body_size: int
-    headers_sha256: str  # the forwarded headers the sandbox sent (approvals/headers.py)
+    headers_sha256: str  # the forwarded headers the sandbox sent (approvals/bound_headers.py)
     headers: tuple[tuple[str, str], ...]  # the same, scrubbed: what approvers see
     headers_injected: tuple[str, ...]  # where the rule injects credentials (names only)
 

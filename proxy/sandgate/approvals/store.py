@@ -1,5 +1,5 @@
 """Where approvals and remembered grants live: the `ApprovalStore` protocol and the in-process
-store (one `sandgate run`, or one worker). The Redis store (redis_store.py) is the same protocol
+store (one `sandgate run`, or one worker). The Redis store (redis_approvals.py) is the same protocol
 over shared state, so any replica can decide a request another one holds.
 
 Every change to an approval goes through `update` (read, apply a pure function, write: atomic
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from sandgate.approvals.model import Approval, Grant, grant_key
+from sandgate.approvals.votes import Approval, Grant, grant_key
 
 Change = Callable[[Approval], Approval]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from sandgate.approvals.model import Approval
+from sandgate.approvals.votes import Approval
 from sandgate.policy.model import Policy, Webhook
 from sandgate.secrets.vault import SecretBroker
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgate.cli.common import err
+from sandgate.errors import Unavailable
 from sandgate.text import printable
 
 SCOPES = ("request", "sandbox", "identity")
@@ -55,7 +56,7 @@ def register(sub: Any) -> None:
     a.set_defaults(handler=cmd_approvals)
 
 
-class ApiError(Exception):
+class ApiError(Unavailable):
     pass
 
 

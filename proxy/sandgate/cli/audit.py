@@ -53,7 +53,7 @@ def read_public_key(path: Path) -> str:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from sandgate.audit_chain import public_hex
+    from sandgate.audit.chain import public_hex
 
     raw = path.read_bytes().strip()
     if raw.startswith(b"-----BEGIN"):
@@ -77,8 +77,8 @@ INCOMPLETE = 3  # exit status: the lines verify, but the set is not whole
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from sandgate.audit_anchor import anchor_path, read_anchor
-    from sandgate.audit_verify import Broken, Incomplete, verify
+    from sandgate.audit.anchor import anchor_path, read_anchor
+    from sandgate.audit.verify import Broken, Incomplete, verify
 
     for f in args.files:
         if not f.is_file():
@@ -123,7 +123,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_public_key(args: argparse.Namespace) -> int:
-    from sandgate.audit_chain import SIGNING_KEY_FILE, parse_private_key, public_hex
+    from sandgate.audit.chain import SIGNING_KEY_FILE, parse_private_key, public_hex
 
     path = Path(args.confdir).expanduser() / SIGNING_KEY_FILE
     if not path.is_file():

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandgate import capture
-from sandgate.capture import CaptureError
+from sandgate.capture import nftables as capture
+from sandgate.capture.nftables import CaptureError
 
 
 def host_port(spec: str, host_optional: bool = False) -> tuple[str | None, int]:

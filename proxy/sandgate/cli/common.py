@@ -45,6 +45,6 @@ def err(msg: str) -> int:
 
 def resolve(specs: Sequence[str]) -> dict[str, str]:
     """--resolve HOST=IP, parsed as `sandgate run` parses it (ValueError says what is wrong)."""
-    from sandgate.runner import parse_resolve
+    from sandgate.runner.config import parse_resolve
 
     return parse_resolve(specs)

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandgate.call_cli import add_call_args, call_from_args
 from sandgate.cli.common import err as _err
 from sandgate.cli.common import format_arg, resolve_arg
 from sandgate.cli.common import resolve as _resolve
+from sandgate.rpc.call_cli import add_call_args, call_from_args
 
 if TYPE_CHECKING:
     from sandgate.policy.fixtures import FixtureResult
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
     lint.add_argument("--strict", action="store_true", help="exit 1 on any warning")
     lint.add_argument("--mcp-tools", action="append", metavar="[HOST=]FILE",
                       help="a recorded tools/list answer: warn on mcp: tool globs matching "
-                      "none of its tools (sandgate.policy.lint_calls); repeatable")
+                      "none of its tools (sandgate.review.lint_calls); repeatable")
     format_arg(lint)
     lint.set_defaults(handler=cmd_lint)
 
@@ -76,8 +76,8 @@ def register(sub: Any) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sandgate.policy.fixtures import run_policy_tests
-    from sandgate.policy.lint import findings_from_error, github_annotation
     from sandgate.policy.loader import PolicyError, discover_policy_files, load_policy_dir
+    from sandgate.review.lint import findings_from_error, github_annotation
 
     try:
         resolve = _resolve(args.resolve)
@@ -109,7 +109,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"sandgate: {len(e.problems)} problem(s) in {args.policies}:", file=sys.stderr)
             print(str(e), file=sys.stderr)
         return 1
-    from sandgate.policy.proofs import ProofError, prove
+    from sandgate.review.proofs import ProofError, prove
 
     try:
         proofs = prove(policy)
@@ -117,14 +117,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         return _err(f"internal error in the policy prover: {e}")
     for pr in proofs:
         print(pr)
-    from sandgate.policy.hygiene import expiries
+    from sandgate.review.hygiene import expiries
 
     expired = [x for x in expiries(policy) if x.expired]
     for ex in expired:
         print(github_annotation("error", ex.rule.source.file, ex.rule.source.line, ex.message)
               if fmt == "github" else f"expired: {ex}",
               file=sys.stderr if fmt == "json" else sys.stdout)
-    from sandgate.policy.prerequisites import unreachable
+    from sandgate.review.prerequisites import unreachable
 
     # brokered credentials whose token endpoint the identity cannot reach: 503 at run time
     unmet = unreachable(policy)
@@ -181,7 +181,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _explain_name(args: argparse.Namespace) -> int:
     """`explain --dns NAME --identity X [--type T]`: the policy DNS's decision."""
-    from sandgate.explain import explain_name
+    from sandgate.explain.answer import explain_name
     from sandgate.policy.dnstypes import query_type
     from sandgate.policy.loader import PolicyError, load_policy_dir
 
@@ -211,7 +211,7 @@ def _got(r: FixtureResult) -> str:
 def _call(r: FixtureResult) -> str:
     """A fixture's JSON-RPC call (mcp:/jsonrpc:), WebSocket and headers, as check prints them
     after the request: " [WebSocket: method eth_call] [x-amz-target: ...]"."""
-    from sandgate.policy.calls import describe
+    from sandgate.policy.call_rules import describe
 
     parts = [*(["WebSocket"] if r.test.websocket else []),
              *([describe(r.test.call)] if r.test.call is not None else [])]
@@ -220,8 +220,8 @@ def _call(r: FixtureResult) -> str:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from sandgate.policy.lint import findings_from_error, format_findings, lint_dir
     from sandgate.policy.loader import PolicyError
+    from sandgate.review.lint import findings_from_error, format_findings, lint_dir
 
     try:
         findings = lint_dir(args.policies, args.mcp_tools)
@@ -242,8 +242,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from sandgate.explain import explain_request
-    from sandgate.llmcall import stated_call
+    from sandgate.explain.answer import explain_request
+    from sandgate.llm.llmcall import stated_call
     from sandgate.policy.loader import PolicyError, load_policy_dir
     from sandgate.request import parse_header_line
 

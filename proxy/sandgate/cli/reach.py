@@ -43,7 +43,7 @@ def _load(path: Path) -> Any:
 def cmd_reach_diff(args: argparse.Namespace) -> int:
     """Exit 0: no change of reach (or only narrowing); 1: reach widened (or, with
     --fail-on-narrowing, any change); 2: a policy does not load."""
-    from sandgate.policy import reach_diff as R
+    from sandgate.review import reach_diff as R
 
     old, new = _load(args.old), _load(args.new)
     if old is None or new is None:
@@ -55,7 +55,7 @@ def cmd_reach_diff(args: argparse.Namespace) -> int:
 
 
 def _spend_report(args: argparse.Namespace) -> int:
-    from sandgate import spend_report as S
+    from sandgate.llm import spend_report as S
 
     by = [b.strip() for b in args.by.split(",") if b.strip()]
     bad = [b for b in by if b not in S.GROUPS]
@@ -77,7 +77,7 @@ def _spend_report(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sandgate.policy import report as R
+    from sandgate.review import report as R
 
     if args.spend:
         return _spend_report(args)

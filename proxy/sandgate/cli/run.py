@@ -9,14 +9,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandgate import audit_setup
+from sandgate.audit import options as audit_setup
+from sandgate.audit.export import startup as export_setup
 from sandgate.cli.common import confdir_arg, load_error
 from sandgate.cli.common import err as _err
-from sandgate.export import setup as export_setup
 from sandgate.identity.base import AddressIdentitySource
 
 if TYPE_CHECKING:
-    from sandgate.admin_auth import AdminUser
+    from sandgate.admin.access import AdminUser
     from sandgate.dns.run import DnsConfig
     from sandgate.limits import LimitsConfig
     from sandgate.state import StateConfig
@@ -257,7 +257,7 @@ def _admin_users(args: argparse.Namespace) -> tuple[AdminUser, ...]:
         return ()
     if args.admin is None:
         raise ValueError("--admin-users needs --admin (the users sign in to the admin API)")
-    from sandgate.admin_auth import load_admin_users
+    from sandgate.admin.access import load_admin_users
 
     return load_admin_users(args.admin_users)
 
@@ -305,7 +305,7 @@ def _instance(given: str | None) -> str:
 
 def dns_config(args: argparse.Namespace) -> DnsConfig | None:
     """--dns and its bounds (sandgate.dns); None without --dns."""
-    from sandgate.dns.limits import DnsLimits
+    from sandgate.dns.bounds import DnsLimits
     from sandgate.dns.run import DnsConfig, upstream_servers
 
     given = [f for f, v in (("--dns-upstream", args.dns_upstream),) if v]
@@ -402,14 +402,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sandgate.mitm.guards.socks5 import parse_allow
     from sandgate.policy import live
     from sandgate.policy.loader import PolicyError
-    from sandgate.runner import (
+    from sandgate.runner.config import (
         RunConfig,
         banner,
         check_listeners,
         parse_resolve,
         same_address,
-        serve,
     )
+    from sandgate.runner.serve import serve
     from sandgate.secrets.vault import VaultConfig
     from sandgate.tokens import parse_ttl
 

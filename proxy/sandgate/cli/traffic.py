@@ -14,7 +14,7 @@ from sandgate.cli.common import load_error, resolve_arg
 from sandgate.cli.common import resolve as _resolve
 
 if TYPE_CHECKING:
-    from sandgate.explain_input import ExplainInput
+    from sandgate.explain.inputs import ExplainInput
 
 
 def register(sub: Any) -> None:
@@ -59,7 +59,7 @@ def _open(path: Path) -> Iterator[str]:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from sandgate.policy.loader import PolicyError, load_policy_dir
-    from sandgate.policy.traffic import diff, format_diff, read_audit
+    from sandgate.review.traffic import diff, format_diff, read_audit
 
     if args.traffic is None:
         from sandgate.cli.reach import cmd_reach_diff
@@ -93,8 +93,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_suggest(args: argparse.Namespace) -> int:
-    from sandgate.policy.suggest import suggest
-    from sandgate.policy.traffic import read_audit
+    from sandgate.review.suggest import suggest
+    from sandgate.review.traffic import read_audit
 
     try:
         traffic = read_audit(_open(args.source), str(args.source))
@@ -124,11 +124,11 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 def parse_batch_line(text: str, sandbox: str | None = None, gateway: bool = False,
                      base: Path | None = None) -> ExplainInput | None:
     """`IDENTITY METHOD URL` (a trailing `# comment` allowed) or a JSON object of
-    sandgate.explain_input's FIELDS; None for a blank or comment line. `sandbox` and `gateway`
+    sandgate.explain.inputs's FIELDS; None for a blank or comment line. `sandbox` and `gateway`
     are the defaults (the command line's) a JSON line may override; `base` is where a
     `body_file` is relative to. ValueError says what is wrong with any other line."""
-    from sandgate.explain_input import ExplainInput, parse_input
-    from sandgate.jsonrpc import CallError, loads
+    from sandgate.explain.inputs import ExplainInput, parse_input
+    from sandgate.rpc.jsonrpc import CallError, loads
 
     body = text.strip()
     if not body or body.startswith("#"):
@@ -157,7 +157,7 @@ def explain_batch(policy: Any, lines: Iterator[str], resolve: Mapping[str, str],
     `explain --dns`); exit 1 if any line is denied (or reported, or refused by the policy
     DNS) or malformed. `sandbox` and `gateway` as for one `explain`, for every line that does
     not say otherwise: every URL is a gateway path with `gateway`."""
-    from sandgate.explain_input import explain_input
+    from sandgate.explain.inputs import explain_input
 
     failed = False
     for n, raw in enumerate(lines, 1):

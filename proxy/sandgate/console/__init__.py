@@ -10,5 +10,5 @@ PREFIX = "/console"
 
 def is_console_path(path: str) -> bool:
     """Served by the console, which authenticates by its own session: the admin listener's
-    token check lets these through (sandgate.admin_auth)."""
+    token check lets these through (sandgate.admin.access)."""
     return path == PREFIX or path.startswith(PREFIX + "/")

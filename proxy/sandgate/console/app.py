@@ -1,9 +1,9 @@
 """The web console: server-rendered pages under /console/ of the admin listener.
 
-Mounted by `sandgate.admin.build_app` (one process) and `sandgate.workers.front.build_front`
-(`--workers N`, where the supervisor asks the workers: sandgate.console.source). The admin
-token check lets /console/ through to this app, which has its own login (sandgate.console.auth):
-a browser cannot send the Bearer header.
+Mounted by `sandgate.admin.listener.build_app` (one process) and
+`sandgate.workers.admin_front.build_front` (`--workers N`, where the supervisor asks the
+workers: sandgate.console.source). The admin token check lets /console/ through to this app,
+which has its own login (sandgate.console.auth): a browser cannot send the Bearer header.
 
 Every answer carries a strict Content-Security-Policy (no inline script or style anywhere: the
 pages use only the vendored htmx and console.css from /console/static/), nosniff,
@@ -26,9 +26,10 @@ from urllib.parse import urlencode
 import jinja2
 from aiohttp import web
 
-from sandgate.admin_auth import AdminUser, Authenticator
-from sandgate.admin_login import Audit, FailureLimit, audit_login
+from sandgate.admin.access import AdminUser, Authenticator
+from sandgate.admin.login import Audit, FailureLimit, audit_login
 from sandgate.console import PREFIX, auth, chart
+from sandgate.console.approvals import ApprovalsPage
 from sandgate.console.ring import MAX_LIMIT, Filter, tools
 from sandgate.console.source import Source, SourceError, explain_args
 from sandgate.errors import Code
@@ -105,7 +106,7 @@ class Console:
     sessions: auth.Sessions = field(default_factory=auth.Sessions)
     env: jinja2.Environment = field(default_factory=templates)
     assets: dict[str, tuple[bytes, str]] = field(default_factory=static_files)
-    audit: Audit | None = None  # logins, failures, logouts, expiries (sandgate.admin_login)
+    audit: Audit | None = None  # logins, failures, logouts, expiries (sandgate.admin.login)
     limit: FailureLimit = field(default_factory=FailureLimit)  # wrong tokens per source
 
     # ------------------------------------------------------------------ rendering
@@ -360,9 +361,7 @@ def mount(app: web.Application, source: Source, admin_token: str,
           users: tuple[AdminUser, ...] = (), *, audit: Audit | None = None,
           limit: FailureLimit | None = None) -> Console:
     """Serve the console under /console/ of an admin listener's app. `audit` gets its
-    logins (sandgate.admin_login); `limit` is the listener's bound on wrong tokens."""
-    from sandgate.console.approvals import ApprovalsPage
-
+    logins (sandgate.admin.login); `limit` is the listener's bound on wrong tokens."""
     console = Console(source, Authenticator(admin_token, users), audit=audit,
                       limit=limit if limit is not None else FailureLimit())
     sub = console.app()

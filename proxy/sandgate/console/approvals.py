@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from aiohttp import web
 
 from sandgate.console import PREFIX, auth
+from sandgate.console.source import Source
 
-if TYPE_CHECKING:
-    from sandgate.console.app import Console
+
+class Console(Protocol):
+    """What the approvals pages need of the console (sandgate.console.app.Console has it)."""
+
+    @property
+    def source(self) -> Source: ...
+
+    def page(self, request: web.Request, name: str, status: int = 200,
+             **context: Any) -> web.Response: ...
+
+    def error(self, request: web.Request, status: int, title: str,
+              reason: str) -> web.Response: ...
 
 log = logging.getLogger("sandgate.console")
 

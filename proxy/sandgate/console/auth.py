@@ -11,7 +11,7 @@ with users, a user's token) once and the console answers with a session cookie:
   POST whose Origin (or Sec-Fetch-Site) says another site is refused before that;
 - the login form itself carries a MAC of a pre-session nonce cookie (no login CSRF).
 
-Users and roles are the admin listener's (sandgate.admin_auth: the admin token is user `admin`,
+Users and roles are the admin listener's (sandgate.admin.access: the admin token is user `admin`,
 `--admin-users` adds viewers, approvers and admins): viewer reads everything, approver also
 decides approvals, admin is both here. `who()` is the one place that says which user and role
 a request has.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from sandgate.admin_auth import ROLE_KEY, ROLES, USER_KEY, Authenticator, allowed
+from sandgate.admin.access import ROLE_KEY, ROLES, USER_KEY, Authenticator, allowed
 
 COOKIE = "sandgate_console"
 LOGIN_COOKIE = "sandgate_console_login"
@@ -41,7 +41,7 @@ MAX_SESSIONS = 256
 
 def who(request: web.Request) -> tuple[str, str]:
     """(user, role) of a request: its console session's, else what the admin listener's user
-    check set (sandgate.admin_auth). Neither: ("", ""), a role that may do nothing."""
+    check set (sandgate.admin.access). Neither: ("", ""), a role that may do nothing."""
     session = request.get(SESSION_KEY)
     if isinstance(session, Session):
         return session.user, session.role

@@ -1,6 +1,6 @@
 """The recent decisions the web console shows: a bounded ring of audit events in memory.
 
-Fed by an `AuditLog` listener (runner.py: `sink.add_listener(recent.on_audit)`), so it sees
+Fed by an `AuditLog` listener (runner/build.py: `sink.add_listener(recent.on_audit)`), so it sees
 exactly the events written to the audit stream, after they were written and scrubbed: the
 console never has more than the audit log has (no secret value, query values redacted).
 Bounded twice: at most `capacity` events, and refusals counted per time bucket for the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 
 # Events that are decisions about a request (or a connection), and what people decided about
 # held requests (`approval`: requested, voted, decided, timed_out, used): the console lists

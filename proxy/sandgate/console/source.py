@@ -3,7 +3,7 @@
 The pages ask a `Source`; both kinds answer the same shapes, built by the code the admin API
 and the CLI use: the policy overview is the admin API's `/v1/policy` body, an explanation is
 `explain.explain_request` (the admin API's `POST /v1/explain`, the decision function itself),
-the reach report is `sandgate report`'s JSON (sandgate.policy.report). With workers, the
+the reach report is `sandgate report`'s JSON (sandgate.review.report). With workers, the
 supervisor serves the console and asks the workers over their control sockets, as it does for
 metrics and readiness: events from every worker's ring merged newest first, the rest from one
 running worker (every worker serves the same policy).
@@ -18,18 +18,21 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlencode
 
-from sandgate import audit as A
+from sandgate.admin.access import FORWARDED_ROLE, FORWARDED_USER
+from sandgate.admin.process import AdminState, policy_doc
+from sandgate.approvals import fanout as front
+from sandgate.audit import events as A
 from sandgate.console.ring import MAX_LIMIT, EventRing, Filter, merge_events, merge_refusals
+from sandgate.errors import Unavailable
+from sandgate.workers.group import WorkerGroup
 
 if TYPE_CHECKING:
-    from sandgate.admin import AdminState
     from sandgate.policy.model import Policy
-    from sandgate.workers.supervisor import Supervisor
 
 WORKER_PREFIX = "/worker/console"
 
 
-class SourceError(Exception):
+class SourceError(Unavailable):
     """The data could not be had (no worker answered): the page says so."""
 
 
@@ -109,7 +112,7 @@ def explain_args(ev: Mapping[str, Any]) -> dict[str, Any] | str:
 
 def report_doc(policy: Policy, title: str) -> dict[str, Any]:
     """`sandgate report --format json` of a loaded policy."""
-    from sandgate.policy.report import build_report, format_json
+    from sandgate.review.report import build_report, format_json
 
     doc: dict[str, Any] = json.loads(format_json(build_report(policy, title)))
     return doc
@@ -142,8 +145,6 @@ class LocalSource:
         self._reports = ReportCache()
 
     async def overview(self) -> dict[str, Any]:
-        from sandgate.admin import policy_doc
-
         return {"policy": policy_doc(self.state), "workers": None}
 
     async def events(self, flt: Filter, limit: int = MAX_LIMIT) -> list[dict[str, Any]]:
@@ -156,7 +157,7 @@ class LocalSource:
         return self.ring.refusals()
 
     async def explain(self, args: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-        from sandgate.explain_input import explain_input, parse_input
+        from sandgate.explain.inputs import explain_input, parse_input
 
         try:  # the admin API's `POST /v1/explain`: the same fields, read the same way
             out, _ = explain_input(self.state.live.policy, parse_input(args, files=False),
@@ -195,7 +196,7 @@ class LocalSource:
                      ) -> tuple[int, dict[str, Any]]:
         """`POST /v1/approvals/{id}`'s checks and the service's decision, for `user`."""
         from sandgate.approvals.api import parse_vote
-        from sandgate.approvals.model import VoteError
+        from sandgate.approvals.votes import VoteError
 
         svc = self.state.approvals
         if svc is None:
@@ -212,7 +213,7 @@ class LocalSource:
 class WorkersSource:
     """The supervisor of `--workers N`: asks the workers."""
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: WorkerGroup) -> None:
         self.sup = sup
         self.started = time.time()
 
@@ -302,23 +303,17 @@ class WorkersSource:
             raise SourceError("no worker is running")
         return out
 
-    # approvals: held in the workers; asked as the front asks them (sandgate.approvals.front),
+    # approvals: held in the workers; asked as the front asks them (sandgate.approvals.fanout),
     # with the console's user passed along as the front passes an API user
     async def approvals(self) -> list[dict[str, Any]]:
-        from sandgate.approvals import front
-
         return [dict(a) for a in await front.pending(self.sup, {})]
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
-        from sandgate.approvals import front
-
         status, doc = await front.show(self.sup, approval_id, {})
         return dict(doc) if status == 200 and isinstance(doc, dict) else None
 
     async def decide(self, approval_id: str, user: str, role: str, vote: Mapping[str, Any]
                      ) -> tuple[int, dict[str, Any]]:
-        from sandgate.approvals import front
-
         status, doc = await front.decide(self.sup, approval_id, json.dumps(dict(vote)).encode(),
                                          _as(user, role))
         return status, doc if isinstance(doc, dict) else {}
@@ -327,6 +322,4 @@ class WorkersSource:
 def _as(user: str, role: str) -> dict[str, str]:
     """The headers a front forwards a user with (only a holder of the worker token may set
     them); reads go without (the worker token's own role reads)."""
-    from sandgate.admin_auth import FORWARDED_ROLE, FORWARDED_USER
-
     return {FORWARDED_USER: user, FORWARDED_ROLE: role}

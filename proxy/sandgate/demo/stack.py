@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandgate.demo.upstream import EchoUpstream
-from sandgate.secrets.devserver import DevVault, _die_with_parent, _free_port, seed_demo
+from sandgate.secrets.devserver import DevVault, die_with_parent, free_port, seed_demo
 
 API_HOST = "llm.demo.test"  # .test: a name that can never be someone else's host
 DEMO_SECRET = ("llm/anthropic", "api_key")  # seeded by seed_demo: an obviously fake value
@@ -118,7 +118,7 @@ def demo_stack() -> Iterator[Stack]:
         policies = root / "policies"
         policies.mkdir()
         (policies / "demo.yaml").write_text(POLICY.format(host=API_HOST, port=api.port))
-        proxy = ("127.0.0.1", _free_port())
+        proxy = ("127.0.0.1", free_port())
         confdir, audit, log = root / "confdir", root / "audit.jsonl", root / "sandgate.log"
         resolve = {API_HOST: "127.0.0.1"}
         cmd = [sys.executable, "-m", "sandgate.cli", "run", "--policies", str(policies),
@@ -132,7 +132,7 @@ def demo_stack() -> Iterator[Stack]:
         env.update(VAULT_ADDR=vault.addr, VAULT_TOKEN=vault.root_token)
         with log.open("ab") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=logf, env=env, preexec_fn=_die_with_parent())
+                                    stderr=logf, env=env, preexec_fn=die_with_parent())
         cleanup.callback(_stop, proc)
         _wait_listening(proc, proxy, log)
         yield Stack(root=root, policies=policies, confdir=confdir, audit=audit, proxy=proxy,

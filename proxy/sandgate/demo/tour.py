@@ -21,6 +21,7 @@ from typing import Any
 from sandgate import confdir
 from sandgate.demo.stack import API_HOST, DEMO_SECRET, Stack
 from sandgate.demo.upstream import REFLECT_HEADER, fingerprint
+from sandgate.errors import InternalError
 from sandgate.secrets.devserver import DEMO_SECRETS
 from sandgate.tokens import issue_token
 
@@ -40,7 +41,7 @@ class Answer:
         return doc
 
 
-class DemoFailed(Exception):
+class DemoFailed(InternalError):
     """The stack did not behave as the demo shows it (a bug, or a broken installation)."""
 
 
@@ -121,7 +122,7 @@ def run_tour(stack: Stack, out: Callable[[str], None]) -> None:
         f"{c.audit.get('redactions')}")
 
     out(f"4. sandgate explain POST {url}, for each identity:")
-    from sandgate.explain import explain
+    from sandgate.explain.answer import explain
     from sandgate.policy.loader import load_policy_dir
 
     policy = load_policy_dir(stack.policies)

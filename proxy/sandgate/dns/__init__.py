@@ -7,8 +7,8 @@ other name is refused (NXDOMAIN or REFUSED) and audited, and never leaves Sandga
 of `<data>.attacker.example` carries nothing out. docs/dns.md.
 
 - `server.py`: the UDP and TCP listeners and the one `answer(query bytes, source)` path
-- `upstream.py`: Sandgate's resolver (a recursive server: --dns-upstream, else resolv.conf)
+- `resolver.py`: Sandgate's resolver (a recursive server: --dns-upstream, else resolv.conf)
   with its answer cache
 - `cache.py`: the addresses Sandgate answered, which the dialer pins (netguard.resolve)
-- `limits.py`: sizes, counts, TTLs and the per-source rate limit
+- `bounds.py`: sizes, counts, TTLs and the per-source rate limit
 """

@@ -3,7 +3,7 @@
 A sandbox that looked a name up through Sandgate connects to one of the addresses it was told;
 the dialer (`netguard.resolve`) uses the same answer while it is fresh instead of resolving the
 name a second time (which could give other addresses: round-robin, geo DNS, rebinding). Filled
-only by `sandgate.dns.upstream.Upstream`; empty (and unused) without `--dns`.
+only by `sandgate.dns.resolver.Upstream`; empty (and unused) without `--dns`.
 """
 
 from __future__ import annotations

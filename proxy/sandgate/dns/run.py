@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sandgate.dns.limits import DnsLimits
+from sandgate.dns.bounds import DnsLimits
+from sandgate.dns.resolver import Upstream, system_servers
 from sandgate.dns.server import PolicyDns, PolicyDnsServer
-from sandgate.dns.upstream import Upstream, system_servers
 from sandgate.identity.base import Caller
 from sandgate.policy.model import Policy
 

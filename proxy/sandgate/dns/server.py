@@ -30,10 +30,10 @@ import dns.rdatatype
 import dns.rrset
 from dns.rdatatype import RdataType
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 from sandgate.decision import ADDRESS_TYPES, Decision, decide_name, reported
-from sandgate.dns.limits import DnsLimits, SourceRates
-from sandgate.dns.upstream import Answer, Upstream, UpstreamError
+from sandgate.dns.bounds import DnsLimits, SourceRates
+from sandgate.dns.resolver import Answer, Upstream, UpstreamError
 from sandgate.identity.base import Caller
 from sandgate.netguard import classify, in_ranges, is_this_host, known_addresses, unmap
 from sandgate.policy.model import Policy, Rule

@@ -36,7 +36,7 @@ from docker.errors import DockerException, NotFound
 
 from sandgate.identity.base import Caller, SandboxEnded
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX, LABEL_SPLIT
-from sandgate.sandbox.errors import DockerUnavailable, docker_endpoint
+from sandgate.sandbox.engine import DockerUnavailable, docker_endpoint
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandgate.errors import Unavailable
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # an entry larger than this is not a /proc TCP table line; the table is read line by line
@@ -112,7 +114,7 @@ def socket_inode(proc: Path, pid: int, local: Endpoint, remote: Endpoint) -> int
     return None
 
 
-class Unreadable(Exception):
+class Unreadable(Unavailable):
     """A process's fds exist but cannot be listed (another user's, without CAP_SYS_PTRACE)."""
 
 

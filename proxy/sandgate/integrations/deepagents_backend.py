@@ -37,7 +37,7 @@ import tarfile
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from sandgate.sandbox.errors import DockerUnavailable, SandboxError
+from sandgate.sandbox.engine import DockerUnavailable, SandboxError
 from sandgate.sandbox.launcher import ExecResult, Sandbox, SandboxSpec
 
 if TYPE_CHECKING:

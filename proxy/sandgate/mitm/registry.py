@@ -325,7 +325,7 @@ def install_all(m: master.Master, limits: LimitsConfig,
                 on_event: wirelimits.OnEvent | None = None) -> dispatch.CachedAddons:
     """Install every patch in `PATCHES` order on a master that has no addons yet; return its
     (cached) addon manager. Idempotent per patch; the limits are always the latest. The caller
-    has checked the library versions first (pinning.check_version: sandgate.runner.serve)."""
+    has checked the library versions first (pinning.check_version: sandgate.runner.build)."""
     wiring = Wiring(m, limits, on_event)
     for p in PATCHES:
         if p.checked_at_start and p.changed():

@@ -40,7 +40,7 @@ from sandgate.pattern1.rules import (
     iptables_v6,
     split_net,
 )
-from sandgate.pattern1.toolrunner import RunnerError, run_tool
+from sandgate.pattern1.toolrunner import RunnerError, drop_to, run_tool
 
 RUN_DIR = "/run/sandgate"
 SOCKET = f"{RUN_DIR}/runner.sock"
@@ -50,12 +50,6 @@ CA_DIR = "/usr/local/share/ca-certificates"  # where the launcher puts it (sandg
 RUNNER_CAPS = "-all,+setuid,+setgid,+setpcap,+kill"
 
 
-def drop_to(user: str, *, caps: str = "-all") -> list[str]:
-    """setpriv argv that becomes `user` (its groups too) keeping only `caps` in the bounding
-    set; -all: none at all, and no ambient or inheritable ones either way."""
-    pw = pwd.getpwnam(user)
-    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
-            "--inh-caps=-all", f"--bounding-set={caps}", "--no-new-privs", "--"]
 
 
 def _run(argv: Sequence[str], stdin: str | None = None) -> str:

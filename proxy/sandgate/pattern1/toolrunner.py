@@ -165,8 +165,15 @@ def run_tool(cmd: str | Sequence[str], timeout: float = DEFAULT_TIMEOUT,
     return answer
 
 
+def drop_to(user: str, *, caps: str = "-all") -> list[str]:
+    """setpriv argv that becomes `user` (its groups too) keeping only `caps` in the bounding
+    set; -all: none at all, and no ambient or inheritable ones either way."""
+    pw = pwd.getpwnam(user)
+    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
+            "--inh-caps=-all", f"--bounding-set={caps}", "--no-new-privs", "--"]
+
+
 def _serve(fd: int) -> int:
-    from sandgate.pattern1.entrypoint import drop_to
     from sandgate.pattern1.rules import (
         AGENT_USER,
         TOOL_USER,

@@ -23,7 +23,7 @@ from sandgate.policy import hosts as H
 from sandgate.policy import overlap
 from sandgate.policy import paths as P
 from sandgate.policy.ask import compile_ask
-from sandgate.policy.calls import compile_call, compile_test_call
+from sandgate.policy.call_rules import compile_call, compile_test_call
 from sandgate.policy.dnstypes import compile_dns, compile_dns_test
 from sandgate.policy.lint_codes import CODES
 from sandgate.policy.llm import compile_llm
@@ -49,15 +49,12 @@ from sandgate.policy.model import (
     Template,
 )
 from sandgate.policy.paths import PathPattern
-from sandgate.policy.schema import RuleSpec, SecretSpec, TestSpec
+from sandgate.policy.schema import Loc, Report, RuleSpec, SecretSpec, TestSpec
 from sandgate.policy.suffixes import overbroad_wildcard
 from sandgate.request import parse_header, parse_url, split_authority
 from sandgate.secrets.credential_form import is_form, parse_form
 from sandgate.secrets.scope import parse_path
 from sandgate.text import has_control_chars
-
-Loc = tuple[str | int, ...]
-Report = Callable[[Loc, str, str], None]  # (loc, message, fix)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SECRET_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
@@ -230,7 +227,7 @@ def compile_secret(name: str, spec: SecretSpec, src: Source, report: Report) -> 
     ok = ok and (spec.github_app is None or github_app is not None)
     budget = None
     if spec.budget is not None:
-        from sandgate.policy.limits import compile_budget  # imports this module
+        from sandgate.policy.ratelimits import compile_budget  # imports this module
 
         budget = compile_budget(spec.budget, ("secrets", name, "budget"), report)
         ok = ok and budget is not None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sandgate.decision import ADDRESS_UNCHECKED, Decision, decide_name, judge
 from sandgate.errors import Code
 from sandgate.gateway import gateway_url
-from sandgate.llmcall import stated_call
+from sandgate.llm.llmcall import stated_call
 from sandgate.policy.model import Policy, PolicyTest, Rule
 from sandgate.request import parse_url
 from sandgate.secrets.credential_form import is_form

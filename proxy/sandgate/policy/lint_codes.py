@@ -5,7 +5,7 @@ may suppress (an unknown code there is a load error). docs/policy-review.md list
 from __future__ import annotations
 
 CODES: dict[str, str] = {
-    # structure (sandgate.policy.lint)
+    # structure (sandgate.review.lint)
     "skipped-file": "a policy-looking file in the directory is not read",
     "no-fixture": "an identity no fixture names",
     "unused-secret": "a secret no rule references",
@@ -18,7 +18,7 @@ CODES: dict[str, str] = {
     "shadowed-rule": "an allow rule an earlier allow rule hides",
     "after-public": "an allow rule after a `public: true` rule it overlaps",
     "deny-never-applies": "a deny rule no allow rule's request reaches",
-    # a deny that covers less than it looks (sandgate.policy.lint_semantic)
+    # a deny that covers less than it looks (sandgate.review.lint_semantic)
     "deny-star-segment": "a deny path ending in `*` where `/**` was meant",
     "deny-trailing-slash": "a deny path with (without) a trailing slash",
     "deny-ports": "a deny rule missing some of the allow rule's schemes or ports",
@@ -45,22 +45,22 @@ CODES: dict[str, str] = {
     "gateway-token-header": "a gateway token_header the rules do not inject",
     "gateway-prefix-host": "a gateway prefix naming another host",
     "query-name-case": "a query parameter name with capitals",
-    # action: ask and webhooks (sandgate.policy.lint_ask)
+    # action: ask and webhooks (sandgate.review.lint_ask)
     "ask-never-asks": "an ask rule a deny rule covers",
     "ask-hides-allow": "an allow rule an ask rule covers",
     "ask-hold-timeout": "a hold longer than the proxy's idle timeout",
     "unused-webhook": "a webhook no ask rule names",
-    # MCP tools and arguments (sandgate.policy.lint_mcp, lint_calls)
+    # MCP tools and arguments (sandgate.review.lint_mcp, lint_calls)
     "mcp-bypass": "a rule without `mcp:` on an MCP host takes calls the tool rules judge",
     "mcp-tools-any": "a rule allowing any tool beside rules that list tools",
     "mcp-tool-glob": "a tool glob matching more tools the server lists than named",
     "mcp-tool-unlisted": "a `tools` entry matching no tool the server lists",
     "mcp-deny-unmatched": "a `deny_tools` entry matching no tool (listed or allowed)",
     "mcp-argument-glob": "an argument glob `acme*` that also matches `acme-evil`",
-    # DNS (sandgate.policy.lint_mcp)
+    # DNS (sandgate.review.lint_mcp)
     "dns-type-widening": "extra `dns.types` on a wildcard or package-index rule",
     "dns-public": "`public: true` in a policy written for the policy DNS",
-    # review (sandgate.policy.lint_mcp)
+    # review (sandgate.review.lint_mcp)
     "owns-template": "a template used by an `owns:` identity, defined outside its files",
     "grant-no-expiry": "a temporary-looking grant without `expires`",
     "grant-no-owner": "an expiring grant without `owner`",

@@ -1,5 +1,5 @@
 """`llm:` of a rule, `budgets:` and `prices:`: their file form compiled and checked (the
-decision judges the model and cap: sandgate.decision; the proxy counts: sandgate.spend).
+decision judges the model and cap: sandgate.decision; the proxy counts: sandgate.llm.spend).
 
 Checked here: model globs are not empty, a cap is at least 1, `on_max_tokens: lower` has a cap
 to lower to, `llm:` only on intercepted allow rules, `websocket: true` (the Responses API's
@@ -40,7 +40,7 @@ def compile_llm(rs: RuleSpec, loc: Loc, rep: Report) -> LlmRule | None:
             "add max_tokens, or remove on_max_tokens")
         ok = False
     websocket = bool(rs.websocket)
-    # with mcp:/jsonrpc: too, sandgate.policy.calls checks the key (one message, not two)
+    # with mcp:/jsonrpc: too, sandgate.policy.call_rules checks the key (one message, not two)
     checked = rs.mcp is not None or rs.jsonrpc is not None
     if websocket and not checked and rs.action == "ask":
         rep((*loc, "websocket"), "an `action: ask` rule cannot take `websocket: true`: an "

@@ -33,12 +33,12 @@ from functools import lru_cache
 from typing import Literal
 
 from sandgate.decision import Decision, decide_request, llm_misfit
-from sandgate.errors import Code
-from sandgate.jsonrpc import Call
-from sandgate.llmcall import Api, DeclaredApi, LlmCall, recognise
+from sandgate.errors import Code, InvalidInput
+from sandgate.llm.llmcall import Api, DeclaredApi, LlmCall, recognise
 from sandgate.policy.model import Budget, LlmRule, Policy, Rule
 from sandgate.policy.paths import PathPattern, compile_path_pattern, normalise_path
 from sandgate.request import RequestInfo
+from sandgate.rpc.jsonrpc import Call
 
 # Beyond this many product states (or witnesses) a comparison is reported as not proved.
 MAX_MODEL_STATES = 20_000
@@ -77,7 +77,7 @@ class _ModelNfa:
         return len(self.p) in state
 
 
-class TooManyModels(ValueError):
+class TooManyModels(InvalidInput):
     """The globs' product automaton is too big for an exact comparison."""
 
 

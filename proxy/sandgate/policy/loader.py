@@ -24,7 +24,6 @@ from sandgate.gateway import route
 from sandgate.policy.ask import compile_webhook
 from sandgate.policy.compiler import (
     NAME_RE,
-    Loc,
     SecretUse,
     check_identity_name,
     check_rules,
@@ -34,7 +33,6 @@ from sandgate.policy.compiler import (
     missing_hosts,
 )
 from sandgate.policy.gateways import check_overlaps, compile_gateway
-from sandgate.policy.limits import compile_limits
 from sandgate.policy.llm import compile_budget, compile_price
 from sandgate.policy.model import (
     Budget,
@@ -48,10 +46,12 @@ from sandgate.policy.model import (
     Source,
     Webhook,
 )
+from sandgate.policy.ratelimits import compile_limits
 from sandgate.policy.schema import (
     BudgetDefSpec,
     GatewaySpec,
     IdentitySpec,
+    Loc,
     PolicyFile,
     PriceSpec,
     RuleSpec,

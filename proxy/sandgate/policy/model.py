@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Literal
 
-from sandgate.jsonrpc import Call
 from sandgate.policy.paths import PathPattern
+from sandgate.rpc.jsonrpc import Call
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -131,7 +131,7 @@ class SecretRef:
     kv_version: Literal[1, 2]
     placeholder: str  # what a sandbox may hold instead of the value (SDKs refuse an empty key)
     source: Source
-    # `hosts:` the only hosts it may be sent to (proved by sandgate.policy.proofs); None: any
+    # `hosts:` the only hosts it may be sent to (proved by sandgate.review.proofs); None: any
     hosts: tuple[HostPattern, ...] | None = None
     # minted per sandbox with a lease instead of read from KV (then mount/path/field are unused)
     dynamic: DynamicRef | None = None
@@ -382,8 +382,8 @@ class Webhook:
 
 @dataclass(frozen=True, slots=True)
 class LlmRule:
-    """`llm:` of a rule: its requests are LLM API calls (sandgate.llmcall), judged by model and
-    output cap, and counted against a budget (sandgate.spend)."""
+    """`llm:` of a rule: its requests are LLM API calls (sandgate.llm.llmcall), judged by model and
+    output cap, and counted against a budget (sandgate.llm.spend)."""
 
     api: Literal["anthropic", "openai", "gemini"] | None = None  # None: by the provider's host
     models: tuple[str, ...] | None = None  # globs (glob_matches) a call's model must match
@@ -459,7 +459,7 @@ class Rule:
     # `dns: {types: [...]}`: query types beyond A/AAAA the policy DNS answers for its hosts
     dns_types: frozenset[str] = frozenset()
     # `forward_trace_context: true`: the sandbox's traceparent/tracestate reach the upstream
-    # (otherwise removed before forwarding: sandgate.export.traceparent)
+    # (otherwise removed before forwarding: sandgate.audit.export.traceparent)
     forward_trace_context: bool = False
     # A signing rule's (`inject: {sign}`) `operations:`: globs over the X-Amz-Target or Action
     # a request names (None: any operation), and `copy_sources:`: the objects an
@@ -467,7 +467,7 @@ class Rule:
     # (sandgate.secrets.aws_request)
     operations: tuple[str, ...] | None = None
     copy_sources: tuple[PathPattern, ...] | None = None
-    llm: LlmRule | None = None  # `llm:`: model allow-list, output cap, budget (sandgate.spend)
+    llm: LlmRule | None = None  # `llm:`: model allow-list, output cap, budget (sandgate.llm.spend)
 
     @property
     def verb(self) -> Literal["allow", "deny", "ask"]:
@@ -498,7 +498,7 @@ class Identity:
     source: Source
     # "report": policy refusals (no_rule, denied_by_rule) are forwarded uninjected and audited
     mode: Literal["enforce", "report"] = "enforce"
-    narrower_than: str | None = None  # proved by sandgate.policy.proofs
+    narrower_than: str | None = None  # proved by sandgate.review.proofs
     limits: IdentityLimits | None = None  # rate and connection limits (sandgate.limits)
     owns: tuple[str, ...] | None = None  # the only files that may add rules (file names)
 
@@ -523,7 +523,7 @@ class PolicyTest:
     # a `dns:` fixture (method "DNS", url the name): the query type looked up
     qtype: str | None = None
     headers: tuple[tuple[str, str], ...] = ()  # `headers:`: (lower-case name, value)
-    # `model:` / `max_tokens:`: the request is an LLM call asking for these (sandgate.llmcall)
+    # `model:` / `max_tokens:`: the request is an LLM call asking for these (sandgate.llm.llmcall)
     model: str | None = None
     max_tokens: int | None = None
 
@@ -565,7 +565,7 @@ class Policy:
     gateways: tuple[Gateway, ...] = ()  # `gateways:` of every file, prefixes unique
     webhooks: Mapping[str, Webhook] = field(default_factory=dict)  # approval announcements
     budgets: Mapping[str, Budget] = field(default_factory=dict)  # `budgets:` of every file
-    # `prices:` of every file, first match wins, before the shipped table (sandgate.spend)
+    # `prices:` of every file, first match wins, before the shipped table (sandgate.llm.spend)
     prices: tuple[Price, ...] = ()
 
     @property

@@ -146,7 +146,7 @@ def shadowing_rule(rules: Sequence[Rule], index: int) -> Rule | None:
 
     The first matching allow rule wins, so such a rule hides rules[index] completely. Ask rules
     (`action: ask`) win over allow rules wherever they are, so they are compared only with each
-    other here (sandgate.policy.lint_ask says what an ask rule hides)."""
+    other here (sandgate.review.lint_ask says what an ask rule hides)."""
     later = rules[index]
     if later.action != "allow":
         return None
@@ -197,3 +197,16 @@ def check_identity(identity: str, rules: Sequence[Rule],
                "injected",
                f"move rule '{r.name}' above rule '{hider.name}', or narrow '{hider.name}' "
                "(hosts, methods, paths, query) so it no longer covers it")
+
+
+def deny_reaches(deny: Rule, allow: Rule) -> bool:
+    """Can `deny` refuse something `allow` would let through (a request, or the tunnel)?"""
+    if allow.action != "allow" or not deny.ports & allow.ports:
+        return False
+    if not deny.schemes & allow.schemes:
+        return False
+    if first_host_overlap(deny, allow) is None:
+        return False
+    if allow.passthrough:  # the deny rule refuses (or forces interception of) the tunnel
+        return True
+    return allow.methods is None or deny.methods is None or bool(deny.methods & allow.methods)

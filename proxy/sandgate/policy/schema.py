@@ -7,10 +7,16 @@ them into sandgate.policy.model types. `sandgate schema` prints the JSON Schema 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import date
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# Where in a policy file (a path of keys and list indices), and the one way a compile step
+# reports a problem there: (loc, message, fix). Shared by every compile step of sandgate.policy.
+Loc = tuple[str | int, ...]
+Report = Callable[[Loc, str, str], None]
 
 
 class _Strict(BaseModel):

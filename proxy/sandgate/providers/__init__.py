@@ -9,7 +9,6 @@ function that needs it, so `import sandgate.providers` works without any of them
     sb = modal.Sandbox.create(app=app, **modal_sandbox_kwargs(access))
 """
 
-from sandgate.providers._common import SandgateAccess, gateway_environment
 from sandgate.providers.daytona import daytona_create_params, daytona_image
 from sandgate.providers.e2b import e2b_sandbox_kwargs, e2b_template
 from sandgate.providers.modal import modal_image, modal_sandbox_kwargs
@@ -18,6 +17,7 @@ from sandgate.providers.runloop import (
     runloop_devbox_kwargs,
     runloop_network_policy_kwargs,
 )
+from sandgate.providers.sandgate_access import SandgateAccess, gateway_environment
 
 __all__ = [
     "SandgateAccess",

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from sandgate.providers._common import SandgateAccess, gateway_environment
+from sandgate.providers.sandgate_access import SandgateAccess, gateway_environment
 from sandgate.proxyenv import ca_install_command, check_ca_pem
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from sandgate.providers._common import SandgateAccess
+from sandgate.providers.sandgate_access import SandgateAccess
 from sandgate.proxyenv import ca_install_command, check_ca_pem
 
 _SOCKS5_FIELD_MAX = 255  # RFC 1929: username and password are at most 255 bytes each

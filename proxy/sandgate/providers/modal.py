@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandgate.providers._common import SandgateAccess
+from sandgate.providers.sandgate_access import SandgateAccess
 from sandgate.proxyenv import ca_install_command, check_ca_pem
 
 

@@ -1,7 +1,7 @@
 """Docker sandboxes for agent hosts: an internal network, the Sandgate CA, the proxy env."""
 
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
-from sandgate.sandbox.errors import DockerUnavailable, SandboxError, connect
+from sandgate.sandbox.engine import DockerUnavailable, SandboxError, connect
 from sandgate.sandbox.launcher import (
     DEFAULT_IMAGE,
     ExecResult,

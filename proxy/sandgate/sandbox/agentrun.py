@@ -29,8 +29,8 @@ import docker
 
 from sandgate.identity.agents import Registration, trusted, write_registration
 from sandgate.identity.sockowner import net_namespace, start_time
-from sandgate.sandbox.agents import CLI_MOUNT, AgentProfile
-from sandgate.sandbox.errors import SandboxError
+from sandgate.sandbox.agent_profiles import CLI_MOUNT, AgentProfile
+from sandgate.sandbox.engine import SandboxError
 from sandgate.sandbox.launcher import ExecResult, Sandbox, SandboxSpec
 
 # $0 is the gate file; the shell waits for it, then becomes the agent (same pid)

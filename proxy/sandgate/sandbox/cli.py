@@ -17,12 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandgate import capture
-from sandgate.capture import CaptureError
+from sandgate.capture import nftables as capture
+from sandgate.capture.nftables import CaptureError
 from sandgate.cli import capture as capture_cli
 from sandgate.identity.labels import LABEL_IDENTITY, LABEL_SANDBOX
-from sandgate.sandbox import agents, split
-from sandgate.sandbox.errors import DockerUnavailable, SandboxError, connect
+from sandgate.sandbox import agent_profiles as agents
+from sandgate.sandbox import split
+from sandgate.sandbox.engine import DockerUnavailable, SandboxError, connect
 from sandgate.sandbox.launcher import (
     DEFAULT_IMAGE,
     ExecResult,

@@ -50,7 +50,7 @@ from sandgate.proxyenv import (
     proxy_environment,
     proxy_url_with_credentials,
 )
-from sandgate.sandbox.errors import SandboxError, unavailable
+from sandgate.sandbox.engine import SandboxError, unavailable
 from sandgate.sandbox.network import NETWORK_NAME, inspect_network, restrict_host_access
 from sandgate.sandbox.split import AS_AGENT, STATE_FILE, SplitPorts, container_options, wait_ready
 
@@ -111,7 +111,7 @@ class SandboxSpec:
     # Pattern 1 with the split (docs/pattern1.md; the image: sandgate-agent:dev): the agent and
     # its bash tool run as two users whose traffic reaches Sandgate's agent / tool listeners.
     split: SplitPorts | None = None
-    # Transparent capture (sandgate.capture, `sandgate sandbox network --transparent`):
+    # Transparent capture (sandgate.capture.nftables, `sandgate sandbox network --transparent`):
     # no proxy variable at all; the network's nftables rules take the sandbox's traffic to
     # Sandgate, which identifies it by its address (Docker labels). The CA is trusted as ever.
     transparent: bool = False

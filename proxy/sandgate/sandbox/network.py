@@ -27,11 +27,11 @@ import requests
 from docker.errors import APIError, NotFound
 from docker.types import IPAMConfig, IPAMPool
 
-from sandgate import capture
-from sandgate.sandbox.errors import SandboxError, docker_endpoint, unavailable
+from sandgate.capture import nftables as capture
+from sandgate.sandbox.engine import SandboxError, docker_endpoint, unavailable
 
 if TYPE_CHECKING:
-    from sandgate.capture import Capture
+    from sandgate.capture.nftables import Capture
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def ensure_network_info(
     transparent: Capture | None = None,
 ) -> SandboxNetwork:
     """`transparent`: also install the capture table on the network's bridge (its interface
-    and allowed proxy port filled in here; sandgate.capture)."""
+    and allowed proxy port filled in here; sandgate.capture.nftables)."""
     info = _ensure(client, name, subnet, isolate)
     if transparent is not None:
         install_capture(info, transparent, allowed_ports or [proxy_port])
@@ -233,7 +233,7 @@ def _drop_chain(family: int, bridge: str) -> None:
 def _rules(family: int, gateway: str | None, ports: Sequence[int] | None,
            udp_ports: Sequence[int] = ()) -> list[str]:
     """The chain's rules as `iptables -S` prints them, without `-A CHAIN`. ports None: all.
-    udp_ports: Sandgate's DNS (transparent capture, sandgate.capture).
+    udp_ports: Sandgate's DNS (transparent capture, sandgate.capture.nftables).
 
     No gateway (a network without IPv6, for family 6): no rule, everything is dropped.
     """

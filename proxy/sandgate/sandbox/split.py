@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandgate.sandbox.errors import SandboxError
+from sandgate.sandbox.engine import SandboxError
 
 ENTRYPOINT = "sandgate-split-entrypoint"
 CAPS = ("NET_ADMIN", "SETUID", "SETGID", "SETPCAP", "KILL", "CHOWN")

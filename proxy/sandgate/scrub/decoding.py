@@ -23,6 +23,8 @@ from collections.abc import Iterator
 import brotli
 import zstandard
 
+from sandgate.errors import InvalidInput
+
 _SLICE = 1024
 _ZLIB_OUT = 1024 * 1024
 _ZSTD_WINDOW = 8 * 1024 * 1024  # RFC 8878 section 3.1.1.1.2: what an HTTP decoder must take
@@ -173,7 +175,7 @@ class Decoder:
         yield from self._through(i + 1, out(), final)
 
 
-class TooLarge(ValueError):
+class TooLarge(InvalidInput):
     """`decode_all`: the body decodes to more than the limit (a ValueError, as corrupt is)."""
 
 

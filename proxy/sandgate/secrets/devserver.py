@@ -47,7 +47,7 @@ def _stop_all() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """Linux: a preexec_fn making the child get SIGKILL when this process dies, even by SIGKILL
     (atexit does not run then). libc is loaded here, so the child only calls prctl().
     Linux ties this to the *thread* that spawned the child: start DevVault from a long-lived
@@ -69,7 +69,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -95,7 +95,7 @@ class DevVault:
 
     def __init__(self, port: int | None = None, root_token: str | None = None,
                  bao_binary: str | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.root_token = root_token or f"dev-root-{secrets.token_hex(12)}"
         self.bao = find_bao(bao_binary)
         self.addr = f"http://127.0.0.1:{self.port}"
@@ -126,7 +126,7 @@ class DevVault:
         with self.log_path.open("ab") as logf:
             self._proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env, cwd=str(self._dir),
-                                          preexec_fn=_die_with_parent())
+                                          preexec_fn=die_with_parent())
         _LIVE.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

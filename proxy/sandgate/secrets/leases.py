@@ -34,6 +34,7 @@ from sandgate.errors import SecretError
 from sandgate.policy.model import SecretRef
 from sandgate.secrets.retired import Retired
 from sandgate.secrets.scope import Scope
+from sandgate.secrets.values import check_value
 
 log = logging.getLogger("sandgate.leases")
 
@@ -114,7 +115,7 @@ class LeaseManager:
         # called with a sandbox id when it ends (the broker drops its per-sandbox KV values)
         self.on_sandbox_end: Callable[[str], None] | None = None
         # --state-lease-kv: one lease per (secret, identity, sandbox) for the fleet
-        # (sandgate.state.leases.SharedLeases); None: this process's own leases
+        # (sandgate.state.fleet_leases.SharedLeases); None: this process's own leases
         self.shared: Any = None
 
     # ------------------------------------------------------------------------- audit
@@ -229,7 +230,6 @@ class LeaseManager:
         if not isinstance(lease_id, str) or not lease_id:
             raise SecretError(name, f"secret '{name}' unavailable: {path} answered without a "
                               "lease (not a dynamic secrets engine?)")
-        from sandgate.secrets.vault import check_value  # the broker imports this module
 
         value = check_value(name, data[ref.dynamic.field])
         username = None

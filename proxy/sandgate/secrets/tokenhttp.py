@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from sandgate.errors import Unavailable
+
 MAX_ANSWER = 64 * 1024  # a token answer is small; read no more
 
 # url -> (the checked address to dial, its port); raises Refused/SecretError when the rules or
@@ -19,7 +21,7 @@ MAX_ANSWER = 64 * 1024  # a token answer is small; read no more
 Dial = Callable[[str], Awaitable[tuple[str, int]]]
 
 
-class TokenFailure(Exception):
+class TokenFailure(Unavailable):
     """Why no credential (text safe to show: never a token, key or client secret)."""
 
 

@@ -30,7 +30,7 @@ import hvac
 import hvac.exceptions
 import requests
 
-from sandgate.errors import SecretError
+from sandgate.errors import SecretError, Unavailable
 from sandgate.identity.base import Caller
 from sandgate.policy.model import GitHubScope, SecretRef
 from sandgate.secrets.github_app import GitHubApps
@@ -39,7 +39,7 @@ from sandgate.secrets.oauth2 import OAuth2Tokens
 from sandgate.secrets.scope import GLOBAL, Scope, scope_of
 from sandgate.secrets.scope import resolve as resolve_path
 from sandgate.secrets.tokenhttp import Dial
-from sandgate.text import breaks_header
+from sandgate.secrets.values import check_value
 
 log = logging.getLogger("sandgate.vault")
 
@@ -141,7 +141,7 @@ class BrokerObserver(Protocol):
     def vault_call(self, seconds: float) -> None: ...
 
 
-class _VaultFailure(Exception):
+class _VaultFailure(Unavailable):
     """Internal: a classified, message-safe failure of one Vault call."""
 
     def __init__(self, kind: str, detail: str) -> None:
@@ -187,18 +187,6 @@ def _classify(e: BaseException) -> _VaultFailure:
         return _VaultFailure("other", f"request to Vault failed ({type(e).__name__})")
     return _VaultFailure("other", f"unexpected error talking to Vault ({type(e).__name__})")
 
-
-def check_value(name: str, value: object) -> str:
-    """Validate a value read from Vault before it may be injected. Never echoes the value."""
-    if not isinstance(value, str):
-        raise SecretError(name, f"secret '{name}' is unusable: its value is not a string "
-                                f"(Vault returned a {type(value).__name__})")
-    if not value:
-        raise SecretError(name, f"secret '{name}' is unusable: its value is empty")
-    if breaks_header(value):
-        raise SecretError(name, f"secret '{name}' is unusable: refusing to inject a value with "
-                                "control characters (CR, LF or NUL)")
-    return value
 
 
 class SecretBroker:
@@ -469,6 +457,12 @@ class SecretBroker:
         return max(0.5, min(self.renew_interval, ttl / 3))
 
     # ----------------------------------------------------------------------------- secrets
+
+    def trust_upstream_cas(self, ca_file: str | None) -> None:
+        """The CAs the token endpoints (OAuth2, GitHub) are verified against: the system roots,
+        or `ca_file` (--upstream-ca's bundle); one context for both."""
+        self.oauth2.use_ca_file(ca_file)
+        self.github.ssl_ctx = self.oauth2.ssl_ctx
 
     def update_secrets(self, secrets: Mapping[str, SecretRef]) -> None:
         """Adopt a reloaded policy's secrets; forget cached values whose location changed."""

@@ -15,14 +15,14 @@ from typing import Any
 from mitmproxy import connection, http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from sandgate import audit as A
 from sandgate.approvals.service import Approvals
 from sandgate.approvals.store import MemoryStore
+from sandgate.audit import events as A
 from sandgate.identity.resolve import Identifier
 from sandgate.limits import Limiter, LimitsConfig
-from sandgate.mcpsession import session_key
 from sandgate.netguard import IPAddress, IPNetwork
 from sandgate.policy.model import Policy, Rule
+from sandgate.rpc.mcpsession import session_key
 from sandgate.scrub.flowsecrets import ScrubSets
 from sandgate.scrub.scrubber import SecretSet
 from sandgate.secrets.vault import SecretBroker
@@ -58,7 +58,7 @@ class GateConfig:
     gateway_tls: bool = False
     # `action: ask` rules: where approvals are asked, waited for and remembered
     approvals: Approvals = field(default_factory=lambda: Approvals(MemoryStore()))
-    # called with each flow's audit event once it is written: its span (sandgate.export)
+    # called with each flow's audit event once it is written: its span (sandgate.audit.export)
     flow_audited: FlowAudited | None = None
     # who counts rates, connections per identity and budgets: None is this process (the
     # limiter); `--state redis://` the fleet (sandgate.state)

@@ -6,19 +6,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sandgate.audit.export.traceparent import TraceHeaders
 from sandgate.decision import Decision, decide
 from sandgate.errors import Refused
-from sandgate.export.traceparent import TraceHeaders
 from sandgate.identity.base import Caller
-from sandgate.jsonrpc import Call, Message
+from sandgate.llm.spend import LlmFlow
 from sandgate.netguard import DialTarget
 from sandgate.policy.model import Policy, Rule
 from sandgate.refusal import Refusal
 from sandgate.request import RequestInfo
+from sandgate.rpc.jsonrpc import Call, Message
 from sandgate.scrub.flowsecrets import Owned
 from sandgate.secrets.aws_request import AwsParts
 from sandgate.secrets.body import BodyPlan
-from sandgate.spend import LlmFlow
 
 if TYPE_CHECKING:
     from sandgate.scrub.wsjoin import WsJoin
@@ -179,13 +179,13 @@ class FlowRecord:
     # grant); the approval events of the audit say the rest (sandgate.approvals)
     approval: str | None = None
     # the sandbox's traceparent/tracestate, taken off the request before forwarding (s40), and
-    # instants of the request's parts (sandgate.export.marks): for its span (export/otel.py)
+    # instants of the request's parts (sandgate.audit.export.marks): for its span (otel.py)
     trace: TraceHeaders | None = None
     marks: dict[str, int] = field(default_factory=dict)
     # the upstream connection this request may reuse: whose, from where, to what (s60_dial;
     # mitm/speedups/upstreampool.py says why that key is safe). None: dial as usual, never parked
     reuse: tuple[str, str | None, str, tuple[str, int] | None, str, int, str] | None = None
-    # an LLM API call (stages/s37_llm.py): what it asked, reserved and spent (sandgate.spend)
+    # an LLM API call (stages/s37_llm.py): what it asked, reserved and spent (sandgate.llm.spend)
     llm: LlmFlow | None = None
 
     @property

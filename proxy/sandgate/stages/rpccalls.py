@@ -3,13 +3,13 @@ the server's answers to list calls filtered to what the identity may call.
 
 Request side (`judge_call`, from Gate.request once the bounded body is complete): a rule with
 `mcp:` or `jsonrpc:` matched the head (Decision.call_limit); the body is parsed strictly
-(sandgate.jsonrpc) and the request decided again with the call, by sandgate.decision.decide,
+(sandgate.rpc.jsonrpc) and the request decided again with the call, by sandgate.decision.decide,
 the one decision function `explain`, fixtures and proofs use. A well-formed call that is refused
 is answered as a JSON-RPC error for each of its ids (`answer_call`), in the transport the
 client asked for; anything that is not a well-formed call gets the HTTP refusal.
 
 Response side: the `Mcp-Session-Id` a response carries is handed to the client wrapped, bound by
-a MAC to the identity whose request it answered and the server (sandgate.mcpsession: no state,
+a MAC to the identity whose request it answered and the server (sandgate.rpc.mcpsession: no state,
 so it holds across workers, replicas and restarts); a request presents it back and is forwarded
 with the upstream's own id only if the MAC verifies for its identity and host:port (another
 identity's id, or any id Sandgate did not issue, is refused); the id is also bound to the
@@ -19,7 +19,7 @@ page) keep only the entries the identity may call, judged by the same decide(), 
 cacheable by their caller only (cacheScope private).
 
 MCP's metadata headers (Mcp-Method, Mcp-Name, MCP-Protocol-Version) must agree with the body
-(sandgate.mcpheaders): a disagreement is answered 400 with MCP's HeaderMismatch error.
+(sandgate.rpc.mcpheaders): a disagreement is answered 400 with MCP's HeaderMismatch error.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from typing import Any
 
 from mitmproxy import http
 
-from sandgate import mcpheaders
-from sandgate.callbody import header_mismatch, read_call
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
-from sandgate.jsonrpc import Call, CallError, Id, id_key, loads
-from sandgate.mcpheaders import HEADER_MISMATCH_CODE
-from sandgate.mcpsession import SessionIdError, unwrap_bound, wrap
 from sandgate.policy.model import Policy
 from sandgate.refusal import REASON_HEADER, Refusal
 from sandgate.request import RequestInfo
+from sandgate.rpc import mcpheaders
+from sandgate.rpc.callbody import header_mismatch, read_call
+from sandgate.rpc.jsonrpc import Call, CallError, Id, id_key, loads
+from sandgate.rpc.mcpheaders import HEADER_MISMATCH_CODE
+from sandgate.rpc.mcpsession import SessionIdError, unwrap_bound, wrap
 from sandgate.stages.flow import CallState, FlowRecord
 
 SESSION_HEADER = "mcp-session-id"
@@ -197,7 +197,7 @@ def answer_call(flow: http.HTTPFlow, rec: FlowRecord, refusal: Refusal) -> None:
 
 def response_headers(rec: FlowRecord, resp: http.Response, session_key: bytes) -> bool:
     """The session id the upstream hands out, wrapped: bound to the identity it answered and
-    to the server (sandgate.mcpsession), and to the protocol version of the session: the one
+    to the server (sandgate.rpc.mcpsession), and to the protocol version of the session: the one
     the request's own session id was bound to or, on the answer to initialize, the one that
     answer names. That answer's ids are held back (no raw id goes out) until its body is read:
     True means the response must be read whole (s70_scrub), and filter_whole issues them."""

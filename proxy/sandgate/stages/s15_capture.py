@@ -62,7 +62,7 @@ def captured(st: GateState, client: connection.Client) -> Captured:
 def port_of(cap: Captured, tls: bool) -> int:
     """The port judged: where the sandbox connected to, or, when that is unknown here (DNATed
     in the pod's own namespace), the scheme's: 443 for TLS, 80 for plain HTTP (which is why a
-    pod's table captures only those two ports, sandgate.capture)."""
+    pod's table captures only those two ports, sandgate.capture.nftables)."""
     if cap.known:
         return cap.original[1]
     return 443 if tls else 80

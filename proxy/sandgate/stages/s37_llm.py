@@ -1,5 +1,5 @@
-"""Judge the LLM call: model, output cap and budget of an inference request (sandgate.llmcall,
-sandgate.spend), once its body is complete.
+"""Judge the LLM call: model, output cap and budget of an inference request (sandgate.llm.llmcall,
+sandgate.llm.spend), once its body is complete.
 
 A request to a provider's host (or on a rule with `llm: {api}`) that is an inference call is
 read strictly (model, output cap, streaming) and decided again with it by the one decide() that
@@ -12,7 +12,7 @@ spend_exhausted; Redis down: 503 state_unavailable). Every refusal from here on 
 the provider's own error format (sandgate.refusal), so the SDK raises its usual error.
 
 The usage is read from the answer as it passes (s70_scrub) and settled when the flow ends
-(sandgate.spend.settle, from s90_audit).
+(sandgate.llm.spend.settle, from s90_audit).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mitmproxy import http
 
 from sandgate.decision import decide, reported
 from sandgate.errors import BadRequest, Code, Refused
-from sandgate.llmcall import (
+from sandgate.llm.llmcall import (
     KNOWN_HOSTS,
     CallUnreadable,
     read_call,
@@ -31,9 +31,7 @@ from sandgate.llmcall import (
     with_max_tokens,
     with_usage_chunk,
 )
-from sandgate.policy.model import Rule
-from sandgate.policy.paths import normalise_path
-from sandgate.spend import (
+from sandgate.llm.spend import (
     LlmFlow,
     amounts,
     budget_key,
@@ -42,6 +40,8 @@ from sandgate.spend import (
     settled,
     worst_case,
 )
+from sandgate.policy.model import Rule
+from sandgate.policy.paths import normalise_path
 from sandgate.stages import s30_body
 from sandgate.stages.context import GateState
 from sandgate.stages.flow import FlowRecord

@@ -12,7 +12,7 @@ and size, the forwarded headers scrubbed and their sha256), never a secret or th
 
 The headers are bound as they stand here, before s40-s70 change them: those stages only remove
 what `approvals.headers.bound_fields` leaves out and set what `approvals.headers.replaced`
-names, so a retry that sends the same headers gets the same digest (approvals/headers.py).
+names, so a retry that sends the same headers gets the same digest (approvals/bound_headers.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import hashlib
 from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
-from sandgate.approvals import headers as H
+from sandgate.approvals import bound_headers as H
 from sandgate.approvals.service import Request
-from sandgate.audit import redact_path
+from sandgate.audit.events import redact_path
 from sandgate.policy.query_audit import kept_query_names
 from sandgate.stages.context import GateState
 from sandgate.stages.flow import FlowRecord

@@ -2,15 +2,16 @@
 
 Origin form, hop-by-hop and reserved headers removed, trailers dropped, framing recomputed
 (sandgate.stages.forward.prepare); the sandbox's `traceparent`/`tracestate` removed unless the
-rule forwards them (sandgate.export.traceparent). It runs before injection (s50): what Sandgate
-adds itself is not the client's to strip, and must not be stripped by this clean-up either.
+rule forwards them (sandgate.audit.export.traceparent). It runs before injection (s50): what
+Sandgate adds itself is not the client's to strip, and must not be stripped by this clean-up
+either.
 """
 
 from __future__ import annotations
 
 from mitmproxy import http
 
-from sandgate.export import traceparent
+from sandgate.audit.export import traceparent
 from sandgate.stages.context import GateState, allowing_rule
 from sandgate.stages.flow import FlowRecord
 from sandgate.stages.forward import is_websocket_upgrade, prepare

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from mitmproxy import ctx, http
 
+from sandgate.audit.export.marks import VAULT_END, VAULT_START, mark
 from sandgate.decision import decide, require_sandbox
 from sandgate.errors import Code, Refused, SecretError
-from sandgate.export.marks import VAULT_END, VAULT_START, mark
 from sandgate.inject import apply
 from sandgate.netguard import choose_address, resolve
 from sandgate.policy.model import Policy

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from mitmproxy import http, tcp, tls
 from mitmproxy.proxy import server_hooks
 
+from sandgate.audit.export.marks import FORWARDED, mark
 from sandgate.errors import Refused
-from sandgate.export.marks import FORWARDED, mark
 from sandgate.mitm.guards import dialorigin, tunnels, wirelimits
 from sandgate.mitm.speedups import parking, relay
 from sandgate.netguard import DialTarget, IPNetwork, choose_address, may_dial, resolve

@@ -19,7 +19,7 @@ from mitmproxy import ctx, http
 
 from sandgate.errors import Code, Refused
 from sandgate.inject import find_leaks_in
-from sandgate.llmcall import UsageReader
+from sandgate.llm.llmcall import UsageReader
 from sandgate.mitm.guards import wscontrol
 from sandgate.mitm.guards.corrections import READ_WHOLE
 from sandgate.refusal import Refusal
@@ -113,7 +113,7 @@ def response_headers(st: GateState, flow: http.HTTPFlow, rec: FlowRecord) -> Non
 
 
 def _usage_reader(flow: http.HTTPFlow, rec: FlowRecord) -> UsageReader | None:
-    """An LLM call's answer (stages/s37_llm.py): its usage read as it passes (sandgate.llmcall),
+    """An LLM call's answer (stages/s37_llm.py): its usage read as it passes (sandgate.llm.llmcall),
     the OpenAI usage chunk Sandgate asked for taken out. Error answers carry none."""
     resp = flow.response
     if rec.llm is None or resp is None or resp.status_code >= 300 or rec.refused:

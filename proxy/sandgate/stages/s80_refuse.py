@@ -15,7 +15,7 @@ from mitmproxy import dns, http, tcp, udp
 from mitmproxy.net.dns import response_codes
 from mitmproxy.proxy import server_hooks
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 from sandgate.errors import Code, Refused
 from sandgate.mitm.guards import wirelimits
 from sandgate.refusal import Refusal

@@ -10,9 +10,9 @@ import logging
 
 from mitmproxy import connection, http
 
-from sandgate import audit as A
-from sandgate import spend
+from sandgate.audit import events as A
 from sandgate.errors import Code, Refused
+from sandgate.llm import spend
 from sandgate.stages.context import GateState, record
 from sandgate.stages.s80_refuse import refusal_for
 
@@ -38,7 +38,7 @@ def audit(st: GateState, flow: http.HTTPFlow, event: str = "request") -> None:
                      rec.refused and flow.server_conn.timestamp_start is None)
         fields = A.scrub_fields(A.flow_fields(flow, rec), st.secrets(rec))
         st.cfg.audit.emit(event, **fields)
-        if st.cfg.flow_audited is not None:  # --otlp: the flow's span (sandgate.export)
+        if st.cfg.flow_audited is not None:  # --otlp: the flow's span (sandgate.audit.export)
             st.cfg.flow_audited(event, flow, rec, fields, st.secrets(rec))
     except Exception:
         log.exception("sandgate: audit failed")

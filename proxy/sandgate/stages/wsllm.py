@@ -4,7 +4,7 @@ upgrade is refused by decide(), upgrade_refused).
 
 From the client, each message is one JSON object with a `type`. A `response.create` carries
 the body a `POST /v1/responses` would (plus its type): it is read strictly
-(sandgate.llmcall.read_call) and decided by the one decide() with the call, exactly as the
+(sandgate.llm.llmcall.read_call) and decided by the one decide() with the call, exactly as the
 POST's body is (stages/s37_llm): a model outside `llm.models` or a cap over `max_tokens` is
 refused (`on_max_tokens: lower`: the message is forwarded with the cap lowered). A refused
 call is not forwarded: the client gets the Responses API's WebSocket `error` event, in the
@@ -37,15 +37,15 @@ from typing import Any
 from mitmproxy import http
 from mitmproxy.websocket import WebSocketMessage
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 from sandgate.decision import Decision, decide, reported
 from sandgate.errors import Code, Refused
-from sandgate.llmcall import CallUnreadable, LlmCall, read_ws_message, with_max_tokens
+from sandgate.llm.llmcall import CallUnreadable, LlmCall, read_ws_message, with_max_tokens
+from sandgate.llm.spend import LlmFlow
 from sandgate.mitm.guards import wscontrol
 from sandgate.policy.model import Policy
 from sandgate.refusal import provider_doc
 from sandgate.request import RequestInfo
-from sandgate.spend import LlmFlow
 from sandgate.stages.context import GateState
 from sandgate.stages.flow import FlowRecord
 from sandgate.stages.s80_refuse import refusal_for

@@ -3,7 +3,7 @@
 upgrade_refused), judged and filtered exactly as a POSTed body and its answer are.
 
 From the client, each message is one JSON-RPC message or batch: parsed strictly
-(sandgate.jsonrpc.parse), decided by the one decide() with the call (deny entries win, a batch
+(sandgate.rpc.jsonrpc.parse), decided by the one decide() with the call (deny entries win, a batch
 is refused whole), and audited as a `websocket` event with the same `rpc` fields as a POST. A
 refused call is not forwarded; each of its request ids is answered on the WebSocket with the
 JSON-RPC error the POST path returns (sandgate.stages.rpccalls.rpc_errors). A message that cannot
@@ -35,11 +35,11 @@ from typing import Any
 from mitmproxy import ctx, http
 from mitmproxy.websocket import WebSocketMessage
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 from sandgate.decision import Decision, decide, reported
 from sandgate.errors import Code, Refused
-from sandgate.jsonrpc import Call, CallError, id_key, loads, parse
 from sandgate.mitm.guards import wscontrol
+from sandgate.rpc.jsonrpc import Call, CallError, id_key, loads, parse
 from sandgate.stages.context import GateState
 from sandgate.stages.flow import CallState, FlowRecord
 from sandgate.stages.rpccalls import LISTS, filter_message, outcomes, rpc_errors

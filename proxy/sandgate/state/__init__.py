@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from sandgate.state.url import StateURL, parse_state_url
+from sandgate.state.url import lease_kv as parse_lease_kv
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -56,7 +57,7 @@ class StateConfig:
     fail: FailMode = "open"
     ca_file: Path | None = None  # rediss://: trust this CA (default: the system roots)
     # one dynamic lease per sandbox for the fleet, relayed through this KV v2 MOUNT/PREFIX
-    # (sandgate.state.leases); None: each process mints its own
+    # (sandgate.state.fleet_leases); None: each process mints its own
     lease_kv: str | None = None
 
     @classmethod
@@ -91,8 +92,6 @@ class StateConfig:
             if not ca_file.is_file():
                 raise ValueError(f"--state-ca {ca_file}: no such file")
         if lease_kv is not None:
-            from sandgate.state.leases import lease_kv as parse_lease_kv
-
             parse_lease_kv(lease_kv)
         return cls(parsed, prefix, timeout, fail, ca_file, lease_kv)
 

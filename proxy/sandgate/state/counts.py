@@ -1,7 +1,7 @@
 """What the stages ask of the counting, whoever does it (this process, or the fleet's Redis).
 
 `GateState.counts` is one of these: `LocalCounts` (sandgate.state.local, the default) or
-`RedisCounts` (sandgate.state.redis_store, `--state`). Admission of raw connections (the total
+`RedisCounts` (sandgate.state.redis_counts, `--state`). Admission of raw connections (the total
 and per-source limits, before identity is known) stays with each process's `Limiter`: those
 protect the process itself.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from sandgate.llm.spend import UNKNOWN_MODEL, Amounts, Reservation, WindowView
 from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
-from sandgate.spend import UNKNOWN_MODEL, Amounts, Reservation, WindowView
 
 
 class Counts(Protocol):
@@ -33,7 +33,7 @@ class Counts(Protocol):
     async def reserve(self, budget: Budget, who: str, want: Amounts, identity: str = "",
                       model: str = UNKNOWN_MODEL) -> Reservation:
         """An LLM call's worst case, counted against `budget` for `who` (an identity or a
-        sandbox) while the window has anything left (sandgate.spend):
+        sandbox) while the window has anything left (sandgate.llm.spend):
         LimitExceeded(spend_exhausted), or StateUnavailable when it cannot be counted.
         `identity` (the caller's) and `model` (the policy's name for the call's model) are
         what the spend view shows the window's spend under."""

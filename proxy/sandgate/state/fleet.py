@@ -55,7 +55,9 @@ def process_id(instance: str) -> str:
 
 class Fleet:
     def __init__(self, cfg: StateConfig, r: aioredis.Redis, health: StateHealth, process: str,
-                 ended_ttl: int) -> None:
+                 ended_ttl: int, *, version: Callable[[], str] = lambda: "",
+                 on_end: Callable[[str, str], Awaitable[Any]] | None = None,
+                 on_reload: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.cfg = cfg
         self.r = r
         self.health = health
@@ -63,10 +65,10 @@ class Fleet:
         self.ended_ttl = max(1, ended_ttl)
         self.channel = cfg.key("events")
         self._beat = r.register_script(scripts.BEAT)
-        self.version: Callable[[], str] = lambda: ""
-        # set by the runner: end a sandbox here (the broker), reload the policy here
-        self.on_end: Callable[[str, str], Awaitable[Any]] | None = None
-        self.on_reload: Callable[[], Awaitable[Any]] | None = None
+        self.version = version  # the policy version this process serves
+        # given by the runner: end a sandbox here (the broker), reload the policy here
+        self.on_end = on_end
+        self.on_reload = on_reload
         self.versions: dict[str, str] = {}  # process -> policy version (last heartbeat)
         self._ended: dict[str, float] = {}  # sandbox -> monotonic() until it is refused here
         self._checked: dict[str, float] = {}  # sandbox -> monotonic() of its last check

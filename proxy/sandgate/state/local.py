@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sandgate.limits import Limiter
-from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
-from sandgate.spend import (
+from sandgate.llm.spend import (
     UNKNOWN_MODEL,
     Amounts,
     Reservation,
@@ -14,6 +13,7 @@ from sandgate.spend import (
     WindowView,
     budget_key,
 )
+from sandgate.policy.model import Budget, IdentityLimits, SecretBudget
 
 
 class LocalCounts:
@@ -46,7 +46,7 @@ class LocalCounts:
         self.spend_windows.settle(res, actual)
 
     def settle_now(self, res: Reservation, actual: Amounts) -> None:
-        """`settle` without a coroutine (sandgate.spend.settle calls it in place: a count of
+        """`settle` without a coroutine (sandgate.llm.spend.settle calls it in place: a count of
         this process never waits, so no task is started per call)."""
         self.spend_windows.settle(res, actual)
 

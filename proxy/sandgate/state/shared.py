@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +12,7 @@ from sandgate.limits import Limiter
 from sandgate.state import StateConfig, open_state
 from sandgate.state.fleet import Fleet, process_id
 from sandgate.state.health import StateHealth
-from sandgate.state.redis_store import RedisCounts
+from sandgate.state.redis_counts import RedisCounts
 
 
 @dataclass
@@ -24,14 +24,19 @@ class SharedState:
 
 
 def connect(cfg: StateConfig, limiter: Limiter, instance: str, ended_ttl: int,
-            audit: Callable[..., None] | None = None) -> SharedState:
+            audit: Callable[..., None] | None = None, *,
+            version: Callable[[], str] = lambda: "",
+            on_end: Callable[[str, str], Awaitable[Any]] | None = None,
+            on_reload: Callable[[], Awaitable[Any]] | None = None) -> SharedState:
     """The client, the health flag, the counting and the fleet loops (not started yet:
-    `shared.fleet.start()` in the running loop). Each change of availability is an audit
-    event `state` (available, url, fallback, error)."""
+    `shared.fleet.start()` in the running loop), the fleet with what it calls here: the served
+    policy's `version`, `on_end` of a sandbox, `on_reload`. Each change of availability is an
+    audit event `state` (available, url, fallback, error)."""
     r = open_state(cfg)
     health = StateHealth(cfg.url.redacted())
     process = process_id(instance)
-    fleet = Fleet(cfg, r, health, process, ended_ttl)
+    fleet = Fleet(cfg, r, health, process, ended_ttl, version=version, on_end=on_end,
+                  on_reload=on_reload)
     counts = RedisCounts(r, cfg, limiter, health, process, fleet)
     if audit is not None:
         def tell(available: bool) -> None:

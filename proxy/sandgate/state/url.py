@@ -103,3 +103,12 @@ def _redact_raw(url: str) -> str:
         user = userinfo.partition(":")[0]
         authority = f"{user}:***@{hostport}" if ":" in userinfo else f"{user}@{hostport}"
     return f"{scheme}://{authority}{slash}{tail}"
+
+
+def lease_kv(spec: str) -> tuple[str, str]:
+    """`--state-lease-kv MOUNT/PREFIX` -> (mount, prefix); ValueError says what is wrong."""
+    mount, _, prefix = spec.strip("/").partition("/")
+    if not mount or not prefix or any(c.isspace() for c in spec) or ".." in spec:
+        raise ValueError(f"--state-lease-kv {spec!r}: expected MOUNT/PREFIX of a KV v2 engine, "
+                         "e.g. secret/sandgate-leases")
+    return mount, prefix.strip("/")

@@ -1,6 +1,6 @@
 """A worker's side of the supervisor: its control socket, and dying with the supervisor.
 
-Each worker serves the ordinary admin API (`sandgate.admin.build_app`: readiness, metrics,
+Each worker serves the ordinary admin API (`sandgate.admin.listener.build_app`: readiness, metrics,
 policy, reload, explain, tokens) on a Unix socket in the supervisor's private run directory
 (mode 0700), authenticated with a random token the supervisor made for this run and passed in
 the environment (never on the command line, which `ps` shows). `/worker/status` adds what the
@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from sandgate.admin.listener import build_app
+from sandgate.admin.process import AdminState
+from sandgate.console import worker
+from sandgate.console.source import LocalSource
 
 TOKEN_ENV = "SANDGATE_WORKER_TOKEN"
 SUPERVISOR_ENV = "SANDGATE_SUPERVISOR_PID"
@@ -58,20 +63,16 @@ def die_with_supervisor() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def start_control(state: Any, role: WorkerRole,
+async def start_control(state: AdminState, role: WorkerRole,
                         status: Callable[[], dict[str, Any]]) -> web.AppRunner:
-    """Serve the admin API (`state`: an admin.AdminState) on the worker's control socket."""
-    from sandgate.admin import build_app
-
+    """Serve the admin API of this process on the worker's control socket."""
     app = build_app(state)
 
     async def worker_status(_: web.Request) -> web.Response:
         return web.json_response(status())
 
     app.router.add_get("/worker/status", worker_status)
-    from sandgate.console import source, worker
-
-    worker.add_routes(app, source.LocalSource(state, state.recent))  # the supervisor's console
+    worker.add_routes(app, LocalSource(state, state.recent))  # the supervisor's console
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     with contextlib.suppress(FileNotFoundError):

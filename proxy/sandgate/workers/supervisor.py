@@ -3,7 +3,7 @@
 Before any worker starts it creates what every worker must share: the confdir with the CA (so
 every worker presents the same CA to sandboxes) and the token key (tokens verify in any worker),
 and the dev Vault when there is no VAULT_ADDR (cli.py starts it and passes its address on). It
-checks the proxy address (listen.reserve), starts the admin front (front.py) if --admin is
+checks the proxy address (listen.reserve), starts the admin front (admin_front.py) if --admin is
 given, then starts N workers: `python -m sandgate.cli run <the same arguments> --worker-id K
 --worker-dir RUN_DIR`, each a complete proxy with its own mitmproxy master, Vault cache,
 policy watcher and Docker event follower.
@@ -47,8 +47,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from sandgate import confdir
-from sandgate.runner import RunConfig
+from sandgate.runner.config import RunConfig
 from sandgate.workers import aggregate, listen
+from sandgate.workers.admin_front import build_front
 from sandgate.workers.control import RUN_ENV, SUPERVISOR_ENV, TOKEN_ENV, socket_path
 
 log = logging.getLogger("sandgate")
@@ -381,8 +382,6 @@ class Supervisor:
         front = None
         try:
             if self.cfg.admin is not None:
-                from sandgate.workers.front import build_front
-
                 assert self.cfg.admin_token is not None
                 front = web_runner = web.AppRunner(
                     build_front(self, self.cfg.admin_token, frozenset(self.cfg.admin_open),

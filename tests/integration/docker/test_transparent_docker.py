@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandgate import capture
+from sandgate.capture import nftables as capture
 from sandgate.sandbox import Sandbox, SandboxSpec
 from tests.integration.conftest import ANTHROPIC_KEY, HERE, SANDGATE
 from tests.integration.docker.conftest import SESSION, TEST_LABEL

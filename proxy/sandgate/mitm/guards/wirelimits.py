@@ -59,7 +59,7 @@ from mitmproxy.proxy.layers.http import _http1, _http_h2
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
 
-from sandgate import audit as A
+from sandgate.audit import events as A
 from sandgate.errors import Code
 from sandgate.limits import LimitsConfig
 from sandgate.mitm.guards import corrections, dialorigin, readable

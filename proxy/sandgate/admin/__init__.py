@@ -1,0 +1,1 @@
+"""The admin API (`sandgate run --admin HOST:PORT`): its listener, who may call it, and logins."""

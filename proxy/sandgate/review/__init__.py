@@ -1,0 +1,1 @@
+"""Policy review: lint, proofs, reach, reports, suggestions (policy loading: sandgate.policy)."""
