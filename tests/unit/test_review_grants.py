@@ -26,7 +26,7 @@ from sandgate.request import RequestInfo, parse_query
 from sandgate.review.proofs import prove
 from sandgate.review.reach_diff import identity_changes
 from tests.unit.fuzz import examples
-from tests.unit.test_policy_proofs import GRID_HOSTS, GRID_PATHS, SECRETS, gate_ok, policies
+from tests.unit.test_review_proofs import GRID_HOSTS, GRID_PATHS, SECRETS, gate_ok, policies
 
 pytestmark = pytest.mark.unit
 
