@@ -334,3 +334,49 @@ def test_any_stage_may_end_in_the_terminal_stages_but_they_import_backwards() ->
     # the terminal stages keep the rule between themselves: refuse may not import audit
     g = _graph({"sandgate.stages.s80_refuse": {"sandgate.stages.s90_audit"}})
     assert stage_breaches(g) == [("sandgate.stages.s80_refuse", "sandgate.stages.s90_audit")]
+
+
+# ------------------------------------------------------------------ names (issue 35)
+
+TOP_LEVEL_MAX = 17
+
+
+def test_at_most_a_few_modules_at_the_top_level() -> None:
+    """A new module goes into the package named for what it holds, not beside the packages."""
+    top = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= TOP_LEVEL_MAX, top
+
+
+def test_no_two_modules_share_a_base_name_outside_cli() -> None:
+    """`limits.py` in three places made every traceback and grep ambiguous; cli/ is exempt (its
+    modules are named after the subcommands they define)."""
+    seen: dict[str, list[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] == "cli" or path.name in ("__init__.py", "__main__.py"):
+            continue
+        seen.setdefault(path.name, []).append(str(rel))
+    assert {n: ps for n, ps in seen.items() if len(ps) > 1} == {}
+
+
+def private_imports(files: Mapping[str, Path]) -> list[str]:
+    """`from sandgate.x import _name` in a module other than sandgate.x: a helper another module
+    uses is public."""
+    out = []
+    for mod, path in sorted(files.items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.startswith("sandgate") and node.module != mod):
+                out += [f"{mod}: from {node.module} import {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    assert private_imports(module_files()) == []
+
+
+def test_a_private_import_is_found(tmp_path: Path) -> None:
+    (tmp_path / "b.py").write_text("def f():\n    from sandgate.a import _helper\n")
+    assert private_imports({"sandgate.b": tmp_path / "b.py"}) == [
+        "sandgate.b: from sandgate.a import _helper"]
