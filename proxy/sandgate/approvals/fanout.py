@@ -15,6 +15,7 @@ passing the user's name and role along (only a holder of the worker token may):
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,8 @@ from aiohttp import web
 from sandgate.admin.access import forwarded_headers
 from sandgate.admin.routes import Handler
 from sandgate.workers.group import WorkerGroup
+
+log = logging.getLogger("sandgate")
 
 MAX_BODY = 16 * 1024
 
@@ -71,7 +74,12 @@ async def decide(sup: WorkerGroup, aid: str, raw: bytes,
     status, doc = docs[0]
     scope = doc.get("scope") if status == 200 and isinstance(doc, dict) else None
     if doc.get("state") == "approved" and scope and scope.get("kind") != "request":
-        await sup.ask_all("POST", f"/v1/approvals/{aid}/grant", json.dumps(doc).encode())
+        missed = await sup.tell_all("POST", f"/v1/approvals/{aid}/grant",
+                                    json.dumps(doc).encode())
+        if missed:  # their requests of this scope are held and asked again: say so
+            log.warning("approval %s: the remembered grant did not reach worker(s) %s; their "
+                        "requests in its scope will ask again", aid,
+                        ", ".join(map(str, missed)))
     return status, doc
 
 

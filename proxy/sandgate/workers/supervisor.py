@@ -319,6 +319,26 @@ class Supervisor:
                                          if w.running and w.started))
         return [a for a in answers if a is not None]
 
+    async def tell_all(self, method: str, path: str, body: bytes | None = None,
+                       attempts: int = 3) -> list[int]:
+        """The same request to every running worker until each has answered (a worker whose
+        control socket is slow under load is asked again, up to `attempts` times): what must
+        reach every worker, such as a remembered approval's grant, is not dropped on one
+        timeout. Returns the ids of the workers that never answered, or answered 5xx."""
+        async def one(w: _Worker) -> int | None:
+            for _ in range(attempts):
+                try:
+                    status, _raw, _ct = await self._call(w, method, path, body,
+                                                         "application/json")
+                except (TimeoutError, OSError, aiohttp.ClientError):
+                    continue
+                if status < 500:
+                    return None
+            return w.id
+        missed = await asyncio.gather(*(one(w) for w in self.workers
+                                        if w.running and w.started))
+        return [m for m in missed if m is not None]
+
     async def ask_until(self, method: str, path: str, body: bytes | None = None,
                         extra: Mapping[str, str] | None = None
                         ) -> tuple[int, bytes, str] | None:
