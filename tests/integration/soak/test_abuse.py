@@ -48,7 +48,7 @@ def _auth(identity: str, token: str) -> str:
 
 
 async def _tunnel(sp: SoakProxy, identity: str, host: str, ctx: ssl.SSLContext) -> Stream:
-    r, w = await asyncio.open_connection(LISTEN, sp.proxy.port)
+    r, w = await asyncio.wait_for(asyncio.open_connection(LISTEN, sp.proxy.port), 30)
     w.write(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\nProxy-Authorization: "
             f"{_auth(identity, sp.tokens[identity])}\r\n\r\n".encode())
     head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 30)
@@ -64,11 +64,11 @@ async def _idle(sp: SoakProxy, a: Abuse, n: int, ctx: ssl.SSLContext,
     async with gate:
         try:
             if n % 3 == 0:
-                r, w = await asyncio.open_connection(LISTEN, sp.proxy.port)
+                r, w = await asyncio.wait_for(asyncio.open_connection(LISTEN, sp.proxy.port), 30)
             elif n % 3 == 1:
                 r, w = await _tunnel(sp, IDENTITIES[n % 4], "open.soak.test", ctx)
             else:
-                r, w = await asyncio.open_connection(LISTEN, sp.proxy.port)
+                r, w = await asyncio.wait_for(asyncio.open_connection(LISTEN, sp.proxy.port), 30)
                 w.write(b"GET http://open.soak.test/pub/idle HTTP/1.1\r\nHost: open.soa")
                 await w.drain()
                 a.half_heads.append((r, w))
@@ -86,8 +86,8 @@ async def _slow(sp: SoakProxy, a: Abuse, n: int) -> None:
             f"X-Soak-Id: slow-{n}\r\nProxy-Authorization: {_auth(ident, sp.tokens[ident])}"
             "\r\n\r\n").encode()
     try:
-        r, w = await asyncio.open_connection(LISTEN, sp.proxy.port)
-    except OSError as e:
+        r, w = await asyncio.wait_for(asyncio.open_connection(LISTEN, sp.proxy.port), 30)
+    except (OSError, TimeoutError) as e:
         a.note("slow", type(e).__name__)
         return
     started = time.monotonic()
@@ -191,14 +191,26 @@ async def _abuse(sp: SoakProxy, a: Abuse, hold: float, probe: list[Res]) -> tupl
         await asyncio.sleep(0.05)
     await asyncio.gather(*(_idle(sp, a, n, ctx, gate) for n in range(a.idle)))
     held_from = time.monotonic()
-    tasks = [asyncio.create_task(_slow(sp, a, n)) for n in range(a.slow)]
-    tasks += [asyncio.create_task(_oversized(sp, a, n, ctx)) for n in range(a.oversized)]
+    tasks = {asyncio.create_task(_slow(sp, a, n)): f"slow-{n}" for n in range(a.slow)}
+    tasks |= {asyncio.create_task(_oversized(sp, a, n, ctx)): f"oversized-{n}"
+              for n in range(a.oversized)}
+    # every client bounds its own waits (30 s); this deadline is the round's own, so a client
+    # stuck where no bound reaches (a drain the proxy never frees) fails the round, named,
+    # instead of hanging the lane
     ends = time.monotonic() + hold
+    gives_up = ends + max(a.slow_seconds, 30) + 30
     while time.monotonic() < ends or not all(t.done() for t in tasks):
+        if time.monotonic() > gives_up:
+            for t, name in tasks.items():
+                if not t.done():
+                    t.cancel()
+                    a.note("stuck", name)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            break
         peak = max(peak, sp.rss_kib())
         await asyncio.sleep(0.5)
     stop.set()
-    await prober
+    await asyncio.wait_for(prober, 60)
     # the half heads: each answered 408 and closed once --header-timeout passed
     outcomes = await asyncio.gather(*(_outcome(asyncio.create_task(read_response(r, "GET")), 6)
                                       for r, _ in a.half_heads))
@@ -256,8 +268,9 @@ def test_slow_idle_and_oversized_clients(tmp_path, soak_vault, soak_pki, recorde
         # baseline is taken after it and the round that counts shows what each round keeps.
         warm_probe: list[Res] = []
         fds0 = sp.fds()
-        warm_peak, _ = asyncio.run(_abuse(sp, Abuse(idle=2000, slow=20, oversized=30,
-                                                    slow_seconds=4), 1, warm_probe))
+        warm = Abuse(idle=2000, slow=20, oversized=30, slow_seconds=4)
+        warm_peak, _ = asyncio.run(_abuse(sp, warm, 1, warm_probe))
+        assert not warm.outcomes.get("stuck"), f"warm-up clients stuck: {warm.outcomes['stuck']}"
         _settle(sp, fds0)
 
         quiet: list[Res] = []
@@ -294,6 +307,7 @@ def test_slow_idle_and_oversized_clients(tmp_path, soak_vault, soak_pki, recorde
               f"warm-up round peak {warm_peak // 1024} MiB, baseline {rss0 // 1024} MiB, "
               f"peak {peak // 1024} MiB, after {rss1 // 1024} MiB; fds {fds0} -> {fds1}")
 
+        assert not a.outcomes.get("stuck"), f"clients stuck past the round: {a.outcomes['stuck']}"
         assert a.outcomes["idle"].count("open") == 2000, "the proxy refused idle connections"
         problems = check([(make_case("inject", IDENTITIES[0], r.rid), r) for r in probe],
                          {"https": recorder, "http": plain_recorder})
