@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mitmproxy.test import tflow
 
 from sandgate.decision import decide
 from sandgate.errors import Code
@@ -23,6 +22,7 @@ from sandgate.policy.loader import PolicyError, load_policy_dir
 from sandgate.policy.model import Policy
 from sandgate.request import RequestInfo
 from sandgate.stages.wsllm import WsLlm, error_event, judge_client
+from tests.support.wsgate import Gate, audited, hook, make_gate, ws_flow
 from tests.unit.fuzz import examples
 
 SETTINGS = settings(max_examples=examples(100), deadline=None, database=None)
@@ -290,90 +290,43 @@ def test_the_error_event_is_the_apis_websocket_error() -> None:
 # ---------------------------------------------------------------- the hook (s70_scrub)
 
 
-@dataclasses.dataclass
-class Gate:
-    st: Any
-    audit_path: Path
-    injected: list[bytes]
-
-
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
-    from sandgate.audit import events as audit
-    from sandgate.identity.resolve import Identifier
-    from sandgate.secrets.vault import SecretBroker, VaultConfig
-    from sandgate.stages import context, wsllm
+    from sandgate.stages import wsllm
 
-    policy = _policy()
-    broker = SecretBroker(VaultConfig(addr="http://127.0.0.1:9", token="x", role_id=None,
-                                      secret_id=None, cacert=None, namespace=None),
-                          policy.secrets)
-    st_ = context.GateState(context.GateConfig(
-        policy=policy, broker=broker, identifier=Identifier(b"k" * 32),
-        audit=audit.AuditLog(tmp_path / "audit.jsonl"), max_request_body=1000))
-    injected: list[bytes] = []
-    monkeypatch.setattr(wsllm, "inject_to_client", lambda flow, text: injected.append(text))
-    return Gate(st_, tmp_path / "audit.jsonl", injected)
+    return make_gate(tmp_path, monkeypatch, _policy(), wsllm)
 
 
 def _flow(gate: Gate) -> Any:
-    from sandgate.identity.base import Caller
-    from sandgate.stages import context, s70_scrub
-
-    flow = tflow.twebsocketflow()
-    flow.websocket.messages.clear()
-    rec = context.record(flow)
-    rec.caller = Caller("agent", None, "token")
-    rec.info = WS
-    rec.decision = decide(gate.st.flow_policy(rec), "agent", WS)
-    s70_scrub.websocket_start(gate.st, flow, rec)
-    return flow
-
-
-def _hook(gate: Gate, flow: Any, content: bytes, from_client: bool = True,
-          text: bool = True) -> Any:
-    from mitmproxy.websocket import WebSocketMessage
-    from wsproto.frame_protocol import Opcode
-
-    from sandgate.stages import context, s70_scrub
-
-    msg = WebSocketMessage(Opcode.TEXT if text else Opcode.BINARY, from_client, content)
-    flow.websocket.messages.append(msg)
-    s70_scrub.websocket_message(gate.st, flow, context.record(flow))
-    return msg
-
-
-def _audited(gate: Gate) -> list[dict[str, Any]]:
-    lines = gate.audit_path.read_text().splitlines() if gate.audit_path.exists() else []
-    return [e for e in map(json.loads, lines) if e.get("event") == "websocket"]
+    return ws_flow(gate, WS)
 
 
 def test_the_hook_forwards_refuses_answers_and_audits(gate: Gate) -> None:
     flow = _flow(gate)
-    ok = _hook(gate, flow, _create(max_output_tokens=10))
+    ok = hook(gate, flow, _create(max_output_tokens=10))
     assert not ok.dropped and gate.injected == []
-    bad = _hook(gate, flow, _create("o4-mini"))
+    bad = hook(gate, flow, _create("o4-mini"))
     assert bad.dropped
     (answer,) = gate.injected
     doc = json.loads(answer)
     assert doc["type"] == "error" and doc["status"] == 403
     assert doc["error"]["code"] == "model_not_allowed"
     assert doc["sandgate"]["code"] == "model_not_allowed"
-    events = _audited(gate)
+    events = audited(gate)
     assert [(e["decision"], e["rule"], e["llm"]["model"]) for e in events] == [
         ("allow", "ws", "gpt-5-codex"), ("deny", "ws", "o4-mini")]
     assert events[1]["code"] == "model_not_allowed" and events[0]["websocket"] is True
     # the server's answer passes (scrubbed); the WebSocket goes on
-    assert not _hook(gate, flow, b'{"type": "response.completed"}', from_client=False).dropped
-    assert not _hook(gate, flow, _create(max_output_tokens=5)).dropped
+    assert not hook(gate, flow, b'{"type": "response.completed"}', from_client=False).dropped
+    assert not hook(gate, flow, _create(max_output_tokens=5)).dropped
 
 
 def test_the_hook_closes_on_what_it_cannot_judge(gate: Gate) -> None:
     flow = _flow(gate)
-    msg = _hook(gate, flow, b'{"type": "session.update"}')
+    msg = hook(gate, flow, b'{"type": "session.update"}')
     assert msg.dropped and flow.metadata[wscontrol.CLOSE_KEY][0] == 1008
-    assert _audited(gate)[-1]["code"] == "bad_request"
-    assert _hook(gate, flow, _create()).dropped  # nothing after it goes
+    assert audited(gate)[-1]["code"] == "bad_request"
+    assert hook(gate, flow, _create()).dropped  # nothing after it goes
 
 
 def test_the_hook_fails_closed(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -384,5 +337,5 @@ def test_the_hook_fails_closed(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(wsllm, "judge_client", boom)
     flow = _flow(gate)
-    msg = _hook(gate, flow, _create())
+    msg = hook(gate, flow, _create())
     assert msg.dropped and flow.metadata[wscontrol.CLOSE_KEY][0] == 1008

@@ -29,6 +29,7 @@ from sandgate.rpc.jsonrpc import parse
 from sandgate.stages.flow import CallState
 from sandgate.stages.forward import upgrade_asked
 from sandgate.stages.wsrpc import MAX_PENDING_LISTS, WsRpc, from_server, judge_client
+from tests.support.wsgate import Gate, audited, hook, make_gate, ws_flow
 from tests.unit.fuzz import examples
 
 SETTINGS = settings(max_examples=examples(100), deadline=None, database=None)
@@ -452,92 +453,42 @@ def test_the_reach_diff_names_a_websocket_gained_or_lost() -> None:
 # ---------------------------------------------------------------- the hook (s70_scrub)
 
 
-@dataclasses.dataclass
-class Gate:
-    """A GateState with POLICY, its audit file, and the answers it injected."""
-
-    st: Any
-    audit_path: Path
-    injected: list[bytes]
-
-
 @pytest.fixture
 def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Gate:
-    from sandgate.audit import events as audit
-    from sandgate.identity.resolve import Identifier
-    from sandgate.secrets.vault import SecretBroker, VaultConfig
-    from sandgate.stages import context, wsrpc
+    from sandgate.stages import wsrpc
 
-    policy = _policy()
-    broker = SecretBroker(VaultConfig(addr="http://127.0.0.1:9", token="x", role_id=None,
-                                      secret_id=None, cacert=None, namespace=None),
-                          policy.secrets)
-    st_ = context.GateState(context.GateConfig(
-        policy=policy, broker=broker, identifier=Identifier(b"k" * 32),
-        audit=audit.AuditLog(tmp_path / "audit.jsonl"), max_request_body=1000))
-    injected: list[bytes] = []
-    monkeypatch.setattr(wsrpc, "inject_to_client", lambda flow, text: injected.append(text))
-    return Gate(st_, tmp_path / "audit.jsonl", injected)
+    return make_gate(tmp_path, monkeypatch, _policy(), wsrpc)
 
 
 def _rpc_flow(gate: Gate, info: RequestInfo = WS) -> Any:
-    from sandgate.identity.base import Caller
-    from sandgate.stages import context, s70_scrub
-
-    flow = tflow.twebsocketflow()
-    flow.websocket.messages.clear()
-    rec = context.record(flow)
-    rec.caller = Caller("agent", None, "token")
-    rec.info = info
-    rec.decision = decide(gate.st.flow_policy(rec), "agent", info)
-    rec.call = CallState(gate.st.flow_policy(rec), "agent", info)
-    s70_scrub.websocket_start(gate.st, flow, rec)
-    return flow
-
-
-def _hook(gate: Gate, flow: Any, content: bytes, from_client: bool = True,
-          text: bool = True) -> Any:
-    from mitmproxy.websocket import WebSocketMessage
-    from wsproto.frame_protocol import Opcode
-
-    from sandgate.stages import context, s70_scrub
-
-    msg = WebSocketMessage(Opcode.TEXT if text else Opcode.BINARY, from_client, content)
-    flow.websocket.messages.append(msg)
-    s70_scrub.websocket_message(gate.st, flow, context.record(flow))
-    return msg
-
-
-def _audited(gate: Gate) -> list[dict[str, Any]]:
-    lines = gate.audit_path.read_text().splitlines() if gate.audit_path.exists() else []
-    return [e for e in map(json.loads, lines) if e.get("event") == "websocket"]
+    return ws_flow(gate, info, calls=True)
 
 
 def test_the_hook_forwards_refuses_answers_and_audits(gate: Gate) -> None:
     flow = _rpc_flow(gate)
-    ok = _hook(gate, flow, json.dumps(_msg(1, "eth_blockNumber")).encode())
+    ok = hook(gate, flow, json.dumps(_msg(1, "eth_blockNumber")).encode())
     assert not ok.dropped and gate.injected == []
-    bad = _hook(gate, flow, json.dumps(_msg(2, "eth_sendRawTransaction")).encode())
+    bad = hook(gate, flow, json.dumps(_msg(2, "eth_sendRawTransaction")).encode())
     assert bad.dropped
     (answer,) = gate.injected
     doc = json.loads(answer)
     assert doc["id"] == 2 and doc["error"]["code"] == -32003
     assert doc["error"]["data"]["sandgate"]["code"] == "denied_by_rule"
-    events = _audited(gate)
+    events = audited(gate)
     assert [(e["decision"], e["rpc"][0]["method"]) for e in events] == [
         ("allow", "eth_blockNumber"), ("deny", "eth_sendRawTransaction")]
     assert events[1]["code"] == "denied_by_rule" and events[1]["rule"] == "chain"
     # Sandgate's own answer, coming back through the hook, is not judged again
-    assert not _hook(gate, flow, answer, from_client=False).dropped
+    assert not hook(gate, flow, answer, from_client=False).dropped
 
 
 def test_the_hook_closes_on_what_it_cannot_judge(gate: Gate) -> None:
     flow = _rpc_flow(gate)
-    binary = _hook(gate, flow, json.dumps(_msg(1, "eth_call")).encode(), text=False)
+    binary = hook(gate, flow, json.dumps(_msg(1, "eth_call")).encode(), text=False)
     assert binary.dropped
     assert flow.metadata[wscontrol.CLOSE_KEY][0] == 1008
-    assert _audited(gate)[-1]["code"] == "bad_request"
-    later = _hook(gate, flow, json.dumps(_msg(2, "eth_call")).encode())
+    assert audited(gate)[-1]["code"] == "bad_request"
+    later = hook(gate, flow, json.dumps(_msg(2, "eth_call")).encode())
     assert later.dropped  # nothing after it goes
 
 
@@ -549,15 +500,15 @@ def test_the_hook_fails_closed(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(wsrpc, "judge_client", boom)
     flow = _rpc_flow(gate)
-    msg = _hook(gate, flow, json.dumps(_msg(1, "eth_blockNumber")).encode())
+    msg = hook(gate, flow, json.dumps(_msg(1, "eth_blockNumber")).encode())
     assert msg.dropped and flow.metadata[wscontrol.CLOSE_KEY][0] == 1008
 
 
 def test_the_hook_filters_list_answers(gate: Gate) -> None:
     flow = _rpc_flow(gate, MCP)
-    assert not _hook(gate, flow, json.dumps(_msg(5, "tools/list")).encode()).dropped
+    assert not hook(gate, flow, json.dumps(_msg(5, "tools/list")).encode()).dropped
     tools = [{"name": n} for n in ("get_me", "delete_repo")]
-    answer = _hook(gate, flow, json.dumps({"jsonrpc": "2.0", "id": 5,
+    answer = hook(gate, flow, json.dumps({"jsonrpc": "2.0", "id": 5,
                                            "result": {"tools": tools}}).encode(),
                    from_client=False)
     assert [t["name"] for t in json.loads(answer.content)["result"]["tools"]] == ["get_me"]

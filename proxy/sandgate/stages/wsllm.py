@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +48,14 @@ from sandgate.request import RequestInfo
 from sandgate.stages.context import GateState
 from sandgate.stages.flow import FlowRecord
 from sandgate.stages.s80_refuse import refusal_for
-from sandgate.stages.s90_audit import audit_event
-from sandgate.stages.wsrpc import POLICY_VIOLATION, Inject, inject_to_client
-
-log = logging.getLogger("sandgate")
+from sandgate.stages.wsrpc import (
+    Inject,
+    audit_message,
+    close,
+    held,
+    inject_to_client,
+    other_credentials,
+)
 
 STATE_KEY = "sandgate.wsllm"  # flow.metadata: the WebSocket's WsLlm
 CREATE = "response.create"  # the one message type that makes a call
@@ -111,7 +114,7 @@ def judge_client(ws: WsLlm, content: bytes, text: bool, fragmented: bool) -> Ver
     d = decide(ws.policy, ws.identity, ws.info, None, None, call)
     v = Verdict(True, call, d)
     if d.allowed:
-        refused = _held(d) or _other_credentials(ws, d)
+        refused = held(d, "a call") or other_credentials(ws.head, ws.head_reported, d)
         if refused is not None:
             v.forward, v.refused = False, refused
         elif d.lower_max_tokens is not None:
@@ -123,27 +126,6 @@ def judge_client(ws: WsLlm, content: bytes, text: bool, fragmented: bool) -> Ver
         return v
     v.forward, v.refused = False, d.refused()
     return v
-
-
-def _held(d: Decision) -> Refused | None:
-    if not d.ask:
-        return None
-    return Refused(Code.DENIED_BY_RULE, f"{d.reason}; a call on a WebSocket cannot be held "
-                   "for approval", "send the call as a POST request, which can be held")
-
-
-def _other_credentials(ws: WsLlm, d: Decision) -> Refused | None:
-    """A call allowed by another rule than the upgrade's must not run with the upgrade rule's
-    credentials when the two bind different secrets."""
-    head = ws.head.rule
-    if ws.head_reported or d.rule is None or head is None or d.rule is head \
-            or d.rule.secrets == head.secrets:
-        return None
-    return Refused(
-        Code.NO_RULE, f"{d.reason}, but this WebSocket was opened under rule '{head.name}' "
-        "with other credentials; the call is not sent with them",
-        f"open the WebSocket on a URL that rule '{d.rule.name}' allows, or send the call as a "
-        "POST request")
 
 
 def error_event(status: int, doc: dict[str, Any]) -> bytes:
@@ -181,10 +163,7 @@ def client_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsLl
     `inject`: how an answer reaches the client (default: inject_to_client)."""
     v = judge_client(ws, message.content, message.is_text, wscontrol.fragmented(flow, True))
     if v.close is not None:
-        message.drop()
-        rec.websocket_closed = True  # nothing after it goes either way
-        wscontrol.close(flow, POLICY_VIOLATION, f"sandgate: {v.close.code}")
-        audit_event(st, flow, "websocket", v.close)
+        close(st, flow, rec, message, v.close)
         return
     if v.content is not None:
         message.content = v.content
@@ -200,27 +179,16 @@ def client_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsLl
 
 def _audit(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, message: WebSocketMessage,
            v: Verdict) -> None:
-    """The call's `websocket` event: the upgrade's fields, with this call's decision and
-    `llm` (as a POST's request event has them)."""
+    """The call's `websocket` event, with its `llm` fields (as a POST's request event has
+    them)."""
     assert v.decision is not None and v.call is not None
-    try:
-        fields: dict[str, Any] = A.flow_fields(flow, rec)
-        refusal = refusal_for(st, flow, v.refused) if v.refused is not None else None
-        d = v.decision
-        llm = LlmFlow(v.call.api, v.call)
-        if v.content is not None:
-            llm.notes.append(f"max_tokens lowered to {v.call.max_tokens}")
-        fields.update({
-            A.RULE: d.rule_name,
-            A.DECISION: "report" if v.reported else "allow" if v.forward else "deny",
-            A.CODE: str(refusal.code) if refusal else (str(d.code) if d.code else None),
-            A.REASON: refusal.reason if refusal else d.reason,
-            A.UPSTREAM_STATUS: None,
-            A.BYTES_IN: len(message.content),
-            A.BYTES_OUT: 0,
-            A.LLM: llm.doc(rec.policy.prices if rec.policy is not None else ()),
-        })
-        st.cfg.audit.emit("websocket", **A.scrub_fields(fields, st.secrets(rec)))
-    except Exception:
-        log.exception("sandgate: audit failed")
+    call = v.call
 
+    def llm_fields() -> dict[str, Any]:
+        llm = LlmFlow(call.api, call)
+        if v.content is not None:
+            llm.notes.append(f"max_tokens lowered to {call.max_tokens}")
+        return {A.LLM: llm.doc(rec.policy.prices if rec.policy is not None else ())}
+
+    audit_message(st, flow, rec, message, v.decision, v.refused, v.reported, v.forward,
+                  llm_fields)

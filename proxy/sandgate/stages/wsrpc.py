@@ -112,7 +112,7 @@ def judge_client(ws: WsRpc, content: bytes, text: bool, fragmented: bool,
     d = decide(st.policy, st.identity, st.info, call)
     verdict = Verdict(True, call, d, outcomes(st, call, d.allowed))
     if d.allowed:
-        refused = _held(d) or _other_credentials(ws, d)
+        refused = held(d) or other_credentials(ws.head, ws.head_reported, d)
         if refused is not None:
             verdict.forward, verdict.refused = False, refused
             verdict.outcomes = ["deny"] * len(call.messages)
@@ -134,18 +134,21 @@ def judge_client(ws: WsRpc, content: bytes, text: bool, fragmented: bool,
     return verdict
 
 
-def _held(d: Decision) -> Refused | None:
+def held(d: Decision, what: str = "a message") -> Refused | None:
+    """A decision that would hold `what` for approval: refused (a WebSocket message cannot
+    wait for an approver; sent unheld it would skip one). Shared with stages/wsllm."""
     if not d.ask:
         return None
-    return Refused(Code.DENIED_BY_RULE, f"{d.reason}; a message on a WebSocket cannot be held "
+    return Refused(Code.DENIED_BY_RULE, f"{d.reason}; {what} on a WebSocket cannot be held "
                    "for approval", "send the call as a POST request, which can be held")
 
 
-def _other_credentials(ws: WsRpc, d: Decision) -> Refused | None:
+def other_credentials(head_decision: Decision, head_reported: bool,
+                      d: Decision) -> Refused | None:
     """A message allowed by another rule than the upgrade's must not run with the upgrade
-    rule's credentials when the two bind different secrets."""
-    head = ws.head.rule
-    if ws.head_reported or d.rule is None or head is None or d.rule is head \
+    rule's credentials when the two bind different secrets. Shared with stages/wsllm."""
+    head = head_decision.rule
+    if head_reported or d.rule is None or head is None or d.rule is head \
             or d.rule.secrets == head.secrets:
         return None
     return Refused(
@@ -216,7 +219,7 @@ def client_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRp
     v = judge_client(ws, message.content, message.is_text,
                      wscontrol.fragmented(flow, True), rec.decision.call_limit or 0)
     if v.close is not None:
-        _close(st, flow, rec, message, v.close)
+        close(st, flow, rec, message, v.close)
         return
     _audit(st, flow, rec, ws, message, v)
     if v.forward:
@@ -236,14 +239,16 @@ def server_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRp
     new, refused = from_server(ws, message.content, message.is_text,
                                wscontrol.fragmented(flow, False))
     if refused is not None:
-        _close(st, flow, rec, message, refused)
+        close(st, flow, rec, message, refused)
         return
     if new is not None:
         message.content = new
 
 
-def _close(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, message: WebSocketMessage,
-           why: Refused) -> None:
+def close(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, message: WebSocketMessage,
+          why: Refused) -> None:
+    """Drop `message` and close the WebSocket both ways with 1008, audited: a message that
+    cannot be judged or filtered ends the stream. Shared with stages/wsllm."""
     message.drop()
     rec.websocket_closed = True  # nothing after it goes either way
     wscontrol.close(flow, POLICY_VIOLATION, f"sandgate: {why.code}")
@@ -252,23 +257,33 @@ def _close(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, message: WebSock
 
 def _audit(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRpc,
            message: WebSocketMessage, v: Verdict) -> None:
-    """The message's `websocket` event: the upgrade's fields, with this call's decision and
-    `rpc` (as a POST's request event has them)."""
+    """The message's `websocket` event, with its `rpc` fields (as a POST's request event has
+    them)."""
     assert v.call is not None and v.decision is not None
+    audit_message(st, flow, rec, message, v.decision, v.refused, v.reported, v.forward,
+                  lambda: CallState(ws.lists.policy, ws.lists.identity, ws.lists.info, v.call,
+                                    v.outcomes).fields())
+
+
+def audit_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
+                  message: WebSocketMessage, d: Decision, refused: Refused | None,
+                  reported: bool, forward: bool,
+                  call_fields: Callable[[], dict[str, Any]]) -> None:
+    """A judged message's `websocket` event: the upgrade's fields, with this message's
+    decision and the call's own fields (`call_fields`: `rpc` here, `llm` in stages/wsllm).
+    Shared with stages/wsllm."""
     try:
         fields: dict[str, Any] = A.flow_fields(flow, rec)
-        refusal = refusal_for(st, flow, v.refused) if v.refused is not None else None
-        d = v.decision
+        refusal = refusal_for(st, flow, refused) if refused is not None else None
         fields.update({
             A.RULE: d.rule_name,
-            A.DECISION: "report" if v.reported else "allow" if v.forward else "deny",
+            A.DECISION: "report" if reported else "allow" if forward else "deny",
             A.CODE: str(refusal.code) if refusal else (str(d.code) if d.code else None),
             A.REASON: refusal.reason if refusal else d.reason,
             A.UPSTREAM_STATUS: None,
             A.BYTES_IN: len(message.content),
             A.BYTES_OUT: 0,
-            **CallState(ws.lists.policy, ws.lists.identity, ws.lists.info, v.call,
-                        v.outcomes).fields(),
+            **call_fields(),
         })
         st.cfg.audit.emit("websocket", **A.scrub_fields(fields, st.secrets(rec)))
     except Exception:
