@@ -35,6 +35,7 @@ from typing import Any
 
 from sandgate.policy.model import Identity, Policy, Rule
 from sandgate.review.reach import find_request
+from sandgate.review.typos import edits
 
 Loc = tuple[str | int, ...]
 # (code, file, loc, message, fix) -> a lint Finding
@@ -157,7 +158,7 @@ def _deny_spelling(ident: Identity, m: Rule, tool_rules: list[Rule], make: Make)
     for j, d in enumerate(m.call.deny_tools):
         if any(globs_meet(d, g) for g in allowed):
             continue
-        close = next((g for g in allowed if _edits(d, g) <= 2), None)
+        close = next((g for g in allowed if edits(d, g) <= 2), None)
         if close is None:
             continue  # belt and braces: a tool no rule allows, denied as well
         out.append(make(
@@ -186,18 +187,6 @@ def globs_meet(a: str, b: str) -> bool:
         return False
 
     return meet(0, 0)
-
-
-def _edits(a: str, b: str) -> int:
-    if abs(len(a) - len(b)) > 2:
-        return 3
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
 
 
 # --- DNS ----------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from sandgate.review.callproofs import common_call
 from sandgate.review.finding import Finding
 from sandgate.review.proofs import decider
 from sandgate.review.reach import Witness, find_request, matches
+from sandgate.review.typos import edits
 
 Loc = tuple[str | int, ...]
 # (code, file, loc, message, fix) -> Finding, with the line of loc in file
@@ -634,21 +635,9 @@ def _query_names(url: str) -> list[str]:
 def _close_host(host: str, named: set[str]) -> str | None:
     """A host some rule names that is one or two edits away from `host` (a typo)."""
     for n in sorted(named):
-        if n != host and _edits(host, n) <= 2 and min(len(host), len(n)) > 4:
+        if n != host and edits(host, n) <= 2 and min(len(host), len(n)) > 4:
             return n
     return None
-
-
-def _edits(a: str, b: str) -> int:
-    if abs(len(a) - len(b)) > 2:
-        return 3
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
 
 
 def _gateways(policy: Policy,
