@@ -17,9 +17,10 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,6 +148,37 @@ def events(proxy: Proxy, sandbox: str, pred, timeout: float = 15) -> list[dict]:
         time.sleep(0.1)
 
 
+def assert_split(stack: Stack, r: subprocess.CompletedProcess[str], stand_in: Any,
+                 before: int, *, agent: str, sandbox: str, rule: str, header: str,
+                 key: str, tool_path: str | None, secrets: Sequence[str] = SECRET_VALUES,
+                 only_posts: bool = False, name: str) -> None:
+    """What every agent's split run must show: no secret in its output; its shell tool ran and
+    both of its curls were refused (the agent's token from a process the agent started: 407 at
+    CONNECT; no token, the tool identity: 403 no_rule); every model call the stand-in saw
+    carried the key Sandgate injected; the audit names the agent for its calls and the tool for
+    the tool's."""
+    assert_no_secret([r.stdout, r.stderr], secrets, f"{name}'s output")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+    assert stand_in.results, f"the tool's result never came back: {r.stdout[-1500:]}"
+    result = stand_in.results[-1]
+    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    calls = [c for c in stand_in.calls[before:] if c.method == "POST" or not only_posts]
+    assert len(calls) >= 2  # the tool call's turn and the final answer's
+    for call in calls:
+        assert_secret_equal(call.headers.get(header), key, "the injected key")
+    allowed = events(stack.proxy, sandbox, lambda e: e.get("event") == "request"
+                     and e.get("decision") == "allow")
+    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
+        (agent, "process/agent", rule)}
+    denied = events(stack.proxy, sandbox, lambda e: e.get("code") == "no_rule"
+                    and e.get("event") == "request")
+    tool = {(e["identity"], e["identity_source"], e["path"]) for e in denied}
+    if tool_path is None:
+        assert (f"{agent}-tool", "process/tool") in {t[:2] for t in tool}, denied
+    else:
+        assert (f"{agent}-tool", "process/tool", tool_path) in tool, denied
+
+
 def test_claude_code_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
     claude = claude_binary()
     home = tmp_path / "home"
@@ -173,28 +205,12 @@ def test_claude_code_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Pat
              "--dangerously-skip-permissions", "--output-format", "text"],
             capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
             stdin=subprocess.DEVNULL)
-    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "Claude Code's output")
-    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
-    # the shell tool ran, and its curls were refused: the agent's token from a process the agent
-    # started (407 at CONNECT), and no token (the tool identity: 403 no_rule)
-    assert stack.api.results, f"the tool's result never came back: {r.stdout[-1500:]}"
-    result = stack.api.results[-1]
-    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    assert_split(stack, r, stack.api, before, agent="claude-code", sandbox="cc-split",
+                 rule="messages", header="x-api-key", key=ANTHROPIC_KEY,
+                 tool_path="/v1/messages", name="Claude Code")
     assert "The tool said:" in r.stdout
-    # every call the stand-in saw is the agent's, with the key Sandgate injected
-    calls = stack.api.calls[before:]
-    assert len(calls) >= 2  # the tool call's turn and the final answer's
-    for call in calls:
-        assert_secret_equal(call.headers.get("x-api-key"), ANTHROPIC_KEY, "the injected key")
-    # the audit: the agent's model calls as the agent, the tool's curl as the tool
-    allowed = events(stack.proxy, "cc-split", lambda e: e.get("event") == "request"
-                     and e.get("decision") == "allow")
-    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
-        ("claude-code", "process/agent", "messages")}
     denied = events(stack.proxy, "cc-split", lambda e: e.get("code") == "no_rule"
                     and e.get("event") == "request")
-    assert {(e["identity"], e["identity_source"], e["path"]) for e in denied} >= {
-        ("claude-code-tool", "process/tool", "/v1/messages")}
     # the agent's own refusals are the hosts and paths its template refuses, nothing else
     assert {e["path"] for e in denied if e["identity"] == "claude-code"} <= {
         "/api/claude_code/settings", "/api/claude_code/policy_limits"}, denied
@@ -229,13 +245,13 @@ def codex_binary() -> Path:
     return CODEX
 
 
-def test_codex_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
-    """Codex has no hook for its shell: the split holds all the same."""
-    codex = codex_binary()
+def codex_home(stack: Stack, tmp_path: Path, config: str) -> tuple[Path, dict[str, str]]:
+    """A fresh HOME for Codex (its CODEX_HOME holding `config`), and the environment it runs
+    in as a user would set it: the proxy with the agent's token, the CA, the placeholder key."""
     home = tmp_path / "home"
     (home / "work").mkdir(parents=True)
     (home / ".codex").mkdir()
-    (home / ".codex" / "config.toml").write_text(CODEX_CONFIG)
+    (home / ".codex" / "config.toml").write_text(config)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
@@ -246,6 +262,13 @@ def test_codex_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> 
         "OPENAI_API_KEY": "sandgate-placeholder-openai",
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # for `sandgate agent run` itself
     }
+    return home, env
+
+
+def test_codex_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> None:
+    """Codex has no hook for its shell: the split holds all the same."""
+    codex = codex_binary()
+    home, env = codex_home(stack, tmp_path, CODEX_CONFIG)
     before = len(stack.openai.calls)
     r = subprocess.run(
         [*agent_run("codex", "codex-tool", stack.agents, "codex-split"), str(codex), "exec",
@@ -253,25 +276,10 @@ def test_codex_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) -> 
          "Call the model API from the shell."],
         capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
         stdin=subprocess.DEVNULL)
-    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "Codex's output")
-    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
-    assert stack.openai.results, f"the tool's output never came back: {r.stderr[-1500:]}"
-    result = stack.openai.results[-1]
-    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    assert_split(stack, r, stack.openai, before, agent="codex", sandbox="codex-split",
+                 rule="responses", header="authorization", key=f"Bearer {OPENAI_KEY}",
+                 tool_path="/v1/responses", only_posts=True, name="Codex")
     assert "The tool said:" in r.stdout + r.stderr
-    calls = [c for c in stack.openai.calls[before:] if c.method == "POST"]
-    assert len(calls) >= 2
-    for call in calls:
-        assert_secret_equal(call.headers.get("authorization"), f"Bearer {OPENAI_KEY}",
-                            "the injected key")
-    allowed = events(stack.proxy, "codex-split", lambda e: e.get("event") == "request"
-                     and e.get("decision") == "allow")
-    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
-        ("codex", "process/agent", "responses")}
-    denied = events(stack.proxy, "codex-split", lambda e: e.get("code") == "no_rule"
-                    and e.get("event") == "request")
-    assert ("codex-tool", "process/tool", "/v1/responses") in {
-        (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied
 
 
 CODEX_WS_CONFIG = CODEX_CONFIG.replace(
@@ -288,20 +296,7 @@ def test_codex_websocket_transport(stack: Stack, tmp_path: Path) -> None:
     deltas, which carry the key cut in two, scrubbed as the client joins them."""
     codex = codex_binary()
     assert CODEX_WS_CONFIG != CODEX_CONFIG
-    home = tmp_path / "home"
-    (home / "work").mkdir(parents=True)
-    (home / ".codex").mkdir()
-    (home / ".codex" / "config.toml").write_text(CODEX_WS_CONFIG)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "CODEX_HOME": str(home / ".codex"),
-        "LANG": "C.UTF-8",
-        "HTTPS_PROXY": stack.proxy.proxy_url("codex"),
-        "SSL_CERT_FILE": str(stack.proxy.ca),
-        "OPENAI_API_KEY": "sandgate-placeholder-openai",
-        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # for `sandgate agent run` itself
-    }
+    home, env = codex_home(stack, tmp_path, CODEX_WS_CONFIG)
     before, upgrades = len(stack.openai.calls), len(stack.openai.upgrades)
     stack.openai.leak = True
     try:
@@ -378,23 +373,9 @@ def test_opencode_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) 
          "Call the model API from the shell."],
         capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
         stdin=subprocess.DEVNULL)
-    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "OpenCode's output")
-    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
-    assert stack.api.results, f"the tool's result never came back: {r.stdout[-1500:]}"
-    result = stack.api.results[-1]
-    assert "inherited:000/407" in result and "bare:403/200" in result, result
-    calls = stack.api.calls[before:]
-    assert len(calls) >= 2
-    for call in calls:
-        assert_secret_equal(call.headers.get("x-api-key"), ANTHROPIC_KEY, "the injected key")
-    allowed = events(stack.proxy, "opencode-split", lambda e: e.get("event") == "request"
-                     and e.get("decision") == "allow")
-    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
-        ("opencode", "process/agent", "messages")}
-    denied = events(stack.proxy, "opencode-split", lambda e: e.get("code") == "no_rule"
-                    and e.get("event") == "request")
-    assert ("opencode-tool", "process/tool", "/v1/messages") in {
-        (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied
+    assert_split(stack, r, stack.api, before, agent="opencode", sandbox="opencode-split",
+                 rule="messages", header="x-api-key", key=ANTHROPIC_KEY,
+                 tool_path="/v1/messages", name="OpenCode")
 
 
 GEMINI = AGENTS / "node_modules" / ".bin" / "gemini"  # a Node script: node is the agent
@@ -429,23 +410,9 @@ def test_gemini_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path) ->
          "-m", "gemini-2.5-pro", "--yolo", "-p", "Call the model API from the shell."],
         capture_output=True, text=True, env=env, cwd=home / "work", timeout=240,
         stdin=subprocess.DEVNULL)
-    assert_no_secret([r.stdout, r.stderr], [*SECRET_VALUES, GEMINI_KEY], "Gemini CLI's output")
-    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
-    assert stack.gemini.results, f"the tool's result never came back: {r.stdout[-1500:]}"
-    result = stack.gemini.results[-1]
-    assert "inherited:000/407" in result and "bare:403/200" in result, result
-    calls = [c for c in stack.gemini.calls[before:] if c.method == "POST"]
-    assert len(calls) >= 2
-    for call in calls:
-        assert_secret_equal(call.headers.get("x-goog-api-key"), GEMINI_KEY, "the injected key")
-    allowed = events(stack.proxy, "gemini-split", lambda e: e.get("event") == "request"
-                     and e.get("decision") == "allow")
-    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
-        ("gemini", "process/agent", "generate")}
-    denied = events(stack.proxy, "gemini-split", lambda e: e.get("code") == "no_rule"
-                    and e.get("event") == "request")
-    assert ("gemini-tool", "process/tool") in {
-        (e["identity"], e["identity_source"]) for e in denied}, denied
+    assert_split(stack, r, stack.gemini, before, agent="gemini", sandbox="gemini-split",
+                 rule="generate", header="x-goog-api-key", key=GEMINI_KEY, tool_path=None,
+                 secrets=[*SECRET_VALUES, GEMINI_KEY], only_posts=True, name="Gemini CLI")
 
 
 # deepagents (PyPI, pinned in requirements) with langchain-anthropic: a Python program, so the
@@ -501,21 +468,7 @@ def test_deepagents_shell_tool_is_the_tool_identity(stack: Stack, tmp_path: Path
             cwd=home / "work", timeout=240, stdin=subprocess.DEVNULL)
     finally:
         stack.api.command = command
-    assert_no_secret([r.stdout, r.stderr], SECRET_VALUES, "deepagents' output")
-    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
-    assert stack.api.results, f"the tool's result never came back: {r.stdout[-1500:]}"
-    result = stack.api.results[-1]
-    assert "inherited:000/407" in result and "bare:403/200" in result, result
+    assert_split(stack, r, stack.api, before, agent="deepagents", sandbox="deepagents-split",
+                 rule="messages", header="x-api-key", key=ANTHROPIC_KEY,
+                 tool_path="/v1/messages", name="deepagents")
     assert "The tool said:" in r.stdout
-    calls = stack.api.calls[before:]
-    assert len(calls) >= 2
-    for call in calls:
-        assert_secret_equal(call.headers.get("x-api-key"), ANTHROPIC_KEY, "the injected key")
-    allowed = events(stack.proxy, "deepagents-split", lambda e: e.get("event") == "request"
-                     and e.get("decision") == "allow")
-    assert {(e["identity"], e["identity_source"], e["rule"]) for e in allowed} == {
-        ("deepagents", "process/agent", "messages")}
-    denied = events(stack.proxy, "deepagents-split", lambda e: e.get("code") == "no_rule"
-                    and e.get("event") == "request")
-    assert ("deepagents-tool", "process/tool", "/v1/messages") in {
-        (e["identity"], e["identity_source"], e["path"]) for e in denied}, denied
