@@ -231,6 +231,8 @@ def _installed() -> dispatch.CachedAddons:
 def test_install_all_wraps_in_the_lists_order() -> None:
     assert isinstance(_installed(), dispatch.CachedAddons)
     for p in PATCHES:
+        if p.only_in_workers:  # a single process keeps mitmproxy's own code there
+            continue
         assert p.name == "dispatch" or p.module.installed(), p.name
     # open_connection is wrapped three times: the later entry is the outer wrapper
     assert _chain(server.ConnectionHandler.open_connection) == [
@@ -248,6 +250,27 @@ def test_install_all_wraps_in_the_lists_order() -> None:
             assert chain == sorted(chain, key=order.__getitem__, reverse=True), (target, chain)
             seen += len(chain) > 1
     assert seen >= 3  # several attributes wrapped by more than one patch were checked
+
+
+def test_a_worker_installs_the_workers_patches_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mitmproxy.proxy import mode_servers
+
+    from sandgate.mitm.speedups import sharedport
+
+    for cls in (mode_servers.RegularInstance, mode_servers.Socks5Instance,
+                mode_servers.ReverseInstance, mode_servers.TransparentInstance):
+        monkeypatch.setattr(cls, "listen", mode_servers.AsyncioServerInstance.listen)
+        monkeypatch.setattr(cls, sharedport._MARK, False, raising=False)
+    workers_only = [p for p in PATCHES if p.only_in_workers]
+    assert [p.name for p in workers_only] == ["sharedport"]
+    _installed()
+    assert not sharedport.installed()  # a single process: mitmproxy's own bind
+
+    async def go() -> None:
+        registry.install_all(master.Master(options.Options()), LimitsConfig(), worker=True)
+
+    asyncio.run(go())
+    assert sharedport.installed()
 
 
 def test_a_patch_checked_at_start_refuses_other_code(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -163,10 +163,10 @@ def test_worker_audit_write_failure_marks_the_log_unhealthy():
     log.close()
 
 
-async def test_share_port_lets_workers_bind_one_address():
-    listen.share_port()
-    listen.share_port()  # idempotent
-    assert listen.shared()  # the HTTP proxy and the SOCKS5 listener
+async def test_reserve_binds_the_address_the_workers_share():
+    """The supervisor's bind: workers (SO_REUSEPORT, mitm/speedups/sharedport.py) join it, a
+    program without SO_REUSEPORT cannot take the port, an address not of this host is a clear
+    error."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

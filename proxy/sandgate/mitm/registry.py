@@ -41,6 +41,7 @@ from sandgate.mitm.speedups import (
     handshake,
     headerlookup,
     relay,
+    sharedport,
     speed,
     synchooks,
     upstreampool,
@@ -55,6 +56,7 @@ class Wiring:
     master: master.Master
     limits: LimitsConfig
     on_event: wirelimits.OnEvent | None = None
+    worker: bool = False  # a --workers child (the patches marked only_in_workers apply)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ class Patch:
     # If set, the pins are verified again at start, not only by the tests: on other code
     # Sandgate refuses to start, with this message.
     checked_at_start: str = ""
+    # Installed in --workers children only (install_all(worker=True)); a single process runs
+    # mitmproxy's own code there.
+    only_in_workers: bool = False
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -311,6 +316,21 @@ PATCHES: tuple[Patch, ...] = (
         Pin("h2.frame_buffer:FrameBuffer.__init__",
             "e53024e8d09f3e1fd58f40f60a85e76609ca58ce62f39eda4b4d91864d3c4a4f"),
     ), lambda w: upstreampool.install(w.limits.upstream_reuse_idle)),
+    # What it depends on: the listen() it replaces, and the modes that inherit it (one that
+    # came to override it would no longer share the port).
+    Patch("sharedport", sharedport,
+          "--workers: every worker listens on the one proxy port (SO_REUSEPORT)", (
+        Pin("mitmproxy.proxy.mode_servers:AsyncioServerInstance.listen",
+            "8e459ae256c4edc62c0ce228cc532b8f17a61abc6e85847dcca42347382877cb"),
+        Pin("mitmproxy.proxy.mode_servers:RegularInstance",
+            "bf570354a91a711d89c98897037234c05c3b21e5bb2a323f86e4858a5e965a68"),
+        Pin("mitmproxy.proxy.mode_servers:Socks5Instance",
+            "03c867b702f648d26093ef727dda33fda1f8b372897c89816b1aabb823ff4049"),
+        Pin("mitmproxy.proxy.mode_servers:ReverseInstance",
+            "a399cceb659cb432ab1826eda7427598828feacf746aeeff2a8b33dd4d68258a"),
+        Pin("mitmproxy.proxy.mode_servers:TransparentInstance",
+            "0db2f3194b33d140b564b672707461e2f943e57ac07e5ed53453d7fbc0616d90"),
+    ), lambda w: sharedport.install(), only_in_workers=True),
 )
 
 
@@ -322,12 +342,16 @@ def patch(name: str) -> Patch:
 
 
 def install_all(m: master.Master, limits: LimitsConfig,
-                on_event: wirelimits.OnEvent | None = None) -> dispatch.CachedAddons:
+                on_event: wirelimits.OnEvent | None = None, *,
+                worker: bool = False) -> dispatch.CachedAddons:
     """Install every patch in `PATCHES` order on a master that has no addons yet; return its
-    (cached) addon manager. Idempotent per patch; the limits are always the latest. The caller
-    has checked the library versions first (pinning.check_version: sandgate.runner.build)."""
-    wiring = Wiring(m, limits, on_event)
+    (cached) addon manager. Idempotent per patch; the limits are always the latest. `worker`:
+    this process is a --workers child (the patches `only_in_workers` too). The caller has
+    checked the library versions first (pinning.check_version: sandgate.runner.build)."""
+    wiring = Wiring(m, limits, on_event, worker)
     for p in PATCHES:
+        if p.only_in_workers and not worker:
+            continue
         if p.checked_at_start and p.changed():
             raise RuntimeError(p.checked_at_start)
         p.install(wiring)

@@ -230,7 +230,8 @@ async def build(cfg: RunConfig) -> Parts:
 
     # every patch of mitmproxy internals, in its order (sandgate.mitm.registry.PATCHES), before
     # any addon: the first replaces the addon manager (hook lookup once per event name)
-    addons = registry.install_all(m, cfg.limits, limit_event)
+    addons = registry.install_all(m, cfg.limits, limit_event,
+                                  worker=cfg.worker is not None)
     m.addons.add(termlog.TermLog(out=sys.stderr))  # stdout carries the audit stream
     m.addons.add(*default_addons())
     m.addons.add(errorcheck.ErrorCheck())
@@ -257,10 +258,6 @@ async def build(cfg: RunConfig) -> Parts:
                     cfg.transparent, cfg.limits.idle_timeout)
     opts.update(**values)
     m.addons.add(Pinned(values))
-    if cfg.worker is not None:
-        from sandgate.workers.listen import share_port
-
-        share_port()
 
     addons.set_inert(speed.inert_addons(m, values))
     return Parts(loop=loop, tasks=tasks, spawn=spawn, conf=conf, key=key, broker=broker,

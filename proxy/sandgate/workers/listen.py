@@ -1,22 +1,11 @@
-"""One proxy port for every worker: SO_REUSEPORT, and how many workers by default.
-
-mitmproxy binds its listeners itself (`RegularInstance.listen`, `Socks5Instance.listen`,
-`ReverseInstance.listen` for --gateway:
-asyncio.start_server without reuse_port). In a worker those methods are replaced by one that
-passes reuse_port=True, so N workers each own a listening socket on the same address and the
-kernel hashes each new connection to one of them. An inherited socket would wake every worker
-on every connection and leave the spread to whoever wins accept(); with SO_REUSEPORT a worker
-that stops (drain, crash) simply leaves the group.
-"""
+"""One proxy port for every worker, the supervisor's side: the address bound first
+(`reserve`), and how many workers by default. The workers' side, mitmproxy's listeners bound
+with SO_REUSEPORT, is a patch: sandgate.mitm.speedups.sharedport."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
-from typing import Any
-
-_MARK = "_sandgate_reuse_port"
 
 
 def default_workers() -> int:
@@ -25,31 +14,6 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
-
-
-async def _listen(self: Any, host: str, port: int) -> list[asyncio.Server]:
-    return [await asyncio.start_server(self.handle_stream, host, port, reuse_port=True)]
-
-
-def share_port() -> None:
-    """Make mitmproxy's listeners Sandgate uses (the HTTP proxy, --socks5, --gateway) bind with
-    SO_REUSEPORT (idempotent)."""
-    for cls in _shared_classes():
-        if not getattr(cls, _MARK, False):
-            setattr(cls, "listen", _listen)  # noqa: B010 (mypy: no assigning to a method)
-            setattr(cls, _MARK, True)
-
-
-def _shared_classes() -> tuple[type[Any], ...]:
-    from mitmproxy.proxy import mode_servers
-
-    # the gateway is a TCP reverse listener (HTTP or TLS; never a UDP/DNS reverse mode)
-    return (mode_servers.RegularInstance, mode_servers.Socks5Instance,
-            mode_servers.ReverseInstance, mode_servers.TransparentInstance)
-
-
-def shared() -> bool:
-    return all(getattr(cls, _MARK, False) for cls in _shared_classes())
 
 
 def reserve(host: str, port: int) -> socket.socket:
