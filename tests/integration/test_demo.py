@@ -46,6 +46,22 @@ def _left_behind(tmp: Path) -> list[str]:
     return left
 
 
+def _in_group(pgid: int) -> list[str]:
+    """The processes of process group `pgid` other than its leader (the demo)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == pgid:
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        if int(fields[2]) == pgid:
+            found.append(f"pid {proc.name} {stat.split(' ', 2)[1]}")
+    return found
+
+
 def _gone(tmp: Path, timeout: float = 10) -> list[str]:
     deadline = time.monotonic() + timeout
     while (left := _left_behind(tmp)) and time.monotonic() < deadline:
@@ -105,6 +121,10 @@ def test_demo_interrupted_leaves_nothing(tmp_path: Path, how: str) -> None:
         else:
             raise AssertionError(f"the demo ended early: {proc.wait()} {proc.stderr.read()}")
         assert _left_behind(tmp), "the demo's processes and directory should exist while it runs"
+        # Ctrl-C must reach the demo alone: a child in its group would stop on its own, racing
+        # the demo's orderly stop (the proxy closing a request of the tour read as a failure)
+        in_group = _in_group(proc.pid)
+        assert not in_group, f"children in the demo's process group: {in_group}"
         if how == "ctrl-c":  # a terminal sends SIGINT to the whole foreground process group
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -116,3 +136,43 @@ def test_demo_interrupted_leaves_nothing(tmp_path: Path, how: str) -> None:
             proc.wait()
     assert rc == 130, proc.stderr.read() if proc.stderr else rc
     assert not _gone(tmp), _left_behind(tmp)
+
+
+def test_run_with_the_dev_vault_keeps_it_through_the_drain(tmp_path: Path) -> None:
+    """`sandgate run` without VAULT_ADDR starts an embedded OpenBao: a terminal's Ctrl-C (the
+    whole foreground group) reaches the proxy alone, which drains while the server still
+    answers, then stops it; nothing is left behind."""
+    import socket
+
+    from sandgate.secrets.devserver import free_port
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandgate.cli", "run", "--policies", "policies", "--confdir",
+         str(tmp_path / "conf"), "--listen", f"127.0.0.1:{port}", "--no-watch", "--audit",
+         str(tmp_path / "audit.jsonl"), "--drain-timeout", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(tmp),
+        cwd=Path(__file__).resolve().parents[2], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
+                assert time.monotonic() < deadline, "sandgate run did not listen within 60 s"
+                time.sleep(0.2)
+        assert any("bao" in p for p in _left_behind(tmp)), _left_behind(tmp)
+        in_group = _in_group(proc.pid)
+        assert not any("(bao)" in p for p in in_group), in_group
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not _gone(tmp), _left_behind(tmp)  # the server and its directory
+    assert rc == 0, proc.stderr.read() if proc.stderr else rc

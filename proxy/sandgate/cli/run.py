@@ -499,7 +499,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             from sandgate.secrets.devserver import DevVault, seed_demo
 
-            dev = DevVault()
+            # its own process group: a terminal's Ctrl-C drains the proxy (the requests in
+            # flight may still need a secret) and the server is stopped after it (below)
+            dev = DevVault(own_process_group=True)
             dev.start()
             seed_demo(dev)
             log.info("sandgate: no VAULT_ADDR set; started an embedded OpenBao dev server at "

@@ -108,7 +108,11 @@ def demo_stack() -> Iterator[Stack]:
     with _sigterm_unwinds(), contextlib.ExitStack() as cleanup:
         root = Path(tempfile.mkdtemp(prefix="sandgate-demo-"))
         cleanup.callback(shutil.rmtree, root, ignore_errors=True)
-        vault = DevVault()
+        # Each child in a process group of its own: a terminal's Ctrl-C reaches the demo alone,
+        # which stops them in order (below). Had it reached them too, the proxy could close a
+        # request the tour was making before the demo saw the interrupt, which then read as a
+        # failure (exit 1) instead of an interruption (130).
+        vault = DevVault(own_process_group=True)
         cleanup.callback(vault.cleanup)
         vault.start()
         seed_demo(vault)
@@ -132,7 +136,8 @@ def demo_stack() -> Iterator[Stack]:
         env.update(VAULT_ADDR=vault.addr, VAULT_TOKEN=vault.root_token)
         with log.open("ab") as logf:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=logf, env=env, preexec_fn=die_with_parent())
+                                    stderr=logf, env=env, preexec_fn=die_with_parent(),
+                                    process_group=0)
         cleanup.callback(_stop, proc)
         _wait_listening(proc, proxy, log)
         yield Stack(root=root, policies=policies, confdir=confdir, audit=audit, proxy=proxy,

@@ -94,8 +94,11 @@ class DevVault:
     """An OpenBao dev server child process listening on 127.0.0.1."""
 
     def __init__(self, port: int | None = None, root_token: str | None = None,
-                 bao_binary: str | None = None) -> None:
+                 bao_binary: str | None = None, own_process_group: bool = False) -> None:
+        """`own_process_group`: the server does not get the terminal's Ctrl-C (SIGINT goes to
+        the whole foreground group); whoever started it stops it (`stop`, `cleanup`)."""
         self.port = port or free_port()
+        self._own_group = own_process_group
         self.root_token = root_token or f"dev-root-{secrets.token_hex(12)}"
         self.bao = find_bao(bao_binary)
         self.addr = f"http://127.0.0.1:{self.port}"
@@ -126,7 +129,8 @@ class DevVault:
         with self.log_path.open("ab") as logf:
             self._proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env, cwd=str(self._dir),
-                                          preexec_fn=die_with_parent())
+                                          preexec_fn=die_with_parent(),
+                                          process_group=0 if self._own_group else None)
         _LIVE.add(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
