@@ -91,16 +91,18 @@ async def build(cfg: RunConfig) -> Parts:
         if not cfg.admin_token:
             raise ValueError("--admin needs a token: set SANDGATE_ADMIN_TOKEN or give "
                              "--admin-token-file")
-    broker = SecretBroker(cfg.vault, policy.secrets, ttl=cfg.secret_ttl)
+    sink = await asyncio.to_thread(  # a key from Vault is read here: off the loop
+        audit_setup.open_log, cfg.audit, cfg.audit_file, conf, cfg.vault, cfg.instance,
+        cfg.worker)
+    live = livepolicy.LivePolicy(cfg.policies, loaded)
+    metrics = Metrics(lambda: live.policy, instance=cfg.instance)
+    broker = SecretBroker(cfg.vault, policy.secrets, ttl=cfg.secret_ttl, observer=metrics,
+                          audit=sink.emit)  # lease events: mint, renew, revoke (never a value)
     try:
         await broker.start()
     except Exception as e:  # keep serving: each request needing a secret fails closed
         log.warning("sandgate: Vault not ready at start (%s); requests needing secrets get 503",
                     type(e).__name__)
-    sink = await asyncio.to_thread(  # a key from Vault is read here: off the loop
-        audit_setup.open_log, cfg.audit, cfg.audit_file, conf, cfg.vault, cfg.instance,
-        cfg.worker)
-    broker.leases.audit = sink.emit  # mint, renew, revoke (never a value)
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[Any]] = set()
 
@@ -114,8 +116,8 @@ async def build(cfg: RunConfig) -> Parts:
     if cfg.state is not None:  # rates, connections, budgets, ended sandboxes for the fleet
         from sandgate.state.shared import connect
 
-        # the fleet calls back into this process: the policy it serves (`live`, built below,
-        # before the fleet starts in serve), the broker for an ended sandbox, a reload
+        # the fleet calls back into this process: the policy it serves (`live`), the broker for
+        # an ended sandbox, a reload
         shared = connect(cfg.state, limiter, cfg.instance, cfg.admin_max_token_ttl,
                          audit=sink.emit, version=lambda: live.current.version,
                          on_end=broker.end_sandbox, on_reload=lambda: live.reload("fleet"))
@@ -156,9 +158,6 @@ async def build(cfg: RunConfig) -> Parts:
     # what the gate is given, read where it always was (a bad size or key fails before exports)
     max_request_body = int(human.parse_size(cfg.max_request_body) or 0)
     own = own_keys(sink, conf, cfg.worker.token if cfg.worker is not None else cfg.admin_token)
-    live = livepolicy.LivePolicy(cfg.policies, loaded)
-    metrics = Metrics(lambda: live.policy, instance=cfg.instance)
-    broker.observer = metrics
     parking.add_metrics(metrics.registry)
     if cfg.transparent is not None:  # the capture tables' counters, read when scraped
         from sandgate.capture.nft_counters import add_metrics as add_capture_metrics

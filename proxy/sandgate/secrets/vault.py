@@ -200,7 +200,11 @@ class SecretBroker:
         ttl: float = 300.0,
         renew_interval: float = 60.0,
         max_workers: int = 8,
+        observer: BrokerObserver | None = None,
+        audit: Callable[..., None] | None = None,
     ) -> None:
+        """`observer`: told of each Vault call, cache hit and fetch (the metrics); `audit`: the
+        audit sink's emit, for lease events (mint, renew, revoke: never a value)."""
         self.config = config
         self.ttl = ttl
         self.renew_interval = renew_interval  # upper bound between token checks
@@ -211,7 +215,7 @@ class SecretBroker:
         self._cache: dict[tuple[str, _Loc], _Entry] = {}
         self._kv_generation = 0
         self._inflight: dict[tuple[str, _Loc], asyncio.Task[SecretValue]] = {}
-        self.leases = LeaseManager(_HvacLeases(self))
+        self.leases = LeaseManager(_HvacLeases(self), audit=audit)
         self.leases.on_sandbox_end = self._forget_sandbox
         # values that left the cache (rotated, forgotten, dropped by a reload) and leases that
         # ended: still scrubbed and detected for a window (sandgate.secrets.retired)
@@ -226,7 +230,7 @@ class SecretBroker:
         self._client = self._new_client(config.token or "")
         self._logged_in = not config.approle
         self._closed = False
-        self.observer: BrokerObserver | None = None
+        self.observer = observer
         self._health: tuple[float, str | None] | None = None  # (checked at, problem) for check()
         self._health_task: asyncio.Task[str | None] | None = None
         self.oauth2 = OAuth2Tokens(self._read_record, self._write_record, self._clock)
