@@ -7,7 +7,9 @@ import asyncio
 import errno
 import json
 import os
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -347,3 +349,29 @@ def test_a_grant_copy_is_asked_again_of_a_worker_that_timed_out(monkeypatch) -> 
     missed = asyncio.run(sup.tell_all("POST", "/v1/approvals/ap_x/grant", b"{}"))
     assert missed == [2]
     assert calls == {0: 1, 1: 2, 2: 3}
+
+
+def test_the_control_sockets_fit_in_a_unix_address_whatever_tmpdir(tmp_path, monkeypatch):
+    """A TMPDIR so deep that worker-N.sock would not fit in sun_path: the sockets go under
+    /tmp instead (a worker would fail with "AF_UNIX path too long"); a short TMPDIR is used."""
+    from sandgate.workers.control import MAX_SOCKET_PATH, make_run_dir, socket_path
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    run_dir = make_run_dir(16)
+    try:
+        assert run_dir.parent == Path("/tmp"), run_dir
+        assert len(os.fsencode(socket_path(run_dir, 15))) <= MAX_SOCKET_PATH
+        assert run_dir.stat().st_mode & 0o777 == 0o700
+        assert not list(deep.iterdir())  # the first try is not left behind
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(socket_path(run_dir, 15)))
+    finally:
+        shutil.rmtree(run_dir)
+    short = tmp_path / "t"
+    short.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
+    run_dir = make_run_dir(2)
+    assert run_dir.parent == short
+    shutil.rmtree(run_dir)

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,21 @@ class WorkerRole:
 
 def socket_path(run_dir: Path, worker: int) -> Path:
     return Path(run_dir) / f"worker-{worker}.sock"
+
+
+# A Unix socket's path fits in sockaddr_un's sun_path: 108 bytes on Linux, with the final NUL.
+MAX_SOCKET_PATH = 107
+
+
+def make_run_dir(workers: int) -> Path:
+    """A private directory (0700) for the workers' control sockets: under TMPDIR, or under /tmp
+    when TMPDIR is so deep that a socket's path would not fit in a Unix address (the worker
+    would fail to start with "AF_UNIX path too long")."""
+    run_dir = Path(tempfile.mkdtemp(prefix="sandgate-workers-"))
+    if len(os.fsencode(socket_path(run_dir, max(workers - 1, 0)))) > MAX_SOCKET_PATH:
+        run_dir.rmdir()
+        run_dir = Path(tempfile.mkdtemp(prefix="sgw-", dir="/tmp"))
+    return run_dir
 
 
 def role_from(worker_id: int, run_dir: Path) -> WorkerRole:

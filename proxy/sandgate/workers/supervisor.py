@@ -32,7 +32,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -50,7 +49,13 @@ from sandgate import confdir
 from sandgate.runner.config import RunConfig
 from sandgate.workers import aggregate, listen
 from sandgate.workers.admin_front import build_front
-from sandgate.workers.control import RUN_ENV, SUPERVISOR_ENV, TOKEN_ENV, socket_path
+from sandgate.workers.control import (
+    RUN_ENV,
+    SUPERVISOR_ENV,
+    TOKEN_ENV,
+    make_run_dir,
+    socket_path,
+)
 
 log = logging.getLogger("sandgate")
 
@@ -96,7 +101,7 @@ class Supervisor:
         self.out = out if out is not None else sys.stdout.buffer
         self.token = secrets.token_urlsafe(32)
         self.run_id = secrets.token_hex(8)  # the audit run: every worker's checkpoints name it
-        self.run_dir = Path(tempfile.mkdtemp(prefix="sandgate-workers-"))
+        self.run_dir = make_run_dir(n)
         self.workers = [_Worker(i, socket_path(self.run_dir, i)) for i in range(n)]
         self.stopping = False
         self.failed = False
