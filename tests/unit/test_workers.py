@@ -369,9 +369,9 @@ def test_the_control_sockets_fit_in_a_unix_address_whatever_tmpdir(tmp_path, mon
             s.bind(str(socket_path(run_dir, 15)))
     finally:
         shutil.rmtree(run_dir)
-    short = tmp_path / "t"
-    short.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(short))
-    run_dir = make_run_dir(2)
-    assert run_dir.parent == short
-    shutil.rmtree(run_dir)
+    short = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))  # tmp_path may be deep itself
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(short))
+        assert make_run_dir(2).parent == short
+    finally:
+        shutil.rmtree(short)
