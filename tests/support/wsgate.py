@@ -84,3 +84,15 @@ def audited(gate: Gate) -> list[dict[str, Any]]:
     """The `websocket` events the gate audited."""
     lines = gate.audit_path.read_text().splitlines() if gate.audit_path.exists() else []
     return [e for e in map(json.loads, lines) if e.get("event") == "websocket"]
+
+
+def break_audit(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit log fails from now on, as a full disk makes it: each write raises, and the
+    log says it is unhealthy."""
+    log = gate.st.cfg.audit
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        log.healthy = False
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log, "emit", full)

@@ -339,3 +339,19 @@ def test_the_hook_fails_closed(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> N
     flow = _flow(gate)
     msg = hook(gate, flow, _create())
     assert msg.dropped and flow.metadata[wscontrol.CLOSE_KEY][0] == 1008
+
+
+def test_a_call_that_cannot_be_audited_is_not_forwarded(
+        gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed: once the audit log cannot be written, an allowed response.create is
+    dropped and the WebSocket closed, not sent unaudited."""
+    from sandgate.mitm.guards import wscontrol
+    from tests.support.wsgate import break_audit
+
+    flow = _flow(gate)
+    assert not hook(gate, flow, _create(max_output_tokens=10)).dropped
+    break_audit(gate, monkeypatch)
+    msg = hook(gate, flow, _create(max_output_tokens=10))
+    assert msg.dropped
+    assert flow.metadata[wscontrol.CLOSE_KEY][0] == 1008
+    assert hook(gate, flow, _create(max_output_tokens=10)).dropped

@@ -525,3 +525,19 @@ def test_check_names_websocket_fixtures(tmp_path: Path, capsys: pytest.CaptureFi
     assert ("agent GET https://rpc.example.com/ws [WebSocket: method eth_sendRawTransaction] "
             "-> deny") in out
     assert "agent GET https://rpc.example.com/post [method eth_call] -> allow" in out
+
+
+def test_a_message_that_cannot_be_audited_is_not_forwarded(
+        gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed: once the audit log cannot be written, an allowed call is dropped and the
+    WebSocket closed (as no new request is forwarded then), not sent unaudited."""
+    from tests.support.wsgate import break_audit
+
+    flow = _rpc_flow(gate)
+    assert not hook(gate, flow, json.dumps(_msg(1, "eth_blockNumber")).encode()).dropped
+    break_audit(gate, monkeypatch)
+    msg = hook(gate, flow, json.dumps(_msg(2, "eth_blockNumber")).encode())
+    assert msg.dropped
+    assert flow.metadata[wscontrol.CLOSE_KEY][0] == 1008
+    assert gate.injected == []
+    assert hook(gate, flow, json.dumps(_msg(3, "eth_blockNumber")).encode()).dropped

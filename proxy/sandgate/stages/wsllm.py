@@ -51,6 +51,7 @@ from sandgate.stages.s80_refuse import refusal_for
 from sandgate.stages.wsrpc import (
     Inject,
     audit_message,
+    audit_unavailable,
     close,
     held,
     inject_to_client,
@@ -167,7 +168,9 @@ def client_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsLl
         return
     if v.content is not None:
         message.content = v.content
-    _audit(st, flow, rec, message, v)
+    if not _audit(st, flow, rec, message, v):
+        close(st, flow, rec, message, audit_unavailable())
+        return
     if v.forward:
         return
     message.drop()
@@ -178,9 +181,9 @@ def client_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsLl
 
 
 def _audit(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, message: WebSocketMessage,
-           v: Verdict) -> None:
+           v: Verdict) -> bool:
     """The call's `websocket` event, with its `llm` fields (as a POST's request event has
-    them)."""
+    them); False: it could not be audited."""
     assert v.decision is not None and v.call is not None
     call = v.call
 
@@ -190,5 +193,5 @@ def _audit(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, message: WebSock
             llm.notes.append(f"max_tokens lowered to {call.max_tokens}")
         return {A.LLM: llm.doc(rec.policy.prices if rec.policy is not None else ())}
 
-    audit_message(st, flow, rec, message, v.decision, v.refused, v.reported, v.forward,
-                  llm_fields)
+    return audit_message(st, flow, rec, message, v.decision, v.refused, v.reported, v.forward,
+                         llm_fields)

@@ -221,7 +221,9 @@ def client_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRp
     if v.close is not None:
         close(st, flow, rec, message, v.close)
         return
-    _audit(st, flow, rec, ws, message, v)
+    if not _audit(st, flow, rec, ws, message, v):
+        close(st, flow, rec, message, audit_unavailable())
+        return
     if v.forward:
         return
     message.drop()
@@ -256,11 +258,11 @@ def close(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, message: WebSocke
 
 
 def _audit(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRpc,
-           message: WebSocketMessage, v: Verdict) -> None:
+           message: WebSocketMessage, v: Verdict) -> bool:
     """The message's `websocket` event, with its `rpc` fields (as a POST's request event has
-    them)."""
+    them); False: it could not be audited."""
     assert v.call is not None and v.decision is not None
-    audit_message(st, flow, rec, message, v.decision, v.refused, v.reported, v.forward,
+    return audit_message(st, flow, rec, message, v.decision, v.refused, v.reported, v.forward,
                   lambda: CallState(ws.lists.policy, ws.lists.identity, ws.lists.info, v.call,
                                     v.outcomes).fields())
 
@@ -268,10 +270,12 @@ def _audit(st: GateState, flow: http.HTTPFlow, rec: FlowRecord, ws: WsRpc,
 def audit_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
                   message: WebSocketMessage, d: Decision, refused: Refused | None,
                   reported: bool, forward: bool,
-                  call_fields: Callable[[], dict[str, Any]]) -> None:
+                  call_fields: Callable[[], dict[str, Any]]) -> bool:
     """A judged message's `websocket` event: the upgrade's fields, with this message's
     decision and the call's own fields (`call_fields`: `rpc` here, `llm` in stages/wsllm).
-    Shared with stages/wsllm."""
+    False when it could not be written, or the audit log cannot be written at all (and
+    --audit-best-effort is off): then nothing more may be forwarded on this WebSocket, as no
+    new request is (s90_audit.check_writable). Shared with stages/wsllm."""
     try:
         fields: dict[str, Any] = A.flow_fields(flow, rec)
         refusal = refusal_for(st, flow, refused) if refused is not None else None
@@ -288,3 +292,11 @@ def audit_message(st: GateState, flow: http.HTTPFlow, rec: FlowRecord,
         st.cfg.audit.emit("websocket", **A.scrub_fields(fields, st.secrets(rec)))
     except Exception:
         log.exception("sandgate: audit failed")
+        return st.cfg.audit_best_effort
+    return st.cfg.audit.healthy or st.cfg.audit_best_effort
+
+
+def audit_unavailable() -> Refused:
+    """Why a WebSocket whose messages cannot be audited is closed."""
+    return Refused(Code.AUDIT_UNAVAILABLE, "Sandgate cannot write its audit log; nothing more is "
+                   "forwarded on this WebSocket", hint="open it again once the audit log works")
