@@ -163,6 +163,12 @@ def test_demo_interrupted_leaves_nothing(tmp_path: Path, how: str) -> None:
             for g in held:  # the proxy goes on, to be stopped by the demo
                 os.killpg(g, signal.SIGCONT)
             rc = proc.wait(60)
+            assert proc.stdout is not None
+            if rc == 0 and "Done in" in proc.stdout.read():
+                # the whole tour ran: the signal came after its last step (CI, loaded: seen
+                # twice in about ten runs, not understood); what is under test did not happen
+                assert not _gone(tmp), _left_behind(tmp)
+                continue
             break
         finally:
             for g in held:
@@ -172,7 +178,7 @@ def test_demo_interrupted_leaves_nothing(tmp_path: Path, how: str) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     else:
-        raise AssertionError("the demo's tour ended before it could be interrupted, 3 times")
+        raise AssertionError("the demo's tour ended before it was interrupted, 3 times")
     assert rc == 130, proc.stderr.read() if proc.stderr else rc
     assert not _gone(tmp), _left_behind(tmp)
 
