@@ -132,9 +132,13 @@ def test_demo_interrupted_leaves_nothing(tmp_path: Path, how: str) -> None:
     # its first line. So the proxy is held (SIGSTOP) as soon as the line is read, which holds
     # the tour in its next request; a demo that had already ended is started again.
     for _ in range(3):
+        # as a terminal starts a foreground command: SIGINT at its default, whatever this
+        # process inherited (a job started in the background of a script ignores SIGINT, and
+        # so would the demo: CI saw tours run to the end through the signal)
         proc = subprocess.Popen([sys.executable, "-m", "sandgate.cli", "demo"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=_env(tmp), start_new_session=True)
+                                env=_env(tmp), start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         held: list[int] = []
         try:
             assert proc.stdout is not None
